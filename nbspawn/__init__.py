@@ -1,0 +1,58 @@
+"""nbspawn: run a notebook cell on N local PyTorch ranks.
+
+    %load_ext nbspawn
+
+    %%spawn -n 4
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    print(dist.get_rank(), "of", dist.get_world_size())
+
+The same launcher is callable from Python: :func:`launch`; the last run is :func:`last_run`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._api import launch
+from ._launcher import last_run
+from ._run import RankState, Run
+from .errors import (
+    RankExitedError,
+    RankFailure,
+    RankRaisedError,
+    SpawnError,
+    SpawnInterrupted,
+    SpawnTimeoutError,
+    SpawnUsageError,
+)
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "RankExitedError",
+    "RankFailure",
+    "RankRaisedError",
+    "RankState",
+    "Run",
+    "SpawnError",
+    "SpawnInterrupted",
+    "SpawnTimeoutError",
+    "SpawnUsageError",
+    "launch",
+    "last_run",
+    "load_ipython_extension",
+]
+
+
+def load_ipython_extension(ipython: InteractiveShell) -> None:
+    from ._magic import SpawnMagics
+
+    ipython.register_magics(SpawnMagics(shell=ipython))
+
+
+def _jupyter_labextension_paths() -> list[dict[str, Any]]:
+    return [{"src": "labextension", "dest": "nbspawn-labextension"}]

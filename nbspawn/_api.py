@@ -1,0 +1,75 @@
+"""The launcher from plain Python: what ``%%spawn`` does, for scripts and tests.
+
+>>> run = launch("import os; print(os.environ['RANK'])", nprocs=2, start_method="fork")
+>>> [r.status for r in run.ranks]
+['done', 'done']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._handoff import pack_namespace
+from ._launcher import RunView, execute
+from ._run import Run
+from ._source import CellSource
+from ._spec import RunSpec, build_spec
+from ._view_text import TextView
+
+
+def prepare(
+    cell: CellSource,
+    namespace: dict[str, Any],
+    *,
+    hidden: dict[str, Any] | None = None,
+    **options: Any,
+) -> RunSpec:
+    """Validate the options and give the ranks the kernel names they need; starts nothing."""
+    spec = build_spec(cell, **options)
+    if spec.start_method == "fork":
+        spec.namespace = namespace
+    else:
+        spec.namespace_payload = pack_namespace(cell.parse(), namespace, hidden)
+    return spec
+
+
+def launch(
+    cell: str,
+    *,
+    nprocs: int | str = "auto",
+    start_method: str | None = None,
+    backend: str | None = None,
+    env: dict[str, str] | list[str] | None = None,
+    timeout: float | None = None,
+    grace_period: float = 5.0,
+    log_dir: str | None = None,
+    ranks: str | list[int] | None = None,
+    namespace: dict[str, Any] | None = None,
+    echo: bool = False,
+    view: RunView | None = None,
+    check: bool = True,
+) -> Run:
+    """Run the Python source ``cell`` on ``nprocs`` ranks and wait for them, as ``%%spawn`` does.
+
+    ``namespace`` plays the kernel's part: under fork the ranks get a copy of it, under spawn and
+    forkserver the names the cell uses are pickled to them.  With ``check`` (the default) a failed run
+    raises its error (``RankRaisedError``, ``RankExitedError``, ``SpawnTimeoutError`` or
+    ``SpawnInterrupted``), whose ``.run`` is the run; otherwise the run is returned either way.
+    ``echo`` prints each rank's output as ``[rank{r}]: `` lines.
+    """
+    spec = prepare(
+        CellSource(cell),
+        {} if namespace is None else namespace,
+        nprocs=nprocs,
+        start_method=start_method,
+        backend=backend,
+        env=env,
+        timeout=timeout,
+        grace_period=grace_period,
+        log_dir=log_dir,
+        ranks=ranks,
+    )
+    run = execute(spec, view or (TextView() if echo else None))
+    if check:
+        run.raise_for_status()
+    return run

@@ -1,0 +1,343 @@
+"""Starting the ranks, watching them, and stopping them: the failure policy lives here.
+
+Ranks are started by ``torch.multiprocessing.start_processes`` (fork, spawn or forkserver) and then
+supervised from the kernel's main thread, in one loop that waits on every rank's sentinel, forwards
+new output to the view, and enforces the policy:
+
+* the first rank that raises, exits non-zero or dies from a signal is the root cause; every other
+  rank dumps its stack (SIGUSR1, faulthandler), gets SIGTERM, and SIGKILL after the grace period;
+* ``--timeout`` does the same to every rank still running, so a hung collective says where it hangs;
+* the kernel's interrupt (SIGINT) is passed to every rank first, so each raises KeyboardInterrupt
+  where it is, then escalates to SIGTERM and SIGKILL; a second interrupt kills at once.
+
+Whatever happens, the loop's ``finally`` reaps every rank and closes every descriptor it opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from typing import Protocol
+
+from ._rank import EXIT_INTERRUPTED, run_rank
+from ._run import RankState, Run
+from ._source import main_thread_stack
+from ._spec import RunSpec
+from .errors import RankExitedError, RankFailure, RankRaisedError, SpawnInterrupted, SpawnTimeoutError
+
+POLL_SECONDS = 0.05  # how often new output is forwarded while nothing else happens
+STACK_DUMP_WAIT = 0.5  # how long to wait for faulthandler dumps before SIGTERM
+
+_last_run: Run | None = None
+
+
+class RunView(Protocol):
+    """What the launcher tells a view; every call comes from the thread that runs the cell."""
+
+    def started(self, run: Run) -> None: ...
+    def output(self, rank: int, stream: str, text: str) -> None: ...
+    def rank_ended(self, run: Run, state: RankState) -> None: ...
+    def tick(self, run: Run) -> None: ...
+    def finished(self, run: Run) -> None: ...
+
+
+class SilentView:
+    """No display: the Python API's default, output is only in the logs."""
+
+    def started(self, run: Run) -> None: ...
+    def output(self, rank: int, stream: str, text: str) -> None: ...
+    def rank_ended(self, run: Run, state: RankState) -> None: ...
+    def tick(self, run: Run) -> None: ...
+    def finished(self, run: Run) -> None: ...
+
+
+def last_run() -> Run | None:
+    """The most recent run in this process, finished or not."""
+    return _last_run
+
+
+def execute(spec: RunSpec, view: RunView | None = None) -> Run:
+    """Run ``spec`` to completion; the returned run's ``error`` says how it failed, if it did."""
+    global _last_run
+    view = view or SilentView()
+    if not spec.run_dir:
+        spec.run_dir = os.path.join(tempfile.mkdtemp(prefix="nbspawn-"), spec.run_id)
+    run = Run(spec)
+    _last_run = run
+    run.prepare_logs()
+    supervisor = _Supervisor(run, view)
+    try:
+        view.started(run)
+        supervisor.start()
+        supervisor.supervise()
+    finally:
+        supervisor.cleanup()
+    run.error = supervisor.outcome()
+    view.finished(run)
+    return run
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[list[int]]:
+    """Hold Ctrl-C while ranks are being started, so none is started and then forgotten."""
+    hits: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield hits
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: hits.append(signum))
+    try:
+        yield hits
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+_forkserver_ready = False
+
+
+def _prepare_forkserver() -> None:
+    """Let the forkserver import torch and nbspawn once, instead of every rank importing them."""
+    global _forkserver_ready
+    if not _forkserver_ready:
+        multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "nbspawn._rank"])
+        _forkserver_ready = True
+
+
+class _Supervisor:
+    def __init__(self, run: Run, view: RunView) -> None:
+        self.run = run
+        self.spec = run.spec
+        self.view = view
+        self.processes: list[multiprocessing.process.BaseProcess] = []
+        self.alive: dict[int, int] = {}  # sentinel -> rank
+        self.signalled: set[int] = set()  # ranks nbspawn sent a stopping signal to
+        self.stop_reason: str | None = None  # failure | timeout | interrupt | stop
+        self.stage = ""
+        self.escalate_at = float("inf")
+        self.deadline = float("inf")
+        self.root: int | None = None
+        self.end_order: list[int] = []
+
+    # -- starting ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        from torch.multiprocessing import start_processes
+
+        spec = self.spec
+        if spec.start_method == "forkserver":
+            _prepare_forkserver()
+        now = time.time()
+        with _interrupts_deferred() as interrupted:
+            try:
+                context = start_processes(
+                    run_rank, args=(spec,), nprocs=spec.nprocs, join=False, daemon=False, start_method=spec.start_method
+                )
+            except BaseException:
+                self._kill_orphans()
+                raise
+        self.processes = list(context.processes)
+        for rank, process in enumerate(self.processes):
+            state = self.run.ranks[rank]
+            state.pid, state.started_at, state.status = process.pid, now, "running"
+            self.alive[process.sentinel] = rank
+        self.run.status = "running"
+        if spec.timeout is not None:
+            self.deadline = time.monotonic() + spec.timeout
+        if interrupted:
+            self._begin_stop("interrupt")
+
+    def _kill_orphans(self) -> None:
+        """start_processes failed half-way: find the ranks it did start through multiprocessing."""
+        for process in multiprocessing.active_children():
+            args = getattr(process, "_args", ())
+            if len(args) > 2 and args[2] and args[2][0] is self.spec:
+                process.kill()
+                process.join()
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def supervise(self) -> None:
+        while self.alive:
+            try:
+                wait = min(POLL_SECONDS, max(0.0, min(self.deadline, self.escalate_at) - time.monotonic()))
+                ready = multiprocessing.connection.wait(list(self.alive), timeout=wait)
+                self._forward_output()
+                for sentinel in sorted(ready, key=self._error_time):
+                    self._reap(self.alive.pop(sentinel))
+                self._check_clocks()
+                self.view.tick(self.run)
+            except KeyboardInterrupt:
+                self._on_interrupt()
+        self._forward_output(final=True)
+
+    def _error_time(self, sentinel: int) -> float:
+        """Among ranks that ended together, the one whose error was recorded first is the root cause."""
+        record = self.run.ranks[self.alive[sentinel]].read_error()
+        return record.get("nbspawn", {}).get("time", float("inf")) if record else float("inf")
+
+    def _forward_output(self, final: bool = False) -> None:
+        for rank, stream, text in self.run.read_new_output(final=final):
+            self.view.output(rank, stream, text)
+
+    def _reap(self, rank: int) -> None:
+        process = self.processes[rank]
+        process.join()
+        state = self.run.ranks[rank]
+        state.ended_at = time.time()
+        state.exit_code = process.exitcode
+        self.end_order.append(rank)
+        if state.exit_code == 0:
+            state.status = "done"
+        else:
+            state.failure = self._failure(state)
+            state.status = "stopped" if state.failure.stopped else "failed"
+            if state.status == "failed" and self.root is None and self.stop_reason is None:
+                self.root = rank
+                self._begin_stop("failure")
+        self.view.rank_ended(self.run, state)
+
+    def _failure(self, state: RankState) -> RankFailure:
+        code = state.exit_code or 0
+        failure = RankFailure(rank=state.rank, pid=state.pid, exit_code=code)
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                failure.signal_name = state.signal_name = signal.Signals(-code).name
+            failure.signal_name = failure.signal_name or f"signal {-code}"
+        record = (state.read_error() or {}).get("nbspawn")
+        if record:
+            failure.exc_type = record.get("exc_type")
+            failure.message = record.get("message")
+            failure.traceback = record.get("traceback")
+        interrupted = failure.exc_type == "KeyboardInterrupt" or code == EXIT_INTERRUPTED
+        failure.stopped = state.rank in self.signalled and (record is None or interrupted)
+        if failure.stopped or failure.signal_name:
+            failure.stack = self._stack(state)
+        return failure
+
+    def _stack(self, state: RankState) -> str | None:
+        try:
+            with open(state.stacks_path, encoding="utf-8", errors="replace") as fh:
+                dump = fh.read()
+        except OSError:
+            return None
+        return main_thread_stack(dump, self.spec.cell) or None if dump.strip() else None
+
+    # -- stopping ---------------------------------------------------------------------------------
+
+    def _check_clocks(self) -> None:
+        now = time.monotonic()
+        if self.stop_reason is None and now >= self.deadline:
+            self._begin_stop("timeout")
+        elif self.alive and now >= self.escalate_at:
+            self._escalate()
+
+    def _on_interrupt(self) -> None:
+        if self.stop_reason in (None, "failure", "timeout") and self.stage != "sigkill":
+            if self.stop_reason is None:
+                self._begin_stop("interrupt")
+            else:
+                self._escalate()
+        else:  # a second interrupt: no more patience
+            self._send(signal.SIGKILL)
+            self.stage, self.escalate_at = "sigkill", float("inf")
+
+    def request_stop(self) -> None:
+        """The view's Stop button: end the run as an interrupt would."""
+        if self.stop_reason is None:
+            self._begin_stop("stop")
+
+    def _begin_stop(self, reason: str) -> None:
+        self.stop_reason = reason
+        if reason in ("interrupt", "stop"):
+            self._send(signal.SIGINT)
+            self.stage = "sigint"
+            self.escalate_at = time.monotonic() + self.spec.grace_period
+        else:
+            self._terminate()
+
+    def _escalate(self) -> None:
+        if self.stage == "sigint":
+            self._terminate()
+        else:
+            self._send(signal.SIGKILL)
+            self.stage, self.escalate_at = "sigkill", float("inf")
+
+    def _terminate(self) -> None:
+        """Ask every running rank for its stack, then SIGTERM; SIGKILL follows after the grace period."""
+        # Only ranks that installed faulthandler (their stacks.log exists) can take SIGUSR1; for one
+        # still starting, SIGUSR1 would be fatal and misreported.
+        waiting = {r for r in self.alive.values() if os.path.exists(self.run.ranks[r].stacks_path)}
+        for rank in waiting:
+            _signal_group(self.processes[rank].pid, signal.SIGUSR1)
+        until = time.monotonic() + STACK_DUMP_WAIT
+        while waiting and time.monotonic() < until:
+            waiting = {r for r in waiting if not _nonempty(self.run.ranks[r].stacks_path)}
+            if waiting:
+                time.sleep(0.01)
+        self._send(signal.SIGTERM)
+        self.stage = "sigterm"
+        self.escalate_at = time.monotonic() + self.spec.grace_period
+
+    def _send(self, sig: int) -> None:
+        for rank in list(self.alive.values()):
+            self.signalled.add(rank)
+            _signal_group(self.processes[rank].pid, sig)
+
+    # -- the end ----------------------------------------------------------------------------------
+
+    def cleanup(self) -> None:
+        """Leave nothing behind: no rank, no zombie, no descriptor, no process a rank started."""
+        for process in self.processes:
+            if process.exitcode is None:
+                _signal_group(process.pid, signal.SIGKILL)
+                process.join()
+        for process in self.processes:
+            # Whatever a rank left running in its group. The rank itself is reaped, so its pid may
+            # already belong to someone else: only its group is signalled, never the pid.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.close()
+        self.alive.clear()
+        self.run.close_logs()
+        self.run.ended_at = time.time()
+
+    def outcome(self) -> BaseException | None:
+        run, ranks = self.run, self.run.ranks
+        stopped = [ranks[r].failure for r in self.end_order if ranks[r].failure and r != self.root]
+        if self.stop_reason is None:
+            run.status = "succeeded"
+            return None
+        if self.stop_reason == "failure" and self.root is not None:
+            run.status = "failed"
+            root = ranks[self.root].failure
+            kind = RankRaisedError if root.exc_type else RankExitedError
+            return kind([root, *stopped], run)
+        if self.stop_reason == "timeout":
+            run.status = "timeout"
+            return SpawnTimeoutError(self.spec.timeout or 0, stopped, run)
+        run.status = "interrupted" if self.stop_reason == "interrupt" else "stopped"
+        return SpawnInterrupted(stopped, run)
+
+
+def _nonempty(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except OSError:
+        return False
+
+
+def _signal_group(pid: int | None, sig: int) -> None:
+    """Signal a rank and every process it started (each rank leads its own process group)."""
+    if pid is None:
+        return
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)  # not yet a group leader: it was just forked

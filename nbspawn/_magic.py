@@ -1,0 +1,103 @@
+"""``%%spawn``: argument parsing and configuration; everything else is the launcher's job.
+
+Defaults come from traitlets, so ``%config SpawnMagics.nprocs = 8`` (or ``ipython_config.py``)
+changes every later cell, and a cell's own options win over them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from traitlets import Float, Int, Unicode, Union
+
+from ._api import prepare
+from ._launcher import execute
+from ._source import CellSource
+from ._view_text import TextView
+
+
+@magics_class
+class SpawnMagics(Magics):
+    """Run a cell on N local PyTorch ranks."""
+
+    nprocs = Union(
+        [Int(), Unicode()],
+        default_value="auto",
+        help="Ranks per cell: a number, or 'auto' (one per GPU, else up to 4 CPU ranks).",
+    ).tag(config=True)
+    start_method = Unicode(
+        "auto", help="fork, spawn, forkserver, or auto (fork unless CUDA is initialized in the kernel)."
+    ).tag(config=True)
+    backend = Unicode(
+        "none", help="Process group set up around the cell: none, gloo, nccl, or auto (nccl with GPUs)."
+    ).tag(config=True)
+    timeout = Float(None, allow_none=True, help="Seconds before every rank is stopped (None: no limit).").tag(
+        config=True
+    )
+    grace_period = Float(5.0, help="Seconds between SIGTERM and SIGKILL when ranks are stopped.").tag(config=True)
+    log_dir = Unicode(
+        None, allow_none=True, help="Where <run-id>/<rank>/{stdout,stderr}.log go (None: a new temporary directory)."
+    ).tag(config=True)
+
+    @magic_arguments()
+    @argument("-n", "--nprocs", default=None, metavar="N|auto", help="number of ranks (default: SpawnMagics.nprocs)")
+    @argument(
+        "--start-method",
+        default=None,
+        metavar="fork|spawn|forkserver",
+        help="how ranks start; fork sees the kernel's names as they are, spawn and forkserver get the "
+        "names the cell uses pickled by value (default: fork unless CUDA is initialized)",
+    )
+    @argument(
+        "--backend",
+        default=None,
+        metavar="none|gloo|nccl|auto",
+        help="initialize the default process group before the cell and destroy it after",
+    )
+    @argument(
+        "--env",
+        nargs="+",
+        action="extend",
+        default=None,
+        metavar="KEY=VALUE",
+        help="extra environment variables for every rank",
+    )
+    @argument("--timeout", default=None, metavar="SECONDS", help="stop every rank after this long, showing each one's stack")
+    @argument("--grace-period", default=None, metavar="SECONDS", help="time between SIGTERM and SIGKILL")
+    @argument("--log-dir", default=None, metavar="DIR", help="keep logs in DIR/<run-id>/<rank>/")
+    @argument("--ranks", default=None, metavar="LIST", help="show only these ranks' output, e.g. 0 or 0,2 or 0-3 (all are logged)")
+    @cell_magic
+    def spawn(self, line: str, cell: str) -> None:
+        """Run this cell on N local ranks with the torchrun environment.
+
+        Every rank runs the cell with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and
+        MASTER_PORT set, so ``torch.distributed.init_process_group("gloo")`` needs no arguments.  Each
+        line of output is shown as ``[rank{r}]: ...`` and kept in the log directory.  The first rank
+        that fails stops the others, and the cell raises that rank's error, in this cell's line
+        numbers.  Names the ranks assign never change the kernel's.
+
+        Defaults are configurable: ``%config SpawnMagics.nprocs = 8`` (also start_method, backend,
+        timeout, grace_period, log_dir).
+        """
+        args = parse_argstring(self.spawn, line)
+        shell = self.shell
+        spec = prepare(
+            CellSource(cell, line_offset=1, label=f"Cell In[{shell.execution_count}]"),
+            shell.user_ns,
+            hidden=shell.user_ns_hidden,
+            nprocs=self.nprocs if args.nprocs is None else args.nprocs,
+            start_method=args.start_method or self.start_method,
+            backend=args.backend or self.backend,
+            env=args.env,
+            timeout=self.timeout if args.timeout is None else args.timeout,
+            grace_period=self.grace_period if args.grace_period is None else args.grace_period,
+            log_dir=args.log_dir or self.log_dir,
+            ranks=args.ranks,
+        )
+        for note in spec.notes:
+            print(note, file=sys.stderr)
+        run = execute(spec, TextView())
+        if run.error is not None:
+            raise run.error

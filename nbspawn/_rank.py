@@ -1,0 +1,183 @@
+"""What runs inside each rank: environment, output capture, signals, the cell, and its error record.
+
+The order matters.  A rank first ties its life to the kernel's (pdeathsig) and becomes its own process
+group (so stopping it also stops the processes it started), then points file descriptors 1 and 2 at
+its log files (so C extensions, ``os.system`` and child processes are captured too, and nothing ever
+blocks on a pipe), and only then runs user code.  Whatever escapes the cell is written to
+``error.json`` in torch elastic's format, with the traceback already in the cell's own lines.
+"""
+
+from __future__ import annotations
+
+import builtins
+import faulthandler
+import getpass
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+from ._source import rewrite_cell_frames
+from ._spec import RunSpec
+
+EXIT_RAISED = 1
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+
+_stack_file = None  # kept open: faulthandler writes to its descriptor from a signal handler
+
+
+def run_rank(rank: int, spec: RunSpec) -> None:
+    """Entry point given to ``torch.multiprocessing.start_processes``; never returns an exception."""
+    _die_with_parent(spec)
+    rank_dir = spec.rank_dir(rank)
+    os.environ.update(spec.rank_env(rank))
+    _capture_output(rank_dir)
+    _install_signal_handlers(rank_dir)
+    _forbid_input()
+    code = 0
+    try:
+        _run_cell(spec, rank)
+    except SystemExit as exc:  # sys.exit() in the cell: keep Python's meaning of the code
+        code = _exit_code(exc)
+    except BaseException as exc:  # noqa: BLE001 - everything a rank raises is reported, even Ctrl-C
+        _write_error(rank_dir, spec, exc)
+        code = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_RAISED
+    finally:
+        _flush()
+    if code:
+        sys.exit(code)
+
+
+def _die_with_parent(spec: RunSpec) -> None:
+    """A rank must not outlive the kernel, even one killed with SIGKILL."""
+    from torch.multiprocessing import _prctl_pr_set_pdeathsig  # Linux prctl; a no-op elsewhere
+
+    _prctl_pr_set_pdeathsig(signal.SIGKILL)
+    if spec.start_method != "forkserver" and os.getppid() != spec.parent_pid:
+        os._exit(EXIT_RAISED)  # the kernel died before prctl took effect
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # already a group leader (e.g. under some forkservers)
+        pass
+
+
+def _capture_output(rank_dir: str) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    for fd, name in ((1, "stdout.log"), (2, "stderr.log")):
+        target = os.open(os.path.join(rank_dir, name), flags, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    # The kernel's sys.stdout is a zmq stream that must not be touched from a forked process.
+    sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+
+
+def _install_signal_handlers(rank_dir: str) -> None:
+    """SIGINT raises KeyboardInterrupt where the cell is; SIGUSR1 and fatal signals dump every stack."""
+    global _stack_file
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _stack_file = open(os.path.join(rank_dir, "stacks.log"), "w")  # noqa: SIM115
+    faulthandler.enable(file=_stack_file, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True)
+
+
+def _no_input(*_args: object, **_kwargs: object) -> str:
+    raise RuntimeError(
+        "input() is not available in a %%spawn rank: ranks have no terminal. "
+        "Read the value in the kernel before the cell, and use it in the cell (or pass it with --env)."
+    )
+
+
+def _forbid_input() -> None:
+    builtins.input = _no_input
+    getpass.getpass = _no_input
+
+
+def _namespace(spec: RunSpec) -> dict:
+    if spec.namespace is not None:  # fork: our own copy-on-write copy of the kernel's namespace
+        return spec.namespace
+    from ._handoff import unpack_namespace
+
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    if spec.namespace_payload:
+        namespace.update(unpack_namespace(spec.namespace_payload))
+    return namespace
+
+
+def _run_cell(spec: RunSpec, rank: int) -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and spec.omp_threads is not None:
+        torch.set_num_threads(spec.omp_threads)  # a forked rank inherited the kernel's thread pool size
+    namespace = _namespace(spec)
+    code, last = spec.cell.compile()
+    dist = _init_process_group(spec, rank)
+    exec(code, namespace)  # noqa: S102 - running the user's cell is the point
+    if last is not None:
+        value = eval(last, namespace)  # noqa: S307
+        if value is not None:
+            print(repr(value))
+    _flush()
+    dist = dist or sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()  # also the user's own group, so the rank exits without warnings
+
+
+def _init_process_group(spec: RunSpec, rank: int):  # noqa: ANN202
+    if spec.backend == "none":
+        return None
+    import torch
+    import torch.distributed as dist
+
+    if spec.backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(spec.backend)
+    return dist
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _write_error(rank_dir: str, spec: RunSpec, exc: BaseException) -> None:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next  # start at the cell, not at nbspawn
+    text = rewrite_cell_frames("".join(traceback.format_exception(type(exc), exc, tb)), spec.cell)
+    message = str(exc)
+    record = {
+        "message": {
+            "message": f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
+            "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))},
+        },
+        "nbspawn": {
+            "exc_type": type(exc).__name__,
+            "exc_module": type(exc).__module__,
+            "message": message,
+            "traceback": text,
+            "time": time.time(),
+        },
+    }
+    path = os.path.join(rank_dir, "error.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(record, fh)
+    os.replace(path + ".tmp", path)  # the kernel never reads half a file
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass

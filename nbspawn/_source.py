@@ -1,0 +1,97 @@
+"""The cell's source, compiled so that every traceback speaks in the cell's own line numbers.
+
+A rank compiles the cell body under :data:`CELL_FILENAME`, padded with blank lines so that line *N* of
+the code object is line *N* of the notebook cell (the ``%%spawn`` line is line 1).  Tracebacks and
+stack dumps from a rank then mention ``File "<nbspawn-cell>", line N``; :func:`rewrite_cell_frames`
+turns those into IPython's ``Cell In[5], line N`` with the source line, so users never read nbspawn's
+internals to find their bug.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import re
+from dataclasses import dataclass
+
+CELL_FILENAME = "<nbspawn-cell>"
+
+_FRAME = re.compile(r'File "' + re.escape(CELL_FILENAME) + r'", line (\d+)(?:, in | in )(\S+)')
+
+
+@dataclass(frozen=True)
+class CellSource:
+    """The body of a ``%%spawn`` cell and where it sits in the notebook cell."""
+
+    body: str
+    line_offset: int = 0  # lines above the body in the cell as the user sees it
+    label: str = "Cell"  # "Cell In[5]" in a notebook
+
+    @property
+    def padded(self) -> str:
+        return "\n" * self.line_offset + self.body
+
+    def line(self, lineno: int) -> str:
+        lines = self.padded.splitlines()
+        return lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""
+
+    def parse(self) -> ast.Module:
+        """Parse in the kernel so a syntax error is reported before any process starts."""
+        try:
+            return ast.parse(self.padded, CELL_FILENAME, "exec")
+        except SyntaxError as err:
+            err.filename = self.label
+            raise
+
+    def compile(self) -> tuple[object, object | None]:
+        """Code for the cell, split like IPython does: statements, then a last bare expression.
+
+        The value of a trailing expression is printed by the rank, as a notebook would display it.
+        """
+        tree = self.parse()
+        linecache.cache[CELL_FILENAME] = (len(self.padded), None, self.padded.splitlines(True), CELL_FILENAME)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = compile(ast.Expression(tree.body.pop().value), CELL_FILENAME, "eval")
+        return compile(tree, CELL_FILENAME, "exec"), last
+
+
+def rewrite_cell_frames(text: str, cell: CellSource) -> str:
+    """Replace ``File "<nbspawn-cell>", line N, in f`` with ``Cell In[5], line N, in f``.
+
+    Python tracebacks already print the source line below the frame (linecache knows the cell);
+    faulthandler dumps don't, so the source line is added where the next line isn't it.
+    """
+    out: list[str] = []
+    lines = text.splitlines()
+    for i, raw in enumerate(lines):
+        match = _FRAME.search(raw)
+        if not match:
+            out.append(raw)
+            continue
+        lineno, func = int(match.group(1)), match.group(2)
+        where = f"{cell.label}, line {lineno}" + ("" if func == "<module>" else f", in {func}")
+        indent = raw[: len(raw) - len(raw.lstrip())]
+        out.append(indent + where)
+        source = cell.line(lineno)
+        following = lines[i + 1].strip() if i + 1 < len(lines) else ""
+        if source and following != source:
+            out.append(indent + "    " + source)
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+
+
+def main_thread_stack(dump: str, cell: CellSource) -> str:
+    """The main thread's frames from a faulthandler dump, innermost last, cut below the cell.
+
+    faulthandler prints most recent call first and every thread; a user wants Python's order and
+    only the thread running their cell, without the launcher frames underneath it.
+    """
+    blocks = [b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip()) if b.strip()]
+    chosen = next((b for b in blocks if CELL_FILENAME in b), blocks[0] if blocks else "")
+    frames = [ln for ln in chosen.splitlines()[1:] if ln.strip().startswith("File ")]
+    cut = next((i for i, ln in enumerate(frames) if CELL_FILENAME in ln and ln.rstrip().endswith("<module>")), None)
+    if cut is None:
+        return "  (still starting: the cell had not begun)" if frames else ""
+    frames = frames[: cut + 1]
+    frames.reverse()
+    return rewrite_cell_frames("\n".join("  " + f.strip() for f in frames), cell)

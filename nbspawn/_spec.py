@@ -1,0 +1,267 @@
+"""What a run is asked to do, validated before any process starts.
+
+The magic and the Python API both build a :class:`RunSpec` through :func:`build_spec`, so bad input
+gets the same short error whichever door it came through.  A spec is plain data: under spawn and
+forkserver it is pickled into every rank.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import secrets
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._source import CellSource
+from .errors import SpawnUsageError
+
+START_METHODS = ("fork", "spawn", "forkserver")
+BACKENDS = ("none", "gloo", "nccl", "auto")
+
+
+@dataclass
+class RunSpec:
+    run_id: str
+    nprocs: int
+    start_method: str
+    backend: str  # resolved: none | gloo | nccl
+    cell: CellSource
+    run_dir: str  # <log-dir>/<run-id>
+    env: dict[str, str] = field(default_factory=dict)  # user's --env
+    timeout: float | None = None
+    grace_period: float = 5.0
+    shown_ranks: frozenset[int] | None = None  # None: all
+    master_port: int = 0
+    parent_pid: int = 0  # the kernel; a rank whose parent is gone exits at once
+    omp_threads: int | None = None  # None: the user set OMP_NUM_THREADS
+    # fork: the kernel's namespace itself (the child gets a copy-on-write copy); spawn/forkserver:
+    # the names the cell uses, pickled by value.
+    namespace: dict[str, Any] | None = None
+    namespace_payload: bytes | None = None
+    notes: list[str] = field(default_factory=list)  # said to the user before the run
+
+    def rank_dir(self, rank: int) -> str:
+        return os.path.join(self.run_dir, str(rank))
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        """The torchrun environment, so torch.distributed, Lightning and accelerate see launched ranks."""
+        n = str(self.nprocs)
+        env = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": n,
+            "LOCAL_WORLD_SIZE": n,
+            "GROUP_RANK": "0",
+            "GROUP_WORLD_SIZE": "1",
+            "ROLE_RANK": str(rank),
+            "ROLE_NAME": "default",
+            "ROLE_WORLD_SIZE": n,
+            "TORCHELASTIC_RUN_ID": self.run_id,
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0",
+            "TORCHELASTIC_ERROR_FILE": os.path.join(self.rank_dir(rank), "error.json"),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(self.master_port),
+        }
+        if self.omp_threads is not None:
+            env["OMP_NUM_THREADS"] = str(self.omp_threads)
+        env.update(self.env)
+        return env
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+
+
+def free_port() -> int:
+    """A port nothing listens on now; rank 0's TCPStore binds it a moment later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def parse_nprocs(value: Any) -> int | str:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        n = int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        raise SpawnUsageError(f"--nprocs must be a positive integer or 'auto', not {value!r}") from None
+    if isinstance(n, bool) or n <= 0:
+        raise SpawnUsageError(f"--nprocs must be a positive integer or 'auto', not {value!r}")
+    return n
+
+
+def cuda_device_count() -> int:
+    import torch  # noqa: PLC0415 - torch is heavy; only asked when a decision needs it
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_nprocs(value: Any) -> int:
+    """``auto``: one rank per visible GPU, else up to 4 CPU ranks (never more than the cores)."""
+    n = parse_nprocs(value)
+    if n != "auto":
+        return int(n)
+    gpus = cuda_device_count()
+    return gpus if gpus else max(1, min(4, usable_cpus()))
+
+
+def parse_env(items: list[str] | dict[str, str] | None) -> dict[str, str]:
+    if not items:
+        return {}
+    if isinstance(items, dict):
+        pairs = list(items.items())
+    else:
+        pairs = []
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise SpawnUsageError(f"--env expects KEY=VALUE, got {item!r}")
+            pairs.append((key, value))
+    env = {}
+    for key, value in pairs:
+        if not key.isidentifier() and not all(c.isalnum() or c == "_" for c in key):
+            raise SpawnUsageError(f"--env: {key!r} is not a valid environment variable name")
+        env[str(key)] = str(value)
+    return env
+
+
+def parse_ranks(value: str | list[int] | None, nprocs: int) -> frozenset[int] | None:
+    """``0,2`` or ``0-3,7``: the ranks whose output is shown (all are logged)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        ranks: set[int] = set()
+        for part in value.replace(" ", "").split(","):
+            lo, dash, hi = part.partition("-")
+            try:
+                ranks.update(range(int(lo), int(hi) + 1) if dash else [int(lo)])
+            except ValueError:
+                raise SpawnUsageError(f"--ranks expects a list like 0,2 or 0-3, not {value!r}") from None
+    else:
+        ranks = {int(r) for r in value}
+    bad = sorted(r for r in ranks if not 0 <= r < nprocs)
+    if bad:
+        raise SpawnUsageError(f"--ranks: rank {bad[0]} does not exist in a run of {nprocs} ranks (0-{nprocs - 1})")
+    return frozenset(ranks)
+
+
+def parse_seconds(value: Any, option: str, *, allow_zero: bool) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise SpawnUsageError(f"{option} must be a number of seconds, not {value!r}") from None
+    if seconds < 0 or (seconds == 0 and not allow_zero) or seconds != seconds:
+        raise SpawnUsageError(f"{option} must be {'zero or more' if allow_zero else 'more than zero'} seconds, not {value!r}")
+    return seconds
+
+
+def cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    return bool(torch.cuda.is_initialized() or torch.cuda._is_in_bad_fork())
+
+
+def choose_start_method(requested: str | None) -> tuple[str, list[str]]:
+    """Fork where it is safe (fast, and the cell sees the kernel's names), else forkserver."""
+    notes: list[str] = []
+    method = (requested or "auto").strip().lower()
+    if method not in (*START_METHODS, "auto"):
+        raise SpawnUsageError(f"--start-method must be one of fork, spawn, forkserver, not {requested!r}")
+    available = multiprocessing.get_all_start_methods()
+    if method == "auto":
+        if "fork" not in available:
+            return "spawn", notes
+        if cuda_initialized():
+            notes.append(
+                "nbspawn: CUDA is initialized in this kernel, so this run uses --start-method forkserver "
+                "(forked ranks cannot use CUDA). Pass --start-method to choose."
+            )
+            return "forkserver", notes
+        return "fork", notes
+    if method not in available:
+        raise SpawnUsageError(f"--start-method {method} is not available on this platform ({', '.join(available)} are)")
+    if method == "fork" and cuda_initialized():
+        raise SpawnUsageError(
+            "cannot fork: CUDA is already initialized in this kernel, and forked ranks cannot use it. "
+            "Use --start-method forkserver (or spawn), or restart the kernel and run %%spawn before "
+            "touching CUDA in the kernel."
+        )
+    return method, notes
+
+
+def resolve_backend(backend: str | None, nprocs: int) -> str:
+    name = (backend or "none").strip().lower()
+    if name not in BACKENDS:
+        raise SpawnUsageError(f"--backend must be one of none, gloo, nccl, auto, not {backend!r}")
+    if name == "none":
+        return name
+    gpus = cuda_device_count()
+    if name == "auto":
+        return "nccl" if gpus else "gloo"
+    if name == "nccl":
+        if not gpus:
+            raise SpawnUsageError("--backend nccl needs CUDA GPUs and none is visible; use --backend gloo")
+        if nprocs > gpus:
+            raise SpawnUsageError(f"--backend nccl needs one GPU per rank: {nprocs} ranks, {gpus} GPUs visible")
+    return name
+
+
+def build_spec(
+    cell: CellSource,
+    *,
+    nprocs: Any = "auto",
+    start_method: str | None = None,
+    backend: str | None = None,
+    env: list[str] | dict[str, str] | None = None,
+    timeout: Any = None,
+    grace_period: Any = 5.0,
+    log_dir: str | None = None,
+    ranks: str | list[int] | None = None,
+) -> RunSpec:
+    """Validate everything, cheapest checks first; nothing is created on disk here."""
+    parse_nprocs(nprocs)
+    method, notes = choose_start_method(start_method)
+    user_env = parse_env(env)
+    seconds = parse_seconds(timeout, "--timeout", allow_zero=False)
+    grace = parse_seconds(grace_period, "--grace-period", allow_zero=True)
+    cell.parse()
+    n = resolve_nprocs(nprocs)
+    shown = parse_ranks(ranks, n)
+    resolved_backend = resolve_backend(backend, n)
+    run_id = new_run_id()
+    base = os.path.abspath(os.path.expanduser(log_dir)) if log_dir else None
+    omp = None
+    if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in user_env:
+        omp = max(1, usable_cpus() // n)
+    return RunSpec(
+        run_id=run_id,
+        nprocs=n,
+        start_method=method,
+        backend=resolved_backend,
+        cell=cell,
+        run_dir=os.path.join(base, run_id) if base else "",  # "" : a fresh temporary directory
+        env=user_env,
+        timeout=seconds,
+        grace_period=5.0 if grace is None else grace,
+        shown_ranks=shown,
+        master_port=free_port(),
+        parent_pid=os.getpid(),
+        omp_threads=omp,
+        notes=notes,
+    )

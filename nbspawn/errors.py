@@ -1,0 +1,204 @@
+"""What a failed run raises in the kernel.
+
+One exception per run, naming its root cause (the first rank observed to fail) and listing the ranks
+that failed after it, in the spirit of torch elastic's ``ChildFailedError``.  The classes subclass
+torch's ``ProcessRaisedException`` / ``ProcessExitedException`` so handlers written for
+``torch.multiprocessing`` keep working, and implement ``_render_traceback_`` so IPython shows the
+rank's traceback in the cell's own lines instead of nbspawn's internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from IPython.core.error import UsageError
+from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+
+if TYPE_CHECKING:
+    from ._run import Run
+
+__all__ = [
+    "RankExitedError",
+    "RankFailure",
+    "RankRaisedError",
+    "SpawnError",
+    "SpawnInterrupted",
+    "SpawnTimeoutError",
+    "SpawnUsageError",
+]
+
+_RED, _GREEN, _DIM, _BOLD, _RESET = "\x1b[31m", "\x1b[32m", "\x1b[2m", "\x1b[1m", "\x1b[0m"
+
+
+class SpawnUsageError(UsageError):
+    """Bad input, caught before any process starts; IPython prints it as one line, no traceback."""
+
+
+@dataclass
+class RankFailure:
+    """How one rank ended badly: an exception, an exit code, or a signal."""
+
+    rank: int
+    pid: int | None
+    exit_code: int | None = None
+    signal_name: str | None = None
+    exc_type: str | None = None  # "ZeroDivisionError"
+    message: str | None = None
+    traceback: str | None = None  # in the cell's own lines
+    stopped: bool = False  # ended by nbspawn (after another rank failed, a timeout, Stop, interrupt)
+    stack: str | None = None  # where it was when nbspawn stopped it
+
+    @property
+    def summary(self) -> str:
+        if self.exc_type:
+            return f"{self.exc_type}: {self.message}" if self.message else self.exc_type
+        if self.signal_name:
+            return f"killed by {self.signal_name}"
+        return f"exited with code {self.exit_code}"
+
+    def headline(self) -> str:
+        return f"rank {self.rank} (pid {self.pid}) {'was stopped' if self.stopped else 'failed'}: {self.summary}"
+
+
+def _where(failure: RankFailure) -> list[str]:
+    if failure.stack:
+        return ["  where it was (most recent call last):", *("  " + ln for ln in failure.stack.splitlines())]
+    return []
+
+
+class SpawnError(Exception):
+    """A ``%%spawn`` run that did not succeed; ``.run`` has every rank's state and log paths."""
+
+    run: Run | None = None
+    failures: list[RankFailure]
+
+    def _report(self, color: bool) -> list[str]:
+        raise NotImplementedError
+
+    def _logs_line(self, color: bool) -> list[str]:
+        if self.run is None or not self.run.run_dir:
+            return []
+        line = f"Logs: {self.run.run_dir}/<rank>/{{stdout.log,stderr.log,error.json}}"
+        return [f"{_DIM}{line}{_RESET}" if color else line]
+
+    def _others(self, color: bool) -> list[str]:
+        lines: list[str] = []
+        for failure in self.failures[1:]:
+            lines.append(failure.headline())
+            if not failure.stopped and failure.traceback:
+                lines.extend("  " + ln for ln in failure.traceback.rstrip().splitlines())
+            lines.extend(_where(failure))
+        if lines:
+            lines.insert(0, f"{_BOLD}Other ranks:{_RESET}" if color else "Other ranks:")
+        return lines
+
+    def _render_traceback_(self) -> list[str]:
+        return self._report(color=True)
+
+    def __str__(self) -> str:
+        return "\n".join(self._report(color=False))
+
+
+class _RootCause(SpawnError):
+    def __init__(self, failures: list[RankFailure], run: Run | None = None) -> None:
+        self.failures = failures
+        self.root = failures[0]
+        self.run = run
+
+    @property
+    def rank(self) -> int:
+        return self.root.rank
+
+    def _report(self, color: bool) -> list[str]:
+        root = self.root
+        head = f"{type(self).__name__}: {root.headline()}"
+        lines = [f"{_RED}{_BOLD}{head}{_RESET}" if color else head]
+        if root.traceback:
+            for ln in root.traceback.rstrip().splitlines():
+                lines.append(f"{_GREEN}{ln}{_RESET}" if color and ln.lstrip().startswith("Cell In") else ln)
+        else:
+            lines.extend(_where(root))
+        return lines + self._others(color) + self._logs_line(color)
+
+
+class RankRaisedError(_RootCause, ProcessRaisedException):
+    """The root-cause rank raised an exception from the cell."""
+
+    def __init__(self, failures: list[RankFailure], run: Run | None = None) -> None:
+        _RootCause.__init__(self, failures, run)
+        ProcessRaisedException.__init__(self, str(self), failures[0].rank, failures[0].pid or 0)
+
+    @property
+    def exc_type(self) -> str | None:
+        return self.root.exc_type
+
+    def __str__(self) -> str:
+        return _RootCause.__str__(self)
+
+    def __reduce__(self):  # noqa: ANN204 - mirror torch's exceptions, which pickle
+        return type(self), (self.failures,)
+
+
+class RankExitedError(_RootCause, ProcessExitedException):
+    """The root-cause rank exited with a non-zero code or was killed by a signal (SIGSEGV, OOM...)."""
+
+    def __init__(self, failures: list[RankFailure], run: Run | None = None) -> None:
+        _RootCause.__init__(self, failures, run)
+        root = failures[0]
+        ProcessExitedException.__init__(
+            self, str(self), root.rank, root.pid or 0, root.exit_code or 0, root.signal_name
+        )
+
+    def __str__(self) -> str:
+        return _RootCause.__str__(self)
+
+    def __reduce__(self):  # noqa: ANN204
+        return type(self), (self.failures,)
+
+
+class SpawnTimeoutError(SpawnError, TimeoutError):
+    """``--timeout`` expired; each rank still running says where it was."""
+
+    def __init__(self, seconds: float, failures: list[RankFailure], run: Run | None = None) -> None:
+        self.seconds = seconds
+        self.failures = failures
+        self.run = run
+
+    def _report(self, color: bool) -> list[str]:
+        running = [f for f in self.failures if f.stopped]
+        head = f"SpawnTimeoutError: the run timed out after {self.seconds:g} s with {len(running)} rank(s) still running"
+        lines = [f"{_RED}{_BOLD}{head}{_RESET}" if color else head]
+        for failure in self.failures:
+            lines.append(failure.headline())
+            if not failure.stopped and failure.traceback:
+                lines.extend("  " + ln for ln in failure.traceback.rstrip().splitlines())
+            lines.extend(_where(failure))
+        return lines + self._logs_line(color)
+
+
+class SpawnInterrupted(KeyboardInterrupt):
+    """The kernel was interrupted (or Stop pressed); every rank was told first, so each says where it was."""
+
+    def __init__(self, failures: list[RankFailure], run: Run | None = None) -> None:
+        super().__init__("the run was interrupted")
+        self.failures = failures
+        self.run = run
+
+    _logs_line = SpawnError._logs_line
+
+    def _report(self, color: bool) -> list[str]:
+        head = "KeyboardInterrupt: %%spawn was interrupted; the ranks were stopped"
+        lines = [f"{_RED}{_BOLD}{head}{_RESET}" if color else head]
+        for failure in self.failures:
+            lines.append(failure.headline())
+            if failure.traceback and not failure.stack:
+                lines.extend("  " + ln for ln in failure.traceback.rstrip().splitlines())
+            lines.extend(_where(failure))
+        return lines + self._logs_line(color)
+
+    def _render_traceback_(self) -> list[str]:
+        return self._report(color=True)
+
+    def __str__(self) -> str:
+        return "\n".join(self._report(color=False))
