@@ -6,16 +6,24 @@ changes every later cell, and a cell's own options win over them.
 
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import TYPE_CHECKING
 
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Float, Int, Unicode, Union
 
 from ._api import prepare
 from ._launcher import execute
-from ._source import CellSource
+from ._source import CellSource, CellSyntaxError, rewrite_notebook_frames
+from ._spec import RunSpec
 from ._view_text import TextView
+from .errors import SpawnUsageError
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 
 @magics_class
@@ -83,8 +91,25 @@ class SpawnMagics(Magics):
         """
         args = parse_argstring(self.spawn, line)
         shell = self.shell
-        spec = prepare(
-            CellSource(cell, line_offset=1, label=f"Cell In[{shell.execution_count}]"),
+        try:
+            spec = self._prepare(args, cell)
+        except SpawnUsageError as err:  # IPython prints exactly UsageError as one line, no traceback
+            raise UsageError(str(err)) from None
+        except CellSyntaxError as err:
+            raise UsageError(err.report()) from None
+        for note in spec.notes:
+            print(note, file=sys.stderr)
+        run = execute(spec, TextView())
+        if run.error is not None:
+            for failure in getattr(run.error, "failures", []):
+                if failure.traceback:
+                    failure.traceback = rewrite_notebook_frames(failure.traceback, _cell_files(shell))
+            raise run.error
+
+    def _prepare(self, args: argparse.Namespace, cell: str) -> RunSpec:
+        shell = self.shell
+        return prepare(
+            CellSource(cell, line_offset=1, label=f"Cell In[{_cell_number(shell)}]"),
             shell.user_ns,
             hidden=shell.user_ns_hidden,
             nprocs=self.nprocs if args.nprocs is None else args.nprocs,
@@ -96,8 +121,15 @@ class SpawnMagics(Magics):
             log_dir=args.log_dir or self.log_dir,
             ranks=args.ranks,
         )
-        for note in spec.notes:
-            print(note, file=sys.stderr)
-        run = execute(spec, TextView())
-        if run.error is not None:
-            raise run.error
+
+
+def _cell_files(shell: InteractiveShell) -> dict[str, int]:
+    """IPython's map from each cell's compiled filename to its execution number."""
+    return dict(getattr(shell.compile, "_filename_map", {}))
+
+
+def _cell_number(shell: InteractiveShell) -> int:
+    """The ``In[N]`` of the running cell: the last one IPython compiled (IPython 9 has already
+    advanced ``execution_count`` by the time a magic runs; IPython 8 has not)."""
+    numbers = _cell_files(shell)
+    return next(reversed(numbers.values())) if numbers else shell.execution_count

@@ -12,11 +12,25 @@ from __future__ import annotations
 import ast
 import linecache
 import re
+import traceback
 from dataclasses import dataclass
 
 CELL_FILENAME = "<nbspawn-cell>"
 
 _FRAME = re.compile(r'File "' + re.escape(CELL_FILENAME) + r'", line (\d+)(?:, in | in )(\S+)')
+
+
+class CellSyntaxError(SyntaxError):
+    """A syntax error in the cell, reported in the cell's own line numbers before anything starts."""
+
+    def __init__(self, err: SyntaxError, label: str) -> None:
+        super().__init__(err.msg, (label, err.lineno, err.offset, err.text, err.end_lineno, err.end_offset))
+        self.label = label
+
+    def report(self) -> str:
+        """``SyntaxError in Cell In[4], line 2: '(' was never closed`` and the line with its caret."""
+        lines = "".join(traceback.format_exception_only(SyntaxError, self)).rstrip("\n").splitlines()
+        return "\n".join([f"SyntaxError in {self.label}, line {self.lineno}: {self.msg}", *lines[1:-1]])
 
 
 @dataclass(frozen=True)
@@ -40,8 +54,7 @@ class CellSource:
         try:
             return ast.parse(self.padded, CELL_FILENAME, "exec")
         except SyntaxError as err:
-            err.filename = self.label
-            raise
+            raise CellSyntaxError(err, self.label) from None
 
     def compile(self) -> tuple[object, object | None]:
         """Code for the cell, split like IPython does: statements, then a last bare expression.
@@ -95,3 +108,18 @@ def main_thread_stack(dump: str, cell: CellSource) -> str:
     frames = frames[: cut + 1]
     frames.reverse()
     return rewrite_cell_frames("\n".join("  " + f.strip() for f in frames), cell)
+
+
+def rewrite_notebook_frames(text: str, cell_numbers: dict[str, int]) -> str:
+    """Frames in functions defined by earlier cells read ``Cell In[3], line 2, in f``, as in IPython."""
+    if not cell_numbers:
+        return text
+
+    def label(match: re.Match[str]) -> str:
+        number = cell_numbers.get(match.group(1))
+        if number is None:
+            return match.group(0)
+        func = match.group(3)
+        return f"Cell In[{number}], line {match.group(2)}" + ("" if func == "<module>" else f", in {func}")
+
+    return re.sub(r'File "([^"]+)", line (\d+), in (\S+)', label, text)

@@ -61,6 +61,29 @@ class RankFailure:
         return f"rank {self.rank} (pid {self.pid}) {'was stopped' if self.stopped else 'failed'}: {self.summary}"
 
 
+def _alike(failures: list[RankFailure]) -> list[list[RankFailure]]:
+    """Group ranks that ended identically, so 63 ranks stopped in one collective read as one line."""
+    groups: dict[tuple, list[RankFailure]] = {}
+    for failure in failures:
+        key = (failure.stopped, failure.summary, failure.traceback, failure.stack)
+        groups.setdefault(key, []).append(failure)
+    return list(groups.values())
+
+
+def _ranks(group: list[RankFailure]) -> str:
+    ranks = sorted(f.rank for f in group)
+    spans: list[str] = []
+    start = prev = ranks[0]
+    for rank in [*ranks[1:], None]:
+        if rank is not None and rank == prev + 1:
+            prev = rank
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if rank is not None:
+            start = prev = rank
+    return ",".join(spans)
+
+
 def _where(failure: RankFailure) -> list[str]:
     if failure.stack:
         return ["  where it was (most recent call last):", *("  " + ln for ln in failure.stack.splitlines())]
@@ -84,8 +107,13 @@ class SpawnError(Exception):
 
     def _others(self, color: bool) -> list[str]:
         lines: list[str] = []
-        for failure in self.failures[1:]:
-            lines.append(failure.headline())
+        for group in _alike(self.failures[1:]):
+            failure = group[0]
+            if len(group) == 1:
+                lines.append(failure.headline())
+            else:
+                verb = "were stopped" if failure.stopped else "failed"
+                lines.append(f"ranks {_ranks(group)} {verb} the same way: {failure.summary}")
             if not failure.stopped and failure.traceback:
                 lines.extend("  " + ln for ln in failure.traceback.rstrip().splitlines())
             lines.extend(_where(failure))
