@@ -90,6 +90,22 @@ def _where(failure: RankFailure) -> list[str]:
     return []
 
 
+def _describe(failures: list[RankFailure]) -> list[str]:
+    """One entry per way of ending: its ranks, its traceback (or where the ranks were stopped)."""
+    lines: list[str] = []
+    for group in _alike(failures):
+        failure = group[0]
+        if len(group) == 1:
+            lines.append(failure.headline())
+        else:
+            verb = "were stopped" if failure.stopped else "failed"
+            lines.append(f"ranks {_ranks(group)} {verb} the same way: {failure.summary}")
+        if failure.traceback and not failure.stack:
+            lines.extend("  " + ln for ln in failure.traceback.rstrip().splitlines())
+        lines.extend(_where(failure))
+    return lines
+
+
 class SpawnError(Exception):
     """A ``%%spawn`` run that did not succeed; ``.run`` has every rank's state and log paths."""
 
@@ -106,17 +122,7 @@ class SpawnError(Exception):
         return [f"{_DIM}{line}{_RESET}" if color else line]
 
     def _others(self, color: bool) -> list[str]:
-        lines: list[str] = []
-        for group in _alike(self.failures[1:]):
-            failure = group[0]
-            if len(group) == 1:
-                lines.append(failure.headline())
-            else:
-                verb = "were stopped" if failure.stopped else "failed"
-                lines.append(f"ranks {_ranks(group)} {verb} the same way: {failure.summary}")
-            if not failure.stopped and failure.traceback:
-                lines.extend("  " + ln for ln in failure.traceback.rstrip().splitlines())
-            lines.extend(_where(failure))
+        lines = _describe(self.failures[1:])
         if lines:
             lines.insert(0, f"{_BOLD}Other ranks:{_RESET}" if color else "Other ranks:")
         return lines
@@ -197,12 +203,7 @@ class SpawnTimeoutError(SpawnError, TimeoutError):
         running = [f for f in self.failures if f.stopped]
         head = f"SpawnTimeoutError: the run timed out after {self.seconds:g} s with {len(running)} rank(s) still running"
         lines = [f"{_RED}{_BOLD}{head}{_RESET}" if color else head]
-        for failure in self.failures:
-            lines.append(failure.headline())
-            if not failure.stopped and failure.traceback:
-                lines.extend("  " + ln for ln in failure.traceback.rstrip().splitlines())
-            lines.extend(_where(failure))
-        return lines + self._logs_line(color)
+        return lines + _describe(self.failures) + self._logs_line(color)
 
 
 class SpawnInterrupted(KeyboardInterrupt):
@@ -218,12 +219,7 @@ class SpawnInterrupted(KeyboardInterrupt):
     def _report(self, color: bool) -> list[str]:
         head = "KeyboardInterrupt: %%spawn was interrupted; the ranks were stopped"
         lines = [f"{_RED}{_BOLD}{head}{_RESET}" if color else head]
-        for failure in self.failures:
-            lines.append(failure.headline())
-            if failure.traceback and not failure.stack:
-                lines.extend("  " + ln for ln in failure.traceback.rstrip().splitlines())
-            lines.extend(_where(failure))
-        return lines + self._logs_line(color)
+        return lines + _describe(self.failures) + self._logs_line(color)
 
     def _render_traceback_(self) -> list[str]:
         return self._report(color=True)
