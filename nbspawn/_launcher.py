@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator
 from typing import Protocol
 
-from ._rank import EXIT_INTERRUPTED, run_rank
+from ._rank import EXIT_INTERRUPTED, run_rank, stdio_streams
 from ._run import RankState, Run
 from ._source import main_thread_stack
 from ._spec import RunSpec
@@ -98,6 +98,21 @@ def _interrupts_deferred() -> Iterator[list[int]]:
         signal.signal(signal.SIGINT, previous)
 
 
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set variables in the kernel only while it forks, so each rank inherits them for free."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 _forkserver_ready = False
 
 
@@ -130,10 +145,16 @@ class _Supervisor:
         from torch.multiprocessing import start_processes
 
         spec = self.spec
+        inherited: dict[str, str] = {}
         if spec.start_method == "forkserver":
             _prepare_forkserver()
+        elif spec.start_method == "fork":
+            spec.compiled = spec.cell.compile()
+            stdio_streams()
+            inherited = spec.shared_env()
+            spec.shared_env_inherited = True
         now = time.time()
-        with _interrupts_deferred() as interrupted:
+        with _interrupts_deferred() as interrupted, _environment(inherited):
             try:
                 context = start_processes(
                     run_rank, args=(spec,), nprocs=spec.nprocs, join=False, daemon=False, start_method=spec.start_method

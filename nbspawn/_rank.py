@@ -32,7 +32,7 @@ def run_rank(rank: int, spec: RunSpec) -> None:
     """Entry point given to ``torch.multiprocessing.start_processes``; never returns an exception."""
     _die_with_parent(spec)
     rank_dir = spec.rank_dir(rank)
-    os.environ.update(spec.rank_env(rank))
+    os.environ.update(spec.own_env(rank) if spec.shared_env_inherited else spec.rank_env(rank))
     _capture_output(rank_dir)
     _install_signal_handlers(rank_dir)
     _forbid_input()
@@ -73,9 +73,22 @@ def _capture_output(rank_dir: str) -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     # The kernel's sys.stdout is a zmq stream that must not be touched from a forked process.
-    sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
-    sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
-    sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = stdio_streams()
+
+
+_stdio: tuple | None = None
+
+
+def stdio_streams() -> tuple:
+    """Text streams on descriptors 0, 1 and 2, made once in the kernel and inherited by forked ranks.
+
+    They are never used in the kernel; in a rank, descriptors 1 and 2 are its log files by then.
+    """
+    global _stdio
+    if _stdio is None:
+        text = {"encoding": "utf-8", "errors": "backslashreplace", "closefd": False}
+        _stdio = (open(0, **text), open(1, "w", buffering=1, **text), open(2, "w", buffering=1, **text))  # noqa: SIM115
+    return _stdio
 
 
 def _install_signal_handlers(rank_dir: str) -> None:
@@ -116,7 +129,7 @@ def _run_cell(spec: RunSpec, rank: int) -> None:
     if torch is not None and spec.omp_threads is not None:
         torch.set_num_threads(spec.omp_threads)  # a forked rank inherited the kernel's thread pool size
     namespace = _namespace(spec)
-    code, last = spec.cell.compile()
+    code, last = spec.compiled or spec.cell.compile()
     dist = _init_process_group(spec, rank)
     exec(code, namespace)  # noqa: S102 - running the user's cell is the point
     if last is not None:

@@ -43,27 +43,31 @@ class RunSpec:
     namespace: dict[str, Any] | None = None
     namespace_payload: bytes | None = None
     notes: list[str] = field(default_factory=list)  # said to the user before the run
+    # Set by the launcher for fork only, where ranks inherit them instead of redoing the work in
+    # every child (each page a child writes to is a copy-on-write fault).
+    compiled: tuple | None = None
+    shared_env_inherited: bool = False
 
     def rank_dir(self, rank: int) -> str:
         return os.path.join(self.run_dir, str(rank))
 
     def rank_env(self, rank: int) -> dict[str, str]:
         """The torchrun environment, so torch.distributed, Lightning and accelerate see launched ranks."""
+        return {**self.shared_env(), **self.own_env(rank)}
+
+    def shared_env(self) -> dict[str, str]:
+        """The part that is the same on every rank (and the user's ``--env``, which wins)."""
         n = str(self.nprocs)
         env = {
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
             "WORLD_SIZE": n,
             "LOCAL_WORLD_SIZE": n,
             "GROUP_RANK": "0",
             "GROUP_WORLD_SIZE": "1",
-            "ROLE_RANK": str(rank),
             "ROLE_NAME": "default",
             "ROLE_WORLD_SIZE": n,
             "TORCHELASTIC_RUN_ID": self.run_id,
             "TORCHELASTIC_RESTART_COUNT": "0",
             "TORCHELASTIC_MAX_RESTARTS": "0",
-            "TORCHELASTIC_ERROR_FILE": os.path.join(self.rank_dir(rank), "error.json"),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(self.master_port),
         }
@@ -71,6 +75,15 @@ class RunSpec:
             env["OMP_NUM_THREADS"] = str(self.omp_threads)
         env.update(self.env)
         return env
+
+    def own_env(self, rank: int) -> dict[str, str]:
+        env = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "ROLE_RANK": str(rank),
+            "TORCHELASTIC_ERROR_FILE": os.path.join(self.rank_dir(rank), "error.json"),
+        }
+        return {k: v for k, v in env.items() if k not in self.env}
 
 
 def new_run_id() -> str:
