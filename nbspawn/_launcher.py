@@ -32,7 +32,9 @@ from ._source import main_thread_stack
 from ._spec import RunSpec
 from .errors import RankExitedError, RankFailure, RankRaisedError, SpawnInterrupted, SpawnTimeoutError
 
-POLL_SECONDS = 0.05  # how often new output is forwarded while nothing else happens
+# How often new output is looked for: soon after output arrived, then backing off while ranks are
+# quiet, so a long silent run costs the kernel almost nothing. Exits wake the loop at once anyway.
+POLL_MIN, POLL_MAX = 0.02, 0.25
 STACK_DUMP_WAIT = 0.5  # how long to wait for faulthandler dumps before SIGTERM
 
 _last_run: Run | None = None
@@ -184,11 +186,12 @@ class _Supervisor:
     # -- the loop ---------------------------------------------------------------------------------
 
     def supervise(self) -> None:
+        poll = POLL_MIN
         while self.alive:
             try:
-                wait = min(POLL_SECONDS, max(0.0, min(self.deadline, self.escalate_at) - time.monotonic()))
+                wait = min(poll, max(0.0, min(self.deadline, self.escalate_at) - time.monotonic()))
                 ready = multiprocessing.connection.wait(list(self.alive), timeout=wait)
-                self._forward_output()
+                poll = POLL_MIN if self._forward_output() else min(POLL_MAX, poll * 2)
                 for sentinel in sorted(ready, key=self._error_time):
                     self._reap(self.alive.pop(sentinel))
                 self._check_clocks()
@@ -202,9 +205,11 @@ class _Supervisor:
         record = self.run.ranks[self.alive[sentinel]].read_error()
         return record.get("nbspawn", {}).get("time", float("inf")) if record else float("inf")
 
-    def _forward_output(self, final: bool = False) -> None:
-        for rank, stream, text in self.run.read_new_output(final=final):
+    def _forward_output(self, final: bool = False) -> bool:
+        chunks = self.run.read_new_output(final=final)
+        for rank, stream, text in chunks:
             self.view.output(rank, stream, text)
+        return bool(chunks)
 
     def _reap(self, rank: int) -> None:
         process = self.processes[rank]
