@@ -28,7 +28,7 @@ from typing import Protocol
 
 from ._rank import EXIT_INTERRUPTED, run_rank, stdio_streams
 from ._run import RankState, Run
-from ._source import main_thread_stack
+from ._source import STILL_STARTING, main_thread_stack
 from ._spec import RunSpec
 from .errors import RankExitedError, RankFailure, RankRaisedError, SpawnInterrupted, SpawnTimeoutError
 
@@ -242,8 +242,8 @@ class _Supervisor:
             failure.traceback = record.get("traceback")
         interrupted = failure.exc_type == "KeyboardInterrupt" or code == EXIT_INTERRUPTED
         failure.stopped = state.rank in self.signalled and (record is None or interrupted)
-        if failure.stopped or failure.signal_name:
-            failure.stack = self._stack(state)
+        if (failure.stopped or failure.signal_name) and not failure.traceback:
+            failure.stack = self._stack(state)  # no traceback of its own: say where it was
         return failure
 
     def _stack(self, state: RankState) -> str | None:
@@ -251,8 +251,11 @@ class _Supervisor:
             with open(state.stacks_path, encoding="utf-8", errors="replace") as fh:
                 dump = fh.read()
         except OSError:
-            return None
-        return main_thread_stack(dump, self.spec.cell) or None if dump.strip() else None
+            dump = ""
+        if dump.strip():
+            return main_thread_stack(dump, self.spec.cell) or None
+        # Signalled before it could report: it had not installed its handlers, so not begun the cell.
+        return STILL_STARTING if state.rank in self.signalled else None
 
     # -- stopping ---------------------------------------------------------------------------------
 

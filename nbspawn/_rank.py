@@ -126,8 +126,9 @@ def _namespace(spec: RunSpec) -> dict:
 
 def _run_cell(spec: RunSpec, rank: int) -> None:
     torch = sys.modules.get("torch")
-    if torch is not None and spec.omp_threads is not None:
-        torch.set_num_threads(spec.omp_threads)  # a forked rank inherited the kernel's thread pool size
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))  # a forked rank inherited the kernel's thread pool size
     namespace = _namespace(spec)
     code, last = spec.compiled or spec.cell.compile()
     dist = _init_process_group(spec, rank)

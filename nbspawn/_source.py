@@ -16,6 +16,7 @@ import traceback
 from dataclasses import dataclass
 
 CELL_FILENAME = "<nbspawn-cell>"
+STILL_STARTING = "  (still starting: the cell had not begun)"
 
 _FRAME = re.compile(r'File "' + re.escape(CELL_FILENAME) + r'", line (\d+)(?:, in | in )(\S+)')
 
@@ -104,7 +105,7 @@ def main_thread_stack(dump: str, cell: CellSource) -> str:
     frames = [ln for ln in chosen.splitlines()[1:] if ln.strip().startswith("File ")]
     cut = next((i for i, ln in enumerate(frames) if CELL_FILENAME in ln and ln.rstrip().endswith("<module>")), None)
     if cut is None:
-        return "  (still starting: the cell had not begun)" if frames else ""
+        return STILL_STARTING if frames else ""
     frames = frames[: cut + 1]
     frames.reverse()
     return rewrite_cell_frames("\n".join("  " + f.strip() for f in frames), cell)

@@ -1,0 +1,486 @@
+"""Passing tensors between the kernel and its ranks through shared memory, without copying them.
+
+Three jobs, three pieces (Linux only: memfd, /dev/shm, fd passing):
+
+``share_(obj)``
+    Move the CPU storages under a tensor, module or container into shared memory *in place*, like
+    ``Tensor.share_memory_()`` but faster, and free when a storage is already shared.  Same
+    ``StorageImpl``, so the same Python tensor and every view of it follow; torch then sees the
+    storage as shared (``is_shared()``), its multiprocessing reductions send a handle instead of the
+    bytes, a forked rank inherits the mapping, and a rank's writes are seen by the kernel.
+
+``dumps(obj)`` / ``loads(data)``
+    cloudpickle (notebook functions and classes go by value) with torch's ForkingPickler reductions
+    for tensors and storages, so a tensor travels as a file descriptor, not as its bytes.
+    ``Payload(obj)`` does the same lazily, at the moment multiprocessing pickles a process's
+    arguments, which is the leak-free way to hand one object to several spawn/forkserver ranks.
+
+``dumps(obj, run_prefix=...)``, ``export_tensor`` / ``import_tensor``, ``sweep``
+    The way back (``--out``): the rank exits before the kernel reads its result, so no process is
+    left to pass a descriptor.  The rank writes each storage to a named file in /dev/shm under a
+    per-run prefix; the kernel maps the file (nothing is copied, the cost does not depend on the
+    size) and unlinks it at once; after the run, whatever a failed or killed rank left behind under
+    the prefix is removed by ``sweep(run_prefix)``.
+
+Why ``share_`` beats ``share_memory_`` (numbers: ``bench/shm_micro.py``).  ``share_memory_``
+creates a POSIX shm file, ``fallocate``\\ s it (the kernel allocates *and zeroes* every page), maps
+it, and copies the data in from user space, which takes one page fault per 4 KiB page (tmpfs gets no
+huge pages unless ``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` allows them; the default is
+``never``), then frees the old memory.  ``share_`` creates a memfd and ``pwrite``\\ s the tensor's
+bytes into it: the kernel allocates each page and copies into it directly, with no zeroing and no
+user page faults; the fresh mapping is populated lazily on first touch, which for pages already in
+the page cache is cheap (read fault-around maps 16 pages at a time).  The new mapping then replaces
+the old data pointer inside the existing ``StorageImpl`` with ``UntypedStorage._swap_data_ptr_``,
+the same move ``share_memory_`` makes in C++.  A memfd never has a name, so nothing can be left in
+/dev/shm, and it is not limited by the size of the /dev/shm mount (64 MiB in a default Docker
+container).  Writing with several threads does not help: tmpfs writes to one file take the inode
+lock.
+
+Rules worth knowing:
+
+* fd passing (``dumps`` without ``run_prefix``, torch's default ``file_descriptor`` strategy) needs
+  the sender alive until the receiver has unpickled.  Bytes from ``dumps`` carry a one-shot ticket
+  per storage served by multiprocessing's ``resource_sharer`` thread; load each result exactly once,
+  or the sender keeps a duplicate descriptor (and the memory) until it exits.  ``Payload`` avoids
+  that: pickled while a process is being started, its descriptors go with the start itself
+  (inherited by a spawn child, sent along with a forkserver request).
+* Each shared CPU storage holds one open descriptor in every process that maps it (torch's
+  ``file_descriptor`` strategy works that way too); thousands of small tensors can hit
+  ``ulimit -n``.  Descriptors made here are close-on-exec.
+* ``share_`` and ``share_memory_`` both swap memory under a storage: a thread writing to the tensor
+  at the same moment can lose its write.
+* CUDA tensors are not touched by ``share_``; torch sends them kernel→rank as CUDA IPC handles
+  (spawn/forkserver only, the kernel must keep the tensor alive while ranks use it).  A CUDA IPC
+  handle dies with the process that made it, so on the way back a rank's CUDA tensors are copied to
+  CPU and arrive in the kernel as CPU tensors.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import itertools
+import os
+import re
+import secrets
+import stat
+import threading
+from collections import ChainMap
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
+
+import cloudpickle
+import torch
+import torch.multiprocessing  # noqa: F401 - registers torch's reductions with ForkingPickler
+from multiprocessing.reduction import ForkingPickler
+from torch.multiprocessing import reductions as _torch_reductions
+
+__all__ = [
+    "Payload",
+    "TensorHandle",
+    "dumps",
+    "export_tensor",
+    "import_tensor",
+    "is_shared",
+    "loads",
+    "new_run_prefix",
+    "share_",
+    "sweep",
+    "sweep_stale",
+]
+
+SHM_DIR = "/dev/shm"
+_PREFIX_RE = re.compile(r"nbspawn\.(\d+)\.[0-9a-f]+\.\Z")
+_NAME_RE = re.compile(r"nbspawn\.\d+\.[0-9a-f]+\.[0-9A-Za-z_.-]+\Z")
+_CHUNK = 1 << 30  # Linux caps one write at 2 GiB - 4 KiB
+_lock = threading.Lock()
+_counter = itertools.count()
+
+
+# -- in place -----------------------------------------------------------------------------------
+
+
+def share_(obj: Any) -> Any:
+    """Move every CPU storage under ``obj`` into shared memory in place; return ``obj``.
+
+    ``obj`` is a tensor, a storage, an ``nn.Module`` (parameters, their gradients and buffers, as
+    ``Module.share_memory()``) or a dict/list/tuple/set of those, nested.  A storage that is already
+    shared in the way the current sharing strategy sends it costs nothing.  CUDA, meta and empty
+    storages are left alone, as by ``share_memory_``.  Sparse and nested tensors are skipped: their
+    dense parts are shared when they are pickled with :func:`dumps` or by torch.
+    """
+    seen: set[int] = set()
+    for storage in _storages(obj):
+        key = storage._cdata
+        if key not in seen:
+            seen.add(key)
+            _share_storage(storage)
+    return obj
+
+
+def is_shared(storage: torch.UntypedStorage) -> bool:
+    """Whether torch would send ``storage`` by handle, without copying it first.
+
+    Stricter than ``storage.is_shared()``: a storage mapped with ``UntypedStorage.from_file`` is
+    "shared" but has no descriptor, and one shared for the other strategy is copied again.
+    """
+    if storage.device.type != "cpu" or storage.nbytes() == 0:
+        return True
+    if torch.multiprocessing.get_sharing_strategy() == "file_system":
+        return storage.is_shared() and _shared_fd(storage) is None
+    fd = _shared_fd(storage)
+    return fd is not None and fd >= 0
+
+
+def _shared_fd(storage: torch.UntypedStorage) -> int | None:
+    try:
+        return storage._get_shared_fd()  # the MapAllocator's kept descriptor; -1 when it has none
+    except RuntimeError:  # not a MapAllocator storage (plain memory, or file_system's managed shm)
+        return None
+
+
+def _share_storage(storage: torch.UntypedStorage) -> None:
+    with _lock:
+        if is_shared(storage):
+            return
+        if not hasattr(storage, "_swap_data_ptr_") or not hasattr(os, "memfd_create"):
+            storage.share_memory_()  # older torch: correct, only slower
+            return
+        nbytes = storage.nbytes()
+        if torch.multiprocessing.get_sharing_strategy() == "file_system":
+            # torch_shm_manager must own the name, so let torch create it (it zero-fills), then
+            # fill it with a kernel-side copy instead of faulting every page in from user space.
+            new = torch.UntypedStorage._new_using_filename_cpu(nbytes)
+            name = new._share_filename_cpu_()[1].decode()
+            fd = os.open(SHM_DIR + name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                _write_storage(fd, storage)
+            finally:
+                os.close(fd)
+        else:
+            fd = os.memfd_create("nbspawn", os.MFD_CLOEXEC)
+            try:
+                os.ftruncate(fd, nbytes)
+                _write_storage(fd, storage)
+                new = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # maps a dup, keeps it
+            finally:
+                os.close(fd)
+            _cloexec(new)
+        storage._swap_data_ptr_(new)  # the StorageImpl now owns the mapping; ``new`` the old memory
+        del new  # frees the old memory
+
+
+def _cloexec(storage: torch.UntypedStorage) -> None:
+    fd = _shared_fd(storage)
+    if fd is not None and fd >= 0:
+        os.set_inheritable(fd, False)  # torch dup()s without O_CLOEXEC
+
+
+def _write_storage(fd: int, storage: torch.UntypedStorage) -> None:
+    _write_bytes(fd, storage.data_ptr(), storage.nbytes())
+
+
+def _write_bytes(fd: int, address: int, nbytes: int) -> None:
+    """Copy ``nbytes`` at ``address`` to ``fd`` from offset 0 with pwrite (GIL released, no page faults)."""
+    view = memoryview((ctypes.c_ubyte * nbytes).from_address(address)).cast("B")
+    done = 0
+    while done < nbytes:
+        done += os.pwrite(fd, view[done : done + _CHUNK], done)
+
+
+def _storages(obj: Any) -> Iterator[torch.UntypedStorage]:
+    if isinstance(obj, torch.Tensor):
+        if obj.layout == torch.strided and not obj.is_nested and obj.device.type == "cpu":
+            yield obj.untyped_storage()
+    elif isinstance(obj, torch.UntypedStorage):
+        if obj.device.type == "cpu":
+            yield obj
+    elif isinstance(obj, torch.TypedStorage):
+        yield from _storages(obj._untyped_storage)
+    elif isinstance(obj, torch.nn.Module):
+        for param in obj.parameters():
+            yield from _storages(param)
+            if param.grad is not None:
+                yield from _storages(param.grad)
+        for buffer in obj.buffers():
+            yield from _storages(buffer)
+    elif isinstance(obj, Mapping):
+        for value in obj.values():
+            yield from _storages(value)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for value in obj:
+            yield from _storages(value)
+
+
+# -- kernel -> ranks ----------------------------------------------------------------------------
+
+
+def _reduce_storage_shared(storage: torch.UntypedStorage) -> tuple:
+    """torch's storage reduction, after the fast in-place move (torch's own would copy slowly)."""
+    if storage.device.type == "cpu" and storage.nbytes():
+        _share_storage(storage)
+    return _torch_reductions.reduce_storage(storage)
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, with ForkingPickler's reductions (torch's among them) ahead of copyreg's.
+
+    Functions and classes still go through cloudpickle's ``reducer_override`` (by value when they
+    live in ``__main__``).  The dispatch table is looked up by exact type: tensor subclasses that
+    torch did not register fall back to ``Tensor.__reduce_ex__``, whose storage then comes here.
+    """
+
+    def __init__(self, file: io.BytesIO, run_prefix: str | None) -> None:
+        own: dict[type, Any] = {}
+        if run_prefix is None:
+            own[torch.UntypedStorage] = _reduce_storage_shared
+        else:
+            _check_prefix(run_prefix)
+            exported: dict[int, tuple] = {}
+
+            def export(storage: torch.UntypedStorage) -> tuple:
+                # one file per storage per payload, so views keep sharing their storage
+                key = storage._cdata
+                if key not in exported:
+                    exported[key] = (_import_storage, (_export_storage(storage, run_prefix),))
+                return exported[key]
+
+            own[torch.UntypedStorage] = export
+        # set before Pickler.__init__, which reads dispatch_table
+        self.dispatch_table = ChainMap(
+            own, cloudpickle.Pickler._dispatch_table, ForkingPickler._extra_reducers, cloudpickle.Pickler.dispatch_table
+        )
+        self._run_prefix = run_prefix
+        super().__init__(file)
+
+    def reducer_override(self, obj: Any) -> Any:
+        if self._run_prefix is not None and isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
+            # a CUDA IPC handle would die with the rank: bring a CPU copy home instead
+            cpu = obj.detach().cpu()
+            if isinstance(obj, torch.nn.Parameter):
+                cpu = torch.nn.Parameter(cpu, requires_grad=obj.requires_grad)
+            elif obj.requires_grad:
+                cpu.requires_grad_()
+            return (_same, (cpu,))
+        return super().reducer_override(obj)
+
+
+def _same(obj: Any) -> Any:
+    return obj
+
+
+def dumps(obj: Any, *, run_prefix: str | None = None) -> bytes:
+    """Pickle ``obj`` with cloudpickle; tensors and storages travel through shared memory.
+
+    Without ``run_prefix`` (kernel to ranks): CPU storages are moved into shared memory in place
+    (:func:`share_`) and sent as file descriptors, as torch.multiprocessing does.  The receiver
+    must :func:`loads` the bytes exactly once, while this process is alive (see the module notes);
+    to start several ranks, prefer :class:`Payload`.
+
+    With ``run_prefix`` (a rank to the kernel, see :func:`new_run_prefix`): every CPU storage is
+    written to its own file in /dev/shm named under the prefix, so the bytes stay valid after this
+    process exits.  :func:`loads` in the kernel maps each file and unlinks it; load them once.
+    """
+    buf = io.BytesIO()
+    _Pickler(buf, run_prefix).dump(obj)
+    return buf.getvalue()
+
+
+def loads(data: bytes) -> Any:
+    """Unpickle what :func:`dumps` made (in the receiving process)."""
+    return cloudpickle.loads(data)
+
+
+class Payload:
+    """An object that is :func:`dumps`-ed only when multiprocessing pickles it to start a process.
+
+    Put it in the arguments given to ``torch.multiprocessing.start_processes``.  Each spawn or
+    forkserver child then receives its own copy of ``obj`` whose storages arrive as descriptors
+    passed with the process start (no resource_sharer, nothing to leak if a rank dies early), and
+    the child finds ``obj`` itself where the ``Payload`` was.  A fork child is not pickled for: it
+    finds the ``Payload``; use :meth:`unwrap` on both sides.  Share the tensors first
+    (:func:`share_`) if a forked rank's writes must reach the kernel.
+    """
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __reduce__(self) -> tuple:
+        return (loads, (dumps(self.obj),))
+
+    @staticmethod
+    def unwrap(value: Any) -> Any:
+        return value.obj if isinstance(value, Payload) else value
+
+
+# -- ranks -> kernel ----------------------------------------------------------------------------
+
+
+def new_run_prefix() -> str:
+    """A fresh prefix for one run's files in /dev/shm: ``nbspawn.<kernel pid>.<random>.``."""
+    return f"nbspawn.{os.getpid()}.{secrets.token_hex(6)}."
+
+
+def _check_prefix(run_prefix: str) -> None:
+    if not _PREFIX_RE.match(run_prefix):
+        raise ValueError(f"not a run prefix from new_run_prefix(): {run_prefix!r}")
+
+
+class _StorageHandle(NamedTuple):
+    name: str  # file in SHM_DIR; "" for an empty storage
+    nbytes: int
+
+
+def _export_storage(
+    storage: torch.UntypedStorage, run_prefix: str, start: int = 0, nbytes: int | None = None
+) -> _StorageHandle:
+    """Write bytes ``[start, start + nbytes)`` of ``storage`` to a new file under ``run_prefix``."""
+    if nbytes is None:
+        nbytes = storage.nbytes() - start
+    if nbytes == 0:
+        return _StorageHandle("", 0)
+    name = f"{run_prefix}{os.getpid()}.{next(_counter)}"
+    path = os.path.join(SHM_DIR, name)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.ftruncate(fd, nbytes)
+        _write_bytes(fd, storage.data_ptr() + start, nbytes)  # ENOSPC now, not SIGBUS later
+    except BaseException:
+        os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+    return _StorageHandle(name, nbytes)
+
+
+def _import_storage(handle: tuple) -> torch.UntypedStorage:
+    name, nbytes = handle
+    if nbytes == 0:
+        return torch.UntypedStorage()
+    if not _NAME_RE.match(name):
+        raise ValueError(f"not an nbspawn shared-memory name: {name!r}")
+    path = os.path.join(SHM_DIR, name)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} is gone: already imported, or swept after its run") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size < nbytes:
+            raise ValueError(f"{path} is not a tensor file written by this user")
+        storage = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # maps a dup, which it keeps
+    finally:
+        os.close(fd)
+    _cloexec(storage)
+    os.unlink(path)  # the mapping and the kept descriptor hold the memory now; nothing to leak
+    return storage
+
+
+class TensorHandle(NamedTuple):
+    """Small and picklable: what :func:`import_tensor` needs to map a tensor a rank exported."""
+
+    storage: _StorageHandle
+    dtype: torch.dtype
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    requires_grad: bool
+
+
+def export_tensor(tensor: torch.Tensor, run_prefix: str) -> TensorHandle:
+    """In a rank: write ``tensor`` to a file in /dev/shm under ``run_prefix``; return its handle.
+
+    One copy, made by the rank with ``pwrite`` (its cost is the rank's, not the kernel's), of just
+    the bytes the tensor spans (a small view of a big storage does not drag the storage along).
+    The file outlives the rank; the kernel's :func:`import_tensor` or :func:`sweep` removes it.  A
+    CUDA tensor is copied to CPU first.  For containers, modules and views that must keep sharing
+    one storage, use ``dumps(obj, run_prefix=...)``.
+    """
+    _check_prefix(run_prefix)
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.layout != torch.strided or t.is_nested:
+        raise TypeError("export_tensor handles dense (strided) tensors only; use dumps(obj, run_prefix=...)")
+    if any(s < 0 for s in t.stride()):
+        t = t.contiguous()
+    item = t.element_size()
+    if t.numel() == 0:
+        start, span = 0, 0
+    else:
+        start = t.storage_offset() * item
+        span = (1 + sum((n - 1) * s for n, s in zip(t.size(), t.stride()))) * item
+    return TensorHandle(
+        _export_storage(t.untyped_storage(), run_prefix, start, span),
+        t.dtype,
+        tuple(t.size()),
+        tuple(t.stride()),
+        0,
+        tensor.requires_grad,
+    )
+
+
+def import_tensor(handle: TensorHandle) -> torch.Tensor:
+    """In the kernel: map the tensor behind ``handle`` (no copy, cost flat in size) and unlink its file.
+
+    The result lives in shared memory (``is_shared()``), so sending it to the next run's ranks costs
+    nothing more.  Import each handle once.
+    """
+    storage = _import_storage(handle.storage)
+    t = torch.empty((0,), dtype=handle.dtype).set_(storage, handle.offset, handle.size, handle.stride)
+    return t.requires_grad_() if handle.requires_grad else t
+
+
+def sweep(run_prefix: str) -> int:
+    """Unlink every file left under ``run_prefix`` (call after all the run's ranks have exited).
+
+    Files a rank exported but the kernel never imported, or half-written by a rank that failed or
+    was killed, are only reachable by name; this is what removes them.  Returns how many it removed.
+    """
+    _check_prefix(run_prefix)
+    removed = 0
+    for name in _shm_names():
+        if name.startswith(run_prefix):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed += 1
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+def sweep_stale() -> int:
+    """Unlink this user's nbspawn files whose kernel process is gone (a kernel that crashed mid-run)."""
+    removed = 0
+    uid = os.getuid()
+    for name in _shm_names():
+        match = re.match(r"nbspawn\.(\d+)\.", name)
+        if not match or _alive(int(match.group(1))):
+            continue
+        path = os.path.join(SHM_DIR, name)
+        try:
+            if os.lstat(path).st_uid == uid:
+                os.unlink(path)
+                removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _shm_names() -> list[str]:
+    try:
+        return os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,205 @@
+"""Drive a real ipykernel over the Jupyter protocol, the way a notebook front end does.
+
+nbspawn lives inside a kernel: its output arrives as iopub messages, its errors as execute_reply
+content, and interrupts come from the kernel manager. Testing it through a real kernel is the only
+way to see what a user sees, so there are no mocks here.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+from ipykernel.kernelspec import write_kernel_spec
+from jupyter_client import BlockingKernelClient, KernelManager
+from jupyter_client.kernelspec import KernelSpecManager
+
+ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+KERNEL_NAME = "python3"
+_spec_dir: tempfile.TemporaryDirectory | None = None
+
+
+def strip_ansi(text: str) -> str:
+    return ANSI.sub("", text)
+
+
+@dataclass
+class ErrorInfo:
+    ename: str
+    evalue: str
+    traceback: list[str]
+
+    @property
+    def traceback_text(self) -> str:
+        """The traceback as a user reads it: lines joined, colors removed."""
+        return strip_ansi("\n".join(self.traceback))
+
+
+@dataclass
+class ExecResult:
+    status: str  # "ok" | "error" | "aborted", from the execute_reply
+    execution_count: int | None
+    stdout: str = ""
+    stderr: str = ""
+    outputs: list[dict[str, Any]] = field(default_factory=list)  # iopub contents, each with "msg_type"
+    error: ErrorInfo | None = None
+
+    @property
+    def error_text(self) -> str:
+        """"" when the cell succeeded, so `result.stderr + result.error_text` always works."""
+        return self.error.traceback_text if self.error else ""
+
+
+@dataclass
+class Kernel:
+    """A started kernel: `manager` interrupts/kills it, `client` talks to it."""
+
+    manager: KernelManager
+    client: BlockingKernelClient
+
+    @property
+    def km(self) -> KernelManager:
+        return self.manager
+
+    @property
+    def pid(self) -> int:
+        return self.manager.provisioner.process.pid
+
+
+def _kernel_spec_manager() -> KernelSpecManager:
+    """A spec manager that knows one kernel: this interpreter running ipykernel.
+
+    A user's or system `python3` kernelspec may point at another Python that has neither torch nor
+    nbspawn. Writing our own spec (argv = sys.executable -m ipykernel_launcher ...) makes the kernel
+    under test always the venv running pytest, whatever `jupyter kernelspec list` says.
+    """
+    global _spec_dir
+    if _spec_dir is None:
+        _spec_dir = tempfile.TemporaryDirectory(prefix="nbspawn-kernelspec-")
+        write_kernel_spec(os.path.join(_spec_dir.name, KERNEL_NAME))
+    return KernelSpecManager(kernel_dirs=[_spec_dir.name], ensure_native_kernel=False)
+
+
+def start_kernel(startup_timeout: float = 60, cwd: str | None = None) -> Kernel:
+    manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=_kernel_spec_manager())
+    assert Path(manager.kernel_spec.argv[0]).resolve() == Path(sys.executable).resolve()
+    manager.start_kernel(cwd=cwd or os.getcwd())
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=startup_timeout)
+    except RuntimeError:
+        stop_kernel(Kernel(manager, client))
+        raise
+    return Kernel(manager, client)
+
+
+def stop_kernel(kernel: Kernel) -> None:
+    """Ask nicely, then kill: a test may have left the kernel busy, interrupted or already dead."""
+    try:
+        kernel.client.stop_channels()
+    finally:
+        if kernel.manager.has_kernel:
+            try:
+                kernel.manager.shutdown_kernel(now=not kernel.manager.is_alive())
+            except Exception:
+                kernel.manager.shutdown_kernel(now=True)
+        kernel.manager.cleanup_resources()
+
+
+def execute(client: BlockingKernelClient, code: str, timeout: float = 60) -> ExecResult:
+    """Run `code` and collect everything the kernel says about it, until it goes idle.
+
+    Messages from earlier requests (a cell a test started and never waited for) are skipped by
+    parent msg_id. Raises TimeoutError, showing what had arrived, if the kernel does not finish.
+    """
+    msg_id = client.execute(code, store_history=True, allow_stdin=False)
+    deadline = time.monotonic() + timeout
+    stdout, stderr, outputs = [], [], []
+    iopub_error: dict | None = None
+
+    def remaining() -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(
+                f"no reply within {timeout} s to {code[:80]!r}; so far stdout={''.join(stdout)[-2000:]!r} "
+                f"stderr={''.join(stderr)[-2000:]!r}"
+            )
+        return left
+
+    while True:
+        try:
+            msg = client.get_iopub_msg(timeout=remaining())
+        except queue.Empty:
+            continue  # remaining() raises on the next turn
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        msg_type, content = msg["msg_type"], msg["content"]
+        if msg_type == "status":
+            if content["execution_state"] == "idle":
+                break
+            continue
+        if msg_type == "execute_input":
+            continue
+        outputs.append({"msg_type": msg_type, **content})
+        if msg_type == "stream":
+            (stdout if content["name"] == "stdout" else stderr).append(content["text"])
+        elif msg_type == "error":
+            iopub_error = content
+
+    while True:
+        try:
+            reply = client.get_shell_msg(timeout=remaining())
+        except queue.Empty:
+            continue
+        if reply["parent_header"].get("msg_id") == msg_id:
+            break
+
+    content = reply["content"]
+    error = None
+    if content["status"] == "error":
+        source = content if "ename" in content else (iopub_error or {})
+        error = ErrorInfo(source.get("ename", ""), source.get("evalue", ""), list(source.get("traceback", [])))
+    return ExecResult(
+        status=content["status"],
+        execution_count=content.get("execution_count"),
+        stdout="".join(stdout),
+        stderr="".join(stderr),
+        outputs=outputs,
+        error=error,
+    )
+
+
+# -- what a run may leave behind ------------------------------------------------------------------
+
+
+def descendants(pid: int, zombies: bool = False) -> list[psutil.Process]:
+    """Processes below `pid`, recursively; zombies only if asked (they hold no resources but a pid)."""
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    found = []
+    for kid in kids:
+        try:
+            if zombies or kid.status() != psutil.STATUS_ZOMBIE:
+                found.append(kid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def shm_entries(prefix: str = "") -> set[str]:
+    """Names in /dev/shm (POSIX shared memory segments, torch's and multiprocessing's included)."""
+    try:
+        return {name for name in os.listdir("/dev/shm") if name.startswith(prefix)}
+    except FileNotFoundError:
+        return set()

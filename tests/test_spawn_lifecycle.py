@@ -1,0 +1,146 @@
+"""What a run leaves behind after interrupts, kernel death and many cells: nothing but its logs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+
+from kernel_harness import execute
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def ok(kernel, code: str, timeout: float = 90):
+    result = execute(kernel.client, code, timeout=timeout)
+    assert result.status == "ok", (result.error, result.stderr)
+    return result
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    """Live descendants, forkserver excluded: it is multiprocessing's, shared by every run."""
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    alive = []
+    for kid in kids:
+        try:
+            if kid.status() != psutil.STATUS_ZOMBIE and "forkserver" not in " ".join(kid.cmdline()):
+                alive.append(kid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def wait_for_ranks(pid: int, count: int, timeout: float = 60) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kids = descendants(pid)
+        if len(kids) >= count:
+            return kids
+        time.sleep(0.05)
+    raise AssertionError(f"expected {count} ranks under {pid}, found {descendants(pid)}")
+
+
+def interrupt_later(kernel, pid: int, ranks: int, started_marker: str | None = None) -> threading.Thread:
+    def go() -> None:
+        wait_for_ranks(pid, ranks)
+        time.sleep(1.0)  # let every rank reach the cell
+        kernel.manager.interrupt_kernel()
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_interrupt_reaches_every_rank_first_and_the_cell_raises_keyboardinterrupt(fresh_kernel):
+    pid = fresh_kernel.pid
+    code = "%%spawn -n 3 --grace-period 5\nimport time\ndef train():\n    time.sleep(100)\ntrain()"
+    thread = interrupt_later(fresh_kernel, pid, 3)
+    started = time.monotonic()
+    result = execute(fresh_kernel.client, code, timeout=60)
+    thread.join()
+    assert result.status == "error" and result.error.ename == "SpawnInterrupted"
+    text = result.error.traceback_text
+    assert "KeyboardInterrupt" in text
+    assert "ranks 0-2 were stopped the same way: KeyboardInterrupt" in text
+    assert "in train" in text and "time.sleep(100)" in text  # where each rank was
+    assert time.monotonic() - started < 30
+    assert descendants(pid) == []
+    assert ok(fresh_kernel, "import nbspawn\nprint(isinstance(nbspawn.last_run().error, KeyboardInterrupt))", timeout=30).stdout == "True\n"
+
+
+def test_interrupt_escalates_to_sigterm_when_a_rank_ignores_sigint(fresh_kernel):
+    pid = fresh_kernel.pid
+    code = "%%spawn -n 2 --grace-period 1\nimport signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(100)"
+    thread = interrupt_later(fresh_kernel, pid, 2)
+    result = execute(fresh_kernel.client, code, timeout=60)
+    thread.join()
+    assert result.error.ename == "SpawnInterrupted"
+    assert "killed by SIGTERM" in result.error.traceback_text
+    assert "time.sleep(100)" in result.error.traceback_text
+    assert descendants(pid) == []
+
+
+def test_ranks_die_with_the_kernel_even_when_it_is_sigkilled(fresh_kernel):
+    pid = fresh_kernel.pid
+    fresh_kernel.client.execute("%%spawn -n 3\nimport subprocess, time\ntime.sleep(300)")
+    ranks = wait_for_ranks(pid, 3)
+    os.kill(pid, signal.SIGKILL)
+    gone, alive = psutil.wait_procs(ranks, timeout=10)
+    assert alive == [], f"ranks outlived the kernel: {alive}"
+
+
+def test_processes_a_rank_started_are_stopped_with_it(kernel):
+    code = (
+        "%%spawn -n 2\nimport subprocess, os\n"
+        "p = subprocess.Popen(['sleep', '300'])\n"
+        "open(os.path.join(os.environ['NBSPAWN_TEST_DIR'], os.environ['RANK']), 'w').write(str(p.pid))\n"
+    )
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ok(kernel, code.replace("%%spawn -n 2", f"%%spawn -n 2 --env NBSPAWN_TEST_DIR={tmp}"))
+        pids = [int(open(os.path.join(tmp, str(r))).read()) for r in range(2)]
+    time.sleep(0.2)
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def _snapshot(pid: int) -> dict:
+    proc = psutil.Process(pid)
+    fds = sorted(os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
+    tmp = sorted(n for n in os.listdir("/tmp") if not n.startswith("nbspawn-"))
+    return {
+        "fds": fds,
+        "threads": proc.num_threads(),
+        "children": [c.pid for c in descendants(pid)],
+        "zombies": [c.pid for c in proc.children(recursive=True) if c.status() == psutil.STATUS_ZOMBIE],
+        "shm": sorted(os.listdir("/dev/shm")),
+        "tmp": tmp,
+    }
+
+
+def test_fifty_cells_leave_no_process_fd_thread_segment_or_file_behind(fresh_kernel, tmp_path):
+    pid = fresh_kernel.pid
+    ok(fresh_kernel, f"%config SpawnMagics.log_dir = {str(tmp_path)!r}")
+    cells = [
+        "%%spawn -n 4\nprint('ok')",
+        "%%spawn -n 2\nimport os\nif os.environ['RANK'] == '1':\n    raise ValueError('x')",
+        "%%spawn -n 3 --timeout 1 --grace-period 0.5\nimport time\ntime.sleep(10)",
+        "%%spawn -n 2 --backend gloo\nimport torch, torch.distributed as dist\ndist.all_reduce(torch.ones(2))",
+        "%%spawn -n 2\nimport ctypes\nctypes.string_at(0)",
+    ]
+    for cell in cells:  # warm up: imports, thread pools, the first gloo group
+        execute(fresh_kernel.client, cell, timeout=60)
+    before = _snapshot(pid)
+    for i in range(50):
+        execute(fresh_kernel.client, cells[i % len(cells)], timeout=60)
+    time.sleep(0.3)
+    after = _snapshot(pid)
+    assert after == before
+    assert len(list(tmp_path.iterdir())) == 55  # one log directory per run, nothing else
