@@ -88,10 +88,12 @@ def _kernel_spec_manager() -> KernelSpecManager:
     return KernelSpecManager(kernel_dirs=[_spec_dir.name], ensure_native_kernel=False)
 
 
-def start_kernel(startup_timeout: float = 60, cwd: str | None = None) -> Kernel:
+def start_kernel(startup_timeout: float = 60, cwd: str | None = None, env: dict[str, str] | None = None) -> Kernel:
+    """``env`` adds to this process's environment (e.g. a private TMPDIR for leak tests)."""
     manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=_kernel_spec_manager())
     assert Path(manager.kernel_spec.argv[0]).resolve() == Path(sys.executable).resolve()
-    manager.start_kernel(cwd=cwd or os.getcwd())
+    extra = {"env": {**os.environ, **env}} if env else {}
+    manager.start_kernel(cwd=cwd or os.getcwd(), **extra)
     client = manager.client()
     client.start_channels()
     try:

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from kernel_harness import execute
+from kernel_harness import execute, start_kernel, stop_kernel
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -111,10 +111,10 @@ def test_processes_a_rank_started_are_stopped_with_it(kernel):
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
-def _snapshot(pid: int) -> dict:
+def _snapshot(pid: int, tmp_dir: str) -> dict:
     proc = psutil.Process(pid)
     fds = sorted(os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
-    tmp = sorted(n for n in os.listdir("/tmp") if not n.startswith("nbspawn-"))
+    tmp = sorted(os.path.relpath(os.path.join(d, n), tmp_dir) for d, dirs, files in os.walk(tmp_dir) for n in dirs + files)
     return {
         "fds": fds,
         "threads": proc.num_threads(),
@@ -125,9 +125,22 @@ def _snapshot(pid: int) -> dict:
     }
 
 
-def test_fifty_cells_leave_no_process_fd_thread_segment_or_file_behind(fresh_kernel, tmp_path):
+@pytest.fixture
+def private_tmp_kernel(tmp_path):
+    """A kernel whose temporary files (and its ranks') all go to a directory of the test's own."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    k = start_kernel(env={"TMPDIR": str(tmp)})
+    assert execute(k.client, "%load_ext nbspawn", timeout=120).status == "ok"
+    yield k, str(tmp)
+    stop_kernel(k)
+
+
+def test_fifty_cells_leave_no_process_fd_thread_segment_or_file_behind(private_tmp_kernel, tmp_path):
+    fresh_kernel, tmp = private_tmp_kernel
+    logs = tmp_path / "logs"
     pid = fresh_kernel.pid
-    ok(fresh_kernel, f"%config SpawnMagics.log_dir = {str(tmp_path)!r}")
+    ok(fresh_kernel, f"%config SpawnMagics.log_dir = {str(logs)!r}")
     cells = [
         "%%spawn -n 4\nprint('ok')",
         "%%spawn -n 2\nimport os\nif os.environ['RANK'] == '1':\n    raise ValueError('x')",
@@ -137,10 +150,10 @@ def test_fifty_cells_leave_no_process_fd_thread_segment_or_file_behind(fresh_ker
     ]
     for cell in cells:  # warm up: imports, thread pools, the first gloo group
         execute(fresh_kernel.client, cell, timeout=60)
-    before = _snapshot(pid)
+    before = _snapshot(pid, tmp)
     for i in range(50):
         execute(fresh_kernel.client, cells[i % len(cells)], timeout=60)
     time.sleep(0.3)
-    after = _snapshot(pid)
+    after = _snapshot(pid, tmp)
     assert after == before
-    assert len(list(tmp_path.iterdir())) == 55  # one log directory per run, nothing else
+    assert len(list(logs.iterdir())) == 55  # one log directory per run, nothing else
