@@ -30,7 +30,14 @@ from ._rank import EXIT_INTERRUPTED, run_rank, stdio_streams
 from ._run import RankState, Run
 from ._source import STILL_STARTING, main_thread_stack
 from ._spec import RunSpec
-from .errors import RankExitedError, RankFailure, RankRaisedError, SpawnInterrupted, SpawnTimeoutError
+from .errors import (
+    RankExitedError,
+    RankFailure,
+    RankRaisedError,
+    SpawnInterrupted,
+    SpawnTimeoutError,
+    SpawnUsageError,
+)
 
 # How often new output is looked for: soon after output arrived, then backing off while ranks are
 # quiet, so a long silent run costs the kernel almost nothing. Exits wake the loop at once anyway.
@@ -41,7 +48,11 @@ _last_run: Run | None = None
 
 
 class RunView(Protocol):
-    """What the launcher tells a view; every call comes from the thread that runs the cell."""
+    """What the launcher tells a view; every call comes from the thread that runs the cell.
+
+    A view may also have ``wants_stop() -> bool`` (a Stop button): the run is then stopped as an
+    interrupt would stop it.
+    """
 
     def started(self, run: Run) -> None: ...
     def output(self, rank: int, stream: str, text: str) -> None: ...
@@ -72,8 +83,12 @@ def execute(spec: RunSpec, view: RunView | None = None) -> Run:
     if not spec.run_dir:
         spec.run_dir = os.path.join(tempfile.mkdtemp(prefix="nbspawn-"), spec.run_id)
     run = Run(spec)
+    try:
+        run.prepare_logs()
+    except OSError as err:
+        run.close_logs()
+        raise SpawnUsageError(f"cannot write logs to {spec.run_dir}: {err.strerror or err}") from None
     _last_run = run
-    run.prepare_logs()
     supervisor = _Supervisor(run, view)
     try:
         view.started(run)
@@ -196,6 +211,8 @@ class _Supervisor:
                     self._reap(self.alive.pop(sentinel))
                 self._check_clocks()
                 self.view.tick(self.run)
+                if self.stop_reason is None and getattr(self.view, "wants_stop", bool)():
+                    self._begin_stop("stop")  # the view's Stop button
             except KeyboardInterrupt:
                 self._on_interrupt()
         self._forward_output(final=True)
@@ -276,11 +293,6 @@ class _Supervisor:
             self._send(signal.SIGKILL)
             self.stage, self.escalate_at = "sigkill", float("inf")
 
-    def request_stop(self) -> None:
-        """The view's Stop button: end the run as an interrupt would."""
-        if self.stop_reason is None:
-            self._begin_stop("stop")
-
     def _begin_stop(self, reason: str) -> None:
         self.stop_reason = reason
         if reason in ("interrupt", "stop"):
@@ -322,6 +334,10 @@ class _Supervisor:
 
     def cleanup(self) -> None:
         """Leave nothing behind: no rank, no zombie, no descriptor, no process a rank started."""
+        with _interrupts_deferred():  # an impatient second Ctrl-C must not leave ranks unreaped
+            self._cleanup()
+
+    def _cleanup(self) -> None:
         for process in self.processes:
             if process.exitcode is None:
                 _signal_group(process.pid, signal.SIGKILL)

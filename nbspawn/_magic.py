@@ -99,7 +99,10 @@ class SpawnMagics(Magics):
             raise UsageError(err.report()) from None
         for note in spec.notes:
             print(note, file=sys.stderr)
-        run = execute(spec, TextView())
+        try:
+            run = execute(spec, TextView())
+        except SpawnUsageError as err:
+            raise UsageError(str(err)) from None
         if run.error is not None:
             for failure in getattr(run.error, "failures", []):
                 if failure.traceback:

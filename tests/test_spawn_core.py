@@ -353,6 +353,7 @@ def test_timeout_stops_every_rank_and_shows_where_each_was(kernel):
         ("--env NOVALUE", "--env expects KEY=VALUE"),
         ("--ranks 7", "--ranks: rank 7 does not exist"),
         ("--frobnicate", "unrecognized arguments: --frobnicate"),
+        ("--log-dir /proc/nbspawn-cannot-be-here", "cannot write logs to /proc/nbspawn-cannot-be-here/"),
     ],
 )
 def test_bad_input_gets_a_short_error_before_any_process_starts(kernel, options, message):
