@@ -1,0 +1,25 @@
+# Two targets, both working from a fresh clone:
+#   make lab    set everything up, then open notebooks/quickstart.ipynb in JupyterLab
+#   make test   set everything up, then run the whole test suite (extra pytest args: PYTEST_ARGS=...)
+# Setup is scripts/setup.sh (a no-op when nothing changed); NBSPAWN_VENV and NBSPAWN_TORCH_SPEC pass through.
+
+SHELL := /bin/bash
+NBSPAWN_VENV ?= $(CURDIR)/.venv
+export NBSPAWN_VENV
+PYTEST_ARGS ?=
+
+# jupyter server refuses to start as root without this (containers, CI images)
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
+.PHONY: lab test
+
+lab:
+	bash scripts/setup.sh
+	"$(NBSPAWN_VENV)/bin/jupyter" lab $(ALLOW_ROOT) notebooks/quickstart.ipynb
+
+# pytest exits 5 when it collected nothing: that is a failure too, said out loud.
+test:
+	bash scripts/setup.sh
+	"$(NBSPAWN_VENV)/bin/python" -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [[ $$rc -eq 5 ]]; then echo "make test: no tests were collected" >&2; fi; \
+	exit $$rc

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Set up the project's virtual environment: the one step behind `make lab` and `make test`.
+#
+#   NBSPAWN_VENV        where the venv lives (default: <repo>/.venv)
+#   NBSPAWN_TORCH_SPEC  what to install when the venv has no torch (default: torch==2.13.0, a CPU
+#                       wheel). Torch goes in first, on its own, because letting pip resolve the bare
+#                       `torch>=2.4` of pyproject.toml would pull a multi-GB CUDA build.
+#   PYTHON              interpreter that creates the venv (default: python3)
+#
+# Idempotent: a stamp file newer than pyproject.toml means nothing changed, and pip is not run.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${NBSPAWN_VENV:-$root/.venv}"
+torch_spec="${NBSPAWN_TORCH_SPEC:-torch==2.13.0}"
+stamp="$venv/.nbspawn-setup-stamp"
+py="$venv/bin/python"
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+
+say() { echo "setup: $*" >&2; }
+
+if [[ ! -x "$py" ]]; then
+    say "creating $venv"
+    "${PYTHON:-python3}" -m venv "$venv"
+fi
+
+# Fast path: the stamp is current and both packages are still there (find_spec imports nothing).
+if [[ -f "$stamp" && "$stamp" -nt "$root/pyproject.toml" ]] &&
+    "$py" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('torch') and u.find_spec('nbspawn')))"; then
+    exit 0
+fi
+
+if ! "$py" -c "import torch" 2>/dev/null; then
+    say "installing $torch_spec"
+    "$py" -m pip install "$torch_spec"
+fi
+
+# Pin whatever torch is now installed, so resolving the extras can never swap it for another build.
+torch_version="$("$py" -c "import torch; print(torch.__version__)")"
+constraints="$(mktemp)"
+trap 'rm -f "$constraints"' EXIT
+echo "torch==$torch_version" >"$constraints"
+
+say "installing nbspawn (editable) with [test,lab] next to torch $torch_version"
+"$py" -m pip install --constraint "$constraints" --editable "$root[test,lab]"
+
+touch "$stamp"
+say "ready: $venv"

@@ -1,0 +1,48 @@
+"""The kernel harness itself, on a kernel without nbspawn: if these fail, no other kernel test means anything."""
+
+from __future__ import annotations
+
+import sys
+
+import psutil
+
+from kernel_harness import descendants, execute
+
+
+def test_stdout_comes_back_from_a_real_kernel(plain_kernel):
+    result = execute(plain_kernel.client, "print(1+1)")
+    assert result.status == "ok" and result.error is None
+    assert result.stdout == "2\n" and result.stderr == ""
+    assert result.outputs == [{"msg_type": "stream", "name": "stdout", "text": "2\n"}]
+
+
+def test_the_kernel_runs_this_interpreter(plain_kernel):
+    result = execute(plain_kernel.client, "import sys\nprint(sys.executable)")
+    assert result.stdout.strip() == sys.executable
+    assert psutil.Process(plain_kernel.pid).exe() == psutil.Process().exe()
+
+
+def test_an_error_cell_reports_its_exception(plain_kernel):
+    result = execute(plain_kernel.client, "import sys\nprint('to stderr', file=sys.stderr)\n1/0")
+    assert result.status == "error"
+    assert result.error.ename == "ZeroDivisionError"
+    assert "division by zero" in result.error.evalue
+    assert "ZeroDivisionError" in result.error_text and "\x1b[" not in result.error_text
+    assert result.stderr == "to stderr\n"
+    assert [o["msg_type"] for o in result.outputs] == ["stream", "error"]
+
+
+def test_display_data_and_execution_counts(plain_kernel):
+    first = execute(plain_kernel.client, "from IPython.display import display\nh = display('a', display_id=True)\nh.update('b')\n42")
+    assert [o["msg_type"] for o in first.outputs] == ["display_data", "update_display_data", "execute_result"]
+    assert first.outputs[-1]["data"]["text/plain"] == "42"
+    assert execute(plain_kernel.client, "pass").execution_count == first.execution_count + 1
+
+
+def test_children_of_the_kernel_are_seen(plain_kernel):
+    execute(plain_kernel.client, "import subprocess\np = subprocess.Popen(['sleep', '30'])")
+    try:
+        assert "sleep" in [p.name() for p in descendants(plain_kernel.pid)]
+    finally:
+        execute(plain_kernel.client, "p.kill(); p.wait()")
+    assert descendants(plain_kernel.pid) == []
