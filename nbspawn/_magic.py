@@ -16,7 +16,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Float, Int, Unicode, Union
 
 from ._api import prepare
-from ._launcher import execute
+from ._launcher import RunView, execute
 from ._source import CellSource, CellSyntaxError, rewrite_notebook_frames
 from ._spec import RunSpec
 from ._view_text import TextView
@@ -48,6 +48,11 @@ class SpawnMagics(Magics):
     log_dir = Unicode(
         None, allow_none=True, help="Where <run-id>/<rank>/{stdout,stderr}.log go (None: a new temporary directory)."
     ).tag(config=True)
+    view = Unicode(
+        "auto",
+        help="How a run is shown: widget (live panes, frozen into a static view at the end), text "
+        "([rank{r}]: lines), or auto (widget in a Jupyter kernel, text in a terminal).",
+    ).tag(config=True)
 
     @magic_arguments()
     @argument("-n", "--nprocs", default=None, metavar="N|auto", help="number of ranks (default: SpawnMagics.nprocs)")
@@ -76,6 +81,7 @@ class SpawnMagics(Magics):
     @argument("--grace-period", default=None, metavar="SECONDS", help="time between SIGTERM and SIGKILL")
     @argument("--log-dir", default=None, metavar="DIR", help="keep logs in DIR/<run-id>/<rank>/")
     @argument("--ranks", default=None, metavar="LIST", help="show only these ranks' output, e.g. 0 or 0,2 or 0-3 (all are logged)")
+    @argument("--view", default=None, metavar="auto|widget|text", help="live widget or [rank{r}]: text lines (default: SpawnMagics.view)")
     @cell_magic
     def spawn(self, line: str, cell: str) -> None:
         """Run this cell on N local ranks with the torchrun environment.
@@ -100,7 +106,11 @@ class SpawnMagics(Magics):
         for note in spec.notes:
             print(note, file=sys.stderr)
         try:
-            run = execute(spec, TextView())
+            view = self._view(args.view or self.view)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+        try:
+            run = execute(spec, view)
         except SpawnUsageError as err:
             raise UsageError(str(err)) from None
         if run.error is not None:
@@ -108,6 +118,20 @@ class SpawnMagics(Magics):
                 if failure.traceback:
                     failure.traceback = rewrite_notebook_frames(failure.traceback, _cell_files(shell))
             raise run.error
+
+    def _view(self, choice: str) -> RunView:
+        choice = choice.strip().lower()
+        if choice not in ("auto", "widget", "text"):
+            raise ValueError(f"--view must be auto, widget or text, not {choice!r}")
+        in_jupyter = getattr(self.shell, "kernel", None) is not None
+        if choice == "widget" or (choice == "auto" and in_jupyter):
+            from ._view_widget import WidgetView, widget_available
+
+            if widget_available():
+                return WidgetView()
+            if choice == "widget":
+                raise ValueError("--view widget: the widget's front end was not built (run `make lab` or `pip install .`)")
+        return TextView()
 
     def _prepare(self, args: argparse.Namespace, cell: str) -> RunSpec:
         shell = self.shell
