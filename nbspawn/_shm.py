@@ -22,19 +22,24 @@ Three jobs, three pieces (Linux only: memfd, /dev/shm, fd passing):
     size) and unlinks it at once; after the run, whatever a failed or killed rank left behind under
     the prefix is removed by ``sweep(run_prefix)``.
 
-Why ``share_`` beats ``share_memory_`` (numbers: ``bench/shm_micro.py``).  ``share_memory_``
-creates a POSIX shm file, ``fallocate``\\ s it (the kernel allocates *and zeroes* every page), maps
-it, and copies the data in from user space, which takes one page fault per 4 KiB page (tmpfs gets no
-huge pages unless ``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` allows them; the default is
-``never``), then frees the old memory.  ``share_`` creates a memfd and ``pwrite``\\ s the tensor's
-bytes into it: the kernel allocates each page and copies into it directly, with no zeroing and no
-user page faults; the fresh mapping is populated lazily on first touch, which for pages already in
-the page cache is cheap (read fault-around maps 16 pages at a time).  The new mapping then replaces
-the old data pointer inside the existing ``StorageImpl`` with ``UntypedStorage._swap_data_ptr_``,
-the same move ``share_memory_`` makes in C++.  A memfd never has a name, so nothing can be left in
-/dev/shm, and it is not limited by the size of the /dev/shm mount (64 MiB in a default Docker
-container).  Writing with several threads does not help: tmpfs writes to one file take the inode
-lock.
+Why ``share_memory_`` is slow and what ``share_`` does instead (numbers: ``bench/shm_micro.py``).
+Nothing in Linux turns private anonymous pages into shared ones, so moving a tensor into shared
+memory means allocating new pages and copying; what matters is how.  ``share_memory_`` creates a
+POSIX shm file, calls ``fallocate`` on it (the kernel allocates *and zeroes* every page), maps it, and
+copies the data in from user space, taking one page fault per 4 KiB page (tmpfs gets no huge pages
+unless ``/sys/kernel/mm/transparent_hugepage/shmem_enabled`` allows them, and the default is
+``never``), then frees the old memory.  ``share_`` creates a memfd and writes the tensor's bytes into
+it with ``pwrite``: the kernel allocates each page and copies into it directly, with no zeroing and no
+user page faults.  The fresh mapping is populated lazily on first touch, which for pages already in
+the page cache is cheap (read fault-around maps 16 pages at a time); ``MADV_POPULATE_WRITE`` would
+cost more up front than it saves.  The new mapping then replaces the old data pointer inside the
+existing ``StorageImpl`` with ``UntypedStorage._swap_data_ptr_``, the move ``share_memory_`` makes in
+C++.  What remains is the kernel's cost of allocating 4 KiB shmem pages, about that of a fresh
+copy (``clone``) and several times a copy into memory already touched; only huge pages for shmem
+(an administrator's setting, picked up by the same code) would lower it.  Several writer threads do
+not help: writes to one tmpfs file take its inode lock.  A memfd never has a name, so nothing can be
+left in /dev/shm, and it is not limited by the size of the /dev/shm mount (64 MiB in a default
+Docker container).
 
 Rules worth knowing:
 
@@ -97,6 +102,14 @@ _lock = threading.Lock()
 _counter = itertools.count()
 
 
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # a fork taken while another thread was sharing must not inherit it held
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 # -- in place -----------------------------------------------------------------------------------
 
 
@@ -154,7 +167,11 @@ def _share_storage(storage: torch.UntypedStorage) -> None:
             name = new._share_filename_cpu_()[1].decode()
             fd = os.open(SHM_DIR + name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
-                _write_storage(fd, storage)
+                # the file starts with the segment's refcount (64 bytes); the data follows it
+                header = os.fstat(fd).st_size - nbytes
+                if not 0 <= header <= 4096:
+                    raise RuntimeError(f"unexpected layout of torch shared memory file {name}")
+                _write_bytes(fd, storage.data_ptr(), nbytes, header)
             finally:
                 os.close(fd)
         else:
@@ -180,12 +197,18 @@ def _write_storage(fd: int, storage: torch.UntypedStorage) -> None:
     _write_bytes(fd, storage.data_ptr(), storage.nbytes())
 
 
-def _write_bytes(fd: int, address: int, nbytes: int) -> None:
-    """Copy ``nbytes`` at ``address`` to ``fd`` from offset 0 with pwrite (GIL released, no page faults)."""
-    view = memoryview((ctypes.c_ubyte * nbytes).from_address(address)).cast("B")
+_memory_view = ctypes.pythonapi.PyMemoryView_FromMemory  # no ctypes array type per size (they are cached)
+_memory_view.restype = ctypes.py_object
+_memory_view.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
+_PyBUF_READ = 0x100
+
+
+def _write_bytes(fd: int, address: int, nbytes: int, offset: int = 0) -> None:
+    """Copy ``nbytes`` at ``address`` into ``fd`` at ``offset`` with pwrite (GIL released, no page faults)."""
+    view = _memory_view(address, nbytes, _PyBUF_READ)
     done = 0
     while done < nbytes:
-        done += os.pwrite(fd, view[done : done + _CHUNK], done)
+        done += os.pwrite(fd, view[done : done + _CHUNK], offset + done)
 
 
 def _storages(obj: Any) -> Iterator[torch.UntypedStorage]:

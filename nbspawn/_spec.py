@@ -117,9 +117,15 @@ def parse_nprocs(value: Any) -> int | str:
 
 
 def cuda_device_count() -> int:
+    """GPUs visible, asked without poisoning fork.
+
+    ``torch.cuda.device_count()`` asks NVML and leaves CUDA untouched in the kernel;
+    ``torch.cuda.is_available()`` would run ``cudaGetDeviceCount`` (cuInit), after which forked
+    ranks may be unable to use CUDA at all.
+    """
     import torch  # noqa: PLC0415 - torch is heavy; only asked when a decision needs it
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return torch.cuda.device_count()
 
 
 def resolve_nprocs(value: Any) -> int:
