@@ -1,0 +1,281 @@
+"""Per-cell launch cost of %%spawn, beside its peers, measured the way a notebook user pays it.
+
+Every number is the wall time of one cell through a real ipykernel over the Jupyter protocol: from
+sending execute_request to receiving execute_reply. The cell body does nothing (`pass`, a no-op
+function), so what is measured is the launcher, not the work. All rows run in the same kernel, which
+has torch imported, so forks copy a realistic process:
+
+  cell: pass                      the protocol round trip alone
+  os.fork + waitpid               N bare forks that _exit(0): the floor for a fork-based launcher
+  torch start_processes(fork)     torch.multiprocessing.start_processes of a no-op, what nbspawn wraps
+  ipyparallel %%px                a `%%px pass` cell on N already-running (warm) engines
+  %%spawn <method>                nbspawn, if `%load_ext nbspawn` works in the kernel (else skipped)
+
+Each row is warmed up once, then timed --reps times; the table shows the median and the minimum.
+
+    .venv/bin/python bench/launch.py [--quick] [--full] [--reps K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import queue
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+from ipykernel.kernelspec import write_kernel_spec
+from jupyter_client import KernelManager
+from jupyter_client.kernelspec import KernelSpecManager
+
+REPO = Path(__file__).resolve().parents[1]
+BARE, TORCH, PX, PASS = "os.fork + waitpid", "torch start_processes(fork)", "ipyparallel %%px", "cell: pass"
+
+KERNEL_SETUP = """
+import os, torch, torch.multiprocessing as _bench_tmp
+
+def _bench_noop(rank):
+    pass
+
+def _bench_bare_fork(n):
+    pids = []
+    for _ in range(n):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        pids.append(pid)
+    for pid in pids:
+        os.waitpid(pid, 0)
+"""
+
+CLUSTER_START = """
+import ipyparallel as _bench_ipp
+_bench_rc = None
+_bench_cluster = _bench_ipp.Cluster(n={n}, log_level=40)
+_bench_rc = _bench_cluster.start_and_connect_sync()
+_bench_rc.wait_for_engines({n}, timeout=300)
+_bench_view = _bench_rc[:]
+_bench_view.block = True
+_bench_view.activate()  # registers %px / %%px for this view
+"""
+
+CLUSTER_STOP = """
+if globals().get("_bench_cluster") is not None:
+    if _bench_rc is not None:
+        _bench_rc.close()
+    _bench_cluster.stop_cluster_sync()
+    _bench_cluster = _bench_rc = None
+"""
+
+
+class CellError(RuntimeError):
+    pass
+
+
+class Kernel:
+    """A real ipykernel running this interpreter (not whatever `python3` kernelspec is installed)."""
+
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+        self._spec_dir = tempfile.TemporaryDirectory(prefix="nbspawn-bench-kernelspec-")
+        write_kernel_spec(os.path.join(self._spec_dir.name, "python3"))
+        specs = KernelSpecManager(kernel_dirs=[self._spec_dir.name], ensure_native_kernel=False)
+        self.km = KernelManager(kernel_name="python3", kernel_spec_manager=specs)
+        self.km.start_kernel(cwd=str(REPO))
+        self.pid = self.km.provisioner.process.pid
+        self.busy = False  # a cell is running: close() must interrupt it first
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        try:
+            self.kc.wait_for_ready(timeout=60)
+        except RuntimeError:
+            self.kc.stop_channels()
+            self.km.shutdown_kernel(now=True)
+            raise
+
+    def run(self, code: str, timeout: float | None = None) -> float:
+        """Execute a cell; return seconds from execute_request sent to execute_reply received."""
+        deadline = time.monotonic() + (timeout or self.timeout)
+        started = time.perf_counter()
+        msg_id = self.kc.execute(code, store_history=True, allow_stdin=False)
+        self.busy = True
+        reply = self._wait(self.kc.get_shell_msg, msg_id, deadline)
+        elapsed = time.perf_counter() - started
+        stderr = []
+        while True:  # drain this cell's output, so the next cell starts from an idle kernel
+            msg = self._wait(self.kc.get_iopub_msg, msg_id, deadline)
+            if msg["msg_type"] == "stream" and msg["content"]["name"] == "stderr":
+                stderr.append(msg["content"]["text"])
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                break
+        self.busy = False
+        content = reply["content"]
+        if content["status"] != "ok":
+            raise CellError(f"{content.get('ename')}: {content.get('evalue')}\n{''.join(stderr)[-2000:]}".strip())
+        return elapsed
+
+    def _wait(self, get, msg_id: str, deadline: float) -> dict:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the kernel did not finish a cell within {self.timeout} s")
+            try:
+                msg = get(timeout=left)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg
+
+    def close(self) -> None:
+        """Stop the ipyparallel cluster and the kernel, then kill anything of theirs still alive."""
+        try:
+            if self.busy:  # Ctrl-C or a timeout left a cell running
+                self.km.interrupt_kernel()
+                time.sleep(1)
+            self.run(CLUSTER_STOP, timeout=60)
+        except Exception as e:  # noqa: BLE001 - cleanup goes on regardless
+            print(f"cleanup: could not stop the ipyparallel cluster from the kernel: {e}", file=sys.stderr)
+        try:
+            children = psutil.Process(self.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            children = []
+        self.kc.stop_channels()
+        try:
+            self.km.shutdown_kernel(now=False)
+        except Exception:  # noqa: BLE001
+            self.km.shutdown_kernel(now=True)
+        gone, alive = psutil.wait_procs(children, timeout=5)
+        for proc in alive:
+            print(f"cleanup: killing leftover pid {proc.pid} ({proc.name()})", file=sys.stderr)
+            proc.kill()
+        psutil.wait_procs(alive, timeout=5)
+        self._spec_dir.cleanup()
+
+
+@dataclass
+class Row:
+    method: str
+    n: int | None
+    times: list[float]
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.times) * 1e3
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.times) * 1e3
+
+
+class Bench:
+    def __init__(self, kernel: Kernel, reps: int):
+        self.kernel, self.reps, self.rows = kernel, reps, []
+
+    def measure(self, method: str, n: int | None, code: str) -> None:
+        self.kernel.run(code)  # warm-up: imports, first fork server, caches
+        times = [self.kernel.run(code) for _ in range(self.reps)]
+        self.rows.append(row := Row(method, n, times))
+        print(f"  {method:<28} N={n if n is not None else '-':<3} median {row.median_ms:9.1f} ms", file=sys.stderr)
+
+    def table(self) -> str:
+        def find(method: str, n: int | None) -> Row | None:
+            return next((r for r in self.rows if r.method == method and r.n == n), None)
+
+        def ratio(row: Row, base: Row | None) -> str:
+            return f"{row.median_ms / base.median_ms:.1f}x" if base and row.n is not None else "-"
+
+        lines = [f"{'method':<28} {'N':>3} {'median ms':>10} {'min ms':>9} {'vs fork':>8} {'vs %%px':>8}"]
+        lines.append("-" * len(lines[0]))
+        for row in self.rows:
+            n = "-" if row.n is None else str(row.n)
+            lines.append(
+                f"{row.method:<28} {n:>3} {row.median_ms:>10.1f} {row.min_ms:>9.1f} "
+                f"{ratio(row, find(BARE, row.n)):>8} {ratio(row, find(PX, row.n)):>8}"
+            )
+        return "\n".join(lines)
+
+
+def run_all(bench: Bench, kernel: Kernel, args: argparse.Namespace) -> None:
+    ns = [1, 4, 16] if args.quick else [1, 4, 16, 64]
+    kernel.run(KERNEL_SETUP)
+    bench.measure(PASS, None, "pass")
+    for n in ns:
+        bench.measure(BARE, n, f"_bench_bare_fork({n})")
+    for n in ns:
+        bench.measure(TORCH, n, f"_bench_tmp.start_processes(_bench_noop, nprocs={n}, start_method='fork')")
+
+    for n in [1, 4, 16] if args.full else [1, 4]:
+        print(f"starting an ipyparallel cluster of {n} engine(s)", file=sys.stderr)
+        kernel.run(CLUSTER_START.format(n=n), timeout=max(args.timeout, 300))
+        try:
+            bench.measure(PX, n, "%%px\npass")
+        finally:
+            kernel.run(CLUSTER_STOP, timeout=120)
+
+    if args.no_nbspawn:
+        return
+    try:
+        kernel.run("%load_ext nbspawn")
+    except CellError as e:
+        print(f"skipping the %%spawn rows: `%load_ext nbspawn` failed in the kernel: {e}", file=sys.stderr)
+        return
+    for method in ["fork", "forkserver", "spawn"]:
+        for n in ns:
+            bench.measure(f"%%spawn {method}", n, f"%%spawn -n {n} --start-method {method}\npass")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="N up to 16 only (no 64-rank spawn/forkserver)")
+    parser.add_argument("--full", action="store_true", help="also time ipyparallel with 16 engines")
+    parser.add_argument("--no-nbspawn", action="store_true", help="time the peers only")
+    parser.add_argument("--reps", type=int, default=7, help="timed repetitions per row (default 7)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds one cell may take (default 600)")
+    args = parser.parse_args()
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up like Ctrl-C
+    print(
+        f"python {platform.python_version()}, {len(os.sched_getaffinity(0))} cores, reps {args.reps}; "
+        f"starting a kernel ({sys.executable})",
+        file=sys.stderr,
+    )
+    kernel = bench = None
+    status = 0
+    try:
+        kernel = Kernel(args.timeout)
+        bench = Bench(kernel, args.reps)
+        run_all(bench, kernel, args)
+    except KeyboardInterrupt:
+        print("interrupted: showing what was measured", file=sys.stderr)
+        status = 130
+    except Exception as e:  # noqa: BLE001 - report, clean up, and show the partial table
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        status = 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon the cluster
+        if kernel is not None:
+            kernel.close()
+    if bench is not None:
+        print(f"\nper-cell wall time, execute_request -> execute_reply; {kernel_versions()}")
+        print(bench.table())
+    return status
+
+
+def kernel_versions() -> str:
+    import ipykernel
+    import ipyparallel
+    import torch
+
+    cores = len(os.sched_getaffinity(0))
+    return f"torch {torch.__version__}, ipyparallel {ipyparallel.__version__}, ipykernel {ipykernel.__version__}, {cores} cores"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
