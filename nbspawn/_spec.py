@@ -12,6 +12,7 @@ import os
 import secrets
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,9 +72,9 @@ class RunSpec:
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(self.master_port),
         }
-        if self.omp_threads is not None:
-            env["OMP_NUM_THREADS"] = str(self.omp_threads)
         env.update(self.env)
+        if self.omp_threads is not None:  # after --env: a fork-safety override wins over the user's
+            env["OMP_NUM_THREADS"] = str(self.omp_threads)
         return env
 
     def own_env(self, rank: int) -> dict[str, str]:
@@ -189,6 +190,48 @@ def parse_seconds(value: Any, option: str, *, allow_zero: bool) -> float | None:
     return seconds
 
 
+def openmp_pool_started() -> bool:
+    """Whether this process has native threads that are neither Python's nor ZeroMQ's.
+
+    torch's CPU ops run on GNU OpenMP, which is not fork-safe: once its thread pool exists, a forked
+    child that runs a parallel op with more than one thread hangs forever. Those pool threads are
+    invisible to ``threading``; anything unexplained is taken to be one (safe: a false alarm only
+    costs forked ranks their intra-op threads).
+    """
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:  # not Linux: assume the worst
+        return True
+    known = {t.native_id for t in threading.enumerate()} | {os.getpid()}
+    for tid in tids:
+        if int(tid) in known:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as fh:
+                name = fh.read().strip()
+        except OSError:  # exited meanwhile
+            continue
+        if not name.startswith("ZMQbg"):
+            return True
+    return False
+
+
+def rank_threads(method: str, nprocs: int, user_env: dict[str, str], notes: list[str]) -> int | None:
+    """OMP_NUM_THREADS for the ranks (None: the user's own stands), cores // ranks as torchrun does."""
+    user_value = user_env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS"))
+    threads = None if user_value is not None else max(1, usable_cpus() // nprocs)
+    wanted = threads if threads is not None else (int(user_value) if user_value.isdigit() else 1)
+    if method == "fork" and wanted > 1 and openmp_pool_started():
+        if user_value is not None:
+            notes.append(
+                f"nbspawn: forked ranks run with OMP_NUM_THREADS=1, not {user_value}: this kernel already "
+                "started OpenMP threads, and OpenMP is not fork-safe (a forked rank would hang in its first "
+                "parallel op). Use --start-method forkserver to keep more threads per rank."
+            )
+        return 1
+    return threads
+
+
 def cuda_initialized() -> bool:
     torch = sys.modules.get("torch")
     if torch is None:
@@ -265,9 +308,7 @@ def build_spec(
     resolved_backend = resolve_backend(backend, n)
     run_id = new_run_id()
     base = os.path.abspath(os.path.expanduser(log_dir)) if log_dir else None
-    omp = None
-    if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in user_env:
-        omp = max(1, usable_cpus() // n)
+    omp = rank_threads(method, n, user_env, notes)
     return RunSpec(
         run_id=run_id,
         nprocs=n,

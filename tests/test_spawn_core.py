@@ -377,3 +377,15 @@ def test_a_syntax_error_is_reported_in_the_cells_lines_before_anything_starts(ke
 
 def test_a_body_of_only_comments_runs_nothing_and_succeeds(kernel):
     ok(kernel, "%%spawn -n 2\n# nothing to do yet\n")
+
+
+def test_forked_ranks_do_not_hang_after_the_kernel_used_openmp(kernel):
+    """GNU OpenMP is not fork-safe: after the kernel's pool exists, a forked rank must run one thread."""
+    ok(kernel, "import torch\n_ = torch.randn(600, 600) @ torch.randn(600, 600)")  # starts the kernel's pool
+    code = (
+        "%%spawn -n 1 --start-method fork --timeout 60 --env OMP_NUM_THREADS=2\n"
+        "import torch\nx = torch.randn(800, 800)\nprint(torch.get_num_threads(), bool((x @ x).isfinite().all()))"
+    )
+    result = ok(kernel, code, timeout=90)
+    assert rank_lines(result.stdout, 0) == ["1 True"]
+    assert "OpenMP is not fork-safe" in result.stderr
