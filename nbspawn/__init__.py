@@ -23,6 +23,7 @@ from .errors import (
     RankRaisedError,
     SpawnError,
     SpawnInterrupted,
+    SpawnOutputError,
     SpawnTimeoutError,
     SpawnUsageError,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "Run",
     "SpawnError",
     "SpawnInterrupted",
+    "SpawnOutputError",
     "SpawnTimeoutError",
     "SpawnUsageError",
     "launch",

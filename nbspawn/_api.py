@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._handoff import pack_namespace
+from ._handoff import pack_namespace, parse_names, pick_shared
 from ._launcher import RunView, execute
 from ._run import Run
+from ._shm import new_run_prefix, share_
 from ._source import CellSource
 from ._spec import RunSpec, build_spec
 from ._view_text import TextView
@@ -22,14 +23,24 @@ def prepare(
     namespace: dict[str, Any],
     *,
     hidden: dict[str, Any] | None = None,
+    share: str | list[str] | None = None,
+    out: str | list[str] | None = None,
     **options: Any,
 ) -> RunSpec:
-    """Validate the options and give the ranks the kernel names they need; starts nothing."""
+    """Validate everything, then give the ranks the kernel names they need; starts nothing.
+
+    The only costly step, moving ``--share`` tensors into shared memory, comes after every check.
+    """
+    share_names, out_names = parse_names(share, "--share"), parse_names(out, "--out")
     spec = build_spec(cell, **options)
+    shared = pick_shared(share_names, namespace, spec.start_method)
     if spec.start_method == "fork":
         spec.namespace = namespace
     else:
-        spec.namespace_payload = pack_namespace(cell.parse(), namespace, hidden)
+        spec.namespace_payload = pack_namespace(cell.parse(), namespace, hidden, shared)
+    spec.out_names = out_names
+    spec.shm_prefix = new_run_prefix() if out_names else None
+    share_(list(shared.values()))
     return spec
 
 
@@ -45,6 +56,8 @@ def launch(
     log_dir: str | None = None,
     ranks: str | list[int] | None = None,
     namespace: dict[str, Any] | None = None,
+    share: str | list[str] | None = None,
+    out: str | list[str] | None = None,
     echo: bool = False,
     view: RunView | None = None,
     check: bool = True,
@@ -55,6 +68,8 @@ def launch(
     forkserver the names the cell uses are pickled to them.  With ``check`` (the default) a failed run
     raises its error (``RankRaisedError``, ``RankExitedError``, ``SpawnTimeoutError`` or
     ``SpawnInterrupted``), whose ``.run`` is the run; otherwise the run is returned either way.
+    ``share`` names objects of ``namespace`` whose tensors every rank sees in the same memory;
+    ``out`` names values to bring back: ``run.outputs[name]`` is a list indexed by rank.
     ``echo`` prints each rank's output as ``[rank{r}]: `` lines.
     """
     spec = prepare(
@@ -68,6 +83,8 @@ def launch(
         grace_period=grace_period,
         log_dir=log_dir,
         ranks=ranks,
+        share=share,
+        out=out,
     )
     run = execute(spec, view or (TextView() if echo else None))
     if check:

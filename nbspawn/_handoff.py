@@ -1,20 +1,28 @@
-"""Getting the kernel's names to ranks that start from a clean interpreter (spawn, forkserver).
+"""Names between the kernel and its ranks: what the cell uses, ``--share``, and ``--out``.
 
-A forked rank simply has the kernel's namespace.  A spawned one gets only the names its cell uses,
-pickled *by value* with cloudpickle, because functions and classes defined in a notebook live in
-``__main__``, which a fresh interpreter cannot import (pytorch#20375).  Anything that cannot be
-shipped is named, with its type, before a single process starts.
+A forked rank simply has the kernel's namespace (copy-on-write).  A spawned one gets only the names
+its cell uses, pickled *by value* with cloudpickle, because functions and classes defined in a
+notebook live in ``__main__``, which a fresh interpreter cannot import (pytorch#20375).  Tensors
+never travel as pickled bytes: ``--share`` objects are moved into shared memory in place and mapped
+by every rank (their writes reach the kernel); other kernel tensors are mapped copy-on-write (see
+``_shm``).  ``--out`` brings each rank's values back, tensors through /dev/shm files the kernel maps.
+Anything that cannot travel is named, with its type, before a single process starts.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import io
+import os
 import types
+from collections import ChainMap
 from typing import Any
 
 import cloudpickle
+import torch
 
+from . import _shm
 from .errors import SpawnUsageError
 
 # What IPython puts in every namespace; shipping these would drag the shell along.
@@ -44,29 +52,149 @@ def _shippable(name: str, value: Any, hidden: dict[str, Any]) -> bool:
     return not isinstance(value, types.ModuleType) or value.__name__ != "builtins"
 
 
-def pack_namespace(tree: ast.Module, user_ns: dict[str, Any], hidden: dict[str, Any] | None = None) -> bytes:
-    """Pickle the kernel names the cell uses; raise a short error naming any that can't travel."""
-    hidden = hidden or {}
-    wanted = {
-        name: user_ns[name]
-        for name in sorted(names_used(tree))
-        if name in user_ns and _shippable(name, user_ns[name], hidden)
-    }
-    try:
-        return cloudpickle.dumps(wanted)
-    except Exception:  # noqa: BLE001 - find which name, then say so
-        pass
+class _WithoutData(cloudpickle.Pickler):
+    """Checks that everything but tensor data pickles, without copying the data."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        placeholder = {torch.UntypedStorage: _no_data, torch.storage.TypedStorage: _no_data}
+        self.dispatch_table = ChainMap(placeholder, cloudpickle.Pickler._dispatch_table, cloudpickle.Pickler.dispatch_table)
+        super().__init__(file)
+
+
+def _no_data(_storage: Any) -> tuple:
+    return (bytes, ())
+
+
+def _check_picklable(wanted: dict[str, Any]) -> None:
     for name, value in wanted.items():
         try:
-            cloudpickle.dumps(value)
-        except Exception as err:  # noqa: BLE001
+            _WithoutData(io.BytesIO()).dump(value)
+        except Exception as err:  # noqa: BLE001 - say which name, and why
             kind = f"{type(value).__module__}.{type(value).__qualname__}"
             raise SpawnUsageError(
                 f"cannot send {name!r} (a {kind}) to spawned ranks: {err}. "
                 f"Create it inside the cell, or use --start-method fork."
             ) from None
-    raise SpawnUsageError("cannot send the cell's names to spawned ranks (pickling failed)")
 
 
-def unpack_namespace(payload: bytes) -> dict[str, Any]:
-    return cloudpickle.loads(payload)
+def pack_namespace(
+    tree: ast.Module, user_ns: dict[str, Any], hidden: dict[str, Any] | None = None, shared: dict[str, Any] | None = None
+) -> _shm.Payload:
+    """The kernel names a spawned cell uses (and the ``--share`` ones), ready to travel."""
+    hidden = hidden or {}
+    shared = shared or {}
+    wanted = {
+        name: user_ns[name]
+        for name in sorted(names_used(tree))
+        if name in user_ns and _shippable(name, user_ns[name], hidden)
+    }
+    wanted.update(shared)
+    _check_picklable(wanted)
+    return _shm.Payload(wanted, shared=list(shared.values()))
+
+
+def unpack_namespace(payload: Any) -> dict[str, Any]:
+    return _shm.Payload.unwrap(payload)
+
+
+# -- --share and --out ----------------------------------------------------------------------------
+
+
+def parse_names(value: str | list[str] | tuple[str, ...] | None, option: str) -> tuple[str, ...]:
+    if not value:
+        return ()
+    items = value if isinstance(value, (list, tuple)) else [value]
+    names = [n.strip() for item in items for n in str(item).split(",") if n.strip()]
+    for name in names:
+        if not name.isidentifier():
+            raise SpawnUsageError(f"{option}: {name!r} is not a Python name")
+    return tuple(dict.fromkeys(names))
+
+
+def _tensor_leaves(obj: Any) -> list[torch.Tensor] | None:
+    """The tensors of a tensor, module or (nested) dict/list/tuple of tensors; None if it is not one."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, torch.nn.Module):
+        return [*obj.parameters(), *obj.buffers()]
+    if isinstance(obj, (dict, list, tuple)):
+        leaves: list[torch.Tensor] = []
+        for value in obj.values() if isinstance(obj, dict) else obj:
+            found = _tensor_leaves(value)
+            if found is None:
+                return None
+            leaves.extend(found)
+        return leaves
+    return None
+
+
+def pick_shared(names: tuple[str, ...], user_ns: dict[str, Any], start_method: str) -> dict[str, Any]:
+    """The ``--share`` objects, validated; ``_shm.share_`` then moves their storages in place."""
+    shared: dict[str, Any] = {}
+    for name in names:
+        if name not in user_ns:
+            raise SpawnUsageError(f"--share: {name!r} is not defined in the kernel")
+        obj = user_ns[name]
+        leaves = _tensor_leaves(obj)
+        if leaves is None:
+            raise SpawnUsageError(
+                f"--share: {name!r} is a {type(obj).__module__}.{type(obj).__qualname__}; --share takes a tensor, "
+                "an nn.Module, or a dict/list/tuple of tensors (other values reach the ranks anyway, as copies)"
+            )
+        if start_method == "fork" and any(t.device.type == "cuda" for t in leaves):
+            raise SpawnUsageError(
+                f"--share: {name!r} holds CUDA tensors, which forked ranks cannot use; "
+                "use --start-method spawn or forkserver (CUDA IPC)"
+            )
+        bad = next((t for t in leaves if t.device.type == "cpu" and (t.layout != torch.strided or t.is_nested)), None)
+        if bad is not None:
+            raise SpawnUsageError(f"--share: {name!r} holds a {bad.layout} tensor; only dense tensors can be shared")
+        shared[name] = obj
+    return shared
+
+
+OUT_FILE = "out.pickle"
+
+
+def send_outputs(namespace: dict[str, Any], names: tuple[str, ...], prefix: str, rank_dir: str) -> None:
+    """In a rank, after the cell: its values of ``--out`` names, tensors into /dev/shm under ``prefix``."""
+    values = {name: namespace[name] for name in names if name in namespace}
+    missing = [name for name in names if name not in namespace]
+    try:
+        data = _shm.dumps({"values": values, "missing": missing}, run_prefix=prefix)
+    except Exception as err:  # noqa: BLE001
+        bad = next((n for n, v in values.items() if not _dumps_ok(v, prefix)), "?")
+        value = values.get(bad)
+        raise RuntimeError(
+            f"--out: cannot send {bad!r} (a {type(value).__module__}.{type(value).__qualname__}) back to the kernel: {err}"
+        ) from None
+    path = os.path.join(rank_dir, OUT_FILE)
+    with open(path + ".tmp", "wb") as fh:
+        fh.write(data)
+    os.replace(path + ".tmp", path)
+
+
+def _dumps_ok(value: Any, prefix: str) -> bool:
+    try:
+        _WithoutData(io.BytesIO()).dump(value)
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def receive_outputs(rank_dirs: list[str], names: tuple[str, ...]) -> tuple[dict[str, list[Any]], list[tuple[int, str]]]:
+    """In the kernel: every rank's values, by name, as lists indexed by rank; and what was missing."""
+    outputs: dict[str, list[Any]] = {name: [] for name in names}
+    missing: list[tuple[int, str]] = []
+    for rank, rank_dir in enumerate(rank_dirs):
+        path = os.path.join(rank_dir, OUT_FILE)
+        with open(path, "rb") as fh:
+            record = _shm.loads(fh.read())  # maps each tensor file and unlinks it
+        os.unlink(path)
+        for name in names:
+            if name in record["values"]:
+                outputs[name].append(record["values"][name])
+            else:
+                outputs[name].append(None)
+                missing.append((rank, name))
+    return outputs, missing

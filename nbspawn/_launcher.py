@@ -26,6 +26,8 @@ import time
 from collections.abc import Iterator
 from typing import Protocol
 
+from . import _shm
+from ._handoff import receive_outputs
 from ._rank import EXIT_INTERRUPTED, run_rank, stdio_streams
 from ._run import RankState, Run
 from ._source import STILL_STARTING, main_thread_stack
@@ -35,6 +37,7 @@ from .errors import (
     RankFailure,
     RankRaisedError,
     SpawnInterrupted,
+    SpawnOutputError,
     SpawnTimeoutError,
     SpawnUsageError,
 )
@@ -96,9 +99,23 @@ def execute(spec: RunSpec, view: RunView | None = None) -> Run:
         supervisor.supervise()
     finally:
         supervisor.cleanup()
-    run.error = supervisor.outcome()
+        try:
+            run.error = supervisor.outcome()
+            if run.error is None and spec.out_names:
+                _bring_outputs_home(run)
+        finally:
+            if spec.shm_prefix:
+                _shm.sweep(spec.shm_prefix)  # whatever a failed or killed rank left in /dev/shm
     view.finished(run)
     return run
+
+
+def _bring_outputs_home(run: Run) -> None:
+    run.outputs, missing = receive_outputs([state.dir for state in run.ranks], run.spec.out_names)
+    if missing:
+        run.outputs = {}
+        run.status = "failed"
+        run.error = SpawnOutputError(missing, run)
 
 
 @contextlib.contextmanager

@@ -81,6 +81,20 @@ class SpawnMagics(Magics):
     @argument("--grace-period", default=None, metavar="SECONDS", help="time between SIGTERM and SIGKILL")
     @argument("--log-dir", default=None, metavar="DIR", help="keep logs in DIR/<run-id>/<rank>/")
     @argument("--ranks", default=None, metavar="LIST", help="show only these ranks' output, e.g. 0 or 0,2 or 0-3 (all are logged)")
+    @argument(
+        "--share",
+        default=None,
+        metavar="NAMES",
+        help="comma-separated kernel tensors, nn.Modules or dicts/lists/tuples of tensors that every rank "
+        "sees in the same (shared) memory; in-place writes by ranks are seen by the kernel",
+    )
+    @argument(
+        "--out",
+        default=None,
+        metavar="NAMES",
+        help="comma-separated names each rank defines; after the cell each is bound in the kernel as a list "
+        "indexed by rank (tensors come back through shared memory)",
+    )
     @argument("--view", default=None, metavar="auto|widget|text", help="live widget or [rank{r}]: text lines (default: SpawnMagics.view)")
     @cell_magic
     def spawn(self, line: str, cell: str) -> None:
@@ -118,6 +132,7 @@ class SpawnMagics(Magics):
                 if failure.traceback:
                     failure.traceback = rewrite_notebook_frames(failure.traceback, _cell_files(shell))
             raise run.error
+        shell.user_ns.update(run.outputs)
 
     def _view(self, choice: str) -> RunView:
         choice = choice.strip().lower()
@@ -147,6 +162,8 @@ class SpawnMagics(Magics):
             grace_period=self.grace_period if args.grace_period is None else args.grace_period,
             log_dir=args.log_dir or self.log_dir,
             ranks=args.ranks,
+            share=args.share,
+            out=args.out,
         )
 
 

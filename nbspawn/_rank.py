@@ -137,6 +137,10 @@ def _run_cell(spec: RunSpec, rank: int) -> None:
         value = eval(last, namespace)  # noqa: S307
         if value is not None:
             print(repr(value))
+    if spec.out_names:
+        from ._handoff import send_outputs
+
+        send_outputs(namespace, spec.out_names, spec.shm_prefix, spec.rank_dir(rank))
     _flush()
     dist = dist or sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():

@@ -94,6 +94,7 @@ class Run:
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
     error: BaseException | None = None
+    outputs: dict[str, list] = field(default_factory=dict)  # --out: name -> one value per rank
     _tails: dict[tuple[int, str], _Tail] = field(default_factory=dict, repr=False)
 
     @property

@@ -71,13 +71,13 @@ import secrets
 import stat
 import threading
 from collections import ChainMap
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import cloudpickle
 import torch
 import torch.multiprocessing  # noqa: F401 - registers torch's reductions with ForkingPickler
-from multiprocessing.reduction import ForkingPickler
+from multiprocessing.reduction import DupFd, ForkingPickler
 from torch.multiprocessing import reductions as _torch_reductions
 
 __all__ = [
@@ -245,6 +245,34 @@ def _reduce_storage_shared(storage: torch.UntypedStorage) -> tuple:
     return _torch_reductions.reduce_storage(storage)
 
 
+def _reduce_storage_private(storage: torch.UntypedStorage) -> tuple:
+    """Sent like a shared storage, but mapped copy-on-write by the receiver.
+
+    The rank reads the kernel's pages with no copy, and the first write to a page copies that page
+    for the rank alone: kernel tensors a cell merely uses reach spawned ranks without a pickle copy,
+    and a rank's writes to them never reach the kernel.
+    """
+    if storage.device.type != "cpu" or not storage.nbytes():
+        return _torch_reductions.reduce_storage(storage)
+    if torch.multiprocessing.get_sharing_strategy() == "file_system":
+        return (_cloned, (_reduce_storage_shared(storage),))  # no descriptor to map privately
+    _share_storage(storage)
+    return (_rebuild_private, (DupFd(_shared_fd(storage)), storage.nbytes()))
+
+
+def _rebuild_private(dup: Any, nbytes: int) -> torch.UntypedStorage:
+    fd = dup.detach()
+    try:  # MAP_PRIVATE of the same memory (a memfd reopened through /proc)
+        return torch.UntypedStorage.from_file(f"/proc/self/fd/{fd}", shared=False, nbytes=nbytes)
+    finally:
+        os.close(fd)
+
+
+def _cloned(reduced: tuple) -> Any:
+    rebuild, args = reduced
+    return rebuild(*args).clone()
+
+
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle, with ForkingPickler's reductions (torch's among them) ahead of copyreg's.
 
@@ -253,10 +281,22 @@ class _Pickler(cloudpickle.Pickler):
     torch did not register fall back to ``Tensor.__reduce_ex__``, whose storage then comes here.
     """
 
-    def __init__(self, file: io.BytesIO, run_prefix: str | None) -> None:
+    def __init__(self, file: io.BytesIO, run_prefix: str | None, shared: Collection[Any] | None = None) -> None:
         own: dict[type, Any] = {}
-        if run_prefix is None:
+        self._shared_cuda: set[int] = set()
+        if run_prefix is None and shared is None:
             own[torch.UntypedStorage] = _reduce_storage_shared
+        elif run_prefix is None:
+            keys = {storage._cdata for storage in _storages(shared)}
+            self._shared_cuda = {id(t) for t in _tensors(shared) if t.device.type == "cuda"}
+
+            def reduce(storage: torch.UntypedStorage) -> tuple:
+                if storage._cdata in keys:
+                    return _reduce_storage_shared(storage)
+                return _reduce_storage_private(storage)
+
+            own[torch.UntypedStorage] = reduce
+            self._private_cuda = True
         else:
             _check_prefix(run_prefix)
             exported: dict[int, tuple] = {}
@@ -277,6 +317,14 @@ class _Pickler(cloudpickle.Pickler):
         super().__init__(file)
 
     def reducer_override(self, obj: Any) -> Any:
+        if (
+            getattr(self, "_private_cuda", False)
+            and isinstance(obj, torch.Tensor)
+            and obj.device.type == "cuda"
+            and id(obj) not in self._shared_cuda
+        ):
+            # CUDA IPC always shares: a tensor the user did not --share arrives as the rank's own copy
+            return (_cloned, (_torch_reductions.reduce_tensor(obj),))
         if self._run_prefix is not None and isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
             # a CUDA IPC handle would die with the rank: bring a CPU copy home instead
             cpu = obj.detach().cpu()
@@ -292,7 +340,21 @@ def _same(obj: Any) -> Any:
     return obj
 
 
-def dumps(obj: Any, *, run_prefix: str | None = None) -> bytes:
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, torch.nn.Module):
+        yield from obj.parameters()
+        yield from obj.buffers()
+    elif isinstance(obj, Mapping):
+        for value in obj.values():
+            yield from _tensors(value)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for value in obj:
+            yield from _tensors(value)
+
+
+def dumps(obj: Any, *, run_prefix: str | None = None, shared: Collection[Any] | None = None) -> bytes:
     """Pickle ``obj`` with cloudpickle; tensors and storages travel through shared memory.
 
     Without ``run_prefix`` (kernel to ranks): CPU storages are moved into shared memory in place
@@ -305,7 +367,7 @@ def dumps(obj: Any, *, run_prefix: str | None = None) -> bytes:
     process exits.  :func:`loads` in the kernel maps each file and unlinks it; load them once.
     """
     buf = io.BytesIO()
-    _Pickler(buf, run_prefix).dump(obj)
+    _Pickler(buf, run_prefix, shared).dump(obj)
     return buf.getvalue()
 
 
@@ -325,13 +387,14 @@ class Payload:
     (:func:`share_`) if a forked rank's writes must reach the kernel.
     """
 
-    __slots__ = ("obj",)
+    __slots__ = ("obj", "shared")
 
-    def __init__(self, obj: Any) -> None:
+    def __init__(self, obj: Any, shared: Collection[Any] | None = None) -> None:
         self.obj = obj
+        self.shared = shared  # if given: only these objects' tensors are shared, the rest copy-on-write
 
     def __reduce__(self) -> tuple:
-        return (loads, (dumps(self.obj),))
+        return (loads, (dumps(self.obj, shared=self.shared),))
 
     @staticmethod
     def unwrap(value: Any) -> Any:

@@ -42,7 +42,9 @@ class RunSpec:
     # fork: the kernel's namespace itself (the child gets a copy-on-write copy); spawn/forkserver:
     # the names the cell uses, pickled by value.
     namespace: dict[str, Any] | None = None
-    namespace_payload: bytes | None = None
+    namespace_payload: Any = None  # an _shm.Payload, pickled into each rank as it starts
+    out_names: tuple[str, ...] = ()  # --out
+    shm_prefix: str | None = None  # /dev/shm names of this run's --out tensors, swept after the run
     notes: list[str] = field(default_factory=list)  # said to the user before the run
     # Set by the launcher for fork only, where ranks inherit them instead of redoing the work in
     # every child (each page a child writes to is a copy-on-write fault).

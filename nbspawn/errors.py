@@ -24,6 +24,7 @@ __all__ = [
     "RankRaisedError",
     "SpawnError",
     "SpawnInterrupted",
+    "SpawnOutputError",
     "SpawnTimeoutError",
     "SpawnUsageError",
 ]
@@ -226,3 +227,23 @@ class SpawnInterrupted(KeyboardInterrupt):
 
     def __str__(self) -> str:
         return "\n".join(self._report(color=False))
+
+
+class SpawnOutputError(SpawnError, LookupError):
+    """``--out`` named a value that some rank did not define."""
+
+    def __init__(self, missing: list[tuple[int, str]], run: Run | None = None) -> None:
+        self.missing = missing
+        self.failures = []
+        self.run = run
+
+    def _report(self, color: bool) -> list[str]:
+        by_name: dict[str, list[int]] = {}
+        for rank, name in self.missing:
+            by_name.setdefault(name, []).append(rank)
+        lines = []
+        for name, ranks in by_name.items():
+            which = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+            head = f"SpawnOutputError: --out {name!r} is not defined on {which}"
+            lines.append(f"{_RED}{_BOLD}{head}{_RESET}" if color else head)
+        return lines + self._logs_line(color)
