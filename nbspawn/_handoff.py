@@ -198,3 +198,13 @@ def receive_outputs(rank_dirs: list[str], names: tuple[str, ...]) -> tuple[dict[
                 outputs[name].append(None)
                 missing.append((rank, name))
     return outputs, missing
+
+
+def discard_outputs(rank_dirs: list[str]) -> None:
+    """Remove the handles of a run whose values were not brought home (the data is swept separately)."""
+    for rank_dir in rank_dirs:
+        for name in (OUT_FILE, OUT_FILE + ".tmp"):
+            try:
+                os.unlink(os.path.join(rank_dir, name))
+            except FileNotFoundError:
+                pass

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from . import _shm
-from ._handoff import receive_outputs
+from ._handoff import discard_outputs, receive_outputs
 from ._rank import EXIT_INTERRUPTED, run_rank, stdio_streams
 from ._run import RankState, Run
 from ._source import STILL_STARTING, main_thread_stack
@@ -104,8 +104,9 @@ def execute(spec: RunSpec, view: RunView | None = None) -> Run:
             if run.error is None and spec.out_names:
                 _bring_outputs_home(run)
         finally:
-            if spec.shm_prefix:
-                _shm.sweep(spec.shm_prefix)  # whatever a failed or killed rank left in /dev/shm
+            if spec.shm_prefix:  # whatever a failed or killed run left: /dev/shm files and their handles
+                _shm.sweep(spec.shm_prefix)
+                discard_outputs([state.dir for state in run.ranks])
     view.finished(run)
     return run
 

@@ -1,0 +1,164 @@
+"""--share and --out through a real kernel, under every start method, and what they leave behind."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from kernel_harness import execute, shm_entries
+
+pytestmark = pytest.mark.timeout(240)
+METHODS = ["fork", "spawn", "forkserver"]
+
+
+def ok(kernel, code: str, timeout: float = 120):
+    result = execute(kernel.client, code, timeout=timeout)
+    assert result.status == "ok", (result.error_text, result.stderr)
+    return result
+
+
+def fail(kernel, code: str, timeout: float = 120):
+    result = execute(kernel.client, code, timeout=timeout)
+    assert result.status == "error", result.stdout
+    return result.stderr + result.error_text
+
+
+def kernel_fds(kernel) -> list[str]:
+    """The kernel's descriptors that a run could leak: shared memory, pipes (rank sentinels), logs.
+
+    IPython's history database and ZeroMQ open and close their own descriptors as they please.
+    """
+    fd_dir = f"/proc/{kernel.pid}/fd"
+    targets = []
+    for fd in os.listdir(fd_dir):
+        try:
+            targets.append(os.readlink(f"{fd_dir}/{fd}"))
+        except FileNotFoundError:
+            pass
+    ours = ("memfd:", "/dev/shm", "pipe:", "/tmp/nbspawn", "/tmp/pytest")
+    return sorted(t for t in targets if t.startswith(ours))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_ranks_write_slices_of_one_shared_kernel_tensor_in_place(kernel, method):
+    ok(kernel, "import torch\ncanvas = torch.zeros(4, 1000)\nview = canvas[1:]\noriginal = canvas")
+    ok(kernel, f"%%spawn -n 4 --start-method {method} --share canvas\nimport os\nr = int(os.environ['RANK'])\ncanvas[r].fill_(r + 1)")
+    # the same tensor object, and views of it, now show the ranks' writes
+    assert ok(kernel, "print(canvas[:, 0].tolist(), canvas.sum().item(), canvas is original, view[0, 0].item())").stdout == (
+        "[1.0, 2.0, 3.0, 4.0] 10000.0 True 2.0\n"
+    )
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_tensors_not_shared_reach_the_ranks_but_their_writes_stay_there(kernel, method):
+    ok(kernel, "import torch\ndata = torch.arange(10.0)")
+    result = ok(kernel, f"%%spawn -n 2 --start-method {method}\nprint(data.sum().item())\ndata.add_(100)\nprint(data.sum().item())")
+    assert "[rank1]: 45.0\n[rank1]: 1045.0" in result.stdout
+    assert ok(kernel, "print(data.sum().item())").stdout == "45.0\n"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_out_binds_each_ranks_values_in_the_kernel_as_a_list(kernel, method):
+    code = (
+        f"%%spawn -n 3 --start-method {method} --out result,label\n"
+        "import os, torch\nr = int(os.environ['RANK'])\n"
+        "result = torch.full((1000,), float(r))\nlabel = {'rank': r}\n"
+    )
+    ok(kernel, code)
+    check = "print([t[0].item() for t in result], [t.shape[0] for t in result], label, nbspawn.last_run().outputs['label'] is not None)"
+    assert ok(kernel, "import nbspawn\n" + check).stdout == "[0.0, 1.0, 2.0] [1000, 1000, 1000] [{'rank': 0}, {'rank': 1}, {'rank': 2}] True\n"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_shared_module_and_container_are_the_kernels_own_memory(kernel, method):
+    ok(kernel, "import torch\nnet = torch.nn.Linear(3, 2)\nstate = {'w': torch.zeros(5), 'steps': [torch.zeros(1)]}")
+    code = (
+        f"%%spawn -n 2 --start-method {method} --share net,state\n"
+        "import os, torch\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    with torch.no_grad():\n"
+        "        net.weight.fill_(7.0)\n"
+        "    state['w'].fill_(3.0)\n"
+        "    state['steps'][0] += 1\n"
+    )
+    ok(kernel, code)
+    assert ok(kernel, "print(net.weight.sum().item(), state['w'].sum().item(), state['steps'][0].item())").stdout == "42.0 15.0 1.0\n"
+
+
+def test_sharing_an_already_shared_tensor_copies_nothing(kernel):
+    ok(kernel, "import torch\nbig = torch.ones(1 << 22)")
+    ok(kernel, "%%spawn -n 2 --start-method spawn --share big\nbig[0] += 1")
+    ok(kernel, "first = (big.data_ptr(), big.untyped_storage()._get_shared_fd())")
+    for _ in range(2):
+        ok(kernel, "%%spawn -n 2 --start-method spawn --share big\nbig[1] += 1")
+    assert ok(kernel, "print((big.data_ptr(), big.untyped_storage()._get_shared_fd()) == first, big[:2].tolist())").stdout == (
+        "True [3.0, 5.0]\n"
+    )
+
+
+def test_a_large_hand_off_both_ways_does_not_deadlock(kernel):
+    ok(kernel, "import torch\nweights = torch.zeros(1 << 26)")  # 256 MiB
+    code = (
+        "%%spawn -n 2 --start-method forkserver --share weights --out chunk\n"
+        "import os, torch\nr = int(os.environ['RANK'])\n"
+        "weights[r::2] = r + 1\nchunk = torch.full((1 << 25,), float(r))\n"  # 128 MiB back from each rank
+    )
+    ok(kernel, code, timeout=200)
+    assert ok(kernel, "print(weights[:4].tolist(), [c.sum().item() for c in chunk])").stdout == (
+        f"[1.0, 2.0, 1.0, 2.0] [0.0, {float(1 << 25)}]\n"
+    )
+    ok(kernel, "del weights, chunk")
+
+
+def test_a_name_missing_on_some_rank_is_reported_with_the_rank(kernel):
+    said = fail(kernel, "%%spawn -n 3 --out answer\nimport os\nif os.environ['RANK'] != '2':\n    answer = 42")
+    assert "SpawnOutputError: --out 'answer' is not defined on rank 2" in said
+    assert ok(kernel, "print('answer' in globals())").stdout == "False\n"
+
+
+@pytest.mark.parametrize(
+    ("setup", "options", "message"),
+    [
+        ("", "--share nowhere", "--share: 'nowhere' is not defined in the kernel"),
+        ("plain = 5", "--share plain", "--share: 'plain' is a builtins.int; --share takes a tensor"),
+        ("import torch\nmixed = {'t': torch.ones(2), 'n': 3}", "--share mixed", "--share: 'mixed' is a builtins.dict"),
+        ("", "--out 2fast", "--out: '2fast' is not a Python name"),
+    ],
+)
+def test_bad_hand_off_input_is_refused_before_any_rank_starts(kernel, setup, options, message):
+    ok(kernel, (setup + "\n" if setup else "") + "import nbspawn\nbefore = nbspawn.last_run()")
+    said = fail(kernel, f"%%spawn -n 2 {options}\nprint('should not run')")
+    assert message in said and "Traceback" not in said
+    assert ok(kernel, "print(nbspawn.last_run() is before)").stdout == "True\n"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_no_segment_descriptor_or_file_outlives_a_run_whatever_its_end(fresh_kernel, method, tmp_path):
+    kernel = fresh_kernel
+    ok(kernel, f"%config SpawnMagics.log_dir = {str(tmp_path)!r}\nimport torch\nbuf = torch.zeros(1 << 20)")
+    cells = [
+        f"%%spawn -n 2 --start-method {method} --share buf --out piece\npiece = torch.ones(1 << 18)\nbuf[0] += 1",
+        f"%%spawn -n 2 --start-method {method} --share buf --out piece\nimport os\npiece = torch.ones(1 << 18)\nif os.environ['RANK'] == '1':\n    raise ValueError('after making piece')",
+        f"%%spawn -n 2 --start-method {method} --share buf --out piece --timeout 3 --grace-period 0.5\nimport time\npiece = torch.ones(1 << 18)\ntime.sleep(60)",
+        f"%%spawn -n 2 --start-method {method} --out piece\nimport os, torch\npiece = torch.ones(1 << 18)\nif os.environ['RANK'] == '0':\n    os._exit(9)",
+    ]
+    for cell in cells:  # warm up: the forkserver, imports, the first shared storage
+        execute(kernel.client, cell, timeout=120)
+    ok(kernel, "del piece" if "piece" in ok(kernel, "print(list(globals()))").stdout else "pass")
+    def shm() -> set[str]:  # this kernel's segments, and any not named by nbspawn (other kernels may run)
+        return {e for e in shm_entries() if e.startswith(f"nbspawn.{kernel.pid}.") or not e.startswith("nbspawn.")}
+
+    shm_before, fds_before = shm(), kernel_fds(kernel)
+    for _ in range(2):
+        for cell in cells:
+            execute(kernel.client, cell, timeout=120)
+        ok(kernel, "piece = None")
+    time.sleep(0.3)
+    assert shm() == shm_before
+    assert kernel_fds(kernel) == fds_before
+    for run_dir in tmp_path.iterdir():
+        for rank_dir in run_dir.iterdir():
+            leftovers = {p.name for p in rank_dir.iterdir()} - {"stdout.log", "stderr.log", "error.json", "stacks.log"}
+            assert not leftovers, f"{rank_dir}: {leftovers}"
