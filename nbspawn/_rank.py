@@ -129,6 +129,7 @@ def _run_cell(spec: RunSpec, rank: int) -> None:
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if torch is not None and threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))  # a forked rank inherited the kernel's thread pool size
+    _use_local_gpu(rank)
     namespace = _namespace(spec)
     code, last = spec.compiled or spec.cell.compile()
     dist = _init_process_group(spec, rank)
@@ -145,6 +146,18 @@ def _run_cell(spec: RunSpec, rank: int) -> None:
     dist = dist or sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()  # also the user's own group, so the rank exits without warnings
+
+
+def _use_local_gpu(rank: int) -> None:
+    """With GPUs, ``torch.device("cuda")`` in rank r means cuda:LOCAL_RANK, as torchrun users expect.
+
+    Asked through NVML (``device_count``), so a CPU-only cell on a GPU machine pays nothing until
+    it touches CUDA; the kernel never initialized CUDA if this is a forked rank (fork is refused then).
+    """
+    torch = sys.modules.get("torch")
+    count = torch.cuda.device_count() if torch is not None else 0  # 0 on CPU builds
+    if count:
+        torch.cuda.set_device(rank % count)
 
 
 def _init_process_group(spec: RunSpec, rank: int):  # noqa: ANN202
