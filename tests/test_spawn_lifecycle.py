@@ -10,6 +10,7 @@ import time
 import psutil
 import pytest
 
+from kernel_harness import descendants as harness_descendants
 from kernel_harness import execute, start_kernel, stop_kernel
 
 pytestmark = pytest.mark.timeout(300)
@@ -23,18 +24,14 @@ def ok(kernel, code: str, timeout: float = 90):
 
 def descendants(pid: int) -> list[psutil.Process]:
     """Live descendants, forkserver excluded: it is multiprocessing's, shared by every run."""
-    try:
-        kids = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-    alive = []
-    for kid in kids:
+    found = []
+    for kid in harness_descendants(pid):
         try:
-            if kid.status() != psutil.STATUS_ZOMBIE and "forkserver" not in " ".join(kid.cmdline()):
-                alive.append(kid)
+            if "forkserver" not in " ".join(kid.cmdline()):
+                found.append(kid)
         except psutil.NoSuchProcess:
             pass
-    return alive
+    return found
 
 
 def wait_for_ranks(pid: int, count: int, timeout: float = 60) -> list[psutil.Process]:
@@ -120,7 +117,8 @@ def _snapshot(pid: int, tmp_dir: str) -> dict:
         "threads": proc.num_threads(),
         "children": [c.pid for c in descendants(pid)],
         "zombies": [c.pid for c in proc.children(recursive=True) if c.status() == psutil.STATUS_ZOMBIE],
-        "shm": sorted(os.listdir("/dev/shm")),
+        # this kernel's segments, and any not named by nbspawn (other kernels may be running)
+        "shm": sorted(e for e in os.listdir("/dev/shm") if e.startswith(f"nbspawn.{pid}.") or not e.startswith("nbspawn.")),
         "tmp": tmp,
     }
 
