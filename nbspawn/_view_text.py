@@ -11,6 +11,7 @@ import sys
 from typing import TextIO
 
 from ._run import RankState, Run
+from ._status import StatusComm
 
 MAX_PENDING = 1 << 16  # a "line" longer than this is shown in pieces
 
@@ -40,12 +41,14 @@ class TextView:
         self._out = {"stdout": stdout, "stderr": stderr}
         self._pending: dict[tuple[int, str], str] = {}
         self._shown: frozenset[int] | None = None
+        self._status = StatusComm()  # the labextension's toolbar item; a no-op outside a kernel
 
     def _stream(self, name: str) -> TextIO:
         return self._out[name] or (sys.stdout if name == "stdout" else sys.stderr)
 
     def started(self, run: Run) -> None:
         self._shown = run.spec.shown_ranks
+        self._status.open(run)
 
     def output(self, rank: int, stream: str, text: str) -> None:
         if self._shown is not None and rank not in self._shown:
@@ -67,13 +70,14 @@ class TextView:
         self._flush_rank(state.rank)
 
     def tick(self, run: Run) -> None:
-        pass
+        self._status.update(run)
 
     def finished(self, run: Run) -> None:
         for rank in range(run.nprocs):
             self._flush_rank(rank)
         for stream in ("stdout", "stderr"):
             self._stream(stream).flush()
+        self._status.close(run)
 
     def _flush_rank(self, rank: int) -> None:
         for stream in ("stdout", "stderr"):

@@ -1,16 +1,24 @@
 """The live view: an anywidget while the run goes, replaced in place by the frozen bundle at the end.
 
-Frontends drop kernel messages above ~1000 msg/s or 1 MB/s, and Colab ignores widget updates sent
-from background threads.  So one forwarder, called from the thread that runs the cell, batches
-every rank's new output into at most 10 messages a second, each capped in size (what is cut is
-counted and shown as elided; the logs keep everything), and the kernel keeps only a bounded tail per
-rank.  The browser asks for that tail when a view opens late (a reload), and the Stop button asks the
-launcher to stop the run as an interrupt would.
+Frontends choke on floods of kernel messages, and Colab ignores widget updates sent from background
+threads.  So everything this view sends goes from the thread that runs the cell (the launcher calls
+``started``, ``output``, ``tick``, ``finished`` there): every rank's new output is batched into at
+most ten messages a second, each capped in size (what is cut is counted and shown as elided; the
+logs keep everything), and the kernel keeps only a bounded tail per rank.
+
+The browser sends two things, which may arrive on another thread while the cell runs (ipykernel 7
+handles comm messages on a subshell, which JupyterLab >= 4.4 uses): ``stop`` (the Stop button; the
+launcher then stops the run as an interrupt would) and ``replay`` (a view set up late, or a reloaded
+page, asks for the kernel's tail).  Both only set flags under a lock; the replay is answered from
+``tick``, on the cell's thread.
+
+Front end: ``labextension/src/widget.ts``, built into ``nbspawn/_static/widget.js``.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from pathlib import Path
@@ -19,12 +27,16 @@ from typing import Any
 import anywidget
 import traitlets
 
-from ._bundle import OutputTail, FrozenRun, rank_record, run_record
+from ._bundle import FrozenRun, OutputTail, json_size, rank_record, run_record, tail_within
 from ._run import RankState, Run
+from ._source import rewrite_notebook_frames
+from ._status import StatusComm
 
 STATIC = Path(__file__).parent / "_static"
-FLUSH_SECONDS = 0.1
-MAX_BYTES_PER_MESSAGE = 48 * 1024  # x 10 messages/s stays well under Jupyter Server's 1 MB/s
+FLUSH_SECONDS = 0.1  # at most 10 output messages a second
+MAX_BYTES_PER_MESSAGE = 64 * 1024  # the chunks' JSON in one output message
+MAX_REPLAY_BYTES = 1024 * 1024  # the tails' JSON in one replay message
+log = logging.getLogger(__name__)
 
 
 def widget_available() -> bool:
@@ -33,29 +45,45 @@ def widget_available() -> bool:
 
 @functools.cache
 def _widget_class() -> type[anywidget.AnyWidget]:
-    """Made on first use: anywidget reads the front end's file when the class is created."""
+    """Made on first use: anywidget reads the front end's files when the class is created."""
 
     class RunWidget(anywidget.AnyWidget):
         _esm = STATIC / "widget.js"
+        _css = STATIC / "widget.css"
         header = traitlets.Dict().tag(sync=True)
         ranks = traitlets.List().tag(sync=True)
         error = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
+
+        def __repr__(self) -> str:  # the text/plain of a frontend that cannot show widgets
+            h = self.header
+            return f"nbspawn run {h.get('run_id', '')}: {h.get('nprocs', '?')} ranks, {h.get('status', 'starting')}"
 
     return RunWidget
 
 
 class WidgetView:
+    """The live widget: a RunView for the launcher (see ``nbspawn._launcher.RunView``)."""
+
     def __init__(self) -> None:
         self.tails: dict[int, OutputTail] = {}
-        self.pending: list[list[Any]] = []
-        self.pending_bytes = 0
-        self.elided: dict[int, int] = {}
+        self.pending: list[list[Any]] = []  # [rank, stream, text], in arrival order
+        self.pending_chars: dict[int, int] = {}
+        self.elided: dict[int, int] = {}  # lines cut from live messages since the last one
+        self.open_lines: set[tuple[int, str]] = set()  # (rank, stream) whose last sent text ended mid-line
+        self.gaps: set[tuple[int, str]] = set()  # (rank, stream) whose text was cut since the last send
+        self.mid_line: set[tuple[int, str]] = set()  # (rank, stream) whose cut text ended mid-line
         self.last_flush = 0.0
         self.dirty = True
-        self.stop_event = threading.Event()
         self.widget: anywidget.AnyWidget | None = None
-        self.handle = None
+        self.handle: Any = None
         self.shown: frozenset[int] | None = None
+        self.status = StatusComm()
+        self.broken = False
+        # set by the browser, possibly from another thread
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._replay_wanted = False
+        self._stop_seen = False
 
     # -- RunView ----------------------------------------------------------------------------------
 
@@ -64,22 +92,23 @@ class WidgetView:
 
         self.shown = run.spec.shown_ranks
         self.tails = {state.rank: OutputTail() for state in run.ranks}
-        self.widget = _widget_class()()
+        self.dirty = False
+        self.widget = _widget_class()(**self._state(run))  # in comm_open: the view has it from the start
         self.widget.on_msg(self._on_message)
-        self._sync(run)
+        _route_to_the_frontends_subshell(self.widget)
         self.handle = display(self.widget, display_id=True)
+        self.last_flush = time.monotonic()
+        self.status.open(run)
 
     def output(self, rank: int, stream: str, text: str) -> None:
-        self.tails[rank].add(stream, text)
         if self.shown is not None and rank not in self.shown:
             return
-        if self.pending_bytes + len(text) > MAX_BYTES_PER_MESSAGE:
-            keep = max(0, MAX_BYTES_PER_MESSAGE - self.pending_bytes)
-            self.elided[rank] = self.elided.get(rank, 0) + text[: len(text) - keep].count("\n")
-            text = text[len(text) - keep :]
-        if text:
-            self.pending.append([rank, stream, text])
-            self.pending_bytes += len(text)
+        self.tails[rank].add(stream, text)
+        self.pending.append([rank, stream, text])
+        self.pending_chars[rank] = self.pending_chars.get(rank, 0) + len(text)
+        # a rank printing far faster than anything can show: keep only its newest output pending
+        if self.pending_chars[rank] > 8 * MAX_BYTES_PER_MESSAGE:
+            self._cut_pending({rank: 2 * MAX_BYTES_PER_MESSAGE})
 
     def rank_ended(self, run: Run, state: RankState) -> None:
         self.dirty = True
@@ -89,40 +118,217 @@ class WidgetView:
             self._flush(run)
 
     def wants_stop(self) -> bool:
-        return self.stop_event.is_set()
+        return self._stop.is_set()
 
     def finished(self, run: Run) -> None:
+        _name_notebook_frames(run)
         self._flush(run)
+        self.status.close(run)
+        frozen = FrozenRun(run, self.tails)
         if self.handle is not None:
-            self.handle.update(FrozenRun(run, self.tails))
+            try:
+                self.handle.update(frozen)
+            except Exception as err:  # the frozen view must not hide the run's own error
+                log.warning("nbspawn: could not replace the live view: %s", err)
         if self.widget is not None:
+            layout = getattr(self.widget, "layout", None)  # ipywidgets made one; it goes too
             self.widget.close()
+            if layout is not None:
+                layout.close()
 
     # -- internals --------------------------------------------------------------------------------
 
     def _flush(self, run: Run) -> None:
         self.last_flush = time.monotonic()
-        if self.dirty or run.status != self.widget.header.get("status"):
-            self._sync(run)
-        if self.pending or self.elided:
-            self.widget.send({"type": "output", "chunks": self.pending, "elided": self.elided})
-            self.pending, self.pending_bytes, self.elided = [], 0, {}
+        if self.widget is None or self.broken:
+            return
+        try:
+            if not self._stop_seen and self._stop.is_set():
+                self._stop_seen = self.dirty = True
+            if self.dirty or run.status != self.widget.header.get("status"):
+                self._sync(run)
+            self.status.update(run)
+            with self._lock:
+                replay, self._replay_wanted = self._replay_wanted, False
+            if replay:
+                self._send_replay()
+            elif self.pending or self.elided:
+                self._send_output()
+        except Exception as err:  # a broken live view must not break the run: the logs have it all
+            self.broken = True
+            log.warning("nbspawn: live view stopped updating: %s", err)
+
+    def _send_output(self) -> None:
+        size = sum(json_size(text) for _rank, _stream, text in self.pending)
+        if size > MAX_BYTES_PER_MESSAGE:
+            self._cut_pending(self._shares(MAX_BYTES_PER_MESSAGE - 1024))
+        for key in list(self.mid_line):  # a line whose start was cut earlier goes on here: cut its rest
+            for chunk in self.pending:
+                if (chunk[0], chunk[1]) == key:
+                    cut = chunk[2].find("\n")
+                    chunk[2] = chunk[2][cut + 1 :] if cut >= 0 else ""
+                    if cut >= 0:
+                        self.elided[key[0]] = self.elided.get(key[0], 0) + 1
+                        self.mid_line.discard(key)
+                        break
+        for key in list(self.gaps):  # text of this stream was cut: close the line the browser has open
+            first = next((c for c in self.pending if (c[0], c[1]) == key and c[2]), None)
+            if first is not None:
+                if key in self.open_lines:
+                    first[2] = "\n" + first[2]
+                self.gaps.discard(key)
+        for rank, stream, text in self.pending:
+            if text:
+                if text.endswith("\n"):
+                    self.open_lines.discard((rank, stream))
+                else:
+                    self.open_lines.add((rank, stream))
+        chunks = [c for c in self.pending if c[2]]
+        elided = {str(rank): n for rank, n in self.elided.items() if n}
+        self.pending, self.pending_chars, self.elided = [], {}, {}
+        self.widget.send({"type": "output", "chunks": chunks, "elided": elided})
+
+    def _send_replay(self) -> None:
+        """Everything kept, which already holds whatever was pending: every view starts over from it."""
+        ranks = [rank for rank, tail in self.tails.items() if tail.chunks or tail.elided_lines]
+        share = MAX_REPLAY_BYTES // max(1, len(ranks))
+        tails, elided = {}, {}
+        for rank in ranks:
+            tail = self.tails[rank]
+            chunks, left_out = tail.newest(share)
+            tails[str(rank)] = chunks
+            if tail.elided_lines + left_out:
+                elided[str(rank)] = tail.elided_lines + left_out
+            for stream in ("stdout", "stderr"):
+                last = next((text for s, text in reversed(chunks) if s == stream), "\n")
+                if last.endswith("\n"):
+                    self.open_lines.discard((rank, stream))
+                else:
+                    self.open_lines.add((rank, stream))
+        self.pending, self.pending_chars, self.elided = [], {}, {}
+        self.gaps.clear()
+        self.mid_line.clear()
+        self.widget.send({"type": "replay", "tails": tails, "elided": elided})
+
+    def _shares(self, budget: int) -> dict[int, int]:
+        """Split ``budget`` bytes among the ranks with pending output: the quiet ones get all they
+        need, the loud ones share the rest equally."""
+        need: dict[int, int] = {}
+        for rank, _stream, text in self.pending:
+            need[rank] = need.get(rank, 0) + json_size(text) + 16
+        shares: dict[int, int] = {}
+        left = budget
+        order = sorted(need, key=need.get)
+        for i, rank in enumerate(order):
+            fair = left // (len(order) - i)
+            shares[rank] = min(need[rank], fair)
+            left -= shares[rank]
+        return shares
+
+    def _cut_pending(self, allowance: dict[int, int]) -> None:
+        """Keep, for each rank in ``allowance``, only its newest whole lines within that many bytes.
+
+        The lines cut are counted as elided.  What is kept of a stream starts at a line's start (the
+        rest of a line whose start was cut goes too), and ``_send_output`` first closes the line the
+        browser had open, so no two lines run together.
+        """
+        for rank, room in allowance.items():
+            mine = [c for c in self.pending if c[0] == rank]
+            original = [c[2] for c in mine]
+            for chunk in reversed(mine):  # newest first: whole chunks while they fit, then whole lines
+                size = json_size(chunk[2]) + 16
+                if size <= room:
+                    room -= size
+                    continue
+                chunk[2] = tail_within(chunk[2], max(0, room - 16), whole_lines=True)
+                room = 0
+            for stream in ("stdout", "stderr"):
+                key = (rank, stream)
+                idx = [i for i, c in enumerate(mine) if c[1] == stream]
+                lost = any(len(mine[i][2]) < len(original[i]) for i in idx)
+                if not lost and key not in self.mid_line:
+                    continue
+                if lost:
+                    self.gaps.add(key)
+                line_start = key not in self.mid_line  # does the text before the next chunk end a line?
+                for i in idx:
+                    text, whole = mine[i][2], original[i]
+                    before = whole[: len(whole) - len(text)]
+                    if text and not (before.endswith("\n") if before else line_start):
+                        cut = text.find("\n")  # the rest of a line whose start was cut
+                        mine[i][2] = text = text[cut + 1 :] if cut >= 0 else ""
+                    if text:
+                        self.mid_line.discard(key)
+                        break
+                    line_start = whole.endswith("\n") if whole else line_start
+                else:  # nothing of this stream is left: the next text may go on mid-line
+                    if line_start:
+                        self.mid_line.discard(key)
+                    else:
+                        self.mid_line.add(key)
+            cut_lines = sum(o.count("\n") for o in original) - sum(c[2].count("\n") for c in mine)
+            if cut_lines > 0:
+                self.elided[rank] = self.elided.get(rank, 0) + cut_lines
+            self.pending_chars[rank] = sum(len(c[2]) for c in mine)
+        self.pending = [c for c in self.pending if c[2]]
+
+    def _state(self, run: Run) -> dict[str, Any]:
+        """The synced traits: the run record without output, split as the front end reads it."""
+        header = run_record(run, {})
+        del header["ranks"]
+        header["elapsed"] = time.time() - run.started_at
+        header["stopping"] = self._stop_seen
+        ranks = [{k: v for k, v in rank_record(state, None).items() if k != "output"} for state in run.ranks]
+        files = _cell_files()
+        for rank in ranks:
+            if rank["traceback"] and files:
+                rank["traceback"] = rewrite_notebook_frames(rank["traceback"], files)
+        return {"header": header, "ranks": ranks, "error": header["error"]}
 
     def _sync(self, run: Run) -> None:
         self.dirty = False
-        record = run_record(run, {})
-        del record["ranks"]
-        record["elapsed"] = time.time() - run.started_at
-        self.widget.header = record
-        self.widget.error = record["error"]
-        self.widget.ranks = [{k: v for k, v in rank_record(s, None).items() if k != "output"} for s in run.ranks]
+        state = self._state(run)
+        with self.widget.hold_sync():  # one message
+            for name, value in state.items():
+                setattr(self.widget, name, value)
 
-    def _on_message(self, _widget: Any, content: dict, _buffers: list) -> None:
-        """From the browser: Stop, or a late view asking for what it missed."""
+    def _on_message(self, _widget: Any, content: Any, _buffers: list) -> None:
+        """From the browser, maybe on a subshell's thread: only flags, answered from the cell's thread."""
         kind = content.get("type") if isinstance(content, dict) else None
         if kind == "stop":
-            self.stop_event.set()
-        elif kind == "replay" and self.widget is not None:
-            tails = {rank: [list(c) for c in tail.chunks] for rank, tail in self.tails.items()}
-            elided = {rank: tail.elided_lines for rank, tail in self.tails.items()}
-            self.widget.send({"type": "replay", "tails": tails, "elided": elided})
+            self._stop.set()
+        elif kind == "replay":
+            with self._lock:
+                self._replay_wanted = True
+
+
+def _route_to_the_frontends_subshell(widget: anywidget.AnyWidget) -> None:
+    """Let the browser's messages run on the subshell the frontend sent them to.
+
+    ipykernel >= 7.4 routes a comm's incoming messages to the shell the kernel last published on
+    (for a cell that awaits a widget's reply), here the main shell, which is busy running this very
+    cell until the run ends: Stop would arrive too late.  This widget never awaits a reply, and
+    its handler only sets flags, so the frontend's choice (JupyterLab: a subshell) is the right one.
+    """
+    comm = getattr(widget, "comm", None)
+    if comm is not None and hasattr(comm, "_reply_subshell_for"):
+        comm._reply_subshell_for = lambda _data, default: default
+
+
+def _cell_files() -> dict[str, int]:
+    """IPython's map from each cell's compiled file name to its execution number ({} outside IPython)."""
+    try:
+        from IPython import get_ipython
+
+        return dict(getattr(getattr(get_ipython(), "compile", None), "_filename_map", None) or {})
+    except Exception:
+        return {}
+
+
+def _name_notebook_frames(run: Run) -> None:
+    """Frames in functions defined by earlier cells as ``Cell In[3], line 2, in f`` in the frozen view,
+    as the magic does for the error it raises (after the view is done)."""
+    files = _cell_files()
+    for failure in getattr(run.error, "failures", None) or []:
+        if failure.traceback and files:
+            failure.traceback = rewrite_notebook_frames(failure.traceback, files)

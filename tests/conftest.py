@@ -7,7 +7,9 @@ import pytest
 from kernel_harness import Kernel, execute, start_kernel, stop_kernel
 
 # `import nbspawn` too, so cells can call nbspawn.last_run() as they would after the README's setup.
-LOAD = "%load_ext nbspawn\nimport nbspawn"
+# Runs show as `[rank{r}]: ` text lines, which tests read from stdout; in a Jupyter kernel the default
+# is the live widget (tests/test_view_widget.py covers it, asking for it with --view widget).
+LOAD = "%load_ext nbspawn\nimport nbspawn\n%config SpawnMagics.view = 'text'"
 
 
 def _with_nbspawn(kernel: Kernel) -> Kernel:

@@ -14,7 +14,7 @@ import { ILine, ITextStyle, TerminalText } from './text';
 type Child = Node | string | null | undefined | false;
 
 /** Create an element; string children become text nodes (never parsed as HTML). */
-function h(
+export function h(
   tag: string,
   attrs: Record<string, string | undefined> = {},
   ...children: Child[]
@@ -33,7 +33,7 @@ function h(
   return el;
 }
 
-const RUN_STATUS_LABEL: Record<string, string> = {
+export const RUN_STATUS_LABEL: Record<string, string> = {
   running: 'running',
   succeeded: 'succeeded',
   failed: 'failed',
@@ -53,7 +53,7 @@ const RANK_ICON: Record<string, string> = {
 const RANK_HUES = [212, 140, 275, 32, 186, 318, 80, 245, 160, 292];
 
 /** A colour per rank; past the table, hues step by the golden angle so neighbours differ. */
-function rankHue(rank: number): number {
+export function rankHue(rank: number): number {
   if (rank < RANK_HUES.length) {
     return RANK_HUES[rank];
   }
@@ -133,7 +133,7 @@ function styledNode(text: string, style: ITextStyle): Node {
   return span;
 }
 
-function lineNode(line: ILine, prefix?: HTMLElement): HTMLElement {
+export function lineNode(line: ILine, prefix?: HTMLElement): HTMLElement {
   const div = h('div', { class: 'nbs-Line' });
   if (line.stream === 'stderr') {
     div.classList.add('nbs-stderr');
@@ -149,13 +149,13 @@ function lineNode(line: ILine, prefix?: HTMLElement): HTMLElement {
   return div;
 }
 
-function rankPrefix(rank: number): HTMLElement {
+export function rankPrefix(rank: number): HTMLElement {
   const el = h('span', { class: 'nbs-Prefix' }, `[rank${rank}]`);
   el.style.setProperty('--nbs-rank-hue', String(rankHue(rank)));
   return el;
 }
 
-function plural(n: number, word: string): string {
+export function plural(n: number, word: string): string {
   return `${n} ${word}${n === 1 ? '' : 's'}`;
 }
 
@@ -227,6 +227,202 @@ function pathLine(label: string, path: string | null): HTMLElement | null {
   );
 }
 
+/** Extras of a live run's header (the widget): shown instead of "took", and buttons. */
+export interface IHeaderExtras {
+  /** Meta entries inserted after "backend" (the live view's elapsed-time counter). */
+  meta?: Node[];
+  /** Controls at the end of the header's first row (the live view's Stop button). */
+  actions?: Node[];
+}
+
+/** The header: status badge, rank count and per-status counts, then start method, backend, time, run id, logs. */
+export function buildHeader(run: IRunBundle, extras: IHeaderExtras = {}): HTMLElement {
+  const counts = new Map<string, number>();
+  for (const r of run.ranks) {
+    counts.set(r.status, (counts.get(r.status) ?? 0) + 1);
+  }
+  const countText = ['failed', 'stopped', 'running', 'done']
+    .filter(s => counts.get(s))
+    .map(s => `${counts.get(s)} ${s}`)
+    .join(' · ');
+  const meta = h('div', { class: 'nbs-Header-meta' });
+  const addMeta = (label: string, value: string, cls = '') => {
+    if (value) {
+      meta.appendChild(metaEntry(label, value, cls));
+    }
+  };
+  addMeta('start', run.start_method);
+  addMeta('backend', run.backend);
+  for (const node of extras.meta ?? []) {
+    meta.appendChild(node);
+  }
+  addMeta('took', formatDuration(run.duration));
+  addMeta('run', run.run_id, 'nbs-mod-mono');
+  const logs = pathLine('logs', run.log_dir);
+  if (logs) {
+    logs.classList.add('nbs-Meta');
+    meta.appendChild(logs);
+  }
+  const actions = extras.actions?.length
+    ? h('span', { class: 'nbs-Header-actions' }, ...extras.actions)
+    : null;
+  return h(
+    'div',
+    { class: 'nbs-Header' },
+    h(
+      'div',
+      { class: 'nbs-Header-main' },
+      h(
+        'span',
+        { class: 'nbs-Badge', 'data-status': run.status },
+        RUN_STATUS_LABEL[run.status] ?? run.status
+      ),
+      h('span', { class: 'nbs-Header-title' }, plural(run.nprocs, 'rank')),
+      countText ? h('span', { class: 'nbs-Header-counts' }, countText) : null,
+      actions
+    ),
+    meta
+  );
+}
+
+/** One `label value` entry of the header's second row. */
+export function metaEntry(label: string, value: string | Node, cls = ''): HTMLElement {
+  return h(
+    'span',
+    { class: `nbs-Meta ${cls}`.trim() },
+    h('span', { class: 'nbs-Meta-label' }, label),
+    typeof value === 'string' ? h('span', { class: 'nbs-Meta-value' }, value) : value
+  );
+}
+
+/** A run-level error: a banner naming the root-cause rank, or (timeout, interrupt, stop) the details. */
+export function buildBanner(run: IRunBundle): HTMLElement[] {
+  const err = run.error;
+  if (!err || !(err.summary || err.traceback)) {
+    return [];
+  }
+  const errRankKnown = err.rank !== null && run.ranks.some(r => r.rank === err.rank);
+  const nodes = [
+    h(
+      'div',
+      { class: 'nbs-Banner', role: 'alert' },
+      h('span', { class: 'nbs-Banner-icon', 'aria-hidden': 'true' }, '!'),
+      h(
+        'span',
+        { class: 'nbs-Banner-text' },
+        errRankKnown ? h('strong', {}, `rank ${err.rank}: `) : null,
+        err.summary || RUN_STATUS_LABEL[run.status] || run.status
+      )
+    )
+  ];
+  if (!errRankKnown && err.traceback) {
+    nodes.push(
+      h(
+        'details',
+        { class: 'nbs-RunTraceback', open: '' },
+        h('summary', {}, 'details'),
+        h('pre', { class: 'nbs-Traceback-text' }, err.traceback)
+      )
+    );
+  }
+  return nodes;
+}
+
+/** The "merged" tab (every rank, prefixed lines). */
+export function buildMergedTab(): HTMLElement {
+  return h(
+    'button',
+    {
+      class: 'nbs-Tab nbs-Tab-merged',
+      type: 'button',
+      role: 'tab',
+      'data-tab': 'merged',
+      title: 'Every rank, lines prefixed with [rank{r}]'
+    },
+    h('span', { class: 'nbs-Tab-icon', 'aria-hidden': 'true' }, '\u2261'),
+    'merged'
+  );
+}
+
+/** A rank's tab: its status chip (spinner, ✓ with duration, ✕ with the exception, ■ with the signal). */
+export function buildChip(r: IRankInfo, run: IRunBundle): HTMLElement {
+  const detail =
+    r.status === 'failed'
+      ? r.summary ?? (r.exit_code !== null ? `exit ${r.exit_code}` : 'failed')
+      : r.status === 'stopped'
+        ? r.signal ?? 'stopped'
+        : r.status === 'done'
+          ? formatDuration(r.duration)
+          : 'running';
+  const title = [
+    `rank ${r.rank}: ${r.status}`,
+    r.summary,
+    r.duration !== null ? formatDuration(r.duration) : null,
+    r.exit_code !== null ? `exit code ${r.exit_code}` : null
+  ]
+    .filter(Boolean)
+    .join(' — ');
+  const chip = h(
+    'button',
+    {
+      class: 'nbs-Tab nbs-Chip',
+      type: 'button',
+      role: 'tab',
+      'data-rank': String(r.rank),
+      'data-status': r.status,
+      title
+    },
+    h('span', { class: 'nbs-Chip-icon', 'aria-hidden': 'true' }, RANK_ICON[r.status] ?? ''),
+    h('span', { class: 'nbs-Chip-rank' }, String(r.rank)),
+    detail ? h('span', { class: 'nbs-Chip-detail' }, detail) : null
+  );
+  if (run.error && run.error.rank === r.rank) {
+    chip.classList.add('nbs-mod-rootcause');
+  }
+  chip.style.setProperty('--nbs-rank-hue', String(rankHue(r.rank)));
+  return chip;
+}
+
+/** Which tab a tab element stands for. */
+export function tabKey(el: Element): number | 'merged' {
+  const rank = el.getAttribute('data-rank');
+  return rank === null ? 'merged' : Number(rank);
+}
+
+/** Arrow keys, Home and End move between the tabs of `tabs`. */
+export function attachTabKeys(tabs: HTMLElement, pick: (sel: number | 'merged') => void): void {
+  tabs.addEventListener('keydown', ev => {
+    const els = [...tabs.querySelectorAll<HTMLElement>('.nbs-Tab')];
+    const cur = els.findIndex(el => el.getAttribute('aria-selected') === 'true');
+    let next = -1;
+    if (ev.key === 'ArrowRight' || ev.key === 'ArrowDown') {
+      next = (cur + 1) % els.length;
+    } else if (ev.key === 'ArrowLeft' || ev.key === 'ArrowUp') {
+      next = (cur - 1 + els.length) % els.length;
+    } else if (ev.key === 'Home') {
+      next = 0;
+    } else if (ev.key === 'End') {
+      next = els.length - 1;
+    }
+    if (next >= 0 && els.length) {
+      ev.preventDefault();
+      pick(tabKey(els[next]));
+      // the tab may have been re-created by the pick
+      tabs.querySelectorAll<HTMLElement>('.nbs-Tab')[next]?.focus();
+    }
+  });
+}
+
+/** Mark one tab selected (and focusable), the others not. */
+export function markSelected(tabs: HTMLElement, sel: number | 'merged'): void {
+  for (const el of tabs.querySelectorAll<HTMLElement>('.nbs-Tab')) {
+    const on = tabKey(el) === sel;
+    el.setAttribute('aria-selected', on ? 'true' : 'false');
+    el.tabIndex = on ? 0 : -1;
+    el.classList.toggle('nbs-mod-selected', on);
+  }
+}
+
 /**
  * Build the whole view for a bundle into `host` (replacing its content).
  * Returns a function selecting a tab: a rank number or `'merged'`.
@@ -244,82 +440,9 @@ export function renderRun(
   host.textContent = '';
   const root = h('div', { class: 'nbs-Run', 'data-status': run.status });
   host.appendChild(root);
-
-  // ---- header ------------------------------------------------------------------------------
-  const counts = new Map<string, number>();
-  for (const r of run.ranks) {
-    counts.set(r.status, (counts.get(r.status) ?? 0) + 1);
-  }
-  const countText = ['failed', 'stopped', 'running', 'done']
-    .filter(s => counts.get(s))
-    .map(s => `${counts.get(s)} ${s}`)
-    .join(' · ');
-  const meta = h('div', { class: 'nbs-Header-meta' });
-  const addMeta = (label: string, value: string, cls = '') => {
-    if (value) {
-      meta.appendChild(
-        h(
-          'span',
-          { class: `nbs-Meta ${cls}`.trim() },
-          h('span', { class: 'nbs-Meta-label' }, label),
-          h('span', { class: 'nbs-Meta-value' }, value)
-        )
-      );
-    }
-  };
-  addMeta('start', run.start_method);
-  addMeta('backend', run.backend);
-  addMeta('took', formatDuration(run.duration));
-  addMeta('run', run.run_id, 'nbs-mod-mono');
-  const logs = pathLine('logs', run.log_dir);
-  if (logs) {
-    logs.classList.add('nbs-Meta');
-    meta.appendChild(logs);
-  }
-  const header = h(
-    'div',
-    { class: 'nbs-Header' },
-    h(
-      'div',
-      { class: 'nbs-Header-main' },
-      h(
-        'span',
-        { class: 'nbs-Badge', 'data-status': run.status },
-        RUN_STATUS_LABEL[run.status] ?? run.status
-      ),
-      h('span', { class: 'nbs-Header-title' }, plural(run.nprocs, 'rank')),
-      countText ? h('span', { class: 'nbs-Header-counts' }, countText) : null
-    ),
-    meta
-  );
-  root.appendChild(header);
-
-  // A run-level error with no root-cause rank (timeout, interrupt, stop): show it here.
-  const err = run.error;
-  const errRankKnown = err && err.rank !== null && run.ranks.some(r => r.rank === err.rank);
-  if (err && (err.summary || err.traceback)) {
-    const banner = h(
-      'div',
-      { class: 'nbs-Banner', role: 'alert' },
-      h('span', { class: 'nbs-Banner-icon', 'aria-hidden': 'true' }, '!'),
-      h(
-        'span',
-        { class: 'nbs-Banner-text' },
-        errRankKnown ? h('strong', {}, `rank ${err.rank}: `) : null,
-        err.summary || RUN_STATUS_LABEL[run.status] || run.status
-      )
-    );
-    root.appendChild(banner);
-    if (!errRankKnown && err.traceback) {
-      root.appendChild(
-        h(
-          'details',
-          { class: 'nbs-RunTraceback', open: '' },
-          h('summary', {}, 'details'),
-          h('pre', { class: 'nbs-Traceback-text' }, err.traceback)
-        )
-      );
-    }
+  root.appendChild(buildHeader(run));
+  for (const node of buildBanner(run)) {
+    root.appendChild(node);
   }
 
   // ---- tabs --------------------------------------------------------------------------------
@@ -335,17 +458,12 @@ export function renderRun(
   root.appendChild(tabs);
   root.appendChild(pane);
 
-  const tabEls = new Map<number | 'merged', HTMLElement>();
+  const keys = new Set<number | 'merged'>();
   const select = (sel: number | 'merged') => {
-    if (!tabEls.has(sel)) {
+    if (!keys.has(sel)) {
       return;
     }
-    for (const [key, el] of tabEls) {
-      const on = key === sel;
-      el.setAttribute('aria-selected', on ? 'true' : 'false');
-      el.tabIndex = on ? 0 : -1;
-      el.classList.toggle('nbs-mod-selected', on);
-    }
+    markSelected(tabs, sel);
     pane.textContent = '';
     pane.setAttribute('data-selected', String(sel));
     if (sel === 'merged') {
@@ -367,104 +485,52 @@ export function renderRun(
   };
 
   if (run.ranks.length > 1) {
-    const merged = h(
-      'button',
-      {
-        class: 'nbs-Tab nbs-Tab-merged',
-        type: 'button',
-        role: 'tab',
-        'data-tab': 'merged',
-        title: 'Every rank, lines prefixed with [rank{r}]'
-      },
-      h('span', { class: 'nbs-Tab-icon', 'aria-hidden': 'true' }, '\u2261'),
-      'merged'
-    );
+    const merged = buildMergedTab();
     merged.addEventListener('click', () => pick('merged'));
     tabs.appendChild(merged);
-    tabEls.set('merged', merged);
+    keys.add('merged');
   }
   for (const r of run.ranks) {
-    const detail =
-      r.status === 'failed'
-        ? r.summary ?? (r.exit_code !== null ? `exit ${r.exit_code}` : 'failed')
-        : r.status === 'stopped'
-          ? r.signal ?? 'stopped'
-          : r.status === 'done'
-            ? formatDuration(r.duration)
-            : 'running';
-    const title = [
-      `rank ${r.rank}: ${r.status}`,
-      r.summary,
-      r.duration !== null ? formatDuration(r.duration) : null,
-      r.exit_code !== null ? `exit code ${r.exit_code}` : null
-    ]
-      .filter(Boolean)
-      .join(' — ');
-    const chip = h(
-      'button',
-      {
-        class: 'nbs-Tab nbs-Chip',
-        type: 'button',
-        role: 'tab',
-        'data-rank': String(r.rank),
-        'data-status': r.status,
-        title
-      },
-      h('span', { class: 'nbs-Chip-icon', 'aria-hidden': 'true' }, RANK_ICON[r.status] ?? ''),
-      h('span', { class: 'nbs-Chip-rank' }, String(r.rank)),
-      detail ? h('span', { class: 'nbs-Chip-detail' }, detail) : null
-    );
-    if (run.error && run.error.rank === r.rank) {
-      chip.classList.add('nbs-mod-rootcause');
-    }
-    chip.style.setProperty('--nbs-rank-hue', String(rankHue(r.rank)));
+    const chip = buildChip(r, run);
     chip.addEventListener('click', () => pick(r.rank));
     tabs.appendChild(chip);
-    tabEls.set(r.rank, chip);
+    keys.add(r.rank);
   }
-  tabs.addEventListener('keydown', ev => {
-    const keys = [...tabEls.keys()];
-    const cur = keys.findIndex(k => tabEls.get(k)!.getAttribute('aria-selected') === 'true');
-    let next = -1;
-    if (ev.key === 'ArrowRight' || ev.key === 'ArrowDown') {
-      next = (cur + 1) % keys.length;
-    } else if (ev.key === 'ArrowLeft' || ev.key === 'ArrowUp') {
-      next = (cur - 1 + keys.length) % keys.length;
-    } else if (ev.key === 'Home') {
-      next = 0;
-    } else if (ev.key === 'End') {
-      next = keys.length - 1;
-    }
-    if (next >= 0) {
-      ev.preventDefault();
-      pick(keys[next]);
-      tabEls.get(keys[next])!.focus();
-    }
-  });
+  attachTabKeys(tabs, pick);
 
   if (run.ranks.length === 0) {
     pane.appendChild(h('div', { class: 'nbs-Empty' }, 'no rank has started'));
   } else {
     const keep = options.selected;
-    select(keep !== undefined && keep !== null && tabEls.has(keep) ? keep : defaultSelection(run));
+    select(keep !== undefined && keep !== null && keys.has(keep) ? keep : defaultSelection(run));
   }
   return select;
 }
 
-function elidedMarker(rank: IRankInfo, prefix = false): HTMLElement | null {
-  if (rank.elided_lines <= 0) {
-    return null;
-  }
-  const where = rank.stdout_path ?? 'the log directory';
+/** `N lines elided — full log at PATH`, before a rank's output. */
+export function elidedNode(
+  rank: number,
+  count: number,
+  path: string | null,
+  prefix = false
+): HTMLElement {
+  const where = path ?? 'the log directory';
   return h(
     'div',
-    { class: 'nbs-Elided' },
-    prefix ? rankPrefix(rank.rank) : null,
-    `${rank.elided_lines} ${rank.elided_lines === 1 ? 'line' : 'lines'} elided — full log at ${where}`
+    { class: 'nbs-Elided', 'data-rank': String(rank) },
+    prefix ? rankPrefix(rank) : null,
+    `${count} ${count === 1 ? 'line' : 'lines'} elided — full log at ${where}`
   );
 }
 
-function rankPane(rank: IRankInfo, run: IRunBundle): HTMLElement {
+function elidedMarker(rank: IRankInfo, prefix = false): HTMLElement | null {
+  return rank.elided_lines > 0
+    ? elidedNode(rank.rank, rank.elided_lines, rank.stdout_path, prefix)
+    : null;
+}
+
+/** A rank pane's first row: title, facts (pid, status, exit code, signal, time), log files. */
+export function paneHead(rank: IRankInfo): HTMLElement {
   const facts = [
     rank.pid !== null ? `pid ${rank.pid}` : null,
     rank.status,
@@ -472,37 +538,46 @@ function rankPane(rank: IRankInfo, run: IRunBundle): HTMLElement {
     rank.signal,
     rank.duration !== null ? formatDuration(rank.duration) : null
   ].filter(Boolean) as string[];
+  return h(
+    'div',
+    { class: 'nbs-Pane-head' },
+    h('span', { class: 'nbs-Pane-title' }, `rank ${rank.rank}`),
+    h('span', { class: 'nbs-Pane-facts' }, facts.join(' · ')),
+    h(
+      'span',
+      { class: 'nbs-Pane-files' },
+      fileButton(rank.stdout_path),
+      fileButton(rank.stderr_path)
+    )
+  );
+}
+
+/** A failed (or stopped) rank's traceback or stack, first thing in its pane; null if it has none. */
+export function tracebackBox(rank: IRankInfo, run: IRunBundle): HTMLElement | null {
+  const tb = rank.traceback ?? (run.error && run.error.rank === rank.rank ? run.error.traceback : null);
+  if (!(tb || (rank.status === 'failed' && rank.summary))) {
+    return null;
+  }
+  return h(
+    'div',
+    { class: 'nbs-Traceback' },
+    h('div', { class: 'nbs-Traceback-summary' }, rank.summary ?? run.error?.summary ?? 'failed'),
+    tb ? h('pre', { class: 'nbs-Traceback-text' }, tb) : null
+  );
+}
+
+/** The placeholder of an output area with nothing in it. */
+export function emptyOutput(): HTMLElement {
+  return h('div', { class: 'nbs-Empty' }, 'no output');
+}
+
+function rankPane(rank: IRankInfo, run: IRunBundle): HTMLElement {
   const paneEl = h(
     'div',
     { class: 'nbs-Pane', 'data-rank': String(rank.rank), 'data-status': rank.status },
-    h(
-      'div',
-      { class: 'nbs-Pane-head' },
-      h('span', { class: 'nbs-Pane-title' }, `rank ${rank.rank}`),
-      h('span', { class: 'nbs-Pane-facts' }, facts.join(' · ')),
-      h(
-        'span',
-        { class: 'nbs-Pane-files' },
-        fileButton(rank.stdout_path),
-        fileButton(rank.stderr_path)
-      )
-    )
+    paneHead(rank),
+    tracebackBox(rank, run)
   );
-  const tb = rank.traceback ?? (run.error && run.error.rank === rank.rank ? run.error.traceback : null);
-  if (tb || (rank.status === 'failed' && rank.summary)) {
-    paneEl.appendChild(
-      h(
-        'div',
-        { class: 'nbs-Traceback' },
-        h(
-          'div',
-          { class: 'nbs-Traceback-summary' },
-          rank.summary ?? run.error?.summary ?? 'failed'
-        ),
-        tb ? h('pre', { class: 'nbs-Traceback-text' }, tb) : null
-      )
-    );
-  }
   const lines = rankLines(rank);
   const out = h('pre', { class: 'nbs-Output', tabindex: '0' });
   const marker = elidedMarker(rank);
@@ -514,16 +589,30 @@ function rankPane(rank: IRankInfo, run: IRunBundle): HTMLElement {
   }
   if (!lines.length && !marker) {
     out.classList.add('nbs-mod-empty');
-    out.appendChild(h('div', { class: 'nbs-Empty' }, 'no output'));
+    out.appendChild(emptyOutput());
   }
   paneEl.appendChild(h('div', { class: 'nbs-Section-label' }, 'output'));
   paneEl.appendChild(out);
   return paneEl;
 }
 
-/** Lines worth a row: drop an empty, still-open last line (the text after a final "\n"). */
+/** Whether a line is worth a row: not an empty, still-open line (the text after a final "\n"). */
+export function isVisible(line: ILine): boolean {
+  return line.complete || line.segments.length > 0;
+}
+
 function visible(lines: ILine[]): ILine[] {
-  return lines.filter(l => l.complete || l.segments.length > 0);
+  return lines.filter(isVisible);
+}
+
+/** The merged pane's first row. */
+export function mergedHead(facts: string): HTMLElement {
+  return h(
+    'div',
+    { class: 'nbs-Pane-head' },
+    h('span', { class: 'nbs-Pane-title' }, 'all ranks'),
+    h('span', { class: 'nbs-Pane-facts' }, facts)
+  );
 }
 
 /**
@@ -551,17 +640,12 @@ function mergedView(run: IRunBundle): HTMLElement {
   }
   if (!out.childNodes.length) {
     out.classList.add('nbs-mod-empty');
-    out.appendChild(h('div', { class: 'nbs-Empty' }, 'no output'));
+    out.appendChild(emptyOutput());
   }
   return h(
     'div',
     { class: 'nbs-Pane', 'data-rank': 'merged' },
-    h(
-      'div',
-      { class: 'nbs-Pane-head' },
-      h('span', { class: 'nbs-Pane-title' }, 'all ranks'),
-      h('span', { class: 'nbs-Pane-facts' }, 'interleaved by line; each rank in its own order')
-    ),
+    mergedHead('interleaved by line; each rank in its own order'),
     out
   );
 }

@@ -1,0 +1,167 @@
+/**
+ * The live `%%spawn` widget: an anywidget ES module, bundled by esbuild into one self-contained
+ * file (`nbspawn/_static/widget.js`), so it runs in every frontend anywidget supports
+ * (JupyterLab, Notebook 7, VS Code, Colab), with or without this package's labextension.
+ *
+ * Kernel side: `nbspawn/_view_widget.py`.  Protocol:
+ *
+ * - synced traits: `header` (the run record of docs/run-bundle.md without `ranks`, plus `elapsed`
+ *   seconds and `stopping`), `ranks` (rank records without `output`), `error`;
+ * - kernel → browser: `{type: "output", chunks: [[rank, stream, text], ...], elided: {rank: n}}`,
+ *   at most ten a second, and `{type: "replay", tails: {rank: [[stream, text], ...]}, elided}`,
+ *   everything the kernel kept, in answer to
+ * - browser → kernel: `{type: "replay"}`, sent once per model when it is set up (a view opened late,
+ *   or a page reloaded, catches up), and `{type: "stop"}` (the Stop button).
+ *
+ * When the run ends the kernel replaces this widget's output with the frozen bundle
+ * (`application/vnd.nbspawn.run+json`), drawn by `render.ts`, as this view is.
+ */
+
+import { IRunBundle, parseBundle } from './bundle';
+import { ILiveSource, LiveOutput, LiveView } from './live';
+
+/** The part of anywidget's model API used here (AFM). */
+interface IAnyModel {
+  get(name: string): unknown;
+  on(event: string, callback: (...args: any[]) => void): void;
+  off(event?: string | null, callback?: ((...args: any[]) => void) | null): void;
+  send(content: unknown, callbacks?: unknown, buffers?: unknown[]): void;
+}
+
+type Cleanup = () => void;
+
+function record(value: unknown): Record<string, unknown> {
+  return value && typeof value === 'object' && !Array.isArray(value) ? (value as Record<string, unknown>) : {};
+}
+
+/** One run's model-level state, shared by all its views in this page. */
+class LiveRun implements ILiveSource {
+  readonly output = new LiveOutput();
+  readonly views = new Set<LiveView>();
+  stopRequested = false;
+
+  constructor(private _model: IAnyModel) {
+    this.syncClock();
+  }
+
+  run(): IRunBundle {
+    const header = record(this._model.get('header'));
+    const ranks = this._model.get('ranks');
+    return parseBundle({
+      ...header,
+      error: this._model.get('error') ?? null,
+      ranks: Array.isArray(ranks) ? ranks : []
+    });
+  }
+
+  get stopAcknowledged(): boolean {
+    return record(this._model.get('header')).stopping === true;
+  }
+
+  startedAt(): number | null {
+    return this._start;
+  }
+
+  /** The kernel's elapsed time, anchored to this page's clock (the two machines' clocks may differ). */
+  syncClock(): void {
+    const elapsed = record(this._model.get('header')).elapsed;
+    if (typeof elapsed === 'number' && Number.isFinite(elapsed)) {
+      this._start = performance.now() - elapsed * 1000;
+    }
+  }
+
+  stop(): void {
+    this.stopRequested = true;
+    this._model.send({ type: 'stop' });
+    this.refresh();
+  }
+
+  onMessage(msg: unknown): void {
+    const m = record(msg);
+    if (m.type === 'output' && Array.isArray(m.chunks)) {
+      const chunks = m.chunks.filter(
+        (c: unknown): c is [number, string, string] =>
+          Array.isArray(c) && c.length >= 3 && typeof c[0] === 'number' && typeof c[2] === 'string'
+      );
+      this.output.append(chunks, record(m.elided) as Record<string, number>);
+    } else if (m.type === 'replay') {
+      this.output.reset(
+        record(m.tails) as Record<string, [string, string][]>,
+        record(m.elided) as Record<string, number>
+      );
+    }
+  }
+
+  /** Redraw the views' chrome once, however many traits changed together. */
+  refresh(): void {
+    if (this._pending) {
+      return;
+    }
+    this._pending = true;
+    void Promise.resolve().then(() => {
+      this._pending = false;
+      for (const view of this.views) {
+        view.refresh();
+      }
+    });
+  }
+
+  private _start: number | null = null;
+  private _pending = false;
+}
+
+/**
+ * Model-level state per run, found again by `render` (anywidget gives `initialize` and `render`
+ * different model proxies, so the run id is the key).
+ */
+const runs = new Map<string, LiveRun>();
+
+function runKey(model: IAnyModel): string {
+  const id = record(model.get('header')).run_id;
+  return typeof id === 'string' ? id : '';
+}
+
+function initialize({ model }: { model: IAnyModel }): Cleanup {
+  const key = runKey(model);
+  const live = new LiveRun(model);
+  runs.set(key, live);
+  const onMessage = (msg: unknown) => live.onMessage(msg);
+  const onHeader = () => {
+    live.syncClock();
+    live.refresh();
+  };
+  const onChange = () => live.refresh();
+  model.on('msg:custom', onMessage);
+  model.on('change:header', onHeader);
+  model.on('change:ranks', onChange);
+  model.on('change:error', onChange);
+  // whatever was sent before this model existed (a late view, a reloaded page): the kernel's tail
+  model.send({ type: 'replay' });
+  return () => {
+    model.off('msg:custom', onMessage);
+    model.off('change:header', onHeader);
+    model.off('change:ranks', onChange);
+    model.off('change:error', onChange);
+    if (runs.get(key) === live) {
+      runs.delete(key);
+    }
+  };
+}
+
+function render({ model, el }: { model: IAnyModel; el: HTMLElement }): Cleanup {
+  let own: Cleanup | null = null;
+  if (!runs.has(runKey(model))) {
+    own = initialize({ model }); // a frontend that did not call initialize
+  }
+  const live = runs.get(runKey(model))!;
+  el.classList.add('nbs-Widget');
+  const view = new LiveView(el, live);
+  live.views.add(view);
+  return () => {
+    view.dispose();
+    live.views.delete(view);
+    own?.();
+  };
+}
+
+export default { initialize, render };

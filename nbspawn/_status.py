@@ -1,0 +1,87 @@
+"""The ``nbspawn.status`` comm: what the labextension's notebook toolbar item ("4 ranks running ■ Stop") shows.
+
+Opened when a run starts, one message each time the set of running ranks changes, the final status
+and a close when it ends::
+
+    {"run_id": "...", "status": "running", "nprocs": 4, "running": [0, 1, 2, 3]}
+
+Only in a Jupyter kernel (never in terminal IPython or plain Python), and every message is sent from
+the thread that runs the cell.  A frontend without the target (no labextension) closes the comm on
+its side; nothing breaks.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ._run import Run
+
+TARGET = "nbspawn.status"
+_ACTIVE = ("starting", "running")
+log = logging.getLogger(__name__)
+
+
+def in_kernel() -> bool:
+    """Whether this process is a Jupyter kernel with a frontend to talk to."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is a dependency
+        return False
+    shell = get_ipython()
+    return getattr(shell, "kernel", None) is not None
+
+
+def status_data(run: Run) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "status": "running" if run.status in _ACTIVE else run.status,
+        "nprocs": run.nprocs,
+        "running": [state.rank for state in run.ranks if state.status in _ACTIVE],
+    }
+
+
+class StatusComm:
+    """One run's status comm; every method is a no-op outside a kernel or once the comm failed."""
+
+    def __init__(self) -> None:
+        self.comm: Any = None
+        self.last: dict[str, Any] | None = None
+
+    def open(self, run: Run) -> None:
+        if not in_kernel():
+            return
+        data = status_data(run)
+        try:
+            from comm import create_comm
+
+            self.comm = create_comm(target_name=TARGET, data=data)
+            self.last = data
+        except Exception as err:  # a status item is never worth failing a run for
+            log.debug("nbspawn.status comm not opened: %s", err)
+            self.comm = None
+
+    def update(self, run: Run) -> None:
+        if self.comm is None:
+            return
+        data = status_data(run)
+        if data != self.last:
+            self._send(data)
+
+    def close(self, run: Run) -> None:
+        self.update(run)  # the final status, unless already said
+        if self.comm is None:
+            return
+        try:
+            self.comm.close()
+        except Exception as err:
+            log.debug("nbspawn.status comm close failed: %s", err)
+        self.comm = None
+
+    def _send(self, data: dict[str, Any]) -> None:
+        self.last = data
+        try:
+            self.comm.send(data)
+        except Exception as err:
+            log.debug("nbspawn.status comm send failed: %s", err)
+            self.comm = None

@@ -1,0 +1,137 @@
+"""Every notebook in notebooks/ runs top to bottom (nbclient), and an executed notebook converts to
+HTML (``jupyter nbconvert --to html``) showing every rank's output, with no script from nbspawn.
+
+The kernel is this interpreter's (kernel_harness writes the kernelspec), with nbspawn's defaults:
+in a kernel that is the live widget, which the frozen bundle replaces in place when a run ends.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import nbformat
+import pytest
+from jupyter_client import AsyncKernelManager
+from nbclient import NotebookClient
+
+from kernel_harness import KERNEL_NAME, _kernel_spec_manager
+
+from nbspawn._bundle import MIME
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def run_notebook(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 300) -> nbformat.NotebookNode:
+    km = AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=_kernel_spec_manager())
+    client = NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(cwd)}})
+    return client.execute()
+
+
+def spawn_outputs(nb: nbformat.NotebookNode) -> list[dict]:
+    return [o for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%spawn") for o in c.outputs]
+
+
+def test_quickstart_is_there():
+    assert REPO / "notebooks" / "quickstart.ipynb" in NOTEBOOKS
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs(path: Path, tmp_path: Path):
+    nb = run_notebook(nbformat.read(path, as_version=4), tmp_path)
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        if "raises-exception" not in cell.metadata.get("tags", []):
+            assert not errors, (cell.source, errors)
+        if cell.source.startswith("%%spawn") and not cell.source.startswith("%%spawn?"):
+            # the live widget was replaced by the frozen run: no widget left in the saved notebook
+            data = [o.data for o in cell.outputs if o.output_type == "display_data"]
+            assert data and all(WIDGET_MIME not in d for d in data), cell.source
+            assert any(MIME in d and "text/html" in d and "text/plain" in d for d in data), cell.source
+
+
+class _RunRegions(HTMLParser):
+    """The source text of every ``<div class="nbspawn-run">`` element, nested tags included."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__(convert_charrefs=False)
+        self.source = source
+        self.lines = [0]
+        for line in source.splitlines(keepends=True):
+            self.lines.append(self.lines[-1] + len(line))
+        self.regions: list[str] = []
+        self.tags: list[tuple[str, list]] = []  # every tag inside a region, with its attributes
+        self._start: int | None = None
+        self._depth = 0
+
+    def _offset(self) -> int:
+        line, col = self.getpos()
+        return self.lines[line - 1] + col
+
+    def handle_starttag(self, tag, attrs):
+        if self._start is not None:
+            self.tags.append((tag, attrs))
+            self._depth += tag == "div"
+        elif tag == "div" and "nbspawn-run" in (dict(attrs).get("class") or "").split():
+            self._start, self._depth = self._offset(), 1
+
+    def handle_endtag(self, tag):
+        if self._start is not None and tag == "div":
+            self._depth -= 1
+            if self._depth == 0:
+                end = self.source.index(">", self._offset()) + 1
+                self.regions.append(self.source[self._start : end])
+                self._start = None
+
+
+def test_nbconvert_html_shows_every_rank_and_no_script(tmp_path: Path):
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell("%load_ext nbspawn"),
+            nbformat.v4.new_code_cell(
+                "%%spawn -n 4\n"
+                "import os, sys\n"
+                "r = os.environ['RANK']\n"
+                "print(f'hello from rank {r}')\n"
+                "print(f'warning on rank {r}', file=sys.stderr)\n"
+                "print('<script>alert(1)</script> <img src=x onerror=alert(2)>')\n"
+                "for p in range(0, 101, 25):\n"
+                "    print(f'\\rprogress {p}%', end='', flush=True)\n"
+                "print()\n"
+            ),
+        ],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    )
+    executed = run_notebook(nb, tmp_path)
+    assert [o for o in spawn_outputs(executed) if MIME in o.get("data", {})]
+    source = tmp_path / "run.ipynb"
+    nbformat.write(executed, source)
+    subprocess.run(
+        [sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", str(source)],
+        check=True, capture_output=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    page = (tmp_path / "run.html").read_text()
+
+    parser = _RunRegions(page)
+    parser.feed(page)
+    assert len(parser.regions) == 1, parser.regions
+    region = parser.regions[0]
+    for r in range(4):
+        assert f"hello from rank {r}" in region and f"warning on rank {r}" in region
+    assert html.escape("<script>alert(1)</script> <img src=x onerror=alert(2)>") in region
+    assert "progress 100%" in region and "progress 50%" not in region
+    assert not re.search(r"<\s*script", region, re.I)
+    # only the static view's own markup: no script, image, frame, event handler or link
+    assert {tag for tag, _ in parser.tags} <= {"div", "b", "code", "pre", "span", "details", "summary"}
+    assert not [(tag, attrs) for tag, attrs in parser.tags for name, _ in attrs if name not in ("style", "open")]
+    # the widget left no output behind (nbconvert's template may still load a widget manager, since
+    # nbclient keeps closed widgets' state in the notebook's metadata)
+    assert f'<script type="{WIDGET_MIME}">' not in page

@@ -1,0 +1,527 @@
+"""The live widget through a real kernel, over the Jupyter protocol, as a frontend sees it.
+
+What a frontend gets: a widget (comm_open + display_data), custom comm messages carrying every
+rank's output (at most ten a second, each capped in size), and at the end an update_display_data
+replacing the widget with the frozen bundle (JSON, escaped HTML, text).  What it sends: ``replay``
+and ``stop``; ``stop`` must reach the kernel while the cell still runs, which ipykernel 7's
+subshells allow (JupyterLab >= 4.4 sends comm messages on one).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import queue
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernel_harness import execute, strip_ansi
+
+from nbspawn._bundle import MIME, TAIL_LINES
+from nbspawn._view_widget import MAX_BYTES_PER_MESSAGE, widget_available
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+WIDGET_ID = "nbspawn._view_widget.RunWidget"
+
+pytestmark = pytest.mark.skipif(
+    not widget_available(),
+    reason="nbspawn/_static/widget.js is not built (pip install -e '.[test,lab]' or npm run build:prod in labextension/)",
+)
+
+
+@dataclass
+class WidgetRun:
+    """A `%%spawn` cell's messages, sorted out."""
+
+    comm_id: str
+    state: dict[str, Any]
+    display_id: str
+    custom: list[dict[str, Any]] = field(default_factory=list)  # the widget's custom messages, in order
+    comm_msgs: list[dict[str, Any]] = field(default_factory=list)  # every comm_msg of the run
+    updates: list[dict[str, Any]] = field(default_factory=list)  # trait syncs
+    frozen: dict[str, Any] | None = None  # update_display_data's data
+    status: list[dict[str, Any]] = field(default_factory=list)  # nbspawn.status: open, msgs
+    status_closed: bool = False
+    widget_closed: bool = False
+
+    def synced(self) -> dict[str, Any]:
+        """The widget's traits after the last sync (each sync sends only what changed)."""
+        state = dict(self.state)
+        for update in self.updates:
+            state.update(update)
+        return state
+
+    def live_text(self) -> dict[int, str]:
+        """Each rank's output as the browser received it (replays start over)."""
+        text: dict[int, str] = {}
+        for msg in self.custom:
+            if msg["type"] == "replay":
+                text = {int(r): "".join(t for _s, t in chunks) for r, chunks in msg["tails"].items()}
+            elif msg["type"] == "output":
+                for rank, _stream, chunk in msg["chunks"]:
+                    text[rank] = text.get(rank, "") + chunk
+        return text
+
+    def live_elided(self) -> dict[int, int]:
+        elided: dict[int, int] = {}
+        for msg in self.custom:
+            if msg["type"] == "replay":
+                elided = {}
+            for rank, n in msg.get("elided", {}).items():
+                elided[int(rank)] = elided.get(int(rank), 0) + n
+        return elided
+
+
+def sort_out(outputs: list[dict[str, Any]]) -> WidgetRun:
+    opens = [o for o in outputs if o["msg_type"] == "comm_open" and o["target_name"] == "jupyter.widget"]
+    widget = next(o for o in opens if o["data"]["state"].get("_anywidget_id") == WIDGET_ID)
+    shown = [o for o in outputs if o["msg_type"] == "display_data" and WIDGET_MIME in o["data"]]
+    assert len(shown) == 1, shown
+    assert shown[0]["data"][WIDGET_MIME]["model_id"] == widget["comm_id"]
+    run = WidgetRun(widget["comm_id"], widget["data"]["state"], shown[0]["transient"]["display_id"])
+    status_id = None
+    for o in outputs:
+        kind = o["msg_type"]
+        if kind == "comm_open" and o["target_name"] == "nbspawn.status":
+            status_id = o["comm_id"]
+            run.status.append(o["data"])
+        elif kind == "comm_msg":
+            run.comm_msgs.append(o)
+            if o["comm_id"] == run.comm_id:
+                data = o["data"]
+                if data["method"] == "custom":
+                    run.custom.append(data["content"])
+                elif data["method"] == "update":
+                    run.updates.append(data["state"])
+            elif o["comm_id"] == status_id:
+                run.status.append(o["data"])
+        elif kind == "comm_close":
+            run.widget_closed |= o["comm_id"] == run.comm_id
+            run.status_closed |= o["comm_id"] == status_id
+        elif kind == "update_display_data":
+            assert o["transient"]["display_id"] == run.display_id
+            run.frozen = o["data"]
+    return run
+
+
+def spawn_widget(kernel, body: str, options: str = "-n 4", timeout: float = 120):
+    result = execute(kernel.client, f"%%spawn {options} --view widget\n{body}", timeout=timeout)
+    return result, sort_out(result.outputs)
+
+
+def rank_output(record: dict, rank: int) -> str:
+    return "".join(text for _s, text in record["ranks"][rank]["output"])
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_widget_then_frozen_bundle(kernel):
+    body = (
+        "import os, sys\n"
+        "r = int(os.environ['RANK'])\n"
+        "for i in range(5):\n"
+        "    print(f'rank {r} says {i}')\n"
+        "print(f'rank {r} warns', file=sys.stderr)\n"
+    )
+    result, run = spawn_widget(kernel, body)
+    assert result.status == "ok", result.error_text
+    assert result.stdout == ""  # no [rank{r}]: lines: the widget shows them
+
+    # the widget: its front end inline, the run's header and ranks as traits
+    assert "export" in run.state["_esm"] and "nbs-Run" in run.state["_esm"]
+    assert ".nbs-Run" in run.state["_css"]
+    assert run.state["header"]["nprocs"] == 4 and "elapsed" in run.state["header"]
+    assert "ranks" not in run.state["header"]
+    assert [r["rank"] for r in run.state["ranks"]] == [0, 1, 2, 3]
+    assert all("output" not in r for r in run.state["ranks"])
+    assert run.synced()["header"]["status"] == "succeeded"
+    assert [r["status"] for r in run.synced()["ranks"]] == ["done"] * 4
+
+    # every rank's lines, live and frozen
+    live = run.live_text()
+    frozen = run.frozen
+    assert frozen is not None and set(frozen) == {MIME, "text/html", "text/plain"}
+    record = frozen[MIME]
+    assert record["status"] == "succeeded" and record["error"] is None
+    for r in range(4):
+        for i in range(5):
+            line = f"rank {r} says {i}"
+            assert line in live[r]
+            assert line in rank_output(record, r)
+            assert f"[rank{r}]: {line}" in frozen["text/plain"]
+            assert line in frozen["text/html"]
+        assert f"rank {r} warns" in live[r]
+        assert ["stderr", f"rank {r} warns\n"] in record["ranks"][r]["output"]
+
+    # the widget's comms are closed; the toolbar's status comm said running, then the end
+    assert run.widget_closed
+    assert run.status[0]["status"] == "running" and run.status[0]["running"] == [0, 1, 2, 3]
+    assert run.status[-1] == {"run_id": record["run_id"], "status": "succeeded", "nprocs": 4, "running": []}
+    assert run.status_closed
+
+
+def test_auto_view_is_the_widget_in_a_kernel(kernel):
+    result = execute(kernel.client, "%config SpawnMagics.view = 'auto'", timeout=30)
+    assert result.status == "ok"
+    try:
+        result = execute(kernel.client, "%%spawn -n 2\nprint('hello')", timeout=120)
+        assert result.status == "ok", result.error_text
+        run = sort_out(result.outputs)
+        assert run.frozen is not None
+        assert "[rank1]: hello" in run.frozen["text/plain"]
+    finally:
+        execute(kernel.client, "%config SpawnMagics.view = 'text'", timeout=30)
+
+
+def test_message_budget_and_lossless_logs(kernel):
+    """4 ranks x 20k lines in bursts: at most ~10 messages a second, none over the cap, logs complete."""
+    lines, bursts = 20_000, 20
+    body = (
+        "import os, sys, time\n"
+        "r = int(os.environ['RANK'])\n"
+        f"for b in range({bursts}):\n"
+        f"    for i in range(b * {lines // bursts}, (b + 1) * {lines // bursts}):\n"
+        "        print(f'rank {r} line {i:05d} ' + 'x' * 40)\n"
+        "    sys.stdout.flush()\n"
+        "    time.sleep(0.1)\n"
+    )
+    started = time.monotonic()
+    result, run = spawn_widget(kernel, body)
+    wall = time.monotonic() - started
+    assert result.status == "ok", result.error_text
+    record = run.frozen[MIME]
+    took = record["duration"]
+    assert 1.5 < took < wall
+
+    # the budget: output at most ten times a second; every message of the run, status included
+    outputs = [m for m in run.custom if m["type"] == "output"]
+    assert len(outputs) <= 10 * took + 3, (len(outputs), took)
+    assert len(run.comm_msgs) <= 10 * took + 12, (len(run.comm_msgs), took)
+    biggest = max(len(json.dumps(m["data"], ensure_ascii=False).encode()) for m in run.comm_msgs)
+    assert biggest <= MAX_BYTES_PER_MESSAGE + 4096, biggest
+
+    for r in range(4):
+        # the logs have every line
+        log = Path(record["ranks"][r]["stdout_path"]).read_text().splitlines()
+        assert len(log) == lines and log[-1].startswith(f"rank {r} line {lines - 1:05d}")
+        # live: what was sent plus what was counted as elided is every line, the last ones shown
+        sent = run.live_text()[r].split("\n")
+        assert sent[-1] == ""  # ends with a whole line
+        sent = [s for s in sent if s]
+        assert len(sent) + run.live_elided().get(r, 0) == lines
+        assert sent[-1].startswith(f"rank {r} line {lines - 1:05d}")
+        assert all(re.fullmatch(rf"rank {r} line \d{{5}} x{{40}}", s) for s in sent)  # no line cut or glued
+        # frozen: the newest TAIL_LINES lines, the rest counted
+        rank = record["ranks"][r]
+        kept = rank_output(record, r).splitlines()
+        assert len(kept) == TAIL_LINES and rank["elided_lines"] == lines - TAIL_LINES
+        assert kept[-1] == log[-1] and kept[0] == log[lines - TAIL_LINES]
+    assert f"{lines - TAIL_LINES} lines elided — full log at" in run.frozen["text/html"]
+
+
+def test_worker_markup_is_escaped(kernel):
+    body = "print('<script>alert(1)</script>')\nprint('<img src=x onerror=alert(2)> & <b>bold</b>')\n"
+    result, run = spawn_widget(kernel, body, options="-n 2")
+    assert result.status == "ok", result.error_text
+    page = run.frozen["text/html"]
+    assert "<script" not in page.lower() and "<img" not in page.lower() and "<b>bold" not in page
+    assert html.escape("<script>alert(1)</script>") in page
+    assert html.escape("<img src=x onerror=alert(2)> & <b>bold</b>") in page
+    for r in range(2):
+        assert rank_output(run.frozen[MIME], r).startswith("<script>alert(1)</script>\n")
+        assert "[rank%d]: <script>alert(1)</script>" % r in run.frozen["text/plain"]
+        assert "<script>alert(1)</script>" in run.live_text()[r]
+
+
+def test_progress_bar_settles_to_its_final_state(kernel):
+    body = (
+        "import sys, time\n"
+        "print('epoch 1')\n"
+        "for p in range(0, 101, 2):\n"
+        "    sys.stderr.write(f'\\rtrain: {p:3d}%|' + '#' * (p // 10) + ' ' * (10 - p // 10) + f'| {p}/100')\n"
+        "    sys.stderr.flush()\n"
+        "    time.sleep(0.01)\n"
+        "sys.stderr.write('\\n')\n"
+        "print('done')\n"
+    )
+    result, run = spawn_widget(kernel, body, options="-n 2")
+    assert result.status == "ok", result.error_text
+    text = run.frozen["text/plain"]
+    for r in range(2):
+        assert f"[rank{r}]: train: 100%|##########| 100/100" in text
+        assert text.count(f"[rank{r}]: train:") == 1
+        assert f"[rank{r}]: epoch 1" in text and f"[rank{r}]: done" in text
+        # the kernel kept the bar's latest state only, not every redraw
+        bar = "".join(t for s, t in run.frozen[MIME]["ranks"][r]["output"] if s == "stderr")
+        assert bar.count("train:") == 1 and bar.endswith("| 100/100\n"), bar
+    assert "train:  50%" not in text and "train:  50%" not in run.frozen["text/html"]
+
+
+def test_failed_rank_in_the_widget_and_the_bundle(kernel):
+    # a function from an earlier cell: its frame reads "Cell In[n]" in the widget and the bundle too
+    assert execute(kernel.client, "def divide(x):\n    return 1 / x", timeout=30).status == "ok"
+    body = "import os, time\nif os.environ['RANK'] == '1':\n    divide(0)\ntime.sleep(30)\n"
+    result, run = spawn_widget(kernel, body, timeout=60)
+    assert result.status == "error" and result.error.ename == "RankRaisedError"
+    last = run.synced()
+    assert [r["status"] for r in last["ranks"]] == ["stopped", "failed", "stopped", "stopped"]
+    failed = last["ranks"][1]
+    assert failed["summary"].startswith("ZeroDivisionError") and "divide(0)" in failed["traceback"]
+    assert re.search(r"Cell In\[\d+\], line 2, in divide", failed["traceback"]), failed["traceback"]
+    record = run.frozen[MIME]
+    assert record["status"] == "failed" and record["error"]["rank"] == 1
+    assert "ZeroDivisionError" in record["error"]["summary"]
+    assert re.search(r"Cell In\[\d+\], line 2, in divide", record["ranks"][1]["traceback"])
+    assert re.search(r"Cell In\[\d+\], line 2, in divide", record["error"]["traceback"])
+    assert "ZeroDivisionError" in run.frozen["text/html"]
+
+
+# -- what the browser sends ------------------------------------------------------------------------
+
+
+def _send_comm_msg(client, comm_id: str, content: dict, subshell_id: str | None) -> None:
+    msg = client.session.msg("comm_msg", {"comm_id": comm_id, "data": {"method": "custom", "content": content}})
+    if subshell_id is not None:
+        msg["header"]["subshell_id"] = subshell_id
+    client.shell_channel.send(msg)
+
+
+def _create_subshell(client) -> str:
+    msg = client.session.msg("create_subshell_request", {})
+    client.control_channel.send(msg)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        reply = client.get_control_msg(timeout=30)
+        if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+            assert reply["content"]["status"] == "ok", reply["content"]
+            return reply["content"]["subshell_id"]
+    raise TimeoutError("no create_subshell_reply")
+
+
+def _delete_subshell(client, subshell_id: str) -> None:
+    msg = client.session.msg("delete_subshell_request", {"subshell_id": subshell_id})
+    client.control_channel.send(msg)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            reply = client.get_control_msg(timeout=1)
+        except queue.Empty:
+            continue
+        if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+            return
+
+
+def test_stop_and_replay_reach_the_kernel_while_the_cell_runs(kernel):
+    client = kernel.client
+    info = client.kernel_info(reply=True, timeout=30)["content"]
+    if "kernel subshells" not in info.get("supported_features", []):
+        pytest.skip("this ipykernel has no subshells (ipykernel >= 7 has)")
+    subshell = _create_subshell(client)
+    code = (
+        "%%spawn -n 4 --view widget\n"
+        "import os, time\n"
+        "print('rank', os.environ['RANK'], 'is up', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    msg_id = client.execute(code)
+    outputs: list[dict] = []
+    comm_id = None
+    up: set[str] = set()
+
+    def pump(until, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not until():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"waited {timeout} s; got {[o['msg_type'] for o in outputs]}")
+            try:
+                msg = client.get_iopub_msg(timeout=min(left, 1))
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "status":
+                if msg["content"]["execution_state"] == "idle":
+                    outputs.append({"msg_type": "idle"})
+                continue
+            outputs.append({"msg_type": msg["msg_type"], **msg["content"]})
+
+    def every_rank_up() -> bool:
+        nonlocal comm_id
+        for o in outputs:
+            if o["msg_type"] == "comm_open" and o["data"].get("state", {}).get("_anywidget_id") == WIDGET_ID:
+                comm_id = o["comm_id"]
+            if o["msg_type"] == "comm_msg" and o["data"].get("method") == "custom":
+                for _r, _s, text in o["data"]["content"].get("chunks", []):
+                    up.update(re.findall(r"rank (\d) is up", text))
+        return len(up) == 4
+
+    try:
+        pump(every_rank_up, 60)
+        n_before = len(outputs)
+        # a view that opened late asks for what it missed: answered while the cell runs
+        _send_comm_msg(client, comm_id, {"type": "replay"}, subshell)
+        pump(lambda: any(o["msg_type"] == "comm_msg" and o["data"].get("content", {}).get("type") == "replay"
+                         for o in outputs[n_before:]), 10)  # fmt: skip
+        replay = next(o["data"]["content"] for o in outputs[n_before:] if o["msg_type"] == "comm_msg"
+                      and o["data"].get("content", {}).get("type") == "replay")  # fmt: skip
+        assert {int(r) for r in replay["tails"]} == {0, 1, 2, 3}
+        for r, chunks in replay["tails"].items():
+            assert chunks == [["stdout", f"rank {r} is up\n"]]
+
+        # Stop, mid-run
+        stopped_at = time.monotonic()
+        _send_comm_msg(client, comm_id, {"type": "stop"}, subshell)
+        pump(lambda: outputs[-1]["msg_type"] == "idle", 30)
+        took = time.monotonic() - stopped_at
+    finally:
+        _delete_subshell(client, subshell)
+
+    assert took < 5, took  # SIGINT: every rank stops at once, no grace period spent
+    errors = [o for o in outputs if o["msg_type"] == "error"]
+    assert errors and errors[0]["ename"] == "SpawnInterrupted", errors
+    run = sort_out([o for o in outputs if o["msg_type"] != "idle"])
+    assert any(u.get("header", {}).get("stopping") for u in run.updates)  # the widget said "stopping"
+    record = run.frozen[MIME]
+    assert record["status"] == "stopped"
+    assert [r["status"] for r in record["ranks"]] == ["stopped"] * 4
+    assert "KeyboardInterrupt" in strip_ansi("\n".join(errors[0]["traceback"])) or record["error"]
+    # the kernel is usable afterwards
+    assert execute(client, "1 + 1", timeout=30).status == "ok"
+
+
+def test_ranks_option_limits_what_is_shown(kernel):
+    body = "import os\nprint('from rank', os.environ['RANK'])\n"
+    result, run = spawn_widget(kernel, body, options="-n 4 --ranks 0,2")
+    assert result.status == "ok", result.error_text
+    assert sorted(run.live_text()) == [0, 2]
+    record = run.frozen[MIME]
+    assert [bool(r["output"]) for r in record["ranks"]] == [True, False, True, False]
+    assert [r["status"] for r in record["ranks"]] == ["done"] * 4
+
+
+def test_widget_text_fallback_names_the_run(kernel):
+    result = execute(kernel.client, "%%spawn -n 2 --view widget\npass", timeout=120)
+    shown = next(o for o in result.outputs if o["msg_type"] == "display_data")
+    assert re.fullmatch(r"nbspawn run \S+: 2 ranks, \w+", shown["data"]["text/plain"])
+
+
+# -- pieces, without a kernel ----------------------------------------------------------------------
+
+
+def test_status_comm_only_in_a_kernel():
+    """Plain Python and terminal IPython have no kernel: no comm is even tried."""
+    code = (
+        "from nbspawn._status import StatusComm, in_kernel\n"
+        "assert not in_kernel()\n"
+        "from IPython.terminal.interactiveshell import TerminalInteractiveShell\n"
+        "TerminalInteractiveShell.instance()\n"
+        "assert not in_kernel()\n"
+        "s = StatusComm(); s.open(None); assert s.comm is None\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_output_tail_keeps_the_newest_lines_and_settles_bars():
+    from nbspawn._bundle import OutputTail, plain_lines
+
+    tail = OutputTail(limit=3)
+    for i in range(10):
+        tail.add("stdout", f"line {i}\n")
+    assert tail.merged() == [["stdout", "line 7\nline 8\nline 9\n"]] and tail.elided_lines == 7
+
+    tail = OutputTail()
+    for p in range(0, 101, 10):  # a bar on stderr, lines on stdout in between
+        tail.add("stderr", f"\rtrain {p}%")
+        tail.add("stdout", f"step {p}\n")
+    tail.add("stderr", "\n")
+    assert tail.merged()[0] == ["stderr", "\rtrain 100%\n"]  # one state, where the line began
+    assert plain_lines(tail.merged(), 3)[:2] == ["[rank3]: train 100%", "[rank3]: step 0"]
+    colour = OutputTail()
+    colour.add("stdout", "\x1b[32m 5%\r 6%\r")
+    colour.add("stdout", " 7%\n")
+    assert colour.merged() == [["stdout", "\x1b[32m\r 7%\n"]]  # the colour still applies
+
+
+def test_live_messages_cut_whole_lines_and_count_them():
+    from nbspawn._view_widget import WidgetView
+
+    view = WidgetView()
+    messages = []
+    view.widget = type("Widget", (), {"send": lambda self, msg: messages.append(msg)})()
+    view.open_lines = {(0, "stdout")}  # the browser has rank 0's "epoch 1 lo" open
+    view.pending = [[0, "stdout", "ss 0.5\n" + "".join(f"a{i}\n" for i in range(100))], [1, "stdout", "b\n"]]
+    view._cut_pending({0: 60, 1: 1000})
+    view._send_output()
+    chunks = {rank: text for rank, _s, text in messages[0]["chunks"]}
+    assert chunks[1] == "b\n"
+    kept = chunks[0]
+    assert kept.startswith("\na") and kept.endswith("a99\n")  # closes the open line, whole lines only
+    assert messages[0]["elided"]["0"] + kept.count("\n") - 1 == 101  # every line is sent or counted
+
+
+def test_live_messages_never_glue_or_lose_count_of_lines():
+    """Random output, random cuts: every line the browser gets is whole (or the one it had open,
+    closed as it was), in order, and lines shown plus lines counted as elided are all lines."""
+    import random
+
+    from nbspawn._bundle import OutputTail
+    from nbspawn._view_widget import WidgetView
+
+    for trial in range(150):
+        rng = random.Random(trial)
+        view = WidgetView()
+        view.tails = {0: OutputTail(), 1: OutputTail()}
+        sent, elided, count = {0: "", 1: ""}, {0: 0, 1: 0}, {0: 0, 1: 0}
+
+        class Widget:
+            def send(self, msg):
+                for rank, _stream, text in msg["chunks"]:
+                    sent[rank] += text
+                for rank, n in msg["elided"].items():
+                    elided[int(rank)] += n
+
+        view.widget = Widget()
+        for _batch in range(25):
+            for _ in range(rng.randint(1, 6)):
+                r = rng.randint(0, 1)
+                text = ""
+                for _ in range(rng.randint(0, 40)):
+                    count[r] += 1
+                    text += f"r{r} line {count[r]:06d} {'x' * rng.randint(0, 30)}\n"
+                if text:
+                    view.output(r, "stdout", text)
+                if rng.random() < 0.3:  # a line written in two pieces, maybe two batches apart
+                    count[r] += 1
+                    head = f"r{r} line {count[r]:06d} "
+                    cut = rng.randint(1, len(head) - 1)
+                    view.output(r, "stdout", head[:cut])
+                    if rng.random() < 0.3:
+                        view._cut_pending({r: rng.randint(0, 300)})
+                    if rng.random() < 0.3:
+                        view._send_output()
+                    view.output(r, "stdout", head[cut:] + "tail\n")
+            if view.pending and rng.random() < 0.7:
+                view._cut_pending({r: rng.randint(0, 800) for r in (0, 1)})
+            if rng.random() < 0.8:
+                view._send_output()
+        view._send_output()
+        for r in (0, 1):
+            lines = sent[r].split("\n")
+            last = lines.pop()  # "" or the line the browser has open
+            whole = [line for line in lines if re.fullmatch(rf"r{r} line \d{{6}} (x*|tail)", line)]
+            cut_short = [line for line in lines + [last] if line and line not in whole]
+            assert all(re.fullmatch(r"[r01 line\d]*", line) for line in cut_short), (trial, cut_short)
+            numbers = [int(line.split()[2]) for line in whole]
+            assert numbers == sorted(set(numbers)), trial
+            assert len(whole) + elided[r] == count[r], (trial, r)
