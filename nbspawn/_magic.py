@@ -102,7 +102,8 @@ class SpawnMagics(Magics):
 
         Every rank runs the cell with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and
         MASTER_PORT set, so ``torch.distributed.init_process_group("gloo")`` needs no arguments.  Each
-        line of output is shown as ``[rank{r}]: ...`` and kept in the log directory.  The first rank
+        rank's output is shown live (a pane per rank in Jupyter, ``[rank{r}]: ...`` lines in a
+        terminal) and kept whole in the log directory.  The first rank
         that fails stops the others, and the cell raises that rank's error, in this cell's line
         numbers.  Names the ranks assign never change the kernel's.
 
