@@ -170,6 +170,8 @@ def test_lab_live_run_stop_and_reload(lab, browser, artifacts):
         assert clock.inner_text() != first, "the elapsed-time counter does not tick"
 
         # rank 0's pane: one bar line, redrawn in place (its percentage moves, no second line appears)
+        dialog = pg.locator(".jp-Dialog")
+        assert dialog.count() == 0, f"JupyterLab opened a dialog: {dialog.first.inner_text()!r}"
         view.locator(".nbs-Chip[data-rank='0']").click()
         pane = view.locator(".nbs-Pane[data-rank='0'] .nbs-Output")
         seen = []
