@@ -226,7 +226,7 @@ def run_all(bench: Bench, kernel: Kernel, args: argparse.Namespace) -> None:
     except CellError as e:
         print(f"skipping the %%spawn rows: `%load_ext nbspawn` failed in the kernel: {e}", file=sys.stderr)
         return
-    for method in ["fork", "forkserver", "spawn"]:
+    for method in args.methods.split(","):
         for n in ns:
             bench.measure(f"%%spawn {method}", n, f"%%spawn -n {n} --start-method {method}\npass")
 
@@ -236,6 +236,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="N up to 16 only (no 64-rank spawn/forkserver)")
     parser.add_argument("--full", action="store_true", help="also time ipyparallel with 16 engines")
     parser.add_argument("--no-nbspawn", action="store_true", help="time the peers only")
+    parser.add_argument(
+        "--methods", default="fork,forkserver,spawn", help="%%%%spawn start methods to time (default: all three)"
+    )
     parser.add_argument("--reps", type=int, default=7, help="timed repetitions per row (default 7)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds one cell may take (default 600)")
     args = parser.parse_args()
