@@ -211,28 +211,35 @@ def _write_bytes(fd: int, address: int, nbytes: int, offset: int = 0) -> None:
         done += os.pwrite(fd, view[done : done + _CHUNK], offset + done)
 
 
-def _storages(obj: Any) -> Iterator[torch.UntypedStorage]:
-    if isinstance(obj, torch.Tensor):
-        if obj.layout == torch.strided and not obj.is_nested and obj.device.type == "cpu":
-            yield obj.untyped_storage()
-    elif isinstance(obj, torch.UntypedStorage):
-        if obj.device.type == "cpu":
-            yield obj
-    elif isinstance(obj, torch.TypedStorage):
-        yield from _storages(obj._untyped_storage)
+def _leaves(obj: Any) -> Iterator[Any]:
+    """Tensors and storages under ``obj``: a module's parameters, their gradients and its buffers,
+    and whatever dicts, lists, tuples and sets hold, nested."""
+    if isinstance(obj, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
+        yield obj
     elif isinstance(obj, torch.nn.Module):
         for param in obj.parameters():
-            yield from _storages(param)
+            yield param
             if param.grad is not None:
-                yield from _storages(param.grad)
-        for buffer in obj.buffers():
-            yield from _storages(buffer)
+                yield param.grad
+        yield from obj.buffers()
     elif isinstance(obj, Mapping):
         for value in obj.values():
-            yield from _storages(value)
+            yield from _leaves(value)
     elif isinstance(obj, (list, tuple, set, frozenset)):
         for value in obj:
-            yield from _storages(value)
+            yield from _leaves(value)
+
+
+def _storages(obj: Any) -> Iterator[torch.UntypedStorage]:
+    """The CPU storages under ``obj`` that sharing can move (dense tensors only)."""
+    for leaf in _leaves(obj):
+        if isinstance(leaf, torch.TypedStorage):
+            leaf = leaf._untyped_storage
+        if isinstance(leaf, torch.UntypedStorage):
+            if leaf.device.type == "cpu":
+                yield leaf
+        elif leaf.layout == torch.strided and not leaf.is_nested and leaf.device.type == "cpu":
+            yield leaf.untyped_storage()
 
 
 # -- kernel -> ranks ----------------------------------------------------------------------------
@@ -341,17 +348,7 @@ def _same(obj: Any) -> Any:
 
 
 def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, torch.nn.Module):
-        yield from obj.parameters()
-        yield from obj.buffers()
-    elif isinstance(obj, Mapping):
-        for value in obj.values():
-            yield from _tensors(value)
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        for value in obj:
-            yield from _tensors(value)
+    return (leaf for leaf in _leaves(obj) if isinstance(leaf, torch.Tensor))
 
 
 def dumps(obj: Any, *, run_prefix: str | None = None, shared: Collection[Any] | None = None) -> bytes:
