@@ -31,7 +31,7 @@ from . import _shm
 from ._handoff import discard_outputs, receive_outputs
 from ._rank import EXIT_INTERRUPTED, run_rank, stdio_streams
 from ._run import RankState, Run
-from ._source import STILL_STARTING, main_thread_stack
+from ._source import STILL_STARTING, main_thread_stack, rewrite_notebook_frames
 from ._spec import RunSpec
 from .errors import (
     RankExitedError,
@@ -306,7 +306,9 @@ class _Supervisor:
         if record:
             failure.exc_type = record.get("exc_type")
             failure.message = record.get("message")
-            failure.traceback = record.get("traceback")
+            # frames in functions from earlier cells: "Cell In[3], line 2, in f", for every view
+            traceback = rewrite_notebook_frames(record.get("traceback") or "", self.spec.cell_numbers)
+            failure.traceback = traceback or None
         interrupted = failure.exc_type == "KeyboardInterrupt" or code == EXIT_INTERRUPTED
         failure.stopped = state.rank in self.signalled and (record is None or interrupted)
         if (failure.stopped or failure.signal_name) and not failure.traceback:

@@ -17,7 +17,7 @@ from traitlets import Float, Int, Unicode, Union
 
 from ._api import prepare
 from ._launcher import RunView, execute
-from ._source import CellSource, CellSyntaxError, rewrite_notebook_frames
+from ._source import CellSource, CellSyntaxError
 from ._spec import RunSpec
 from ._view_text import TextView
 from .errors import SpawnUsageError
@@ -111,7 +111,6 @@ class SpawnMagics(Magics):
         timeout, grace_period, log_dir).
         """
         args = parse_argstring(self.spawn, line)
-        shell = self.shell
         try:
             spec = self._prepare(args, cell)
         except SpawnUsageError as err:  # IPython prints exactly UsageError as one line, no traceback
@@ -129,11 +128,8 @@ class SpawnMagics(Magics):
         except SpawnUsageError as err:
             raise UsageError(str(err)) from None
         if run.error is not None:
-            for failure in getattr(run.error, "failures", []):
-                if failure.traceback:
-                    failure.traceback = rewrite_notebook_frames(failure.traceback, _cell_files(shell))
             raise run.error
-        shell.user_ns.update(run.outputs)
+        self.shell.user_ns.update(run.outputs)
 
     def _view(self, choice: str) -> RunView:
         choice = choice.strip().lower()
@@ -151,8 +147,9 @@ class SpawnMagics(Magics):
 
     def _prepare(self, args: argparse.Namespace, cell: str) -> RunSpec:
         shell = self.shell
-        return prepare(
-            CellSource(cell, line_offset=1, label=f"Cell In[{_cell_number(shell)}]"),
+        cells = _cell_files(shell)
+        spec = prepare(
+            CellSource(cell, line_offset=1, label=f"Cell In[{_cell_number(shell, cells)}]"),
             shell.user_ns,
             hidden=shell.user_ns_hidden,
             nprocs=self.nprocs if args.nprocs is None else args.nprocs,
@@ -166,6 +163,8 @@ class SpawnMagics(Magics):
             share=args.share,
             out=args.out,
         )
+        spec.cell_numbers = cells
+        return spec
 
 
 def _cell_files(shell: InteractiveShell) -> dict[str, int]:
@@ -173,8 +172,7 @@ def _cell_files(shell: InteractiveShell) -> dict[str, int]:
     return dict(getattr(shell.compile, "_filename_map", {}))
 
 
-def _cell_number(shell: InteractiveShell) -> int:
+def _cell_number(shell: InteractiveShell, cells: dict[str, int]) -> int:
     """The ``In[N]`` of the running cell: the last one IPython compiled (IPython 9 has already
     advanced ``execution_count`` by the time a magic runs; IPython 8 has not)."""
-    numbers = _cell_files(shell)
-    return next(reversed(numbers.values())) if numbers else shell.execution_count
+    return next(reversed(cells.values())) if cells else shell.execution_count

@@ -46,6 +46,9 @@ class RunSpec:
     out_names: tuple[str, ...] = ()  # --out
     shm_prefix: str | None = None  # /dev/shm names of this run's --out tensors, swept after the run
     notes: list[str] = field(default_factory=list)  # said to the user before the run
+    # IPython's compiled cell files -> In[N], so frames in functions from earlier cells read
+    # "Cell In[3], line 2, in f" wherever a rank's traceback is shown
+    cell_numbers: dict[str, int] = field(default_factory=dict)
     # Set by the launcher for fork only, where ranks inherit them instead of redoing the work in
     # every child (each page a child writes to is a copy-on-write fault).
     compiled: tuple | None = None

@@ -29,7 +29,6 @@ import traitlets
 
 from ._bundle import FrozenRun, OutputTail, json_size, rank_record, run_record, tail_within
 from ._run import RankState, Run
-from ._source import rewrite_notebook_frames
 from ._status import StatusComm
 
 STATIC = Path(__file__).parent / "_static"
@@ -121,7 +120,6 @@ class WidgetView:
         return self._stop.is_set()
 
     def finished(self, run: Run) -> None:
-        _name_notebook_frames(run)
         self._flush(run)
         self.status.close(run)
         frozen = FrozenRun(run, self.tails)
@@ -279,10 +277,6 @@ class WidgetView:
         header["elapsed"] = time.time() - run.started_at
         header["stopping"] = self._stop_seen
         ranks = [{k: v for k, v in rank_record(state, None).items() if k != "output"} for state in run.ranks]
-        files = _cell_files()
-        for rank in ranks:
-            if rank["traceback"] and files:
-                rank["traceback"] = rewrite_notebook_frames(rank["traceback"], files)
         return {"header": header, "ranks": ranks, "error": header["error"]}
 
     def _sync(self, run: Run) -> None:
@@ -314,21 +308,3 @@ def _route_to_the_frontends_subshell(widget: anywidget.AnyWidget) -> None:
     if comm is not None and hasattr(comm, "_reply_subshell_for"):
         comm._reply_subshell_for = lambda _data, default: default
 
-
-def _cell_files() -> dict[str, int]:
-    """IPython's map from each cell's compiled file name to its execution number ({} outside IPython)."""
-    try:
-        from IPython import get_ipython
-
-        return dict(getattr(getattr(get_ipython(), "compile", None), "_filename_map", None) or {})
-    except Exception:
-        return {}
-
-
-def _name_notebook_frames(run: Run) -> None:
-    """Frames in functions defined by earlier cells as ``Cell In[3], line 2, in f`` in the frozen view,
-    as the magic does for the error it raises (after the view is done)."""
-    files = _cell_files()
-    for failure in getattr(run.error, "failures", None) or []:
-        if failure.traceback and files:
-            failure.traceback = rewrite_notebook_frames(failure.traceback, files)
