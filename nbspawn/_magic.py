@@ -112,6 +112,10 @@ class SpawnMagics(Magics):
         """
         args = parse_argstring(self.spawn, line)
         try:
+            view = self._view(args.view or self.view)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+        try:
             spec = self._prepare(args, cell)
         except SpawnUsageError as err:  # IPython prints exactly UsageError as one line, no traceback
             raise UsageError(str(err)) from None
@@ -119,10 +123,6 @@ class SpawnMagics(Magics):
             raise UsageError(err.report()) from None
         for note in spec.notes:
             print(note, file=sys.stderr)
-        try:
-            view = self._view(args.view or self.view)
-        except ValueError as err:
-            raise UsageError(str(err)) from None
         try:
             run = execute(spec, view)
         except SpawnUsageError as err:
