@@ -65,16 +65,24 @@ def _no_data(_storage: Any) -> tuple:
     return (bytes, ())
 
 
-def _check_picklable(wanted: dict[str, Any]) -> None:
-    for name, value in wanted.items():
+def _unpicklable(values: dict[str, Any]) -> tuple[str, str, Exception] | None:
+    """The first value that cannot travel (tensor data aside): its name, its type, and why."""
+    for name, value in values.items():
         try:
             _WithoutData(io.BytesIO()).dump(value)
         except Exception as err:  # noqa: BLE001 - say which name, and why
-            kind = f"{type(value).__module__}.{type(value).__qualname__}"
-            raise SpawnUsageError(
-                f"cannot send {name!r} (a {kind}) to spawned ranks: {err}. "
-                f"Create it inside the cell, or use --start-method fork."
-            ) from None
+            return name, f"{type(value).__module__}.{type(value).__qualname__}", err
+    return None
+
+
+def _check_picklable(wanted: dict[str, Any]) -> None:
+    bad = _unpicklable(wanted)
+    if bad is not None:
+        name, kind, err = bad
+        raise SpawnUsageError(
+            f"cannot send {name!r} (a {kind}) to spawned ranks: {err}. "
+            f"Create it inside the cell, or use --start-method fork."
+        )
 
 
 def pack_namespace(
@@ -163,23 +171,12 @@ def send_outputs(namespace: dict[str, Any], names: tuple[str, ...], prefix: str,
     try:
         data = _shm.dumps({"values": values, "missing": missing}, run_prefix=prefix)
     except Exception as err:  # noqa: BLE001
-        bad = next((n for n, v in values.items() if not _dumps_ok(v, prefix)), "?")
-        value = values.get(bad)
-        raise RuntimeError(
-            f"--out: cannot send {bad!r} (a {type(value).__module__}.{type(value).__qualname__}) back to the kernel: {err}"
-        ) from None
+        name, kind, _why = _unpicklable(values) or ("?", "value", err)
+        raise RuntimeError(f"--out: cannot send {name!r} (a {kind}) back to the kernel: {err}") from None
     path = os.path.join(rank_dir, OUT_FILE)
     with open(path + ".tmp", "wb") as fh:
         fh.write(data)
     os.replace(path + ".tmp", path)
-
-
-def _dumps_ok(value: Any, prefix: str) -> bool:
-    try:
-        _WithoutData(io.BytesIO()).dump(value)
-        return True
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def receive_outputs(rank_dirs: list[str], names: tuple[str, ...]) -> tuple[dict[str, list[Any]], list[tuple[int, str]]]:
