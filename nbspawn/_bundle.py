@@ -187,6 +187,7 @@ def rank_record(state: RankState, tail: OutputTail | None) -> dict:
 def run_record(run: Run, tails: dict[int, OutputTail]) -> dict:
     error = run.error
     root = getattr(error, "root", None)
+    report = "" if error is None else str(error)  # the whole report: build it once
     return {
         "version": 1,
         "run_id": run.run_id,
@@ -201,8 +202,8 @@ def run_record(run: Run, tails: dict[int, OutputTail]) -> dict:
         if error is None
         else {
             "rank": root.rank if root else None,
-            "summary": str(error).splitlines()[0] if str(error) else type(error).__name__,
-            "traceback": _ANSI.sub("", str(error)),
+            "summary": report.splitlines()[0] if report else type(error).__name__,
+            "traceback": _ANSI.sub("", report),
         },
         "ranks": [rank_record(state, tails.get(state.rank)) for state in run.ranks],
     }
