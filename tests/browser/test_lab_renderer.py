@@ -21,6 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -387,25 +388,27 @@ def _require_extension() -> None:
         )
 
 
+def serve(app: str, tmp: Path, write: Callable[[Path], None]) -> Iterator[Server]:
+    """A jupyter server (``lab`` or ``notebook``) with the extension, holding ``write``'s notebooks."""
+    if app == "notebook":
+        pytest.importorskip("notebook", reason="notebook 7 is not installed (pip install -e '.[lab]')")
+    _require_extension()
+    server = _start(app, tmp)
+    write(server.root)
+    try:
+        yield server
+    finally:
+        _stop(server)
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    _require_extension()
-    tmp = tmp_path_factory.mktemp("lab")
-    server = _start("lab", tmp)
-    _write_notebooks(server.root)
-    yield server
-    _stop(server)
+    yield from serve("lab", tmp_path_factory.mktemp("lab"), _write_notebooks)
 
 
 @pytest.fixture(scope="module")
 def nb7(tmp_path_factory):
-    pytest.importorskip("notebook", reason="notebook 7 is not installed (pip install -e '.[lab]')")
-    _require_extension()
-    tmp = tmp_path_factory.mktemp("nb7")
-    server = _start("notebook", tmp)
-    _write_notebooks(server.root)
-    yield server
-    _stop(server)
+    yield from serve("notebook", tmp_path_factory.mktemp("nb7"), _write_notebooks)
 
 
 @pytest.fixture(scope="module")

@@ -20,18 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from test_lab_renderer import (  # the servers, browser pages and helpers of the renderer's tests
-    ARTIFACTS,
-    CHROMIUM,
-    CHROMIUM_ARGS,
+from test_lab_renderer import (  # the servers, browser pages, fixtures and helpers of the renderer's tests
     Page,
-    _require_extension,
-    _start,
-    _stop,
+    artifacts,  # noqa: F401 - a fixture
+    browser,  # noqa: F401 - a fixture
     code_cell,
     lab_url,
     notebook,
     run_cell,
+    serve,
     shot,
     sync_api,
 )
@@ -99,36 +96,13 @@ def _write(root: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def artifacts() -> Path:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    return ARTIFACTS
-
-
-@pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    _require_extension()
-    server = _start("lab", tmp_path_factory.mktemp("live-lab"))
-    _write(server.root)
-    yield server
-    _stop(server)
+    yield from serve("lab", tmp_path_factory.mktemp("live-lab"), _write)
 
 
 @pytest.fixture(scope="module")
 def nb7(tmp_path_factory):
-    pytest.importorskip("notebook", reason="notebook 7 is not installed (pip install -e '.[lab]')")
-    _require_extension()
-    server = _start("notebook", tmp_path_factory.mktemp("live-nb7"))
-    _write(server.root)
-    yield server
-    _stop(server)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    yield from serve("notebook", tmp_path_factory.mktemp("live-nb7"), _write)
 
 
 def _statuses(view) -> list[str | None]:
