@@ -44,7 +44,6 @@ import glob
 import json
 import os
 import platform
-import signal
 import statistics
 import sys
 import time
@@ -55,7 +54,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from launch import CLUSTER_START, CellError, Kernel  # noqa: E402 - the same kernel and cluster handling
+from launch import CLUSTER_START, CellError, Kernel, with_kernel  # noqa: E402 - the same kernel and cluster handling
 
 MiB = 1 << 20
 SIZES = (1, 64, 256, 1024)
@@ -498,32 +497,19 @@ def main() -> int:
         report(res, saved["sizes"], saved["methods"], saved["header"], args.markdown)
         return 0
 
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up like Ctrl-C
     print(f"{machine()}; reps {args.reps}; starting a kernel ({sys.executable})", file=sys.stderr)
     res = Results()
-    kernel = None
-    kernel_pid = None
-    status = 0
     started = time.monotonic()
-    try:
-        kernel = BenchKernel(args.timeout)
-        kernel_pid = kernel.pid
+
+    def work(kernel: BenchKernel) -> None:
         kernel.execute(KERNEL_SETUP)
         run_nbspawn(kernel, res, sizes, methods, args.reps, args.pairs, args.view)
         if not args.no_ipyparallel:
             run_ipyparallel(kernel, res, sizes, args.reps, args.ipp_big_reps, args.ipp_max_mib)
-    except KeyboardInterrupt:
-        print("interrupted: showing what was measured", file=sys.stderr)
-        status = 130
-    except Exception as e:  # noqa: BLE001 - report, clean up, and show the partial table
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        status = 1
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon the cluster
-        if kernel is not None:
-            kernel.close()
-    if kernel_pid is not None:
-        left = glob.glob(f"/dev/shm/nbspawn.{kernel_pid}.*")
+
+    kernel, status = with_kernel(lambda: BenchKernel(args.timeout), work)
+    if kernel is not None:
+        left = glob.glob(f"/dev/shm/nbspawn.{kernel.pid}.*")
         if left:
             print(f"warning: {len(left)} file(s) left in /dev/shm by the kernel: {left[:3]}", file=sys.stderr)
             status = status or 1

@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -231,6 +232,30 @@ def run_all(bench: Bench, kernel: Kernel, args: argparse.Namespace) -> None:
             bench.measure(f"%%spawn {method}", n, f"%%spawn -n {n} --start-method {method}\npass")
 
 
+def with_kernel(start: Callable[[], Kernel], work: Callable[[Kernel], None]) -> tuple[Kernel | None, int]:
+    """Start a kernel and run ``work`` on it; on Ctrl-C, SIGTERM or an error, say so and keep going, so
+    the caller can print what was measured.  The kernel (and any cluster) is closed whatever happens.
+    Returns the kernel (None if it never started) and the exit status: 0, 130 or 1."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up like Ctrl-C
+    kernel = None
+    status = 0
+    try:
+        kernel = start()
+        work(kernel)
+    except KeyboardInterrupt:
+        print("interrupted: showing what was measured", file=sys.stderr)
+        status = 130
+    except Exception as e:  # noqa: BLE001 - report, clean up, and show the partial table
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        status = 1
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C or SIGTERM must not abandon the cluster
+            signal.signal(sig, signal.SIG_IGN)
+        if kernel is not None:
+            kernel.close()
+    return kernel, status
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="N up to 16 only (no 64-rank spawn/forkserver)")
@@ -243,28 +268,19 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=600, help="seconds one cell may take (default 600)")
     args = parser.parse_args()
 
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM cleans up like Ctrl-C
     print(
         f"python {platform.python_version()}, {len(os.sched_getaffinity(0))} cores, reps {args.reps}; "
         f"starting a kernel ({sys.executable})",
         file=sys.stderr,
     )
-    kernel = bench = None
-    status = 0
-    try:
-        kernel = Kernel(args.timeout)
+    bench = None
+
+    def work(kernel: Kernel) -> None:
+        nonlocal bench
         bench = Bench(kernel, args.reps)
         run_all(bench, kernel, args)
-    except KeyboardInterrupt:
-        print("interrupted: showing what was measured", file=sys.stderr)
-        status = 130
-    except Exception as e:  # noqa: BLE001 - report, clean up, and show the partial table
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        status = 1
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon the cluster
-        if kernel is not None:
-            kernel.close()
+
+    kernel, status = with_kernel(lambda: Kernel(args.timeout), work)
     if bench is not None:
         print(f"\nper-cell wall time, execute_request -> execute_reply; {kernel_versions()}")
         print(bench.table())
