@@ -22,10 +22,12 @@ export interface IRankInfo {
   duration: number | null;
   summary: string | null;
   traceback: string | null;
-  output: [string, string][];
+  /** Version 1: the kept output, `[stream, text]` chunks (version 2 keeps it in the `text/html`). */
+  output: [string, unknown][];
   elided_lines: number;
   stdout_path: string | null;
   stderr_path: string | null;
+  display_path: string | null;
 }
 
 export interface IRunBundle {
@@ -39,6 +41,8 @@ export interface IRunBundle {
   duration: number | null;
   status: RunStatus | string;
   error: IRunError | null;
+  /** Where each rank's output is: `text/html` (version 2), or `""` (in each rank's `output`). */
+  output_in: string;
   ranks: IRankInfo[];
 }
 
@@ -70,10 +74,13 @@ export function parseBundle(data: unknown): IRunBundle {
       traceback: strOrNull(r.traceback),
       output: (Array.isArray(r.output) ? r.output : [])
         .filter((c: unknown) => Array.isArray(c) && c.length >= 2)
-        .map((c: unknown[]) => [str(c[0], 'stdout'), str(c[1])] as [string, string]),
+        .map((c: unknown[]) =>
+          c[0] === 'display' ? (['display', c[1]] as [string, unknown]) : ([str(c[0], 'stdout'), str(c[1])] as [string, unknown])
+        ),
       elided_lines: num(r.elided_lines) ?? 0,
       stdout_path: strOrNull(r.stdout_path),
-      stderr_path: strOrNull(r.stderr_path)
+      stderr_path: strOrNull(r.stderr_path),
+      display_path: strOrNull(r.display_path)
     }));
   const e = d.error && typeof d.error === 'object' ? (d.error as Record<string, any>) : null;
   return {
@@ -87,6 +94,7 @@ export function parseBundle(data: unknown): IRunBundle {
     duration: num(d.duration),
     status: str(d.status, 'running'),
     error: e ? { rank: num(e.rank), summary: str(e.summary), traceback: str(e.traceback) } : null,
+    output_in: str(d.output_in),
     ranks
   };
 }

@@ -3,13 +3,10 @@
  * view.  Every piece of worker text reaches the DOM through `textContent`/text nodes only.
  */
 
-import {
-  IRankInfo,
-  IRunBundle,
-  defaultSelection,
-  formatDuration
-} from './bundle';
-import { ILine, ITextStyle, TerminalText } from './text';
+import { IRankInfo, IRunBundle, formatDuration } from './bundle';
+import type { Entry } from './live';
+import { richNode } from './rich';
+import { ILine, ITextStyle } from './text';
 
 type Child = Node | string | null | undefined | false;
 
@@ -39,7 +36,7 @@ export const RUN_STATUS_LABEL: Record<string, string> = {
   failed: 'failed',
   timeout: 'timed out',
   interrupted: 'interrupted',
-  stopped: 'stopped'
+  stopped: 'stopped by you (Stop)'
 };
 
 const RANK_ICON: Record<string, string> = {
@@ -149,6 +146,22 @@ export function lineNode(line: ILine, prefix?: HTMLElement): HTMLElement {
   return div;
 }
 
+/** One entry of a rank's flow: a line, or a display item drawn by `rich.ts`. */
+export function entryNode(e: Entry, prefixed: boolean): HTMLElement {
+  const prefix = prefixed ? rankPrefix(e.rank) : undefined;
+  if (e.kind === 'line') {
+    const node = lineNode(e.line, prefix);
+    node.hidden = !isVisible(e.line);
+    return node;
+  }
+  const div = h('div', { class: 'nbs-Display' });
+  if (prefix) {
+    div.appendChild(prefix);
+  }
+  div.appendChild(richNode(e.item));
+  return div;
+}
+
 export function rankPrefix(rank: number): HTMLElement {
   const el = h('span', { class: 'nbs-Prefix' }, `[rank${rank}]`);
   el.style.setProperty('--nbs-rank-hue', String(rankHue(rank)));
@@ -157,17 +170,6 @@ export function rankPrefix(rank: number): HTMLElement {
 
 export function plural(n: number, word: string): string {
   return `${n} ${word}${n === 1 ? '' : 's'}`;
-}
-
-/** Lines of a rank, cached: the merged view and the rank pane share them. */
-const linesCache = new WeakMap<IRankInfo, ILine[]>();
-function rankLines(rank: IRankInfo): ILine[] {
-  let lines = linesCache.get(rank);
-  if (!lines) {
-    lines = new TerminalText().writeAll(rank.output).lines;
-    linesCache.set(rank, lines);
-  }
-  return lines;
 }
 
 function copyButton(text: string, label: string): HTMLElement {
@@ -295,31 +297,42 @@ export function metaEntry(label: string, value: string | Node, cls = ''): HTMLEl
   );
 }
 
-/** A run-level error: a banner naming the root-cause rank, or (timeout, interrupt, stop) the details. */
-export function buildBanner(run: IRunBundle): HTMLElement[] {
+/** The first line of a summary (an exception's message may run on). */
+function oneLine(text: string): string {
+  const line = text.split('\n').find(l => l.trim()) ?? '';
+  return line.length > 240 ? line.slice(0, 239) + '\u2026' : line;
+}
+
+/**
+ * A run-level error: one line naming the root cause, which selects that rank's pane (where its
+ * traceback is); for a timeout, an interrupt or a stop with no rank to blame, the details.
+ */
+export function buildBanner(run: IRunBundle, pick?: (rank: number) => void): HTMLElement[] {
   const err = run.error;
   if (!err || !(err.summary || err.traceback)) {
     return [];
   }
-  const errRankKnown = err.rank !== null && run.ranks.some(r => r.rank === err.rank);
-  const nodes = [
-    h(
-      'div',
-      { class: 'nbs-Banner', role: 'alert' },
-      h('span', { class: 'nbs-Banner-icon', 'aria-hidden': 'true' }, '!'),
-      h(
-        'span',
-        { class: 'nbs-Banner-text' },
-        errRankKnown ? h('strong', {}, `rank ${err.rank}: `) : null,
-        err.summary || RUN_STATUS_LABEL[run.status] || run.status
-      )
-    )
-  ];
+  const errRank = err.rank;
+  const errRankKnown = errRank !== null && run.ranks.some(r => r.rank === errRank);
+  const text =
+    run.status === 'stopped' ? RUN_STATUS_LABEL.stopped : oneLine(err.summary) || RUN_STATUS_LABEL[run.status] || run.status;
+  const banner = h(
+    'div',
+    { class: 'nbs-Banner', role: 'alert' },
+    h('span', { class: 'nbs-Banner-icon', 'aria-hidden': 'true' }, '!'),
+    h('span', { class: 'nbs-Banner-text' }, errRankKnown ? h('strong', {}, `rank ${errRank}: `) : null, text)
+  );
+  if (errRankKnown && pick) {
+    banner.classList.add('nbs-mod-link');
+    banner.title = `Show rank ${errRank} and its traceback`;
+    banner.addEventListener('click', () => pick(errRank!));
+  }
+  const nodes = [banner];
   if (!errRankKnown && err.traceback) {
     nodes.push(
       h(
         'details',
-        { class: 'nbs-RunTraceback', open: '' },
+        { class: 'nbs-RunTraceback' },
         h('summary', {}, 'details'),
         h('pre', { class: 'nbs-Traceback-text' }, err.traceback)
       )
@@ -423,90 +436,6 @@ export function markSelected(tabs: HTMLElement, sel: number | 'merged'): void {
   }
 }
 
-/**
- * Build the whole view for a bundle into `host` (replacing its content).
- * Returns a function selecting a tab: a rank number or `'merged'`.
- */
-export function renderRun(
-  host: HTMLElement,
-  run: IRunBundle,
-  options: {
-    /** Tab to show instead of the default (kept across re-renders of one output). */
-    selected?: number | 'merged' | null;
-    /** Called when the user picks a tab. */
-    onSelect?: (sel: number | 'merged') => void;
-  } = {}
-): (sel: number | 'merged') => void {
-  host.textContent = '';
-  const root = h('div', { class: 'nbs-Run', 'data-status': run.status });
-  host.appendChild(root);
-  root.appendChild(buildHeader(run));
-  for (const node of buildBanner(run)) {
-    root.appendChild(node);
-  }
-
-  // ---- tabs --------------------------------------------------------------------------------
-  const tabs = h('div', {
-    class: 'nbs-Tabs',
-    role: 'tablist',
-    'aria-label': 'Ranks'
-  });
-  if (run.ranks.length > 16) {
-    tabs.classList.add('nbs-mod-compact');
-  }
-  const pane = h('div', { class: 'nbs-Pane-host', role: 'tabpanel' });
-  root.appendChild(tabs);
-  root.appendChild(pane);
-
-  const keys = new Set<number | 'merged'>();
-  const select = (sel: number | 'merged') => {
-    if (!keys.has(sel)) {
-      return;
-    }
-    markSelected(tabs, sel);
-    pane.textContent = '';
-    pane.setAttribute('data-selected', String(sel));
-    if (sel === 'merged') {
-      pane.appendChild(mergedView(run));
-    } else {
-      const rank = run.ranks.find(r => r.rank === sel)!;
-      pane.appendChild(rankPane(rank, run));
-    }
-    // show the newest output, as a terminal would; the traceback stays above the fold
-    const out = pane.querySelector('.nbs-Output');
-    if (out) {
-      requestAnimationFrame(() => (out.scrollTop = out.scrollHeight));
-    }
-  };
-
-  const pick = (sel: number | 'merged') => {
-    select(sel);
-    options.onSelect?.(sel);
-  };
-
-  if (run.ranks.length > 1) {
-    const merged = buildMergedTab();
-    merged.addEventListener('click', () => pick('merged'));
-    tabs.appendChild(merged);
-    keys.add('merged');
-  }
-  for (const r of run.ranks) {
-    const chip = buildChip(r, run);
-    chip.addEventListener('click', () => pick(r.rank));
-    tabs.appendChild(chip);
-    keys.add(r.rank);
-  }
-  attachTabKeys(tabs, pick);
-
-  if (run.ranks.length === 0) {
-    pane.appendChild(h('div', { class: 'nbs-Empty' }, 'no rank has started'));
-  } else {
-    const keep = options.selected;
-    select(keep !== undefined && keep !== null && keys.has(keep) ? keep : defaultSelection(run));
-  }
-  return select;
-}
-
 /** `N lines elided — full log at PATH`, before a rank's output. */
 export function elidedNode(
   rank: number,
@@ -521,12 +450,6 @@ export function elidedNode(
     prefix ? rankPrefix(rank) : null,
     `${count} ${count === 1 ? 'line' : 'lines'} elided — full log at ${where}`
   );
-}
-
-function elidedMarker(rank: IRankInfo, prefix = false): HTMLElement | null {
-  return rank.elided_lines > 0
-    ? elidedNode(rank.rank, rank.elided_lines, rank.stdout_path, prefix)
-    : null;
 }
 
 /** A rank pane's first row: title, facts (pid, status, exit code, signal, time), log files. */
@@ -571,38 +494,9 @@ export function emptyOutput(): HTMLElement {
   return h('div', { class: 'nbs-Empty' }, 'no output');
 }
 
-function rankPane(rank: IRankInfo, run: IRunBundle): HTMLElement {
-  const paneEl = h(
-    'div',
-    { class: 'nbs-Pane', 'data-rank': String(rank.rank), 'data-status': rank.status },
-    paneHead(rank),
-    tracebackBox(rank, run)
-  );
-  const lines = rankLines(rank);
-  const out = h('pre', { class: 'nbs-Output', tabindex: '0' });
-  const marker = elidedMarker(rank);
-  if (marker) {
-    out.appendChild(marker);
-  }
-  for (const line of visible(lines)) {
-    out.appendChild(lineNode(line));
-  }
-  if (!lines.length && !marker) {
-    out.classList.add('nbs-mod-empty');
-    out.appendChild(emptyOutput());
-  }
-  paneEl.appendChild(h('div', { class: 'nbs-Section-label' }, 'output'));
-  paneEl.appendChild(out);
-  return paneEl;
-}
-
 /** Whether a line is worth a row: not an empty, still-open line (the text after a final "\n"). */
 export function isVisible(line: ILine): boolean {
   return line.complete || line.segments.length > 0;
-}
-
-function visible(lines: ILine[]): ILine[] {
-  return lines.filter(isVisible);
 }
 
 /** The merged pane's first row. */
@@ -615,37 +509,3 @@ export function mergedHead(facts: string): HTMLElement {
   );
 }
 
-/**
- * All ranks in one view.  The bundle has no cross-rank timing, so lines are interleaved by
- * position (each rank's n-th line together), which keeps lock-step logs (epochs) aligned;
- * each rank's own order is exact.
- */
-function mergedView(run: IRunBundle): HTMLElement {
-  const out = h('pre', { class: 'nbs-Output nbs-mod-merged', tabindex: '0' });
-  for (const r of run.ranks) {
-    const m = elidedMarker(r, true);
-    if (m) {
-      out.appendChild(m);
-    }
-  }
-  const per = run.ranks.map(r => ({ rank: r.rank, lines: visible(rankLines(r)) }));
-  const longest = Math.max(0, ...per.map(p => p.lines.length));
-  for (let i = 0; i < longest; i++) {
-    for (const p of per) {
-      const line = p.lines[i];
-      if (line) {
-        out.appendChild(lineNode(line, rankPrefix(p.rank)));
-      }
-    }
-  }
-  if (!out.childNodes.length) {
-    out.classList.add('nbs-mod-empty');
-    out.appendChild(emptyOutput());
-  }
-  return h(
-    'div',
-    { class: 'nbs-Pane', 'data-rank': 'merged' },
-    mergedHead('interleaved by line; each rank in its own order'),
-    out
-  );
-}

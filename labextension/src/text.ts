@@ -32,6 +32,8 @@ export interface ILine {
   readonly segments: ISegment[];
   /** Whether a `\n` ended the line (false for the last, still open, line of a stream). */
   complete: boolean;
+  /** Whether the line was drawn over (`\r`, erase-line) at least once: a progress bar while open. */
+  redrawn?: boolean;
 }
 
 const PLAIN: ITextStyle = Object.freeze({});
@@ -187,6 +189,7 @@ export class TerminalText {
         st.style = applySGR(st.style, m[1]);
       } else if (m[3] === 'K' && st.line && (m[1] === '2' || (m[1] !== '1' && st.rewind))) {
         // erase line (or erase-to-end right after a \r): the line starts over
+        st.line.redrawn = true;
         st.line.segments.length = 0;
         st.rewind = false;
       }
@@ -220,6 +223,7 @@ export class TerminalText {
   private _print(stream: string, st: IStreamState, text: string): void {
     const line = st.line ?? this._start(stream, st);
     if (st.rewind) {
+      line.redrawn = true;
       line.segments.length = 0;
       st.rewind = false;
     }
@@ -237,6 +241,7 @@ export class TerminalText {
       return;
     }
     if (st.rewind) {
+      line.redrawn = true;
       line.segments.length = 0;
       st.rewind = false;
       return;
@@ -253,6 +258,11 @@ export class TerminalText {
       segs.pop();
     }
   }
+}
+
+/** Whether a line is a progress bar now: still open and drawn over at least once. */
+export function isBar(line: ILine): boolean {
+  return !line.complete && !!line.redrawn;
 }
 
 /** Render `[stream, text]` chunks to lines in one call. */

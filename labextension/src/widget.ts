@@ -7,8 +7,9 @@
  *
  * - synced traits: `header` (the run record of docs/run-bundle.md without `ranks`, plus `elapsed`
  *   seconds and `stopping`), `ranks` (rank records without `output`), `error`;
- * - kernel → browser: `{type: "output", chunks: [[rank, stream, text], ...], elided: {rank: n}}`,
- *   at most ten a second, and `{type: "replay", tails: {rank: [[stream, text], ...]}, elided}`,
+ * - kernel → browser: `{type: "output", chunks: [[rank, stream, text] | [rank, "display", item], ...],
+ *   elided: {rank: n}}`, at most ten a second, and `{type: "replay", tails: {rank: [[stream, text] |
+ *   ["display", item], ...]}, elided}`,
  *   everything the kernel kept, in answer to
  * - browser → kernel: `{type: "replay"}`, sent once per model when it is set up (a view opened late,
  *   or a page reloaded, catches up), and `{type: "stop"}` (the Stop button).
@@ -79,14 +80,11 @@ class LiveRun implements ILiveSource {
   onMessage(msg: unknown): void {
     const m = record(msg);
     if (m.type === 'output' && Array.isArray(m.chunks)) {
-      const chunks = m.chunks.filter(
-        (c: unknown): c is [number, string, string] =>
-          Array.isArray(c) && c.length >= 3 && typeof c[0] === 'number' && typeof c[2] === 'string'
-      );
-      this.output.append(chunks, record(m.elided) as Record<string, number>);
+      // [rank, stream, text] and [rank, "display", item]; LiveOutput skips malformed ones
+      this.output.append(m.chunks as [number, string, unknown][], record(m.elided) as Record<string, number>);
     } else if (m.type === 'replay') {
       this.output.reset(
-        record(m.tails) as Record<string, [string, string][]>,
+        record(m.tails) as Record<string, [string, unknown][]>,
         record(m.elided) as Record<string, number>
       );
     }

@@ -2,54 +2,153 @@
 import assert from 'node:assert/strict';
 import test from 'node:test';
 
-import { LiveOutput, formatElapsed } from '../lib/live.bundle.mjs';
+import { LiveOutput, entryText, formatElapsed } from '../lib/live.bundle.mjs';
 
-const text = line => line.segments.map(s => s.text).join('');
+const text = e => entryText(e);
+const bar = (value, style = '') => ({
+  type: 'box', dir: 'row',
+  children: [{ type: 'text', value: 'train' }, { type: 'progress', value, min: 0, max: 10, bar_style: style }],
+});
 
-test('a progress bar is one line, redrawn in place', () => {
+test('a bar being redrawn lives at the bottom; completed, it lands at the end of the flow', () => {
   const out = new LiveOutput();
   const updates = [];
   out.subscribe(u => updates.push(u));
   out.append([[0, 'stderr', '\rtrain  10%'], [0, 'stdout', 'step 1\n']]);
+  // drawn once it is just a line
+  assert.deepEqual(out.entries(0).map(text), ['train  10%', 'step 1']);
   out.append([[0, 'stderr', '\rtrain  20%'], [0, 'stdout', 'step 2\n']]);
-  assert.deepEqual(out.lines(0).map(text), ['train  20%', 'step 1', 'step 2']);
-  // the second batch changed the open bar line and added one line
-  assert.deepEqual(updates[1].changed.map(([, l]) => text(l)), ['train  20%']);
-  assert.deepEqual(updates[1].added.map(([r, l]) => [r, text(l)]), [[0, 'step 2']]);
-  assert.deepEqual(out.merged().map(([r, l]) => [r, text(l)]), [[0, 'train  20%'], [0, 'step 1'], [0, 'step 2']]);
+  // redrawn: out of the flow, at the bottom
+  assert.deepEqual(out.entries(0).map(text), ['step 1', 'step 2']);
+  assert.deepEqual(out.bars(0).map(text), ['train  20%']);
+  assert.deepEqual(out.lines(0).map(l => l.segments.map(s => s.text).join('')), ['step 1', 'step 2', 'train  20%']);
+  assert.ok(updates[1].removed.has(out.bars(0)[0]));
+  assert.deepEqual([...updates[1].bars], [0]);
+  assert.deepEqual(updates[1].added.map(text), ['step 2']);
+  out.append([[0, 'stdout', 'step 3\n'], [0, 'stderr', '\rtrain 100%\n'], [0, 'stdout', 'done\n']]);
+  assert.deepEqual(out.entries(0).map(text), ['step 1', 'step 2', 'step 3', 'train 100%', 'done']);
+  assert.deepEqual(out.bars(0), []);
+  assert.deepEqual(out.merged().map(text), ['step 1', 'step 2', 'step 3', 'train 100%', 'done']);
+  // stdout output does not touch the stderr bar
+  out.append([[0, 'stderr', '\rnext 1%'], [0, 'stderr', '\rnext 2%']]);
+  const n = updates.length;
+  out.append([[0, 'stdout', 'x\n']]);
+  assert.equal(updates[n].changed.size, 0);
 });
 
-test('at most `limit` lines per rank; the rest is counted as elided', () => {
+test('the merged view: flows in arrival order, one bar per rank at the bottom, by rank', () => {
+  const out = new LiveOutput();
+  out.append([[2, 'stderr', '\r2: 1%\r2: 5%'], [0, 'stdout', 'a\n'], [1, 'stderr', '\r1: 1%\r1: 9%'], [2, 'stdout', 'b\n']]);
+  assert.deepEqual(out.merged().map(e => [e.rank, text(e)]), [[0, 'a'], [2, 'b']]);
+  assert.deepEqual(out.mergedBars().map(e => [e.rank, text(e)]), [[1, '1: 9%'], [2, '2: 5%']]);
+  out.append([[1, 'stderr', '\r1: 100%\n']]);
+  assert.deepEqual(out.merged().map(e => [e.rank, text(e)]), [[0, 'a'], [2, 'b'], [1, '1: 100%']]);
+  assert.equal(out.count('merged'), 3);
+});
+
+test('display items are in the flow in order with text; update replaces every earlier item with that id', () => {
+  const out = new LiveOutput();
+  const updates = [];
+  out.subscribe(u => updates.push(u));
+  const png = { kind: 'data', id: 'fig', mime: 'image/png', value: 'iVBORw0KGgo=', text: '<Figure>', meta: { width: 64 } };
+  out.append([[0, 'stdout', 'before\n'], [0, 'display', png], [0, 'stdout', 'between\n'], [0, 'display', png], [0, 'stdout', 'after\n']]);
+  const flow = out.entries(0);
+  assert.deepEqual(flow.map(e => e.kind), ['line', 'display', 'line', 'display', 'line']);
+  assert.equal(flow[1].item.meta.width, 64);
+  out.append([[0, 'display', { kind: 'update', id: 'fig', mime: 'text/html', value: '<b>new</b>', text: '' }]]);
+  assert.deepEqual(out.entries(0).map(e => (e.kind === 'display' ? e.item.value : text(e))),
+    ['before', '<b>new</b>', 'between', '<b>new</b>', 'after']);
+  const u = updates.at(-1);
+  assert.deepEqual([...u.changed], [flow[1], flow[3]]);
+  assert.equal(u.added.length, 0);
+  // an update of an unknown id, and junk, change nothing
+  out.append([[0, 'display', { kind: 'update', id: 'nope', mime: 'text/plain', value: 'x' }], [0, 'display', 'junk'], [0, 'display', { kind: 'weird' }]]);
+  assert.equal(out.entries(0).length, 5);
+});
+
+test('clear_output: now, or (wait) when the next output of that rank arrives', () => {
+  const out = new LiveOutput();
+  const updates = [];
+  out.subscribe(u => updates.push(u));
+  out.append([[0, 'stdout', 'a\n'], [1, 'stdout', 'other\n'], [0, 'display', { kind: 'clear', wait: false }], [0, 'stdout', 'b\n']]);
+  assert.deepEqual(out.entries(0).map(text), ['b']);
+  assert.deepEqual([...updates[0].cleared], [0]);
+  out.append([[0, 'display', { kind: 'clear', wait: true }]]);
+  assert.deepEqual(out.entries(0).map(text), ['b']);
+  out.append([[0, 'stdout', 'c\n']]);
+  assert.deepEqual(out.entries(0).map(text), ['c']);
+  assert.deepEqual(out.entries(1).map(text), ['other']);
+  assert.deepEqual(out.merged().map(text), ['other', 'c']);
+});
+
+test('a notebook progress bar (a widget updated in place) floats at the bottom until it finishes', () => {
+  const out = new LiveOutput();
+  const item = (kind, value, style) => ({ kind, id: 'widget:abc', mime: 'application/vnd.nbspawn.widget+json', value: bar(value, style), text: '' });
+  out.append([[0, 'display', item('data', 0)], [0, 'stdout', 'epoch 1\n']]);
+  assert.deepEqual(out.entries(0).map(e => e.kind), ['display', 'line']);
+  out.append([[0, 'display', item('update', 3)], [0, 'stdout', 'loss 0.5\n']]);
+  assert.deepEqual(out.entries(0).map(text), ['epoch 1', 'loss 0.5']);
+  assert.equal(out.bars(0).length, 1);
+  assert.equal(out.bars(0)[0].item.value.children[1].value, 3);
+  out.append([[0, 'display', item('update', 10, 'success')], [0, 'stdout', 'epoch 2\n']]);
+  assert.deepEqual(out.bars(0), []);
+  assert.deepEqual(out.entries(0).map(e => e.kind === 'display' ? e.item.value.children[1].value : text(e)),
+    ['epoch 1', 'loss 0.5', 10, 'epoch 2']);
+});
+
+test('at most `limit` entries per rank; the rest is counted as elided', () => {
   const out = new LiveOutput(5);
-  let dropped = 0;
-  out.subscribe(u => (dropped += u.dropped.size));
+  let removed = 0;
+  out.subscribe(u => (removed += u.removed.size));
   const lines = Array.from({ length: 12 }, (_, i) => `line ${i}\n`).join('');
   out.append([[1, 'stdout', lines], [2, 'stdout', 'other\n']], { 1: 100 });
-  assert.deepEqual(out.lines(1).map(text), ['line 7', 'line 8', 'line 9', 'line 10', 'line 11']);
+  assert.deepEqual(out.entries(1).map(text), ['line 7', 'line 8', 'line 9', 'line 10', 'line 11']);
   assert.equal(out.elided(1), 100 + 7);
-  assert.equal(dropped, 7);
-  assert.equal(out.merged().filter(([r]) => r === 1).length, 5);
+  assert.equal(removed, 7);
+  assert.equal(out.merged().filter(e => e.rank === 1).length, 5);
   assert.deepEqual(out.ranks(), [1, 2]);
 });
 
-test('a replay replaces everything', () => {
+test('a replay replaces everything, display items included', () => {
   const out = new LiveOutput();
   let resets = 0;
   out.subscribe(u => (resets += u.reset ? 1 : 0));
   out.append([[0, 'stdout', 'old\n']]);
-  out.reset({ 0: [['stdout', 'a\n'], ['stderr', 'b\n']], 3: [['stdout', 'c']] }, { 0: 4 });
+  out.reset({ 0: [['stdout', 'a\n'], ['display', { kind: 'data', id: null, mime: 'text/plain', value: 'shown', text: 'shown' }], ['stderr', 'b\n']], 3: [['stdout', 'c']] }, { 0: 4 });
   assert.equal(resets, 1);
-  assert.deepEqual(out.lines(0).map(l => [l.stream, text(l)]), [['stdout', 'a'], ['stderr', 'b']]);
-  assert.deepEqual(out.lines(3).map(text), ['c']);
+  assert.deepEqual(out.entries(0).map(e => [e.kind, e.kind === 'line' ? e.line.stream : e.item.value]),
+    [['line', 'stdout'], ['display', 'shown'], ['line', 'stderr']]);
+  assert.deepEqual(out.entries(3).map(text), ['c']);
   assert.equal(out.elided(0), 4);
+});
+
+test('a saved run interleaves the ranks by position', () => {
+  const out = new LiveOutput();
+  out.reset({ 0: [['stdout', 'a0\na1\na2\n']], 1: [['stdout', 'b0\nb1\n']] });
+  out.interleave();
+  assert.deepEqual(out.merged().map(text), ['a0', 'b0', 'a1', 'b1', 'a2']);
 });
 
 test('malformed messages are ignored, not thrown', () => {
   const out = new LiveOutput();
-  out.append([['x', 'stdout', 'a\n'], [0, 'stdout', 42], [0, 'weird', 'ok\n']], { 0: 'many', x: 3 });
-  assert.deepEqual(out.lines(0).map(l => [l.stream, text(l)]), [['stdout', 'ok']]);
+  out.append([['x', 'stdout', 'a\n'], [0, 'stdout', 42], [0, 'weird', 'ok\n'], null, [0]], { 0: 'many', x: 3 });
+  assert.deepEqual(out.entries(0).map(e => [e.line.stream, text(e)]), [['stdout', 'ok']]);
+  out.append(null);
   out.reset(null, null);
   assert.deepEqual(out.ranks(), []);
+});
+
+test('many bars that land, and a flood, keep the merged order right and bounded', () => {
+  const out = new LiveOutput(100);
+  for (let i = 0; i < 300; i++) {
+    out.append([[i % 3, 'stderr', `\rbar ${i} 1%\rbar ${i} 50%`], [i % 3, 'stdout', `line ${i}\n`], [i % 3, 'stderr', `\rbar ${i} done\n`]]);
+  }
+  const merged = out.merged();
+  assert.equal(merged.length, 300);
+  assert.deepEqual(merged.slice(-2).map(text), ['line 299', 'bar 299 done']);
+  const seqs = merged.map(e => e.seq);
+  assert.deepEqual(seqs, [...seqs].sort((a, b) => a - b));
+  assert.equal(new Set(merged).size, merged.length);
 });
 
 test('the clock', () => {

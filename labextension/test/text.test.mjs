@@ -56,3 +56,16 @@ test('other escape sequences are dropped, split sequences are joined', () => {
 test('markup is just text', () => {
   assert.equal(plainText('<script>alert(1)</script>\n'), '<script>alert(1)</script>\n');
 });
+
+test('a line drawn over is a bar while it is open', async () => {
+  const { isBar } = await import('../lib/text.js');
+  const [first] = renderChunks([['stderr', '\r 10%']]);
+  assert.equal(isBar(first), false); // drawn once: a line like any other
+  const [redrawn] = renderChunks([['stderr', '\r 10%\r 20%']]);
+  assert.equal(isBar(redrawn), true);
+  const [done] = renderChunks([['stderr', '\r 10%\r100%\n']]);
+  assert.equal(isBar(done), false);
+  assert.equal(done.redrawn, true);
+  const [erased] = renderChunks([['stdout', 'old\x1b[2Knew']]);
+  assert.equal(isBar(erased), true);
+});

@@ -1,0 +1,186 @@
+/**
+ * Rich output of a rank (docs/run-bundle.md §2): one function draws one display item.
+ *
+ * Nothing a rank sends becomes HTML in this page: images are `<img>` elements from `data:` URLs
+ * (SVG too, so its scripts never run), `text/html` is drawn in a sandboxed iframe without scripts,
+ * widget trees are built element by element, everything else is text.  `text/markdown` is shown
+ * as its source text (no Markdown library is bundled).
+ */
+
+export const WIDGET_MIME = 'application/vnd.nbspawn.widget+json';
+
+/** One display item, as the kernel sends it (`kind` is `data` once updates are applied). */
+export interface IDisplayItem {
+  kind: string;
+  id: string | null;
+  mime: string;
+  value: unknown;
+  text: string;
+  meta: Record<string, unknown>;
+  wait?: boolean;
+}
+
+function rec(v: unknown): Record<string, any> {
+  return v && typeof v === 'object' && !Array.isArray(v) ? (v as Record<string, any>) : {};
+}
+
+/** Coerce one untrusted item; null if it is not one. */
+export function parseItem(v: unknown): IDisplayItem | null {
+  if (!v || typeof v !== 'object' || Array.isArray(v)) {
+    return null;
+  }
+  const d = rec(v);
+  const kind = typeof d.kind === 'string' ? d.kind : 'data';
+  if (kind !== 'data' && kind !== 'update' && kind !== 'clear') {
+    return null;
+  }
+  return {
+    kind,
+    id: typeof d.id === 'string' ? d.id : null,
+    mime: typeof d.mime === 'string' ? d.mime : 'text/plain',
+    value: d.value ?? '',
+    text: typeof d.text === 'string' ? d.text : '',
+    meta: rec(d.meta),
+    wait: d.wait === true
+  };
+}
+
+const IMAGES = new Set(['image/png', 'image/jpeg', 'image/gif']);
+const BAR_STYLES = new Set(['success', 'info', 'warning', 'danger']);
+
+function el(tag: string, cls: string, text?: string): HTMLElement {
+  const e = document.createElement(tag);
+  e.className = cls;
+  if (text !== undefined) {
+    e.textContent = text;
+  }
+  return e;
+}
+
+function size(img: HTMLElement, meta: Record<string, unknown>): void {
+  for (const k of ['width', 'height']) {
+    const v = meta[k];
+    if (typeof v === 'number' && Number.isFinite(v) && v > 0) {
+      img.setAttribute(k, String(Math.round(v)));
+    }
+  }
+}
+
+/** `<img>` from a data URL; `src` may be a whole `data:` URL already (from a saved bundle). */
+function image(mime: string, value: string, meta: Record<string, unknown>): HTMLElement {
+  const img = document.createElement('img');
+  img.className = 'nbs-Rich-img';
+  let src: string;
+  if (value.startsWith('data:')) {
+    src = /^data:image\/(png|jpeg|gif|svg\+xml)[;,]/.test(value) ? value : '';
+  } else if (mime === 'image/svg+xml') {
+    src = 'data:image/svg+xml;charset=utf-8,' + encodeURIComponent(value);
+  } else {
+    src = `data:${mime};base64,${value.replace(/\s+/g, '')}`;
+  }
+  if (src) {
+    img.src = src;
+  }
+  img.alt = typeof meta.alt === 'string' ? meta.alt : mime;
+  size(img, meta);
+  return img;
+}
+
+const FRAME_STYLE =
+  '<style>html,body{margin:0;padding:0;background:transparent;}' +
+  'body{font-family:var(--jp-ui-font-family,system-ui,sans-serif);font-size:13px;color:#222;overflow:hidden;}' +
+  'table{border-collapse:collapse;}th,td{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right;}' +
+  'img,svg{max-width:100%;}</style>';
+
+/** HTML in a sandboxed iframe (no scripts, no forms, no popups), as tall as its content. */
+function htmlFrame(html: string): HTMLElement {
+  const frame = document.createElement('iframe');
+  frame.className = 'nbs-Rich-frame';
+  frame.setAttribute('sandbox', 'allow-same-origin');
+  frame.setAttribute('referrerpolicy', 'no-referrer');
+  frame.setAttribute('title', 'rank output (HTML)');
+  frame.srcdoc = `<!doctype html><html><head><meta charset="utf-8">${FRAME_STYLE}</head><body>${html}</body></html>`;
+  frame.addEventListener('load', () => {
+    const doc = frame.contentDocument;
+    if (doc?.documentElement) {
+      // allow-same-origin lets this page measure it; without allow-scripts nothing in it runs
+      frame.style.height = `${Math.min(2000, Math.ceil(doc.documentElement.scrollHeight) + 2)}px`;
+    }
+  });
+  return frame;
+}
+
+function percent(v: number, lo: number, hi: number): string {
+  return hi > lo ? `${Math.round(((v - lo) / (hi - lo)) * 100)}%` : '';
+}
+
+/** A widget tree (`application/vnd.nbspawn.widget+json`) as plain elements. */
+export function widgetNode(tree: unknown, depth = 0): HTMLElement {
+  const t = rec(tree);
+  if (depth > 20) {
+    return el('span', 'nbs-W-other', '\u2026');
+  }
+  if (t.type === 'box') {
+    const box = el('div', `nbs-W-box nbs-mod-${t.dir === 'column' ? 'column' : 'row'}`);
+    for (const child of Array.isArray(t.children) ? t.children : []) {
+      box.appendChild(widgetNode(child, depth + 1));
+    }
+    return box;
+  }
+  if (t.type === 'progress') {
+    const num = (v: unknown, d: number) => (typeof v === 'number' && Number.isFinite(v) ? v : d);
+    const lo = num(t.min, 0);
+    const hi = num(t.max, 100);
+    const v = Math.max(lo, Math.min(hi, num(t.value, lo)));
+    const wrap = el('span', 'nbs-W-progress');
+    if (typeof t.description === 'string' && t.description) {
+      wrap.appendChild(el('span', 'nbs-W-label', t.description));
+    }
+    const bar = document.createElement('progress');
+    bar.className = 'nbs-W-bar';
+    bar.max = Math.max(0, hi - lo);
+    bar.value = v - lo;
+    bar.title = percent(v, lo, hi);
+    if (BAR_STYLES.has(t.bar_style)) {
+      bar.classList.add(`nbs-mod-${t.bar_style}`);
+    }
+    wrap.appendChild(bar);
+    return wrap;
+  }
+  if (t.type === 'text') {
+    return el('span', 'nbs-W-text', String(t.value ?? ''));
+  }
+  return el('span', 'nbs-W-other', String(t.text ?? t.value ?? ''));
+}
+
+/** Whether a widget tree still shows a bar that is running (not full, not finished in success or error). */
+export function widgetRunning(tree: unknown, depth = 0): boolean {
+  const t = rec(tree);
+  if (depth > 20) {
+    return false;
+  }
+  if (t.type === 'progress') {
+    const hi = typeof t.max === 'number' ? t.max : 100;
+    const v = typeof t.value === 'number' ? t.value : 0;
+    return v < hi && t.bar_style !== 'success' && t.bar_style !== 'danger';
+  }
+  return t.type === 'box' && Array.isArray(t.children) && t.children.some((c: unknown) => widgetRunning(c, depth + 1));
+}
+
+/** Draw one display item. */
+export function richNode(item: IDisplayItem): HTMLElement {
+  const box = el('div', 'nbs-Rich');
+  box.setAttribute('data-mime', item.mime);
+  const value = item.value;
+  if (item.mime === WIDGET_MIME && value && typeof value === 'object') {
+    box.appendChild(widgetNode(value));
+  } else if ((IMAGES.has(item.mime) || item.mime === 'image/svg+xml') && typeof value === 'string') {
+    box.appendChild(image(item.mime, value, item.meta));
+  } else if (item.mime === 'text/html' && typeof value === 'string') {
+    box.appendChild(htmlFrame(value));
+  } else {
+    const text = typeof value === 'string' ? value : item.text || JSON.stringify(value);
+    box.appendChild(el('div', 'nbs-Rich-text', text));
+  }
+  return box;
+}
