@@ -497,7 +497,7 @@ const ACTIVE = new Set(['starting', 'running']);
 /** How long Stop may go unanswered before the view says the frontend may be holding it back. */
 const STOP_UNANSWERED_MS = 4000;
 /** Entries of a pane in the DOM at first (the newest); "show earlier" adds `MORE` at a time. */
-export const WINDOW = 500;
+export const WINDOW = 200;
 const MORE = 1000;
 /** Updates held for one frame beyond which the next frame redraws the pane from the model. */
 const PENDING_MAX = 20000;
@@ -967,18 +967,21 @@ export class LiveView {
           this._nodes.set(e, fresh);
         }
       }
-      const fresh = document.createDocumentFragment();
-      const added = p.added.filter(e => e.inFlow && this._mine(e.rank));
+      // only the newest `_cap` can be in the window: older ones are not even built
+      let added = p.added.filter(e => e.inFlow && this._mine(e.rank) && !this._nodes.has(e));
       added.sort((a, b) => a.seq - b.seq);
+      added = added.filter((e, i) => i === 0 || e !== added[i - 1]);
+      if (added.length > this._cap) {
+        added = added.slice(-this._cap);
+      }
+      this._removeFirst(flow.childElementCount + added.length - this._cap);
+      const fresh = document.createDocumentFragment();
       for (const e of added) {
-        if (!this._nodes.has(e)) {
-          const node = this._node(e);
-          this._nodes.set(e, node);
-          fresh.appendChild(node);
-        }
+        const node = this._node(e);
+        this._nodes.set(e, node);
+        fresh.appendChild(node);
       }
       flow.appendChild(fresh);
-      this._trimWindow();
       let bars = [...p.bars].some(r => this._mine(r));
       for (const e of p.changed) {
         bars ||= !e.inFlow && this._mine(e.rank);
@@ -1017,17 +1020,29 @@ export class LiveView {
     this._drawEarlier(true);
   }
 
-  private _trimWindow(): void {
+  /** Take the `n` oldest entries out of the window, in one DOM operation. */
+  private _removeFirst(n: number): void {
     const flow = this._flow!;
-    let n = flow.childElementCount;
-    while (n > this._cap) {
-      const first = flow.firstElementChild as HTMLElement;
-      const e = this._entryOf.get(first);
-      first.remove();
+    if (n <= 0) {
+      return;
+    }
+    const all = n >= flow.childElementCount;
+    let last: Element | null = null;
+    let node = flow.firstElementChild;
+    for (let i = 0; i < n && node; i++, node = node.nextElementSibling) {
+      const e = this._entryOf.get(node);
       if (e) {
         this._nodes.delete(e);
       }
-      n--;
+      last = node;
+    }
+    if (all) {
+      flow.textContent = '';
+    } else if (last) {
+      const range = document.createRange();
+      range.setStartBefore(flow.firstElementChild!);
+      range.setEndAfter(last);
+      range.deleteContents();
     }
   }
 

@@ -36,8 +36,11 @@ export const RUN_STATUS_LABEL: Record<string, string> = {
   failed: 'failed',
   timeout: 'timed out',
   interrupted: 'interrupted',
-  stopped: 'stopped by you (Stop)'
+  stopped: 'stopped'
 };
+
+/** What the banner says of a run the user stopped with its Stop button. */
+export const STOPPED_BY_USER = 'stopped by you (Stop)';
 
 const RANK_ICON: Record<string, string> = {
   done: '\u2713', // ✓
@@ -308,14 +311,14 @@ function oneLine(text: string): string {
  * traceback is); for a timeout, an interrupt or a stop with no rank to blame, the details.
  */
 export function buildBanner(run: IRunBundle, pick?: (rank: number) => void): HTMLElement[] {
-  const err = run.error;
-  if (!err || !(err.summary || err.traceback)) {
+  const err = run.status === 'stopped' && !run.error ? { rank: null, summary: '', traceback: '' } : run.error;
+  if (!err || !(err.summary || err.traceback || run.status === 'stopped')) {
     return [];
   }
   const errRank = err.rank;
-  const errRankKnown = errRank !== null && run.ranks.some(r => r.rank === errRank);
+  const errRankKnown = errRank !== null && run.status !== 'stopped' && run.ranks.some(r => r.rank === errRank);
   const text =
-    run.status === 'stopped' ? RUN_STATUS_LABEL.stopped : oneLine(err.summary) || RUN_STATUS_LABEL[run.status] || run.status;
+    run.status === 'stopped' ? STOPPED_BY_USER : oneLine(err.summary) || RUN_STATUS_LABEL[run.status] || run.status;
   const banner = h(
     'div',
     { class: 'nbs-Banner', role: 'alert' },
