@@ -29,7 +29,9 @@ from typing import Protocol
 
 from . import _shm
 from ._handoff import discard_outputs, receive_outputs
-from ._rank import EXIT_INTERRUPTED, run_rank, stdio_streams
+from ._capture import stdio_streams
+from ._display import DisplayItems
+from ._rank import EXIT_INTERRUPTED, run_rank
 from ._run import RankState, Run
 from ._source import STILL_STARTING, main_thread_stack, rewrite_notebook_frames
 from ._spec import RunSpec
@@ -54,12 +56,21 @@ _last_run: Run | None = None
 class RunView(Protocol):
     """What the launcher tells a view; every call comes from the thread that runs the cell.
 
+    Within a rank, ``output`` and ``display`` calls come in the order the rank wrote them.
+    ``skipped`` says how many lines of a rank were not read, when the view's ``read_budget`` (bytes
+    per text stream per read, None: everything) was exceeded; the logs have them.  A view whose
+    ``rich`` is true can draw rich output, so ranks look like a notebook to the code they run.
     A view may also have ``wants_stop() -> bool`` (a Stop button): the run is then stopped as an
     interrupt would stop it.
     """
 
+    rich: bool
+    read_budget: int | None
+
     def started(self, run: Run) -> None: ...
     def output(self, rank: int, stream: str, text: str) -> None: ...
+    def display(self, rank: int, item: dict) -> None: ...
+    def skipped(self, rank: int, lines: int) -> None: ...
     def rank_ended(self, run: Run, state: RankState) -> None: ...
     def tick(self, run: Run) -> None: ...
     def finished(self, run: Run) -> None: ...
@@ -68,8 +79,13 @@ class RunView(Protocol):
 class SilentView:
     """No display: the Python API's default, output is only in the logs."""
 
+    rich = False
+    read_budget = 0
+
     def started(self, run: Run) -> None: ...
     def output(self, rank: int, stream: str, text: str) -> None: ...
+    def display(self, rank: int, item: dict) -> None: ...
+    def skipped(self, rank: int, lines: int) -> None: ...
     def rank_ended(self, run: Run, state: RankState) -> None: ...
     def tick(self, run: Run) -> None: ...
     def finished(self, run: Run) -> None: ...
@@ -86,6 +102,7 @@ def execute(spec: RunSpec, view: RunView | None = None) -> Run:
     view = view or SilentView()
     if not spec.run_dir:
         spec.run_dir = os.path.join(tempfile.mkdtemp(prefix="nbspawn-"), spec.run_id)
+    spec.rich = bool(getattr(view, "rich", False))
     run = Run(spec)
     try:
         run.prepare_logs()
@@ -187,7 +204,11 @@ def _prepare_forkserver() -> None:
     """Let the forkserver import torch and nbspawn once, instead of every rank importing them."""
     global _forkserver_ready
     if not _forkserver_ready:
-        multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "nbspawn._rank"])
+        # and what a rank needs to look like a notebook (nbspawn._capture), when this is a kernel
+        preload = ["torch", "nbspawn._rank", "IPython.core.interactiveshell"]
+        if "ipykernel" in sys.modules:
+            preload.append("ipykernel.zmqshell")
+        multiprocessing.get_context("forkserver").set_forkserver_preload(preload)
         _forkserver_ready = True
 
 
@@ -273,10 +294,24 @@ class _Supervisor:
         return record.get("nbspawn", {}).get("time", float("inf")) if record else float("inf")
 
     def _forward_output(self, final: bool = False) -> bool:
-        chunks = self.run.read_new_output(final=final)
-        for rank, stream, text in chunks:
-            self.view.output(rank, stream, text)
-        return bool(chunks)
+        view = self.view
+        events = self.run.read_new_output(final=final, budget=getattr(view, "read_budget", None))
+        items = self.run.display_items
+        display = getattr(view, "display", None) or self._display_as_text
+        for event in events:
+            if event.kind == "display":
+                for item in items.convert(event.rank, event.value):
+                    display(event.rank, item)
+            elif event.kind == "skipped":
+                getattr(view, "skipped", _ignore)(event.rank, event.value)
+            else:
+                view.output(event.rank, event.kind, event.value)
+        return bool(events)
+
+    def _display_as_text(self, rank: int, item: dict) -> None:
+        """For a view that draws no rich output: what a display says in text, as a line of stdout."""
+        if item.get("kind") == "data" and item.get("text"):
+            self.view.output(rank, "stdout", str(item["text"]).rstrip("\n") + "\n")
 
     def _reap(self, rank: int) -> None:
         process = self.processes[rank]
@@ -420,6 +455,10 @@ class _Supervisor:
             return SpawnTimeoutError(self.spec.timeout or 0, stopped, run)
         run.status = "interrupted" if self.stop_reason == "interrupt" else "stopped"
         return SpawnInterrupted(stopped, run)
+
+
+def _ignore(*_args: object) -> None:
+    return None
 
 
 def _nonempty(path: str) -> bool:

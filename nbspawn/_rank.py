@@ -19,6 +19,7 @@ import sys
 import time
 import traceback
 
+from ._capture import capture_output, flush_figures
 from ._source import rewrite_cell_frames
 from ._spec import RunSpec
 
@@ -33,7 +34,7 @@ def run_rank(rank: int, spec: RunSpec) -> None:
     _die_with_parent(spec)
     rank_dir = spec.rank_dir(rank)
     os.environ.update(spec.own_env(rank) if spec.shared_env_inherited else spec.rank_env(rank))
-    _capture_output(rank_dir)
+    capture_output(rank_dir, spec.rich)
     _install_signal_handlers(rank_dir)
     _forbid_input()
     code = 0
@@ -61,34 +62,6 @@ def _die_with_parent(spec: RunSpec) -> None:
         os.setpgid(0, 0)
     except OSError:  # already a group leader (e.g. under some forkservers)
         pass
-
-
-def _capture_output(rank_dir: str) -> None:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-    for fd, name in ((1, "stdout.log"), (2, "stderr.log")):
-        target = os.open(os.path.join(rank_dir, name), flags, 0o644)
-        os.dup2(target, fd)
-        os.close(target)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    # The kernel's sys.stdout is a zmq stream that must not be touched from a forked process.
-    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = stdio_streams()
-
-
-_stdio: tuple | None = None
-
-
-def stdio_streams() -> tuple:
-    """Text streams on descriptors 0, 1 and 2, made once in the kernel and inherited by forked ranks.
-
-    They are never used in the kernel; in a rank, descriptors 1 and 2 are its log files by then.
-    """
-    global _stdio
-    if _stdio is None:
-        text = {"encoding": "utf-8", "errors": "backslashreplace", "closefd": False}
-        _stdio = (open(0, **text), open(1, "w", buffering=1, **text), open(2, "w", buffering=1, **text))  # noqa: SIM115
-    return _stdio
 
 
 def _install_signal_handlers(rank_dir: str) -> None:
@@ -137,7 +110,8 @@ def _run_cell(spec: RunSpec, rank: int) -> None:
     if last is not None:
         value = eval(last, namespace)  # noqa: S307
         if value is not None:
-            print(repr(value))
+            _show(value)
+    flush_figures()
     if spec.out_names:
         from ._handoff import send_outputs
 
@@ -146,6 +120,18 @@ def _run_cell(spec: RunSpec, rank: int) -> None:
     dist = dist or sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()  # also the user's own group, so the rank exits without warnings
+
+
+def _show(value: object) -> None:
+    """A trailing expression's value, as the notebook would show it: rich where the view is."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    if InteractiveShell.initialized():
+        from IPython.display import display
+
+        display(value)
+    else:
+        print(repr(value))
 
 
 def _use_local_gpu(rank: int) -> None:

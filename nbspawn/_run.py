@@ -6,16 +6,16 @@ code or signal, duration, log paths and error.
 
 from __future__ import annotations
 
-import codecs
 import json
 import os
 import time
 from dataclasses import dataclass, field
 
+from ._display import DisplayItems
 from ._spec import RunSpec
+from ._streams import Event, RankStreams
 from .errors import RankFailure, SpawnError
 
-STREAMS = ("stdout", "stderr")
 
 
 @dataclass
@@ -43,6 +43,10 @@ class RankState:
         return os.path.join(self.dir, "error.json")
 
     @property
+    def display_path(self) -> str:
+        return os.path.join(self.dir, "display.jsonl")
+
+    @property
     def stacks_path(self) -> str:
         return os.path.join(self.dir, "stacks.log")
 
@@ -61,31 +65,6 @@ class RankState:
             return None
 
 
-class _Tail:
-    """Incremental reader of one log file: bytes land on disk losslessly, the view gets decoded text."""
-
-    def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def read(self, limit: int = 1 << 20) -> str:
-        chunks = []
-        total = 0
-        while total < limit:
-            data = os.read(self.fd, 1 << 16)
-            if not data:
-                break
-            chunks.append(data)
-            total += len(data)
-        return self.decoder.decode(b"".join(chunks)) if chunks else ""
-
-    def finish(self) -> str:
-        text = self.read(limit=1 << 62) + self.decoder.decode(b"", final=True)
-        os.close(self.fd)
-        self.fd = -1
-        return text
-
-
 @dataclass
 class Run:
     spec: RunSpec
@@ -95,7 +74,11 @@ class Run:
     ended_at: float | None = None
     error: BaseException | None = None
     outputs: dict[str, list] = field(default_factory=dict)  # --out: name -> one value per rank
-    _tails: dict[tuple[int, str], _Tail] = field(default_factory=dict, repr=False)
+    display_items: DisplayItems = field(init=False, repr=False)
+    _streams: list[RankStreams] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        self.display_items = DisplayItems(self.spec.max_image_bytes, {})
 
     @property
     def run_id(self) -> str:
@@ -118,31 +101,33 @@ class Run:
         return self.status == "succeeded"
 
     def prepare_logs(self) -> None:
-        """Create ``<run-dir>/<rank>/`` and open a tail on each stream before any rank writes."""
+        """Create ``<run-dir>/<rank>/`` and open a reader on its files before any rank writes."""
         os.makedirs(self.spec.run_dir, exist_ok=True)
         for rank in range(self.spec.nprocs):
             state = RankState(rank=rank, dir=self.spec.rank_dir(rank))
             os.mkdir(state.dir)
             self.ranks.append(state)
-            for stream in STREAMS:
-                self._tails[rank, stream] = _Tail(os.path.join(state.dir, f"{stream}.log"))
+            self._streams.append(RankStreams(rank, state.dir))
+            self.display_items.paths[rank] = state.display_path
 
-    def read_new_output(self, final: bool = False) -> list[tuple[int, str, str]]:
-        """Everything written since the last call, as (rank, stream, text), in rank order."""
-        out = []
-        for (rank, stream), tail in self._tails.items():
-            if tail.fd < 0:
-                continue
-            text = tail.finish() if final else tail.read()
-            if text:
-                out.append((rank, stream, text))
+    def read_new_output(self, final: bool = False, budget: int | None = None) -> list[Event]:
+        """Everything the ranks wrote since the last call, each rank's in the order it was written.
+
+        ``budget``: about how many bytes of each text stream of each rank to keep from this read
+        (the newest whole lines; the rest is skipped and counted).  ``final`` also flushes and closes.
+        """
+        out: list[Event] = []
+        for streams in self._streams:
+            if final:
+                out.extend(streams.read(budget))
+                out.extend(streams.close())
+            else:
+                out.extend(streams.read(budget))
         return out
 
     def close_logs(self) -> None:
-        for tail in self._tails.values():
-            if tail.fd >= 0:
-                os.close(tail.fd)
-                tail.fd = -1
+        for streams in self._streams:
+            streams.release()
 
     def raise_for_status(self) -> None:
         if self.error is not None:

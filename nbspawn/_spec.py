@@ -53,6 +53,9 @@ class RunSpec:
     # every child (each page a child writes to is a copy-on-write fault).
     compiled: tuple | None = None
     shared_env_inherited: bool = False
+    rich: bool = False  # the view draws rich output: ranks look like a notebook (nbspawn._capture)
+    max_image_bytes: int = 2 << 20  # images kept per run, live and saved
+    max_saved_bytes: int = 256 << 10  # a saved run's size, images aside
 
     def rank_dir(self, rank: int) -> str:
         return os.path.join(self.run_dir, str(rank))

@@ -140,6 +140,11 @@ def _send_back(rank: int, run_prefix: str, out: str, mib: int) -> None:
 def _export_and_raise(rank: int, run_prefix: str) -> None:
     _child(rank)
     _shm.export_tensor(torch.ones(MiB), run_prefix)
+    # both ranks export before either raises (torch stops the others at the first failure, and a
+    # slow rank must not be stopped before it exported)
+    deadline = time.monotonic() + 30
+    while len([n for n in os.listdir("/dev/shm") if n.startswith(run_prefix)]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     raise RuntimeError("the cell failed after exporting")
 
 

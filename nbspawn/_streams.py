@@ -1,0 +1,210 @@
+"""Reading a rank's output back, in the order it was written, within a budget.
+
+The rank side (``nbspawn._capture``) writes three files and, at every switch between them, a record of
+their sizes in ``order.bin``.  :class:`RankStreams` replays them: the bytes each file had at a switch
+come before the bytes after it, so the kernel shows lines in the order the rank wrote them however
+far behind it reads.
+
+A view that cannot show everything (a browser receives at most ~64 KB ten times a second) gives a
+budget: of what arrived since the last read, each text stream keeps its newest whole lines within
+the budget and the rest is *skipped* without being decoded, only counted, so a rank printing
+gigabytes costs the kernel a ``bytes.count`` and the last lines of stdout *and* stderr are always
+shown.  Displays are never skipped (the view caps images itself).  The logs keep everything.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ._capture import DISPLAY, FILES, ORDER_FILE, ORDER_RECORD, STREAMS
+
+
+@dataclass
+class Event:
+    """Something a rank produced: text of a stream, a display record, or a count of skipped lines."""
+
+    rank: int
+    kind: str  # stdout | stderr | display | skipped
+    value: Any  # str | dict | int
+
+
+class RankStreams:
+    """Incremental, ordered reader of one rank's stdout.log, stderr.log and display.jsonl."""
+
+    def __init__(self, rank: int, rank_dir: str) -> None:
+        self.rank = rank
+        self.dir = rank_dir
+        # stdout and stderr exist from the start (ranks append to them); the others once written
+        flags = os.O_RDONLY | os.O_CREAT
+        self.fds = [os.open(os.path.join(rank_dir, FILES[0]), flags, 0o644), os.open(os.path.join(rank_dir, FILES[1]), flags, 0o644), -1]
+        self.order_fd = -1
+        self.released = False
+        self.pos = [0, 0, 0]  # bytes of each file already turned into events
+        self.current = 0  # the stream the rank was writing at the last record read
+        self.order_buf = b""
+        self.pending: list[tuple[int, tuple[int, int, int]]] = []  # records not yet replayed
+        self.decoders = [codecs.getincrementaldecoder("utf-8")(errors="replace") for _ in range(2)]
+        self.line_open = [False, False]  # the last text shown of that stream did not end its line
+        self.display_buf = b""
+
+    @property
+    def closed(self) -> bool:
+        return self.released
+
+    def _lazy(self) -> None:
+        """Open display.jsonl and order.bin once the rank has made them."""
+        if self.fds[DISPLAY] < 0:
+            self.fds[DISPLAY] = _open_if_there(os.path.join(self.dir, FILES[DISPLAY]))
+        if self.order_fd < 0:
+            self.order_fd = _open_if_there(os.path.join(self.dir, ORDER_FILE))
+
+    def read(self, budget: int | None = None) -> list[Event]:
+        """Everything new, in written order; with ``budget``, at most about that many bytes per text stream."""
+        if self.closed:
+            return []
+        self._lazy()
+        self._read_order()
+        ends = [os.fstat(fd).st_size if fd >= 0 else 0 for fd in self.fds]
+        spans = self._spans(ends)
+        if budget is not None:
+            self._apply_budget(spans, budget)
+        events: list[Event] = []
+        for stream, start, end, keep_from in spans:
+            self._emit(stream, start, end, keep_from, events)
+        return events
+
+    def close(self) -> list[Event]:
+        """The rest, unbudgeted decoders flushed; then the descriptors are closed."""
+        if self.closed:
+            return []
+        events = self.read()
+        for stream in (0, 1):
+            tail = self.decoders[stream].decode(b"", final=True)
+            if tail:
+                events.append(Event(self.rank, STREAMS[stream], tail))
+        self.release()
+        return events
+
+    def release(self) -> None:
+        for fd in (*self.fds, self.order_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.fds = [-1, -1, -1]
+        self.order_fd = -1
+        self.released = True
+
+    # -- internals ----------------------------------------------------------------------------------
+
+    def _read_order(self) -> None:
+        if self.order_fd < 0:
+            return
+        chunks = [self.order_buf]
+        while data := os.read(self.order_fd, 1 << 16):
+            chunks.append(data)
+        buf = b"".join(chunks)
+        size = ORDER_RECORD.size
+        whole = len(buf) - len(buf) % size
+        for offset in range(0, whole, size):
+            stream, *sizes = ORDER_RECORD.unpack_from(buf, offset)
+            self.pending.append((stream, tuple(sizes)))  # type: ignore[arg-type]
+        self.order_buf = buf[whole:]
+
+    def _spans(self, ends: list[int]) -> list[list[int]]:
+        """[stream, start, end, keep_from] byte ranges in written order, up to ``ends``."""
+        spans: list[list[int]] = []
+        pos = list(self.pos)
+
+        def upto(limits: tuple[int, ...] | list[int], first: int) -> None:
+            for stream in (first, *(s for s in (0, 1, 2) if s != first)):
+                end = min(limits[stream], ends[stream])
+                if end > pos[stream]:
+                    if spans and spans[-1][0] == stream and spans[-1][2] == pos[stream]:
+                        spans[-1][2] = end
+                    else:
+                        spans.append([stream, pos[stream], end, end])
+                    pos[stream] = end
+
+        done = 0
+        for stream, sizes in self.pending:
+            if any(sizes[s] > ends[s] for s in (0, 1, 2)):
+                break  # written after we looked at the files: next time
+            upto(sizes, self.current)
+            self.current = stream
+            done += 1
+        del self.pending[:done]
+        upto(ends, self.current)
+        for span in spans:
+            span[3] = span[1]  # keep everything unless a budget says otherwise
+        return spans
+
+    def _apply_budget(self, spans: list[list[int]], budget: int) -> None:
+        """Per text stream, keep only the newest ``budget`` bytes of this read (from a line's start)."""
+        for stream in (0, 1):
+            room = budget
+            for span in reversed([s for s in spans if s[0] == stream]):
+                size = span[2] - span[1]
+                if size <= room:
+                    room -= size
+                else:
+                    span[3] = span[2] - room  # keep_from; _emit moves it to a line's start
+                    room = 0
+
+    def _emit(self, stream: int, start: int, end: int, keep_from: int, events: list[Event]) -> None:
+        fd = self.fds[stream]
+        if stream == DISPLAY:
+            data = self.display_buf + os.pread(fd, end - start, start)
+            lines = data.split(b"\n")
+            self.display_buf = lines.pop()
+            for line in lines:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict):
+                    events.append(Event(self.rank, "display", record))
+            self.pos[stream] = end
+            return
+        if keep_from > start:
+            skipped, ends_line = _count_lines(fd, start, keep_from)
+            kept = os.pread(fd, end - keep_from, keep_from)
+            if not ends_line:  # what is kept starts at a line's start: the rest of a cut line goes too
+                cut = kept.find(b"\n") + 1 or len(kept)
+                skipped += kept[:cut].count(b"\n")
+                kept = kept[cut:]
+            self.decoders[stream].reset()
+            if self.line_open[stream]:
+                events.append(Event(self.rank, STREAMS[stream], "\n"))  # close the line the view has open
+                self.line_open[stream] = False
+            if skipped:
+                events.append(Event(self.rank, "skipped", skipped))
+        else:
+            kept = os.pread(fd, end - start, start)
+        self.pos[stream] = end
+        text = self.decoders[stream].decode(kept)
+        if text:
+            events.append(Event(self.rank, STREAMS[stream], text))
+            self.line_open[stream] = not text.endswith("\n")
+
+
+def _open_if_there(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return -1
+
+
+def _count_lines(fd: int, start: int, end: int) -> tuple[int, bool]:
+    """Newlines in bytes [start, end) of a file, read a MiB at a time; and whether it ends with one."""
+    count, last = 0, b""
+    while start < end:
+        block = os.pread(fd, min(1 << 20, end - start), start)
+        if not block:
+            break
+        count += block.count(b"\n")
+        start += len(block)
+        last = block[-1:]
+    return count, last == b"\n"
