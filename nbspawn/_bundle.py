@@ -1,121 +1,34 @@
 """A finished run as a static display bundle, readable with no kernel and no widget state.
 
 The live view is replaced by this bundle when the run ends (``update_display``), so a saved notebook
-shows the run on GitHub, nbviewer and nbconvert, not "model not found":
+shows the run on GitHub, nbviewer, nbconvert and VS Code, not "model not found"
+(docs/run-bundle.md, section 4):
 
-* ``application/vnd.nbspawn.run+json``: the whole run (docs/run-bundle.md), for the JupyterLab renderer;
-* ``text/html``: a collapsible section per rank, every byte of worker output escaped, no script;
-* ``text/plain``: ``[rank{r}]: `` lines.
+* ``application/vnd.nbspawn.run+json``: the run's facts (ranks, statuses, tracebacks, log paths);
+* ``text/html``: a collapsible section per rank with its output tail, stored **once**, here: every
+  byte of worker text escaped, colours as inline styles, displays as their static form, no script;
+  the JupyterLab renderer reads the tails back from it;
+* ``text/plain``: a short summary.
 
-Output kept for display is bounded per rank (:class:`OutputTail`); the logs on disk are complete.
+A saved run is at most ``RunSpec.max_saved_bytes`` (256 KB by default), images aside: each rank's
+tail is cut to its share, newest entries kept, the rest counted as elided; the logs are complete.
 """
 
 from __future__ import annotations
 
+import base64
 import html
 import json
-import re
-from collections import deque
+from html.parser import HTMLParser
+from typing import Any
 
+from ._display import WIDGET_MIME
 from ._run import RankState, Run
-from ._view_text import settle_line
+from ._tail import ANSI, TAIL_LINES, Display, Entry, Line, OutputTail
 
 MIME = "application/vnd.nbspawn.run+json"
-TAIL_LINES = 2000  # per rank, in the kernel and in the browser
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-
-
-class OutputTail:
-    """The newest ``limit`` lines of one rank's output, as [stream, text] chunks in arrival order.
-
-    A line still open (no newline yet) is continued in the chunk where it began, even if the other
-    stream wrote in between (so lines keep the order they were started in, as the front end's
-    ``TerminalText`` shows them), and the states a carriage return overwrote are dropped from it,
-    so a progress bar redrawn for hours takes the room of one line.
-    """
-
-    def __init__(self, limit: int = TAIL_LINES) -> None:
-        self.limit = limit
-        self.chunks: deque[list[str]] = deque()
-        self.lines = 0
-        self.elided_lines = 0
-        self._open: dict[str, list[str]] = {}  # stream -> the chunk holding its open line
-
-    def add(self, stream: str, text: str) -> None:
-        if not text:
-            return
-        rest = text
-        held = self._open.get(stream)
-        if held is not None:
-            # the line this stream left open goes on (or starts over) where it began, as on a
-            # terminal and in the front end's TerminalText, even if the other stream wrote since
-            first, newline, rest = text.partition("\n")
-            start = held[1].rfind("\n") + 1
-            held[1] = held[1][:start] + settle_rewrites(held[1][start:] + first) + newline
-            if newline:
-                del self._open[stream]
-        if rest:
-            chunk = [stream, settle_rewrites(rest)]
-            self.chunks.append(chunk)
-            if not rest.endswith("\n"):
-                self._open[stream] = chunk
-        self.lines += text.count("\n")
-        if self.lines > self.limit:
-            self._trim(self.lines - self.limit)
-
-    def _trim(self, excess: int) -> None:
-        """Drop the oldest ``excess`` lines, a whole chunk at a time where possible."""
-        dropped = 0
-        while excess > 0 and self.chunks:
-            chunk = self.chunks[0]
-            n = chunk[1].count("\n")
-            if n <= excess:
-                gone = self.chunks.popleft()
-                for stream, held in list(self._open.items()):
-                    if held is gone:
-                        del self._open[stream]
-            else:
-                cut = -1
-                for _ in range(excess):
-                    cut = chunk[1].find("\n", cut + 1)
-                chunk[1] = chunk[1][cut + 1 :]
-                n = excess
-            excess -= n
-            dropped += n
-        self.lines -= dropped
-        self.elided_lines += dropped
-
-    def merged(self) -> list[list[str]]:
-        """The chunks, neighbours of one stream joined: what a bundle stores."""
-        out: list[list[str]] = []
-        for stream, text in self.chunks:
-            if out and out[-1][0] == stream:
-                out[-1][1] += text
-            else:
-                out.append([stream, text])
-        return out
-
-    def newest(self, max_bytes: int) -> tuple[list[list[str]], int]:
-        """The newest whole lines that fit in about ``max_bytes`` of JSON, and how many lines were left out."""
-        kept: list[list[str]] = []
-        room = max_bytes
-        left_out = 0
-        chunks = self.merged()
-        for i in range(len(chunks) - 1, -1, -1):
-            stream, text = chunks[i]
-            size = json_size(text)
-            if size <= room:
-                kept.append([stream, text])
-                room -= size
-                continue
-            part = tail_within(text, room, whole_lines=True)
-            if part:
-                kept.append([stream, part])
-            left_out += text[: len(text) - len(part)].count("\n")
-            left_out += sum(c[1].count("\n") for c in chunks[:i])
-            break
-        kept.reverse()
-        return kept, left_out
+VERSION = 2
+__all__ = ["MIME", "TAIL_LINES", "FrozenRun", "OutputTail", "json_size", "rank_record", "run_record", "tail_within"]
 
 
 def json_size(text: str) -> int:
@@ -140,33 +53,10 @@ def tail_within(text: str, max_bytes: int, whole_lines: bool) -> str:
     return part
 
 
-_REWIND_SGR = re.compile(r"\x1b\[[0-9;:]*m")
+# -- the record ---------------------------------------------------------------------------------------
 
 
-def settle_rewrites(text: str) -> str:
-    """``text`` without the line states a carriage return overwrote (a progress bar's old frames).
-
-    After a ``\\r``, the next visible character starts the line over (as the renderers and
-    :func:`settle_line` do), so everything of that line before the last such return is dead, except
-    colour codes, which still set the colour of what follows.  What is shown does not change.
-    """
-    if "\r" not in text:
-        return text
-    return "\n".join(_settle_rewrites_line(line) if "\r" in line else line for line in text.split("\n"))
-
-
-def _settle_rewrites_line(line: str) -> str:
-    parts = line.split("\r")
-    for k in range(len(parts) - 1, 0, -1):
-        if _ANSI.sub("", parts[k]).strip("\b"):
-            break
-    else:
-        return line
-    colours = "".join(_REWIND_SGR.findall("\r".join(parts[:k])))
-    return colours + "\r" + "\r".join(parts[k:])
-
-
-def rank_record(state: RankState, tail: OutputTail | None) -> dict:
+def rank_record(state: RankState, elided_lines: int = 0) -> dict:
     failure = state.failure
     return {
         "rank": state.rank,
@@ -177,19 +67,24 @@ def rank_record(state: RankState, tail: OutputTail | None) -> dict:
         "duration": state.duration,
         "summary": failure.summary if failure else None,
         "traceback": (failure.traceback or failure.stack) if failure else None,
-        "output": tail.merged() if tail else [],
-        "elided_lines": tail.elided_lines if tail else 0,
+        "elided_lines": elided_lines,
         "stdout_path": state.stdout_path,
         "stderr_path": state.stderr_path,
+        "display_path": state.display_path,
     }
 
 
-def run_record(run: Run, tails: dict[int, OutputTail]) -> dict:
+def run_record(run: Run, elided: dict[int, int] | None = None) -> dict:
+    """The run's facts; each rank's output tail lives in the bundle's text/html."""
     error = run.error
     root = getattr(error, "root", None)
-    report = "" if error is None else str(error)  # the whole report: build it once
+    summary = None
+    if error is not None:
+        report = str(error)
+        summary = report.splitlines()[0] if report else type(error).__name__
+    elided = elided or {}
     return {
-        "version": 1,
+        "version": VERSION,
         "run_id": run.run_id,
         "nprocs": run.nprocs,
         "start_method": run.spec.start_method,
@@ -198,71 +93,247 @@ def run_record(run: Run, tails: dict[int, OutputTail]) -> dict:
         "started_at": run.started_at,
         "duration": run.duration,
         "status": run.status,
-        "error": None
-        if error is None
-        else {
-            "rank": root.rank if root else None,
-            "summary": report.splitlines()[0] if report else type(error).__name__,
-            "traceback": _ANSI.sub("", report),
-        },
-        "ranks": [rank_record(state, tails.get(state.rank)) for state in run.ranks],
+        "error": None if error is None else {"rank": root.rank if root else None, "summary": ANSI.sub("", summary or "")},
+        "output_in": "text/html",
+        "ranks": [rank_record(state, elided.get(state.rank, 0)) for state in run.ranks],
     }
 
 
-def output_lines(chunks: list[list[str]]) -> list[tuple[str, str]]:
-    """(stream, line) in the order lines were started, each in its final state: as a terminal with
-    one line per stream shows them (as the front end's ``TerminalText`` does), colours removed."""
-    lines: list[list[str]] = []  # [stream, raw text]
-    current: dict[str, list[str]] = {}
-    for stream, text in chunks:
-        pieces = text.split("\n")
-        for i, piece in enumerate(pieces):
-            ends = i < len(pieces) - 1
-            if piece or ends:
-                line = current.get(stream)
-                if line is None:
-                    line = current[stream] = [stream, ""]
-                    lines.append(line)
-                line[1] += piece
-            if ends:
-                current.pop(stream, None)
-    out = [(stream, settle_line(_ANSI.sub("", raw))) for stream, raw in lines]
-    # an open line left empty (a bar erased, a lone "\r") is not a line
-    still_open = [id(line) for line in current.values()]
-    return [(stream, text) for (stream, text), line in zip(out, lines) if text or id(line) not in still_open]
+# -- text/html ----------------------------------------------------------------------------------------
 
-
-def plain_lines(chunks: list[list[str]], rank: int) -> list[str]:
-    """``[rank{r}]: `` lines, each in its final state (``\\r`` and ``\\b`` applied, colours removed)."""
-    return [f"[rank{rank}]: {text}" for _stream, text in output_lines(chunks)]
-
-
-def to_text(record: dict) -> str:
-    lines = [f"nbspawn run {record['run_id']}: {record['status']}, {record['nprocs']} ranks ({record['start_method']})"]
-    for rank in record["ranks"]:
-        lines.extend(plain_lines(rank["output"], rank["rank"]))
-    if record["error"]:
-        lines.append(record["error"]["traceback"])
-    return "\n".join(lines)
-
-
+_BASIC = [
+    "#24292f", "#cf222e", "#116329", "#4d2d00", "#0969da", "#8250df", "#1b7c83", "#6e7781",
+    "#57606a", "#a40e26", "#1a7f37", "#633c01", "#218bff", "#a475f9", "#3192aa", "#8c959f",
+]  # fmt: skip
 _STATUS_COLOURS = {"done": "#1a7f37", "failed": "#cf222e", "stopped": "#9a6700", "running": "#0969da"}
+_STREAM_CODE = {"stdout": "o", "stderr": "e"}
 
 
-def to_html(record: dict) -> str:
-    """Static HTML: inline styles only (nbconvert and GitHub strip classes' stylesheets), no script."""
+def _colour(params: list[int], i: int) -> tuple[str | None, int]:
+    """A 38/48 extended colour starting at params[i] (the 5 or 2); returns (css, params used)."""
+    if i < len(params) and params[i] == 5 and i + 1 < len(params):
+        n = params[i + 1]
+        if n < 16:
+            return _BASIC[n], 2
+        if n < 232:
+            n -= 16
+            steps = [0, 95, 135, 175, 215, 255]
+            return f"rgb({steps[n // 36]},{steps[n // 6 % 6]},{steps[n % 6]})", 2
+        v = 8 + (n - 232) * 10
+        return f"rgb({v},{v},{v})", 2
+    if i < len(params) and params[i] == 2 and i + 3 < len(params):
+        r, g, b = (max(0, min(255, v)) for v in params[i + 1 : i + 4])
+        return f"rgb({r},{g},{b})", 4
+    return None, len(params)
+
+
+def _style(codes: list[int]) -> str:
+    css: dict[str, str] = {}
+    i = 0
+    while i < len(codes):
+        c = codes[i]
+        if c == 1:
+            css["font-weight"] = "bold"
+        elif c == 2:
+            css["opacity"] = "0.7"
+        elif c == 3:
+            css["font-style"] = "italic"
+        elif c == 4:
+            css["text-decoration"] = "underline"
+        elif c == 9:
+            css["text-decoration"] = "line-through"
+        elif 30 <= c <= 37 or 90 <= c <= 97:
+            css["color"] = _BASIC[c - 30 if c < 90 else c - 82]
+        elif 40 <= c <= 47 or 100 <= c <= 107:
+            css["background"] = _BASIC[c - 40 if c < 100 else c - 92]
+        elif c in (38, 48):
+            value, used = _colour(codes, i + 1)
+            if value:
+                css["color" if c == 38 else "background"] = value
+            i += used
+        i += 1
+    return ";".join(f"{k}:{v}" for k, v in css.items())
+
+
+def _sgr_state(state: list[int], params: str) -> list[int]:
+    """The SGR parameters in force after ``ESC[params m``: 0 resets, the rest accumulate."""
+    codes = [int(p) if p.isdigit() else 0 for p in params.replace(":", ";").split(";")] if params else [0]
+    out = list(state)
+    for c in codes:
+        if c == 0:
+            out = []
+        elif c in (22, 23, 24, 27, 29, 39, 49):
+            undo = {22: (1, 2), 23: (3,), 24: (4,), 27: (7,), 29: (9,), 39: tuple(range(30, 38)) + tuple(range(90, 98)),
+                    49: tuple(range(40, 48)) + tuple(range(100, 108))}[c]  # fmt: skip
+            out = [x for x in out if x not in undo]
+        else:
+            out.append(c)
+    return out
+
+
+def line_html(line: Line) -> str:
+    """One line as ``<span data-s>``, colour runs as ``<span data-sgr>`` with inline styles."""
+    text = _settled_with_colours(line.text)
+    parts: list[str] = []
+    state: list[int] = []
+    last = 0
+    for match in ANSI.finditer(text):
+        if match.start() > last:
+            parts.append(_run_html(text[last : match.start()], state))
+        seq = match.group(0)
+        if seq.endswith("m"):
+            state = _sgr_state(state, seq[2:-1])
+        last = match.end()
+    if last < len(text):
+        parts.append(_run_html(text[last:], state))
+    end = "\n" if line.complete else ""
+    return f'<span data-s="{_STREAM_CODE.get(line.stream, "o")}">{"".join(parts)}{end}</span>'
+
+
+def _settled_with_colours(text: str) -> str:
+    """A line's final state with its colour codes: the part after the last rewrite, \\b applied."""
+    if "\r" in text:
+        colours = "".join(m.group(0) for m in ANSI.finditer(text.rsplit("\r", 1)[0]) if m.group(0).endswith("m"))
+        segments = [s for s in text.split("\r") if ANSI.sub("", s)]
+        text = colours + (segments[-1] if segments else "")
+    if "\b" in text:
+        out: list[str] = []
+        for ch in text:
+            if ch == "\b":
+                if out:
+                    out.pop()
+            else:
+                out.append(ch)
+        text = "".join(out)
+    return text
+
+
+def _run_html(text: str, state: list[int]) -> str:
+    body = html.escape(text, quote=False)
+    if not state:
+        return body
+    params = ";".join(map(str, state))
+    return f'<span data-sgr="{params}" style="{_style(state)}">{body}</span>'
+
+
+class _Balancer(HTMLParser):
+    """Rank HTML made safe to nest: tags balanced, scripts dropped, so it cannot swallow our layout."""
+
+    VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=False)
+        self.out: list[str] = []
+        self.stack: list[str] = []
+        self.skipping = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("script", "iframe", "object"):
+            self.skipping += tag not in self.VOID
+            return
+        if self.skipping:
+            return
+        attributes = "".join(
+            f' {name}="{html.escape(value or "", quote=True)}"' for name, value in attrs if not name.startswith("on")
+        )
+        self.out.append(f"<{tag}{attributes}>")
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.handle_starttag(tag, attrs)
+        if tag not in self.VOID and self.stack and self.stack[-1] == tag:
+            self.stack.pop()
+            self.out.append(f"</{tag}>")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("script", "iframe", "object"):
+            self.skipping = max(0, self.skipping - 1)
+            return
+        if self.skipping or tag not in self.stack:
+            return
+        while self.stack:
+            open_tag = self.stack.pop()
+            self.out.append(f"</{open_tag}>")
+            if open_tag == tag:
+                break
+
+    def handle_data(self, data: str) -> None:
+        if not self.skipping:
+            self.out.append(html.escape(data, quote=False))
+
+    def handle_entityref(self, name: str) -> None:
+        if not self.skipping:
+            self.out.append(f"&{name};")
+
+    def handle_charref(self, name: str) -> None:
+        if not self.skipping:
+            self.out.append(f"&#{name};")
+
+    def result(self) -> str:
+        self.close()
+        return "".join(self.out) + "".join(f"</{tag}>" for tag in reversed(self.stack))
+
+
+def balanced_html(text: str) -> str:
+    parser = _Balancer()
+    parser.feed(text)
+    return parser.result()
+
+
+def _widget_html(tree: dict[str, Any]) -> str:
+    kind = tree.get("type")
+    if kind == "box":
+        flex = "column" if tree.get("dir") == "column" else "row"
+        inner = "".join(_widget_html(child) for child in tree.get("children", []))
+        return f'<span style="display:inline-flex;flex-direction:{flex};gap:6px;align-items:center">{inner}</span>'
+    if kind == "progress":
+        description = html.escape(str(tree.get("description", "")))
+        label = f"<span>{description}</span>" if description else ""
+        value, low, high = tree.get("value", 0), tree.get("min", 0), tree.get("max", 100)
+        return f'{label}<progress value="{value - low}" max="{max(high - low, 0)}" style="width:20em"></progress>'
+    return f"<span>{html.escape(str(tree.get('value', tree.get('text', ''))))}</span>"
+
+
+def display_html(item: dict[str, Any]) -> str:
+    """A display item's static form, in a ``<div data-display>``."""
+    mime = str(item.get("mime", "text/plain"))
+    value = item.get("value", "")
+    attr = f' data-display="{html.escape(mime, quote=True)}"'
+    meta = item.get("meta") or {}
+    size = "".join(f' {k}="{int(v)}"' for k, v in meta.items() if k in ("width", "height") and isinstance(v, (int, float)))
+    if mime == WIDGET_MIME and isinstance(value, dict):
+        data = html.escape(json.dumps(value, ensure_ascii=False), quote=True)
+        return f'<div{attr} data-widget="{data}">{_widget_html(value)}</div>'
+    if mime in ("image/png", "image/jpeg", "image/gif"):
+        return f'<div{attr}><img src="data:{mime};base64,{html.escape(str(value), quote=True)}"{size} style="max-width:100%"></div>'
+    if mime == "image/svg+xml":
+        encoded = base64.b64encode(str(value).encode("utf-8")).decode("ascii")
+        return f'<div{attr}><img src="data:image/svg+xml;base64,{encoded}"{size} style="max-width:100%"></div>'
+    if mime == "text/html":
+        return f"<div{attr}>{balanced_html(str(value))}</div>"
+    text = html.escape(str(value), quote=False)
+    return f'<div{attr}><pre style="margin:0;white-space:pre-wrap">{text}</pre></div>'
+
+
+def entries_html(entries: list[Entry]) -> str:
+    return "".join(line_html(e) if isinstance(e, Line) else display_html(e.item) for e in entries)
+
+
+def to_html(record: dict, outputs: dict[int, list[Entry]]) -> str:
+    """Static HTML: inline styles only (nbconvert and GitHub drop stylesheets), no script."""
     e = html.escape
+    took = f" in {record['duration']:.2f} s" if record["duration"] is not None else ""
     parts = [
-        '<div class="nbspawn-run" style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">',
+        f'<div class="nbspawn-run" data-nbspawn="{VERSION}" style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">',
         f"<div><b>nbspawn</b> run <code>{e(record['run_id'])}</code> &middot; {record['nprocs']} ranks &middot; "
-        f"{e(record['start_method'])} &middot; backend {e(record['backend'])} &middot; <b>{e(record['status'])}</b>"
-        + (f" in {record['duration']:.2f} s" if record["duration"] is not None else "")
-        + f" &middot; logs <code>{e(record['log_dir'])}</code></div>",
+        f"{e(record['start_method'])} &middot; backend {e(record['backend'])} &middot; <b>{e(_status_label(record))}</b>"
+        f"{took} &middot; logs <code>{e(record['log_dir'])}</code></div>",
     ]
     if record["error"]:
         parts.append(
-            '<pre style="background:#ffebe9;color:#82071e;padding:6px;white-space:pre-wrap">'
-            f"{e(record['error']['traceback'])}</pre>"
+            '<div role="alert" style="border-left:3px solid #cf222e;padding:2px 6px;margin:4px 0">'
+            f"{e(record['error']['summary'])}</div>"
         )
     for rank in record["ranks"]:
         colour = _STATUS_COLOURS.get(rank["status"], "#57606a")
@@ -270,31 +341,100 @@ def to_html(record: dict) -> str:
         if rank["duration"] is not None:
             status += f", {rank['duration']:.2f} s"
         open_attr = " open" if rank["status"] == "failed" or record["nprocs"] <= 4 else ""
-        parts.append(f'<details{open_attr}><summary><b>rank {rank["rank"]}</b> '
-                     f'<span style="color:{colour}">{e(status)}</span></summary>')
+        parts.append(
+            f'<details data-rank="{rank["rank"]}"{open_attr}><summary><b>rank {rank["rank"]}</b> '
+            f'<span style="color:{colour}">{e(status)}</span></summary>'
+        )
+        if rank["traceback"]:
+            parts.append(
+                '<pre data-traceback style="background:#ffebe9;color:#82071e;padding:6px;white-space:pre-wrap;margin:2px 0">'
+                f"{e(rank['traceback'])}</pre>"
+            )
         body = []
         if rank["elided_lines"]:
-            body.append(f'<span style="color:#57606a">{rank["elided_lines"]} lines elided — full log at '
-                        f'{e(rank["stdout_path"])}</span>\n')
-        lines = output_lines(rank["output"])
-        i = 0
-        while i < len(lines):  # a span per run of lines of one stream
-            stream, j = lines[i][0], i
-            while j < len(lines) and lines[j][0] == stream:
-                j += 1
-            style = ' style="background:#fff0f0"' if stream == "stderr" else ""
-            body.append(f"<span{style}>{e(''.join(text + chr(10) for _s, text in lines[i:j]))}</span>")
-            i = j
-        parts.append('<pre style="margin:2px 0 6px 0;max-height:24em;overflow:auto">' + "".join(body) + "</pre></details>")
+            body.append(
+                f'<div data-elided="{rank["elided_lines"]}" style="color:#57606a">{rank["elided_lines"]} lines elided '
+                f"— full log at {e(rank['stdout_path'] or '')}</div>"
+            )
+        body.append(entries_html(outputs.get(rank["rank"], [])))
+        parts.append(
+            f'<div class="nbspawn-output" data-rank="{rank["rank"]}" style="font-family:monospace;white-space:pre-wrap;'
+            f'margin:2px 0 6px 0;max-height:24em;overflow:auto">{"".join(body)}</div></details>'
+        )
     parts.append("</div>")
     return "".join(parts)
 
 
-class FrozenRun:
-    """What replaces the live view when the run ends; IPython displays it through its mime bundle."""
+def _status_label(record: dict) -> str:
+    return "stopped (Stop button)" if record["status"] == "stopped" else record["status"]
 
-    def __init__(self, run: Run, tails: dict[int, OutputTail]) -> None:
-        self.record = run_record(run, tails)
+
+def to_text(record: dict) -> str:
+    """A short summary; the output itself is in the text/html and the logs."""
+    took = f" in {record['duration']:.2f} s" if record["duration"] is not None else ""
+    lines = [
+        f"nbspawn run {record['run_id']}: {_status_label(record)}{took}, {record['nprocs']} ranks "
+        f"({record['start_method']}); logs: {record['log_dir']}"
+    ]
+    if record["error"]:
+        lines.append(record["error"]["summary"])
+    counts: dict[str, list[int]] = {}
+    for rank in record["ranks"]:
+        counts.setdefault(rank["status"], []).append(rank["rank"])
+    lines.append(", ".join(f"{status}: {_ranges(ranks)}" for status, ranks in counts.items()))
+    return "\n".join(lines)
+
+
+def _ranges(ranks: list[int]) -> str:
+    out: list[str] = []
+    start = prev = ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return "ranks " + ",".join(out) if len(ranks) > 1 else f"rank {ranks[0]}"
+
+
+class FrozenRun:
+    """What replaces the live view when the run ends; IPython displays it through its mime bundle.
+
+    Within ``max_bytes`` (images aside): the record and the summary first, then each rank's newest
+    entries in an equal share of what is left (a quiet rank's unused share goes to the others).
+    """
+
+    def __init__(self, run: Run, tails: dict[int, OutputTail], max_bytes: int | None = None) -> None:
+        max_bytes = run.spec.max_saved_bytes if max_bytes is None else max_bytes
+        elided = {rank: tail.elided_lines for rank, tail in tails.items()}
+        record = run_record(run, elided)
+        fixed = sum(json_size(part) for part in (json.dumps(record, ensure_ascii=False), to_text(record), to_html(record, {})))
+        outputs, left_out = _share(tails, max(0, max_bytes - fixed))
+        for rank in record["ranks"]:
+            rank["elided_lines"] += left_out.get(rank["rank"], 0)
+        self.record = record
+        self.html = to_html(record, outputs)
+        self.text = to_text(record)
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ANN001
-        return {MIME: self.record, "text/html": to_html(self.record), "text/plain": to_text(self.record)}
+        return {MIME: self.record, "text/html": self.html, "text/plain": self.text}
+
+
+def _share(tails: dict[int, OutputTail], room: int) -> tuple[dict[int, list[Entry]], dict[int, int]]:
+    outputs: dict[int, list[Entry]] = {}
+    left_out: dict[int, int] = {}
+    sizes = {id(e): _size(e) for tail in tails.values() for e in tail.entries.values()}
+    total = {rank: sum(sizes[id(e)] for e in tail.entries.values()) for rank, tail in tails.items()}
+    for i, rank in enumerate(sorted(tails, key=total.__getitem__)):  # the quiet ones first
+        share = room // (len(tails) - i)
+        kept, dropped = tails[rank].newest(share, lambda e: sizes[id(e)])
+        outputs[rank], left_out[rank] = kept, dropped
+        room -= sum(sizes[id(e)] for e in kept)
+    return outputs, left_out
+
+
+def _size(entry: Entry) -> int:
+    if isinstance(entry, Display) and str(entry.item.get("mime", "")).startswith("image/"):
+        return 0
+    return json_size(entries_html([entry])) - 2  # as it is saved: inside the notebook's JSON

@@ -17,7 +17,9 @@ Front end: ``labextension/src/widget.ts``, built into ``nbspawn/_static/widget.j
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import logging
 import threading
 import time
@@ -27,14 +29,18 @@ from typing import Any
 import anywidget
 import traitlets
 
-from ._bundle import FrozenRun, OutputTail, json_size, rank_record, run_record, tail_within
+from ._bundle import FrozenRun, json_size, rank_record, run_record, tail_within
+from ._busy import kept_busy
 from ._run import RankState, Run
 from ._status import StatusComm
+from ._tail import OutputTail
 
 STATIC = Path(__file__).parent / "_static"
 FLUSH_SECONDS = 0.1  # at most 10 output messages a second
 MAX_BYTES_PER_MESSAGE = 64 * 1024  # the chunks' JSON in one output message
 MAX_REPLAY_BYTES = 1024 * 1024  # the tails' JSON in one replay message
+READ_BUDGET = 32 * 1024  # bytes of each text stream of each rank read per poll; the rest is skipped
+LIVE_MIME = "application/vnd.nbspawn.live+json"
 log = logging.getLogger(__name__)
 
 
@@ -63,6 +69,9 @@ def _widget_class() -> type[anywidget.AnyWidget]:
 class WidgetView:
     """The live widget: a RunView for the launcher (see ``nbspawn._launcher.RunView``)."""
 
+    rich = True
+    read_budget = READ_BUDGET
+
     def __init__(self) -> None:
         self.tails: dict[int, OutputTail] = {}
         self.pending: list[list[Any]] = []  # [rank, stream, text], in arrival order
@@ -83,6 +92,7 @@ class WidgetView:
         self._stop = threading.Event()
         self._replay_wanted = False
         self._stop_seen = False
+        self._busy = contextlib.ExitStack()
 
     # -- RunView ----------------------------------------------------------------------------------
 
@@ -95,9 +105,21 @@ class WidgetView:
         self.widget = _widget_class()(**self._state(run))  # in comm_open: the view has it from the start
         self.widget.on_msg(self._on_message)
         _route_to_the_frontends_subshell(self.widget)
-        self.handle = display(self.widget, display_id=True)
+        bundle = self.widget._repr_mimebundle_()
+        bundle = bundle[0] if isinstance(bundle, tuple) else bundle
+        self.handle = display(bundle, raw=True, display_id=True)
+        # for a page reloaded mid-run, which cannot get the widget's model while the kernel is busy
+        bundle[LIVE_MIME] = {
+            "run_id": run.run_id,
+            "model_id": self.widget.model_id,
+            "display_id": self.handle.display_id,
+            "started_at": run.started_at,
+            "nprocs": run.nprocs,
+        }
+        self.handle.update(bundle, raw=True)
         self.last_flush = time.monotonic()
         self.status.open(run)
+        self._busy.enter_context(kept_busy())
 
     def output(self, rank: int, stream: str, text: str) -> None:
         if self.shown is not None and rank not in self.shown:
@@ -108,6 +130,18 @@ class WidgetView:
         # a rank printing far faster than anything can show: keep only its newest output pending
         if self.pending_chars[rank] > 8 * MAX_BYTES_PER_MESSAGE:
             self._cut_pending({rank: 2 * MAX_BYTES_PER_MESSAGE})
+
+    def display(self, rank: int, item: dict) -> None:
+        if self.shown is not None and rank not in self.shown:
+            return
+        self.tails[rank].display(item)
+        self.pending.append([rank, "display", item])
+
+    def skipped(self, rank: int, lines: int) -> None:
+        if self.shown is not None and rank not in self.shown:
+            return
+        self.tails[rank].skipped(lines)
+        self.elided[rank] = self.elided.get(rank, 0) + lines
 
     def rank_ended(self, run: Run, state: RankState) -> None:
         self.dirty = True
@@ -120,6 +154,7 @@ class WidgetView:
         return self._stop.is_set()
 
     def finished(self, run: Run) -> None:
+        self._busy.close()
         self._flush(run)
         self.status.close(run)
         frozen = FrozenRun(run, self.tails)
@@ -157,7 +192,7 @@ class WidgetView:
             log.warning("nbspawn: live view stopped updating: %s", err)
 
     def _send_output(self) -> None:
-        size = sum(json_size(text) for _rank, _stream, text in self.pending)
+        size = sum(_chunk_size(chunk) for chunk in self.pending)
         if size > MAX_BYTES_PER_MESSAGE:
             self._cut_pending(self._shares(MAX_BYTES_PER_MESSAGE - 1024))
         for key in list(self.mid_line):  # a line whose start was cut earlier goes on here: cut its rest
@@ -176,7 +211,7 @@ class WidgetView:
                     first[2] = "\n" + first[2]
                 self.gaps.discard(key)
         for rank, stream, text in self.pending:
-            if text:
+            if text and stream != "display":
                 if text.endswith("\n"):
                     self.open_lines.discard((rank, stream))
                 else:
@@ -188,12 +223,13 @@ class WidgetView:
 
     def _send_replay(self) -> None:
         """Everything kept, which already holds whatever was pending: every view starts over from it."""
-        ranks = [rank for rank, tail in self.tails.items() if tail.chunks or tail.elided_lines]
+        ranks = [rank for rank, tail in self.tails.items() if len(tail) or tail.elided_lines]
         share = MAX_REPLAY_BYTES // max(1, len(ranks))
         tails, elided = {}, {}
         for rank in ranks:
             tail = self.tails[rank]
-            chunks, left_out = tail.newest(share)
+            entries, left_out = tail.newest(share)
+            chunks = tail.chunks(entries)
             tails[str(rank)] = chunks
             if tail.elided_lines + left_out:
                 elided[str(rank)] = tail.elided_lines + left_out
@@ -212,8 +248,8 @@ class WidgetView:
         """Split ``budget`` bytes among the ranks with pending output: the quiet ones get all they
         need, the loud ones share the rest equally."""
         need: dict[int, int] = {}
-        for rank, _stream, text in self.pending:
-            need[rank] = need.get(rank, 0) + json_size(text) + 16
+        for chunk in self.pending:
+            need[chunk[0]] = need.get(chunk[0], 0) + _chunk_size(chunk) + 16
         shares: dict[int, int] = {}
         left = budget
         order = sorted(need, key=need.get)
@@ -231,7 +267,9 @@ class WidgetView:
         browser had open, so no two lines run together.
         """
         for rank, room in allowance.items():
-            mine = [c for c in self.pending if c[0] == rank]
+            # displays are never cut (images have their own budget): the text shares what they leave
+            room -= sum(_chunk_size(c) + 16 for c in self.pending if c[0] == rank and c[1] == "display")
+            mine = [c for c in self.pending if c[0] == rank and c[1] != "display"]
             original = [c[2] for c in mine]
             for chunk in reversed(mine):  # newest first: whole chunks while they fit, then whole lines
                 size = json_size(chunk[2]) + 16
@@ -272,11 +310,11 @@ class WidgetView:
 
     def _state(self, run: Run) -> dict[str, Any]:
         """The synced traits: the run record without output, split as the front end reads it."""
-        header = run_record(run, {})
+        header = run_record(run)
         del header["ranks"]
         header["elapsed"] = time.time() - run.started_at
         header["stopping"] = self._stop_seen
-        ranks = [{k: v for k, v in rank_record(state, None).items() if k != "output"} for state in run.ranks]
+        ranks = [rank_record(state) for state in run.ranks]
         return {"header": header, "ranks": ranks, "error": header["error"]}
 
     def _sync(self, run: Run) -> None:
@@ -294,6 +332,12 @@ class WidgetView:
         elif kind == "replay":
             with self._lock:
                 self._replay_wanted = True
+
+
+def _chunk_size(chunk: list[Any]) -> int:
+    """Bytes of a pending chunk in a message: its text's JSON, or a display item's."""
+    value = chunk[2]
+    return json_size(value) if isinstance(value, str) else len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
 
 
 def _route_to_the_frontends_subshell(widget: anywidget.AnyWidget) -> None:

@@ -131,7 +131,9 @@ def test_nbconvert_html_shows_every_rank_and_no_script(tmp_path: Path):
     assert not re.search(r"<\s*script", region, re.I)
     # only the static view's own markup: no script, image, frame, event handler or link
     assert {tag for tag, _ in parser.tags} <= {"div", "b", "code", "pre", "span", "details", "summary"}
-    assert not [(tag, attrs) for tag, attrs in parser.tags for name, _ in attrs if name not in ("style", "open")]
+    # attributes: styles, and the data-* of docs/run-bundle.md that the JupyterLab renderer reads back
+    allowed = {"style", "open", "class", "role", "data-rank", "data-s", "data-sgr", "data-elided", "data-traceback"}
+    assert not [(tag, attrs) for tag, attrs in parser.tags for name, _ in attrs if name not in allowed]
     # the widget left no output behind (nbconvert's template may still load a widget manager, since
     # nbclient keeps closed widgets' state in the notebook's metadata)
     assert f'<script type="{WIDGET_MIME}">' not in page

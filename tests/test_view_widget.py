@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from bundle_reader import rank_outputs
 from kernel_harness import execute, strip_ansi
 
 from nbspawn._bundle import MIME, TAIL_LINES
@@ -116,8 +117,9 @@ def spawn_widget(kernel, body: str, options: str = "-n 4", timeout: float = 120)
     return result, sort_out(result.outputs)
 
 
-def rank_output(record: dict, rank: int) -> str:
-    return "".join(text for _s, text in record["ranks"][rank]["output"])
+def rank_output(frozen: dict, rank: int) -> str:
+    """What the saved bundle shows of a rank's output: its lines, read back from the text/html."""
+    return rank_outputs(frozen["text/html"])[rank].text()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,15 +153,18 @@ def test_widget_then_frozen_bundle(kernel):
     assert frozen is not None and set(frozen) == {MIME, "text/html", "text/plain"}
     record = frozen[MIME]
     assert record["status"] == "succeeded" and record["error"] is None
+    assert record["version"] == 2 and record["output_in"] == "text/html"
+    saved = rank_outputs(frozen["text/html"])
     for r in range(4):
+        assert "output" not in record["ranks"][r]  # the tail is stored once, in the text/html
         for i in range(5):
             line = f"rank {r} says {i}"
             assert line in live[r]
-            assert line in rank_output(record, r)
-            assert f"[rank{r}]: {line}" in frozen["text/plain"]
-            assert line in frozen["text/html"]
+            assert ("stdout", line + "\n") in saved[r].lines
+            assert line not in frozen["text/plain"]
         assert f"rank {r} warns" in live[r]
-        assert ["stderr", f"rank {r} warns\n"] in record["ranks"][r]["output"]
+        assert saved[r].lines[-1] == ("stderr", f"rank {r} warns\n")  # in the order written
+    assert frozen["text/plain"].startswith(f"nbspawn run {record['run_id']}: succeeded")
 
     # the widget's comms are closed; the toolbar's status comm said running, then the end
     assert run.widget_closed
@@ -176,7 +181,7 @@ def test_auto_view_is_the_widget_in_a_kernel(kernel):
         assert result.status == "ok", result.error_text
         run = sort_out(result.outputs)
         assert run.frozen is not None
-        assert "[rank1]: hello" in run.frozen["text/plain"]
+        assert rank_outputs(run.frozen["text/html"])[1].lines == [("stdout", "hello\n")]
     finally:
         execute(kernel.client, "%config SpawnMagics.view = 'text'", timeout=30)
 
@@ -219,12 +224,16 @@ def test_message_budget_and_lossless_logs(kernel):
         assert len(sent) + run.live_elided().get(r, 0) == lines
         assert sent[-1].startswith(f"rank {r} line {lines - 1:05d}")
         assert all(re.fullmatch(rf"rank {r} line \d{{5}} x{{40}}", s) for s in sent)  # no line cut or glued
-        # frozen: the newest TAIL_LINES lines, the rest counted
+        # frozen: the newest lines that fit the saved-size cap, the rest counted
         rank = record["ranks"][r]
-        kept = rank_output(record, r).splitlines()
-        assert len(kept) == TAIL_LINES and rank["elided_lines"] == lines - TAIL_LINES
-        assert kept[-1] == log[-1] and kept[0] == log[lines - TAIL_LINES]
-    assert f"{lines - TAIL_LINES} lines elided — full log at" in run.frozen["text/html"]
+        kept = rank_output(run.frozen, r).splitlines()
+        assert 0 < len(kept) <= TAIL_LINES and rank["elided_lines"] == lines - len(kept)
+        assert kept[-1] == log[-1] and all(line in log for line in kept)  # whole lines, none glued
+        numbers = [int(line.split()[3]) for line in kept]
+        assert numbers == sorted(set(numbers))  # in order, none twice
+        assert f"{lines - len(kept)} lines elided — full log at" in run.frozen["text/html"]
+    saved = sum(len(json.dumps(v, ensure_ascii=False).encode()) for v in run.frozen.values())
+    assert saved <= 256 * 1024, saved
 
 
 def test_worker_markup_is_escaped(kernel):
@@ -236,8 +245,8 @@ def test_worker_markup_is_escaped(kernel):
     assert html.escape("<script>alert(1)</script>") in page
     assert html.escape("<img src=x onerror=alert(2)> & <b>bold</b>") in page
     for r in range(2):
-        assert rank_output(run.frozen[MIME], r).startswith("<script>alert(1)</script>\n")
-        assert "[rank%d]: <script>alert(1)</script>" % r in run.frozen["text/plain"]
+        assert rank_output(run.frozen, r).startswith("<script>alert(1)</script>\n")
+        assert "<script" not in run.frozen["text/plain"]
         assert "<script>alert(1)</script>" in run.live_text()[r]
 
 
@@ -254,15 +263,15 @@ def test_progress_bar_settles_to_its_final_state(kernel):
     )
     result, run = spawn_widget(kernel, body, options="-n 2")
     assert result.status == "ok", result.error_text
-    text = run.frozen["text/plain"]
+    saved = rank_outputs(run.frozen["text/html"])
     for r in range(2):
-        assert f"[rank{r}]: train: 100%|##########| 100/100" in text
-        assert text.count(f"[rank{r}]: train:") == 1
-        assert f"[rank{r}]: epoch 1" in text and f"[rank{r}]: done" in text
-        # the kernel kept the bar's latest state only, not every redraw
-        bar = "".join(t for s, t in run.frozen[MIME]["ranks"][r]["output"] if s == "stderr")
-        assert bar.count("train:") == 1 and bar.endswith("| 100/100\n"), bar
-    assert "train:  50%" not in text and "train:  50%" not in run.frozen["text/html"]
+        # the bar's final state once, where it ended (after "epoch 1", before "done")
+        assert saved[r].lines == [
+            ("stdout", "epoch 1\n"),
+            ("stderr", "train: 100%|##########| 100/100\n"),
+            ("stdout", "done\n"),
+        ], saved[r].lines
+    assert "train:  50%" not in run.frozen["text/html"]
 
 
 def test_failed_rank_in_the_widget_and_the_bundle(kernel):
@@ -280,8 +289,10 @@ def test_failed_rank_in_the_widget_and_the_bundle(kernel):
     assert record["status"] == "failed" and record["error"]["rank"] == 1
     assert "ZeroDivisionError" in record["error"]["summary"]
     assert re.search(r"Cell In\[\d+\], line 2, in divide", record["ranks"][1]["traceback"])
-    assert re.search(r"Cell In\[\d+\], line 2, in divide", record["error"]["traceback"])
-    assert "ZeroDivisionError" in run.frozen["text/html"]
+    # the root cause's traceback once in the saved view (its rank's pane); the banner says what failed
+    assert "traceback" not in record["error"]
+    page = run.frozen["text/html"]
+    assert "ZeroDivisionError" in page and page.count("line 2, in divide") == 1
 
 
 # -- what the browser sends ------------------------------------------------------------------------
@@ -404,7 +415,8 @@ def test_ranks_option_limits_what_is_shown(kernel):
     assert result.status == "ok", result.error_text
     assert sorted(run.live_text()) == [0, 2]
     record = run.frozen[MIME]
-    assert [bool(r["output"]) for r in record["ranks"]] == [True, False, True, False]
+    saved = rank_outputs(run.frozen["text/html"])
+    assert [bool(saved[r].lines) for r in range(4)] == [True, False, True, False]
     assert [r["status"] for r in record["ranks"]] == ["done"] * 4
 
 
@@ -432,25 +444,49 @@ def test_status_comm_only_in_a_kernel():
     assert done.stdout.strip() == "ok", done.stderr
 
 
-def test_output_tail_keeps_the_newest_lines_and_settles_bars():
-    from nbspawn._bundle import OutputTail, plain_lines
+def test_output_tail_keeps_the_newest_lines_and_keeps_bars_where_the_eye_is():
+    from nbspawn._tail import OutputTail
 
     tail = OutputTail(limit=3)
     for i in range(10):
         tail.add("stdout", f"line {i}\n")
-    assert tail.merged() == [["stdout", "line 7\nline 8\nline 9\n"]] and tail.elided_lines == 7
+    assert tail.chunks() == [["stdout", "line 7\nline 8\nline 9\n"]] and tail.elided_lines == 7
 
     tail = OutputTail()
     for p in range(0, 101, 10):  # a bar on stderr, lines on stdout in between
         tail.add("stderr", f"\rtrain {p}%")
         tail.add("stdout", f"step {p}\n")
-    tail.add("stderr", "\n")
-    assert tail.merged()[0] == ["stderr", "\rtrain 100%\n"]  # one state, where the line began
-    assert plain_lines(tail.merged(), 3)[:2] == ["[rank3]: train 100%", "[rank3]: step 0"]
+        # while it is drawn, the bar is the last line, under the newest printed one
+        *_, last = tail.entries.values()
+        assert (last.stream, last.plain) == ("stdout", f"step {p}") or last.plain == f"train {p}%"
+    tail.add("stderr", "\r")
+    tail.add("stderr", "train 100%")
+    *_, last = tail.entries.values()
+    assert last.plain == "train 100%" and not last.complete  # redrawn: at the bottom again
+    tail.add("stdout", "after\n")
+    tail.add("stderr", "\n")  # the bar ends: it stays where it was last drawn
+    assert [line.plain for line in tail.entries.values()] == [f"step {p}" for p in range(0, 101, 10)] + ["train 100%", "after"]
+    assert tail.chunks()[-2:] == [["stderr", "\rtrain 100%\n"], ["stdout", "after\n"]]
     colour = OutputTail()
     colour.add("stdout", "\x1b[32m 5%\r 6%\r")
     colour.add("stdout", " 7%\n")
-    assert colour.merged() == [["stdout", "\x1b[32m\r 7%\n"]]  # the colour still applies
+    assert colour.chunks() == [["stdout", "\x1b[32m\r 7%\n"]]  # the colour still applies
+
+
+def test_output_tail_applies_display_updates_and_clears():
+    from nbspawn._tail import OutputTail
+
+    tail = OutputTail()
+    tail.add("stdout", "a\n")
+    tail.display({"kind": "data", "id": "x", "mime": "text/plain", "value": "v1", "text": "v1"})
+    tail.add("stdout", "b\n")
+    tail.display({"kind": "update", "id": "x", "mime": "text/plain", "value": "v2", "text": "v2"})
+    assert [c[0] for c in tail.chunks()] == ["stdout", "display", "stdout"]
+    assert tail.chunks()[1][1]["value"] == "v2" and tail.chunks()[1][1]["kind"] == "data"  # in place
+    tail.display({"kind": "clear", "wait": True})
+    assert len(tail) == 3  # a waiting clear keeps the output until the next one comes
+    tail.add("stdout", "c\n")
+    assert tail.chunks() == [["stdout", "c\n"]]
 
 
 def test_live_messages_cut_whole_lines_and_count_them():

@@ -1,0 +1,232 @@
+"""What the kernel keeps of one rank's output for its views: the newest lines and displays, bounded.
+
+A rank's output is a sequence of *entries*: text lines (each of one stream) and display items, in
+the order the rank wrote them, with the rules a terminal (and ``labextension/src/text.ts``) applies:
+
+* a line still open (no newline yet) is continued by the next text of its stream, even if the other
+  stream wrote in between;
+* a line rewritten after a carriage return is a progress bar: only its latest state is kept (the
+  colours in force are kept too), and it moves to the end, where the eye is, each time it is redrawn,
+  as ``tqdm.write`` keeps a bar under the lines printed meanwhile; when it ends it stays there;
+* ``update`` items replace the data of the earlier items with their display id, in place;
+  ``clear`` removes everything so far (``wait``: when the next output comes).
+
+At most ``limit`` entries are kept; the older ones are counted as elided (the logs keep them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from ._view_text import settle_line
+
+TAIL_LINES = 2000  # entries per rank, in the kernel and in the browser
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_SGR = re.compile(r"\x1b\[[0-9;:]*m")
+
+
+class Line:
+    """One line of one stream; ``text`` keeps colours and, for a bar, ``\\r`` before its latest state."""
+
+    __slots__ = ("stream", "text", "complete", "bar")
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        self.text = ""
+        self.complete = False
+        self.bar = False
+
+    @property
+    def plain(self) -> str:
+        """What a terminal shows: colours removed, ``\\r`` and ``\\b`` applied."""
+        return settle_line(ANSI.sub("", self.text))
+
+
+class Display:
+    """A display item (docs/run-bundle.md, section 2) kept in a rank's output."""
+
+    __slots__ = ("item",)
+
+    def __init__(self, item: dict[str, Any]) -> None:
+        self.item = item
+
+
+Entry = Line | Display
+
+
+class OutputTail:
+    """The newest ``limit`` entries of one rank's output."""
+
+    def __init__(self, limit: int = TAIL_LINES) -> None:
+        self.limit = limit
+        self.entries: dict[int, Entry] = {}  # insertion-ordered: key -> entry
+        self.elided_lines = 0
+        self._keys: dict[int, int] = {}  # id(entry) -> key
+        self._next = 0
+        self._open: dict[str, Line] = {}
+        self._by_id: dict[str, list[Display]] = {}
+        self._clear_pending = False
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    # -- writing ------------------------------------------------------------------------------------
+
+    def add(self, stream: str, text: str) -> None:
+        if not text:
+            return
+        self._clear_if_waiting()
+        pieces = text.split("\n")
+        for i, piece in enumerate(pieces):
+            ends = i < len(pieces) - 1
+            line = self._open.get(stream)
+            if line is None:
+                if not piece and not ends:
+                    continue
+                line = self._open[stream] = Line(stream)
+                self._append(line)
+            if "\r" in piece or "\r" in line.text:
+                line.text = settle_rewrites(line.text + piece)
+                if _rewritten(line.text) and ANSI.sub("", piece).strip("\r"):
+                    line.bar = True
+                    self._move_to_end(line)  # a bar redrawn: where the eye is
+            else:
+                line.text += piece
+            if ends:
+                line.complete = True
+                del self._open[stream]
+        self._trim()
+
+    def display(self, item: dict[str, Any]) -> None:
+        kind = item.get("kind")
+        if kind == "clear":
+            if item.get("wait"):
+                self._clear_pending = True
+            else:
+                self.clear()
+            return
+        if kind == "update":
+            for entry in self._by_id.get(str(item.get("id")), []):
+                entry.item = {**item, "kind": "data"}
+            return
+        self._clear_if_waiting()
+        entry = Display(dict(item))
+        if item.get("id") is not None:
+            self._by_id.setdefault(str(item["id"]), []).append(entry)
+        self._append(entry)
+        self._trim()
+
+    def skipped(self, lines: int) -> None:
+        self.elided_lines += lines
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self._keys.clear()
+        self._open.clear()
+        self._by_id.clear()
+        self._clear_pending = False
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    def chunks(self, entries: list[Entry] | None = None) -> list[list[Any]]:
+        """``[stream, text]`` and ``["display", item]`` chunks, neighbouring lines of a stream joined:
+        what a replay sends and what ``text.ts`` reads back into the same lines."""
+        out: list[list[Any]] = []
+        for entry in self.entries.values() if entries is None else entries:
+            if isinstance(entry, Display):
+                out.append(["display", entry.item])
+                continue
+            text = entry.text + ("\n" if entry.complete else "")
+            if out and out[-1][0] == entry.stream and out[-1][1].endswith("\n"):
+                out[-1][1] += text
+            else:
+                out.append([entry.stream, text])
+        return out
+
+    def newest(self, max_bytes: int, size_of: Callable[[Entry], int] | None = None) -> tuple[list[Entry], int]:
+        """The newest entries that fit in about ``max_bytes`` (by ``size_of``, default their JSON;
+        images count for nothing, they have their own budget), and how many entries were left out."""
+        size_of = size_of or entry_size
+        kept: list[Entry] = []
+        room = max_bytes
+        for entry in reversed(list(self.entries.values())):
+            size = size_of(entry)
+            if size > room:
+                break
+            room -= size
+            kept.append(entry)
+        kept.reverse()
+        return kept, len(self.entries) - len(kept)
+
+    # -- internals ----------------------------------------------------------------------------------
+
+    def _append(self, entry: Entry) -> None:
+        key = self._next
+        self._next += 1
+        self.entries[key] = entry
+        self._keys[id(entry)] = key
+
+    def _move_to_end(self, entry: Entry) -> None:
+        key = self._keys[id(entry)]
+        if key != self._next - 1:
+            del self.entries[key]
+            self._append(entry)
+
+    def _clear_if_waiting(self) -> None:
+        if self._clear_pending:
+            self.clear()
+
+    def _trim(self) -> None:
+        while len(self.entries) > self.limit:
+            key = next(iter(self.entries))
+            entry = self.entries.pop(key)
+            self._keys.pop(id(entry), None)
+            if isinstance(entry, Line):
+                if self._open.get(entry.stream) is entry:
+                    del self._open[entry.stream]
+            elif entry.item.get("id") is not None:
+                held = self._by_id.get(str(entry.item["id"]), [])
+                if entry in held:
+                    held.remove(entry)
+            self.elided_lines += 1
+
+
+def entry_size(entry: Entry) -> int:
+    """About the bytes an entry takes in a saved notebook; images count for nothing (their own budget)."""
+    if isinstance(entry, Line):
+        return len(entry.text.encode("utf-8", "surrogatepass")) + 24
+    item = entry.item
+    if str(item.get("mime", "")).startswith("image/"):
+        return 64 + len(str(item.get("text", "")))
+    return len(json.dumps(item, ensure_ascii=False)) + 48
+
+
+def _rewritten(text: str) -> bool:
+    """Whether a line's text starts over after a carriage return (a bar drawing its next state)."""
+    return "\r" in ANSI.sub("", text).rstrip("\r")
+
+
+def settle_rewrites(text: str) -> str:
+    """``text`` without the line states a carriage return overwrote (a progress bar's old frames).
+
+    After a ``\\r``, the next visible character starts the line over (as the renderers and
+    :func:`settle_line` do), so everything of that line before the last such return is dead, except
+    colour codes, which still set the colour of what follows.  What is shown does not change.
+    """
+    if "\r" not in text:
+        return text
+    return "\n".join(_settle_rewrites_line(line) if "\r" in line else line for line in text.split("\n"))
+
+
+def _settle_rewrites_line(line: str) -> str:
+    parts = line.split("\r")
+    for k in range(len(parts) - 1, 0, -1):
+        if ANSI.sub("", parts[k]).strip("\b"):
+            break
+    else:
+        return line
+    colours = "".join(_SGR.findall("\r".join(parts[:k])))
+    return colours + "\r" + "\r".join(parts[k:])
