@@ -224,12 +224,21 @@ def _capture_comms() -> None:
             elif msg_type == "comm_msg":
                 if isinstance(data, dict) and data.get("method") == "update":
                     write_display({"widget": self.comm_id, "state": data.get("state", {})})
-            elif msg_type == "comm_close":
+            elif msg_type == "comm_close" and not _finished:  # not the clean-up at exit
                 write_display({"widget": self.comm_id, "closed": True})
 
     manager = CommManager()
     comm.create_comm = RankComm
     comm.get_comm_manager = lambda: manager
+
+
+_finished = False
+
+
+def finished() -> None:
+    """The cell is over: widgets closed from here on (at exit) stay as they were last shown."""
+    global _finished
+    _finished = True
 
 
 def flush_figures() -> None:

@@ -48,13 +48,19 @@ class SpawnMagics(Magics):
     log_dir = Unicode(
         None, allow_none=True, help="Where <run-id>/<rank>/{stdout,stderr}.log go (None: a new temporary directory)."
     ).tag(config=True)
+    max_saved_kb = Int(
+        256, help="Most KB a finished run's saved output takes in the notebook, images aside (the logs keep all)."
+    ).tag(config=True)
+    max_image_kb = Int(
+        2048, help="Most KB of images a run shows and saves; past it an image is named, not shown (its rank's display.jsonl has it)."
+    ).tag(config=True)
     view = Unicode(
         "auto",
         help="How a run is shown: widget (live panes, frozen into a static view at the end), text "
         "([rank{r}]: lines), or auto (widget in a Jupyter kernel, text in a terminal).",
     ).tag(config=True)
 
-    @magic_arguments()
+    @magic_arguments(name="%spawn")  # IPython adds one "%": the usage line reads %%spawn
     @argument("-n", "--nprocs", default=None, metavar="N|auto", help="number of ranks (default: SpawnMagics.nprocs)")
     @argument(
         "--start-method",
@@ -98,17 +104,17 @@ class SpawnMagics(Magics):
     @argument("--view", default=None, metavar="auto|widget|text", help="live widget or [rank{r}]: text lines (default: SpawnMagics.view)")
     @cell_magic
     def spawn(self, line: str, cell: str) -> None:
-        """Run this cell on N local ranks with the torchrun environment.
+        """Run this cell on N local PyTorch ranks, with the torchrun environment.
 
-        Every rank runs the cell with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and
-        MASTER_PORT set, so ``torch.distributed.init_process_group("gloo")`` needs no arguments.  Each
-        rank's output is shown live (a pane per rank in Jupyter, ``[rank{r}]: ...`` lines in a
-        terminal) and kept whole in the log directory.  The first rank
-        that fails stops the others, and the cell raises that rank's error, in this cell's line
-        numbers.  Names the ranks assign never change the kernel's.
+        Every rank runs the cell with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set,
+        so torch.distributed.init_process_group("gloo") needs no arguments. Each rank's output,
+        progress bars and displays (tables, plots) are shown live, a pane per rank in Jupyter or
+        [rank{r}]: lines in a terminal, and kept whole in the log directory. The first rank that
+        fails stops the others, and the cell raises that rank's error in this cell's line numbers.
+        Names the ranks assign never change the kernel's (use --out to bring values back).
 
-        Defaults are configurable: ``%config SpawnMagics.nprocs = 8`` (also start_method, backend,
-        timeout, grace_period, log_dir).
+        Defaults are configurable, e.g. %config SpawnMagics.nprocs = 8 (also start_method, backend,
+        timeout, grace_period, log_dir, view, max_saved_kb, max_image_kb).
         """
         args = parse_argstring(self.spawn, line)
         try:
@@ -162,6 +168,8 @@ class SpawnMagics(Magics):
             ranks=args.ranks,
             share=args.share,
             out=args.out,
+            max_saved_kb=self.max_saved_kb,
+            max_image_kb=self.max_image_kb,
         )
         spec.cell_numbers = cells
         return spec

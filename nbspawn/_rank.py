@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 
-from ._capture import capture_output, flush_figures
+from ._capture import capture_output, finished, flush_figures
 from ._source import rewrite_cell_frames
 from ._spec import RunSpec
 
@@ -46,6 +46,7 @@ def run_rank(rank: int, spec: RunSpec) -> None:
         _write_error(rank_dir, spec, exc)
         code = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_RAISED
     finally:
+        finished()
         _flush()
     if code:
         sys.exit(code)

@@ -198,6 +198,16 @@ def parse_seconds(value: Any, option: str, *, allow_zero: bool) -> float | None:
     return seconds
 
 
+def parse_kb(value: Any, option: str) -> int:
+    try:
+        kb = int(value)
+    except (TypeError, ValueError):
+        raise SpawnUsageError(f"{option} must be a whole number of KB, not {value!r}") from None
+    if kb < 0 or isinstance(value, bool):
+        raise SpawnUsageError(f"{option} must be zero or more KB, not {value!r}")
+    return kb
+
+
 def openmp_pool_started() -> bool:
     """Whether this process has native threads that are neither Python's nor ZeroMQ's.
 
@@ -303,6 +313,8 @@ def build_spec(
     grace_period: Any = 5.0,
     log_dir: str | None = None,
     ranks: str | list[int] | None = None,
+    max_saved_kb: Any = 256,
+    max_image_kb: Any = 2048,
 ) -> RunSpec:
     """Validate everything, cheapest checks first; nothing is created on disk here."""
     parse_nprocs(nprocs)
@@ -310,6 +322,8 @@ def build_spec(
     user_env = parse_env(env)
     seconds = parse_seconds(timeout, "--timeout", allow_zero=False)
     grace = parse_seconds(grace_period, "--grace-period", allow_zero=True)
+    saved_kb = parse_kb(max_saved_kb, "SpawnMagics.max_saved_kb")
+    image_kb = parse_kb(max_image_kb, "SpawnMagics.max_image_kb")
     cell.parse()
     n = resolve_nprocs(nprocs)
     shown = parse_ranks(ranks, n)
@@ -332,4 +346,6 @@ def build_spec(
         parent_pid=os.getpid(),
         omp_threads=omp,
         notes=notes,
+        max_saved_bytes=saved_kb * 1024,
+        max_image_bytes=image_kb * 1024,
     )

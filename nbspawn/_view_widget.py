@@ -23,6 +23,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -107,16 +108,16 @@ class WidgetView:
         _route_to_the_frontends_subshell(self.widget)
         bundle = self.widget._repr_mimebundle_()
         bundle = bundle[0] if isinstance(bundle, tuple) else bundle
-        self.handle = display(bundle, raw=True, display_id=True)
+        display_id = uuid.uuid4().hex
         # for a page reloaded mid-run, which cannot get the widget's model while the kernel is busy
         bundle[LIVE_MIME] = {
             "run_id": run.run_id,
             "model_id": self.widget.model_id,
-            "display_id": self.handle.display_id,
+            "display_id": display_id,
             "started_at": run.started_at,
             "nprocs": run.nprocs,
         }
-        self.handle.update(bundle, raw=True)
+        self.handle = display(bundle, raw=True, display_id=display_id)
         self.last_flush = time.monotonic()
         self.status.open(run)
         self._busy.enter_context(kept_busy())

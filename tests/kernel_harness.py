@@ -88,11 +88,17 @@ def _kernel_spec_manager() -> KernelSpecManager:
     return KernelSpecManager(kernel_dirs=[_spec_dir.name], ensure_native_kernel=False)
 
 
-def start_kernel(startup_timeout: float = 60, cwd: str | None = None, env: dict[str, str] | None = None) -> Kernel:
-    """``env`` adds to this process's environment (e.g. a private TMPDIR for leak tests)."""
+def start_kernel(
+    startup_timeout: float = 60, cwd: str | None = None, env: dict[str, str | None] | None = None, log: Any = None
+) -> Kernel:
+    """``env`` adds to this process's environment (e.g. a private TMPDIR for leak tests); ``log``, an
+    open file, receives the kernel process's own stderr (what a Jupyter server prints to its console)."""
     manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=_kernel_spec_manager())
     assert Path(manager.kernel_spec.argv[0]).resolve() == Path(sys.executable).resolve()
-    extra = {"env": {**os.environ, **env}} if env else {}
+    # a value of None removes a variable (e.g. PYTEST_CURRENT_TEST, under which ipykernel captures nothing)
+    extra: dict[str, Any] = {"env": {k: v for k, v in {**os.environ, **env}.items() if v is not None}} if env else {}
+    if log is not None:
+        extra["stderr"] = log
     manager.start_kernel(cwd=cwd or os.getcwd(), **extra)
     client = manager.client()
     client.start_channels()

@@ -64,10 +64,11 @@ class WidgetRun:
         text: dict[int, str] = {}
         for msg in self.custom:
             if msg["type"] == "replay":
-                text = {int(r): "".join(t for _s, t in chunks) for r, chunks in msg["tails"].items()}
+                text = {int(r): "".join(t for s, t in chunks if s != "display") for r, chunks in msg["tails"].items()}
             elif msg["type"] == "output":
-                for rank, _stream, chunk in msg["chunks"]:
-                    text[rank] = text.get(rank, "") + chunk
+                for rank, stream, chunk in msg["chunks"]:
+                    if stream != "display":
+                        text[rank] = text.get(rank, "") + chunk
         return text
 
     def live_elided(self) -> dict[int, int]:
