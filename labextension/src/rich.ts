@@ -101,10 +101,20 @@ function htmlFrame(html: string): HTMLElement {
   frame.setAttribute('title', 'rank output (HTML)');
   frame.srcdoc = `<!doctype html><html><head><meta charset="utf-8">${FRAME_STYLE}</head><body>${html}</body></html>`;
   frame.addEventListener('load', () => {
-    const doc = frame.contentDocument;
-    if (doc?.documentElement) {
-      // allow-same-origin lets this page measure it; without allow-scripts nothing in it runs
-      frame.style.height = `${Math.min(2000, Math.ceil(doc.documentElement.scrollHeight) + 2)}px`;
+    // allow-same-origin lets this page measure it; without allow-scripts nothing in it runs
+    const body = frame.contentDocument?.body;
+    if (!body) {
+      return;
+    }
+    const fit = () => {
+      const height = `${Math.min(2000, Math.ceil(body.getBoundingClientRect().height) + 2)}px`;
+      if (frame.style.height !== height) {
+        frame.style.height = height;
+      }
+    };
+    fit();
+    if (typeof ResizeObserver !== 'undefined') {
+      new ResizeObserver(fit).observe(body); // images in it that load later
     }
   });
   return frame;
