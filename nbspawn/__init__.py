@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._api import launch
+from ._api import launch, stop, worlds
 from ._launcher import last_run
 from ._run import RankState, Run
 from .errors import (
@@ -47,6 +47,8 @@ __all__ = [
     "launch",
     "last_run",
     "load_ipython_extension",
+    "stop",
+    "worlds",
 ]
 
 

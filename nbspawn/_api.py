@@ -47,7 +47,7 @@ def prepare(
 def launch(
     cell: str,
     *,
-    nprocs: int | str = "auto",
+    nprocs: int | str | None = None,
     start_method: str | None = None,
     backend: str | None = None,
     env: dict[str, str] | list[str] | None = None,
@@ -58,6 +58,7 @@ def launch(
     namespace: dict[str, Any] | None = None,
     share: str | list[str] | None = None,
     out: str | list[str] | None = None,
+    world: str | None = None,
     echo: bool = False,
     view: RunView | None = None,
     check: bool = True,
@@ -65,28 +66,52 @@ def launch(
     """Run the Python source ``cell`` on ``nprocs`` ranks and wait for them, as ``%%spawn`` does.
 
     ``namespace`` plays the kernel's part: under fork the ranks get a copy of it, under spawn and
-    forkserver the names the cell uses are pickled to them.  With ``check`` (the default) a failed run
-    raises its error (``RankRaisedError``, ``RankExitedError``, ``SpawnTimeoutError`` or
-    ``SpawnInterrupted``), whose ``.run`` is the run; otherwise the run is returned either way.
-    ``share`` names objects of ``namespace`` whose tensors every rank sees in the same memory;
-    ``out`` names values to bring back: ``run.outputs[name]`` is a list indexed by rank.
-    ``echo`` prints each rank's output as ``[rank{r}]: `` lines.
+    forkserver (and on a kept world) the names the cell uses are pickled to them.  With ``check``
+    (the default) a failed run raises its error (``RankRaisedError``, ``RankExitedError``,
+    ``SpawnTimeoutError`` or ``SpawnInterrupted``), whose ``.run`` is the run; otherwise the run is
+    returned either way.  ``share`` names objects of ``namespace`` whose tensors every rank sees in
+    the same memory; ``out`` names values to bring back: ``run.outputs[name]`` is a list indexed by
+    rank.  ``world`` runs the cell on the kept world of that name (started with these options if
+    new; see :func:`worlds` and :func:`stop`).  ``echo`` prints each rank's output as ``[rank{r}]: ``
+    lines.
     """
-    spec = prepare(
-        CellSource(cell),
-        {} if namespace is None else namespace,
-        nprocs=nprocs,
-        start_method=start_method,
-        backend=backend,
-        env=env,
-        timeout=timeout,
-        grace_period=grace_period,
-        log_dir=log_dir,
-        ranks=ranks,
-        share=share,
-        out=out,
-    )
-    run = execute(spec, view or (TextView() if echo else None))
+    view = view or (TextView() if echo else None)
+    options: dict[str, Any] = {
+        "nprocs": "auto" if nprocs is None else nprocs,
+        "start_method": start_method,
+        "backend": backend,
+        "env": env,
+        "timeout": timeout,
+        "grace_period": grace_period,
+        "log_dir": log_dir,
+        "ranks": ranks,
+    }
+    source = CellSource(cell)
+    names = {} if namespace is None else namespace
+    if world is not None:
+        from ._world import prepare_cell
+
+        given = {o for o, v in (("-n", nprocs), ("--start-method", start_method), ("--backend", backend), ("--env", env)) if v is not None}
+        spec, executor = prepare_cell(
+            world, source, names, hidden=None, share=share, out=out, given=given, rich=bool(getattr(view, "rich", False)), **options
+        )
+        run = execute(spec, view, executor)
+    else:
+        run = execute(prepare(source, names, share=share, out=out, **options), view)
     if check:
         run.raise_for_status()
     return run
+
+
+def worlds() -> dict[str, dict[str, Any]]:
+    """The kept worlds of this process: name -> ranks, pids, state, cells run, logs."""
+    from ._world import worlds as _worlds
+
+    return {name: world.status() for name, world in _worlds().items()}
+
+
+def stop(*names: str) -> list[str]:
+    """Stop these kept worlds (all of them if no name is given); returns the names stopped."""
+    from ._world import stop as _stop
+
+    return _stop(list(names) or None)

@@ -66,8 +66,16 @@ class _Ordered:
                 view = view[os.write(self.fds[stream], view) :]
         return len(data)
 
+    def close(self) -> None:
+        with self.lock:
+            for fd in (self.fds[DISPLAY], self.order_fd):
+                if fd >= 0:
+                    os.close(fd)
+            self.fds[DISPLAY] = self.order_fd = -1
+
 
 _ordered: _Ordered | None = None
+_finished = False  # the cell is over: widget closes from here on are the interpreter's clean-up
 
 
 class _StreamRaw(io.RawIOBase):
@@ -113,19 +121,32 @@ def stdio_streams() -> tuple:
 
 def capture_output(rank_dir: str, rich: bool) -> None:
     """Point descriptors 1 and 2 at the rank's logs, order every Python write, capture display()."""
-    global _ordered
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    redirect_output(rank_dir)
+    # The kernel's sys.stdout is a zmq stream that must not be touched from a forked process.
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = stdio_streams()
+    _capture_display(rich)
+
+
+def redirect_output(rank_dir: str) -> None:
+    """From now on, this process's output goes to ``rank_dir`` (a kept world's rank, between cells)."""
+    global _ordered, _finished
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
     for fd, name in ((1, FILES[0]), (2, FILES[1])):
         target = os.open(os.path.join(rank_dir, name), flags, 0o644)
         os.dup2(target, fd)
         os.close(target)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    _ordered = _Ordered(rank_dir)
-    # The kernel's sys.stdout is a zmq stream that must not be touched from a forked process.
-    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = stdio_streams()
-    _capture_display(rich)
+    previous, _ordered = _ordered, _Ordered(rank_dir)
+    if previous is not None:
+        previous.close()
+    _finished = False
 
 
 # -- display() -------------------------------------------------------------------------------------
@@ -230,9 +251,6 @@ def _capture_comms() -> None:
     manager = CommManager()
     comm.create_comm = RankComm
     comm.get_comm_manager = lambda: manager
-
-
-_finished = False
 
 
 def finished() -> None:

@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from . import _shm
 from ._handoff import discard_outputs, receive_outputs
@@ -96,10 +96,26 @@ def last_run() -> Run | None:
     return _last_run
 
 
-def execute(spec: RunSpec, view: RunView | None = None) -> Run:
+class Executor(Protocol):
+    """How one run's ranks are started and seen to end; the supervisor does everything else.
+
+    ``FreshRanks`` starts new processes for the cell and ends them with it; a kept world's
+    ``WorldCell`` (``nbspawn._world``) hands the cell to ranks that live on.
+    """
+
+    keeps_ranks: bool  # the ranks outlive the cell: a failure interrupts them instead of ending them
+
+    def start(self, run: Run) -> list[int]: ...  # pids in rank order; on failure, nothing left running
+    def waitables(self, rank: int) -> list[Any]: ...  # ready when the rank's cell ends or it dies
+    def ended(self, rank: int, ready: Any) -> tuple[int, bool]: ...  # (exit code, the process died)
+    def cleanup(self, lose: bool) -> None: ...  # leave nothing running that should not be
+
+
+def execute(spec: RunSpec, view: RunView | None = None, executor: Executor | None = None) -> Run:
     """Run ``spec`` to completion; the returned run's ``error`` says how it failed, if it did."""
     global _last_run
     view = view or SilentView()
+    executor = executor or FreshRanks(spec)
     if not spec.run_dir:
         spec.run_dir = os.path.join(tempfile.mkdtemp(prefix="nbspawn-"), spec.run_id)
     spec.rich = bool(getattr(view, "rich", False))
@@ -110,7 +126,7 @@ def execute(spec: RunSpec, view: RunView | None = None) -> Run:
         run.close_logs()
         raise SpawnUsageError(f"cannot write logs to {spec.run_dir}: {err.strerror or err}") from None
     _last_run = run
-    supervisor = _Supervisor(run, view)
+    supervisor = _Supervisor(run, view, executor)
     try:
         view.started(run)
         supervisor.start()
@@ -212,24 +228,16 @@ def _prepare_forkserver() -> None:
         _forkserver_ready = True
 
 
-class _Supervisor:
-    def __init__(self, run: Run, view: RunView) -> None:
-        self.run = run
-        self.spec = run.spec
-        self.view = view
+class FreshRanks:
+    """New rank processes for one cell, through ``torch.multiprocessing.start_processes``."""
+
+    keeps_ranks = False
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
         self.processes: list[multiprocessing.process.BaseProcess] = []
-        self.alive: dict[int, int] = {}  # sentinel -> rank
-        self.signalled: set[int] = set()  # ranks nbspawn sent a stopping signal to
-        self.stop_reason: str | None = None  # failure | timeout | interrupt | stop
-        self.stage = ""
-        self.escalate_at = float("inf")
-        self.deadline = float("inf")
-        self.root: int | None = None
-        self.end_order: list[int] = []
 
-    # -- starting ---------------------------------------------------------------------------------
-
-    def start(self) -> None:
+    def start(self, run: Run) -> list[int]:
         from torch.multiprocessing import start_processes
 
         spec = self.spec
@@ -241,8 +249,7 @@ class _Supervisor:
             stdio_streams()
             inherited = spec.shared_env()
             spec.shared_env_inherited = True
-        now = time.time()
-        with _interrupts_deferred() as interrupted, _environment(inherited), _one_flush():
+        with _environment(inherited), _one_flush():
             try:
                 context = start_processes(
                     run_rank, args=(spec,), nprocs=spec.nprocs, join=False, daemon=False, start_method=spec.start_method
@@ -251,15 +258,7 @@ class _Supervisor:
                 self._kill_orphans()
                 raise
         self.processes = list(context.processes)
-        for rank, process in enumerate(self.processes):
-            state = self.run.ranks[rank]
-            state.pid, state.started_at, state.status = process.pid, now, "running"
-            self.alive[process.sentinel] = rank
-        self.run.status = "running"
-        if spec.timeout is not None:
-            self.deadline = time.monotonic() + spec.timeout
-        if interrupted:
-            self._begin_stop("interrupt")
+        return [p.pid for p in self.processes]
 
     def _kill_orphans(self) -> None:
         """start_processes failed half-way: find the ranks it did start through multiprocessing."""
@@ -268,6 +267,61 @@ class _Supervisor:
             if len(args) > 2 and args[2] and args[2][0] is self.spec:
                 process.kill()
                 process.join()
+
+    def waitables(self, rank: int) -> list[Any]:
+        return [self.processes[rank].sentinel]
+
+    def ended(self, rank: int, ready: Any) -> tuple[int, bool]:
+        process = self.processes[rank]
+        process.join()
+        return process.exitcode or 0, True
+
+    def cleanup(self, lose: bool) -> None:
+        for process in self.processes:
+            if process.exitcode is None:
+                _signal_group(process.pid, signal.SIGKILL)
+                process.join()
+        for process in self.processes:
+            # Whatever a rank left running in its group. The rank itself is reaped, so its pid may
+            # already belong to someone else: only its group is signalled, never the pid.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.close()
+
+
+class _Supervisor:
+    def __init__(self, run: Run, view: RunView, executor: Executor) -> None:
+        self.run = run
+        self.spec = run.spec
+        self.view = view
+        self.executor = executor
+        self.pids: list[int] = []
+        self.alive: dict[Any, int] = {}  # waitable -> rank, for ranks still in the cell
+        self.signalled: set[int] = set()  # ranks nbspawn sent a stopping signal to
+        self.stop_reason: str | None = None  # failure | timeout | interrupt | stop
+        self.stage = ""
+        self.escalate_at = float("inf")
+        self.deadline = float("inf")
+        self.root: int | None = None
+        self.end_order: list[int] = []
+        self.lost: str | None = None  # a kept world that cannot go on: why
+
+    # -- starting ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        now = time.time()
+        with _interrupts_deferred() as interrupted:
+            self.pids = self.executor.start(self.run)
+        for rank, pid in enumerate(self.pids):
+            state = self.run.ranks[rank]
+            state.pid, state.started_at, state.status = pid, now, "running"
+            for waitable in self.executor.waitables(rank):
+                self.alive[waitable] = rank
+        self.run.status = "running"
+        if self.spec.timeout is not None:
+            self.deadline = time.monotonic() + self.spec.timeout
+        if interrupted:
+            self._begin_stop("interrupt")
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -278,8 +332,9 @@ class _Supervisor:
                 wait = min(poll, max(0.0, min(self.deadline, self.escalate_at) - time.monotonic()))
                 ready = multiprocessing.connection.wait(list(self.alive), timeout=wait)
                 poll = POLL_MIN if self._forward_output() else min(POLL_MAX, poll * 2)
-                for sentinel in sorted(ready, key=self._error_time):
-                    self._reap(self.alive.pop(sentinel))
+                for waitable in sorted(ready, key=self._error_time):
+                    if waitable in self.alive:
+                        self._reap(self.alive[waitable], waitable)
                 self._check_clocks()
                 self.view.tick(self.run)
                 if self.stop_reason is None and getattr(self.view, "wants_stop", bool)():
@@ -288,9 +343,9 @@ class _Supervisor:
                 self._on_interrupt()
         self._forward_output(final=True)
 
-    def _error_time(self, sentinel: int) -> float:
+    def _error_time(self, waitable: Any) -> float:
         """Among ranks that ended together, the one whose error was recorded first is the root cause."""
-        record = self.run.ranks[self.alive[sentinel]].read_error()
+        record = self.run.ranks[self.alive[waitable]].read_error()
         return record.get("nbspawn", {}).get("time", float("inf")) if record else float("inf")
 
     def _forward_output(self, final: bool = False) -> bool:
@@ -313,13 +368,19 @@ class _Supervisor:
         if item.get("kind") == "data" and item.get("text"):
             self.view.output(rank, "stdout", str(item["text"]).rstrip("\n") + "\n")
 
-    def _reap(self, rank: int) -> None:
-        process = self.processes[rank]
-        process.join()
+    def _reap(self, rank: int, waitable: Any) -> None:
+        for other in [w for w, r in self.alive.items() if r == rank]:
+            del self.alive[other]
+        code, died = self.executor.ended(rank, waitable)
         state = self.run.ranks[rank]
         state.ended_at = time.time()
-        state.exit_code = process.exitcode
+        state.exit_code = code
         self.end_order.append(rank)
+        if died and self.executor.keeps_ranks and self.lost is None:
+            how = f"signal {-code}" if code < 0 else f"exit code {code}"
+            with contextlib.suppress(ValueError):
+                how = signal.Signals(-code).name if code < 0 else how
+            self.lost = f"rank {rank} died ({how})"
         if state.exit_code == 0:
             state.status = "done"
         else:
@@ -328,6 +389,8 @@ class _Supervisor:
             if state.status == "failed" and self.root is None and self.stop_reason is None:
                 self.root = rank
                 self._begin_stop("failure")
+            elif died and self.lost and self.stage in ("", "sigint"):
+                self._terminate()  # a kept world's rank died while others were being interrupted
         self.view.rank_ended(self.run, state)
 
     def _failure(self, state: RankState) -> RankFailure:
@@ -377,12 +440,15 @@ class _Supervisor:
             else:
                 self._escalate()
         else:  # a second interrupt: no more patience
+            if self.executor.keeps_ranks and self.lost is None:
+                self.lost = "interrupted twice"
             self._send(signal.SIGKILL)
             self.stage, self.escalate_at = "sigkill", float("inf")
 
     def _begin_stop(self, reason: str) -> None:
         self.stop_reason = reason
-        if reason in ("interrupt", "stop"):
+        # ranks that live on are interrupted first, so they can come back and the world survives
+        if reason in ("interrupt", "stop") or (self.executor.keeps_ranks and self.lost is None):
             self._send(signal.SIGINT)
             self.stage = "sigint"
             self.escalate_at = time.monotonic() + self.spec.grace_period
@@ -391,6 +457,12 @@ class _Supervisor:
 
     def _escalate(self) -> None:
         if self.stage == "sigint":
+            if self.executor.keeps_ranks and self.lost is None:
+                stuck = ", ".join(map(str, sorted(set(self.alive.values()))))
+                self.lost = (
+                    f"rank {stuck} did not come back within {self.spec.grace_period:g} s of the interrupt "
+                    "(stuck where Python cannot be interrupted, such as a collective)"
+                )
             self._terminate()
         else:
             self._send(signal.SIGKILL)
@@ -400,9 +472,9 @@ class _Supervisor:
         """Ask every running rank for its stack, then SIGTERM; SIGKILL follows after the grace period."""
         # Only ranks that installed faulthandler (their stacks.log exists) can take SIGUSR1; for one
         # still starting, SIGUSR1 would be fatal and misreported.
-        waiting = {r for r in self.alive.values() if os.path.exists(self.run.ranks[r].stacks_path)}
+        waiting = {r for r in set(self.alive.values()) if os.path.exists(self.run.ranks[r].stacks_path)}
         for rank in waiting:
-            _signal_group(self.processes[rank].pid, signal.SIGUSR1)
+            _signal_group(self.pids[rank], signal.SIGUSR1)
         until = time.monotonic() + STACK_DUMP_WAIT
         while waiting and time.monotonic() < until:
             waiting = {r for r in waiting if not _nonempty(self.run.ranks[r].stacks_path)}
@@ -413,9 +485,9 @@ class _Supervisor:
         self.escalate_at = time.monotonic() + self.spec.grace_period
 
     def _send(self, sig: int) -> None:
-        for rank in list(self.alive.values()):
+        for rank in sorted(set(self.alive.values())):
             self.signalled.add(rank)
-            _signal_group(self.processes[rank].pid, sig)
+            _signal_group(self.pids[rank], sig)
 
     # -- the end ----------------------------------------------------------------------------------
 
@@ -425,16 +497,10 @@ class _Supervisor:
             self._cleanup()
 
     def _cleanup(self) -> None:
-        for process in self.processes:
-            if process.exitcode is None:
-                _signal_group(process.pid, signal.SIGKILL)
-                process.join()
-        for process in self.processes:
-            # Whatever a rank left running in its group. The rank itself is reaped, so its pid may
-            # already belong to someone else: only its group is signalled, never the pid.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.close()
+        if self.executor.keeps_ranks and self.alive and self.lost is None:
+            self.lost = "its cell did not finish"  # an error in the supervisor itself
+        self.executor.cleanup(lose=self.lost is not None)
+        self.run.world_lost = self.lost
         self.alive.clear()
         self.run.close_logs()
         self.run.ended_at = time.time()

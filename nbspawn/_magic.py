@@ -11,12 +11,12 @@ import sys
 from typing import TYPE_CHECKING
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, cell_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Float, Int, Unicode, Union
 
 from ._api import prepare
-from ._launcher import RunView, execute
+from ._launcher import Executor, RunView, execute
 from ._source import CellSource, CellSyntaxError
 from ._spec import RunSpec
 from ._view_text import TextView
@@ -53,6 +53,9 @@ class SpawnMagics(Magics):
     ).tag(config=True)
     max_image_kb = Int(
         2048, help="Most KB of images a run shows and saves; past it an image is named, not shown (its rank's display.jsonl has it)."
+    ).tag(config=True)
+    world = Unicode(
+        "", help="Run every %%spawn cell on the kept world of this name ('' : fresh ranks per cell; --fresh for one cell)."
     ).tag(config=True)
     view = Unicode(
         "auto",
@@ -102,8 +105,15 @@ class SpawnMagics(Magics):
         "indexed by rank (tensors come back through shared memory)",
     )
     @argument("--view", default=None, metavar="auto|widget|text", help="live widget or [rank{r}]: text lines (default: SpawnMagics.view)")
-    @cell_magic
-    def spawn(self, line: str, cell: str) -> None:
+    @argument(
+        "--world",
+        default=None,
+        metavar="NAME",
+        help="run on the kept world NAME (ranks that live across cells), started with this cell's options if new",
+    )
+    @argument("--fresh", action="store_true", help="fresh ranks for this cell, even if SpawnMagics.world names a world")
+    @line_cell_magic
+    def spawn(self, line: str, cell: str | None = None) -> None:
         """Run this cell on N local PyTorch ranks, with the torchrun environment.
 
         Every rank runs the cell with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set,
@@ -113,16 +123,25 @@ class SpawnMagics(Magics):
         fails stops the others, and the cell raises that rank's error in this cell's line numbers.
         Names the ranks assign never change the kernel's (use --out to bring values back).
 
+        With --world NAME the cell runs on a kept world: ranks that stay alive across cells, with
+        their names, process group and loaded models. As a line magic:
+
+          %spawn status            the kept worlds: name, ranks, pids, state
+          %spawn stop [NAME ...]   stop these worlds (all if no name); only their logs remain
+
         Defaults are configurable, e.g. %config SpawnMagics.nprocs = 8 (also start_method, backend,
-        timeout, grace_period, log_dir, view, max_saved_kb, max_image_kb).
+        timeout, grace_period, log_dir, view, world, max_saved_kb, max_image_kb).
         """
+        if cell is None:
+            return self._line(line)
         args = parse_argstring(self.spawn, line)
+        world = "" if args.fresh else (self.world if args.world is None else args.world)
         try:
             view = self._view(args.view or self.view)
         except ValueError as err:
             raise UsageError(str(err)) from None
         try:
-            spec = self._prepare(args, cell)
+            spec, executor = self._prepare(args, cell, world.strip(), view)
         except SpawnUsageError as err:  # IPython prints exactly UsageError as one line, no traceback
             raise UsageError(str(err)) from None
         except CellSyntaxError as err:
@@ -130,7 +149,7 @@ class SpawnMagics(Magics):
         for note in spec.notes:
             print(note, file=sys.stderr)
         try:
-            run = execute(spec, view)
+            run = execute(spec, view, executor)
         except SpawnUsageError as err:
             raise UsageError(str(err)) from None
         if run.error is not None:
@@ -151,28 +170,64 @@ class SpawnMagics(Magics):
                 raise ValueError("--view widget: the widget's front end was not built (run `make lab` or `pip install .`)")
         return TextView()
 
-    def _prepare(self, args: argparse.Namespace, cell: str) -> RunSpec:
+    def _line(self, line: str) -> None:
+        """``%spawn status`` and ``%spawn stop [NAME ...]``."""
+        from . import _world
+
+        words = line.split()
+        if words[:1] == ["status"] and len(words) == 1:
+            print(_status_table(_world.worlds()))
+            return
+        if words[:1] == ["stop"]:
+            try:
+                stopped = _world.stop(words[1:] or None)
+            except SpawnUsageError as err:
+                raise UsageError(str(err)) from None
+            print(f"stopped {', '.join(stopped)}" if stopped else "no kept world to stop")
+            return
+        raise UsageError("%spawn takes: status | stop [NAME ...]   (%%spawn [options] runs a cell; see %%spawn?)")
+
+    def _prepare(self, args: argparse.Namespace, cell: str, world: str, view: RunView) -> tuple[RunSpec, Executor | None]:
         shell = self.shell
         cells = _cell_files(shell)
-        spec = prepare(
-            CellSource(cell, line_offset=1, label=f"Cell In[{_cell_number(shell, cells)}]"),
-            shell.user_ns,
-            hidden=shell.user_ns_hidden,
-            nprocs=self.nprocs if args.nprocs is None else args.nprocs,
-            start_method=args.start_method or self.start_method,
-            backend=args.backend or self.backend,
-            env=args.env,
-            timeout=self.timeout if args.timeout is None else args.timeout,
-            grace_period=self.grace_period if args.grace_period is None else args.grace_period,
-            log_dir=args.log_dir or self.log_dir,
-            ranks=args.ranks,
-            share=args.share,
-            out=args.out,
-            max_saved_kb=self.max_saved_kb,
-            max_image_kb=self.max_image_kb,
-        )
+        source = CellSource(cell, line_offset=1, label=f"Cell In[{_cell_number(shell, cells)}]")
+        options = {
+            "nprocs": self.nprocs if args.nprocs is None else args.nprocs,
+            "start_method": args.start_method or self.start_method,
+            "backend": args.backend or self.backend,
+            "env": args.env,
+            "timeout": self.timeout if args.timeout is None else args.timeout,
+            "grace_period": self.grace_period if args.grace_period is None else args.grace_period,
+            "log_dir": args.log_dir or self.log_dir,
+            "ranks": args.ranks,
+            "max_saved_kb": self.max_saved_kb,
+            "max_image_kb": self.max_image_kb,
+        }
+        if world:
+            from ._world import prepare_cell
+
+            given = {o for o, v in (("-n", args.nprocs), ("--start-method", args.start_method), ("--backend", args.backend), ("--env", args.env)) if v is not None}
+            spec, executor = prepare_cell(
+                world, source, shell.user_ns, hidden=shell.user_ns_hidden, share=args.share, out=args.out,
+                given=given, rich=bool(getattr(view, "rich", False)), **options,
+            )  # fmt: skip
+            spec.cell_numbers = cells
+            return spec, executor
+        spec = prepare(source, shell.user_ns, hidden=shell.user_ns_hidden, share=args.share, out=args.out, **options)
         spec.cell_numbers = cells
-        return spec
+        return spec, None
+
+
+def _status_table(worlds: dict) -> str:
+    if not worlds:
+        return "no kept worlds (start one with %%spawn --world NAME)"
+    rows = [("world", "ranks", "state", "cells", "method", "backend", "pids", "logs")]
+    for world in worlds.values():
+        s = world.status()
+        pids = ",".join(map(str, s["pids"]))
+        rows.append((s["name"], str(s["ranks"]), s["state"], str(s["cells"]), s["start_method"], s["backend"], pids, s["logs"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 
 
 def _cell_files(shell: InteractiveShell) -> dict[str, int]:

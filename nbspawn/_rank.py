@@ -20,7 +20,7 @@ import time
 import traceback
 
 from ._capture import capture_output, finished, flush_figures
-from ._source import rewrite_cell_frames
+from ._source import CellSource, rewrite_cell_frames
 from ._spec import RunSpec
 
 EXIT_RAISED = 1
@@ -43,7 +43,7 @@ def run_rank(rank: int, spec: RunSpec) -> None:
     except SystemExit as exc:  # sys.exit() in the cell: keep Python's meaning of the code
         code = _exit_code(exc)
     except BaseException as exc:  # noqa: BLE001 - everything a rank raises is reported, even Ctrl-C
-        _write_error(rank_dir, spec, exc)
+        write_error(rank_dir, spec.cell, exc)
         code = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_RAISED
     finally:
         finished()
@@ -99,20 +99,11 @@ def _namespace(spec: RunSpec) -> dict:
 
 
 def _run_cell(spec: RunSpec, rank: int) -> None:
-    torch = sys.modules.get("torch")
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if torch is not None and threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))  # a forked rank inherited the kernel's thread pool size
-    _use_local_gpu(rank)
+    prepare_rank(rank)
     namespace = _namespace(spec)
     code, last = spec.compiled or spec.cell.compile()
-    dist = _init_process_group(spec, rank)
-    exec(code, namespace)  # noqa: S102 - running the user's cell is the point
-    if last is not None:
-        value = eval(last, namespace)  # noqa: S307
-        if value is not None:
-            _show(value)
-    flush_figures()
+    dist = init_process_group(spec.backend, rank)
+    execute_cell(code, last, namespace)
     if spec.out_names:
         from ._handoff import send_outputs
 
@@ -121,6 +112,25 @@ def _run_cell(spec: RunSpec, rank: int) -> None:
     dist = dist or sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()  # also the user's own group, so the rank exits without warnings
+
+
+def prepare_rank(rank: int) -> None:
+    """Threads and device, as torchrun sets them up."""
+    torch = sys.modules.get("torch")
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))  # a forked rank inherited the kernel's thread pool size
+    _use_local_gpu(rank)
+
+
+def execute_cell(code: object, last: object, namespace: dict) -> None:
+    """The cell's statements, then its trailing expression shown, then the figures it left open."""
+    exec(code, namespace)  # noqa: S102 - running the user's cell is the point
+    if last is not None:
+        value = eval(last, namespace)  # noqa: S307
+        if value is not None:
+            _show(value)
+    flush_figures()
 
 
 def _show(value: object) -> None:
@@ -147,15 +157,15 @@ def _use_local_gpu(rank: int) -> None:
         torch.cuda.set_device(rank % count)
 
 
-def _init_process_group(spec: RunSpec, rank: int):  # noqa: ANN202
-    if spec.backend == "none":
+def init_process_group(backend: str, rank: int):  # noqa: ANN201
+    if backend == "none":
         return None
     import torch
     import torch.distributed as dist
 
-    if spec.backend == "nccl":
+    if backend == "nccl":
         torch.cuda.set_device(rank)
-    dist.init_process_group(spec.backend)
+    dist.init_process_group(backend)
     return dist
 
 
@@ -168,11 +178,14 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _write_error(rank_dir: str, spec: RunSpec, exc: BaseException) -> None:
+_OWN_FILES = {__file__, __file__.replace("_rank.py", "_world_rank.py")}
+
+
+def write_error(rank_dir: str, cell: CellSource, exc: BaseException) -> None:
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
         tb = tb.tb_next  # start at the cell, not at nbspawn
-    text = rewrite_cell_frames("".join(traceback.format_exception(type(exc), exc, tb)), spec.cell)
+    text = rewrite_cell_frames("".join(traceback.format_exception(type(exc), exc, tb)), cell)
     message = str(exc)
     record = {
         "message": {

@@ -74,6 +74,8 @@ class Run:
     ended_at: float | None = None
     error: BaseException | None = None
     outputs: dict[str, list] = field(default_factory=dict)  # --out: name -> one value per rank
+    world: str | None = None  # the kept world this cell ran on
+    world_lost: str | None = None  # why that world could not go on, if it could not
     display_items: DisplayItems = field(init=False, repr=False)
     _streams: list[RankStreams] = field(default_factory=list, repr=False)
 

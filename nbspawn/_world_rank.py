@@ -1,0 +1,177 @@
+"""What runs in each rank of a kept world: one process that runs cell after cell.
+
+A world rank is started like a fresh one (``torch.multiprocessing.start_processes``, the torchrun
+environment, pdeathsig, its own process group), then loops: it waits for a :class:`WorldJob` on its
+pipe, points its output at that cell's log directory, runs the cell in its own namespace, and
+answers with how the cell ended.  Between cells its output goes to the world's own directory, so a
+background thread's prints are kept and never shown in the wrong cell.
+
+Names: what a world cell assigns stays in the rank's namespace for the next cell; every other name
+a cell uses comes from the kernel with the job, with its current value.  SIGINT raises
+``KeyboardInterrupt`` only while a cell runs; an idle rank ignores it, so a world whose ranks all
+come back from an interrupt lives on.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import faulthandler
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _rank
+from ._capture import finished, redirect_output
+from ._source import CellSource
+
+OK, RAISED, INTERRUPTED, EXITED = "ok", "raised", "interrupted", "exited"
+
+
+@dataclass
+class WorldJob:
+    """One cell for one world: what every rank receives on its pipe."""
+
+    cell: CellSource
+    run_dir: str  # <log-dir>/<run-id> of this cell
+    run_id: str
+    names: Any = None  # an _shm.Payload of the kernel names the cell uses
+    out_names: tuple[str, ...] = ()
+    shm_prefix: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def rank_dir(self, rank: int) -> str:
+        return os.path.join(self.run_dir, str(rank))
+
+
+def _ignore_interrupt(signum: int, frame: Any) -> None:
+    """SIGINT while no cell runs: nothing to interrupt (the kernel interrupts every rank at once)."""
+
+
+def run_world_rank(rank: int, spec: Any, conns: list[Any]) -> None:
+    """Entry point of a world rank: set up once, then one cell per job until told to stop."""
+    _rank._die_with_parent(spec)
+    conn = conns[rank]
+    for other in conns:
+        if other is not conn:
+            other.close()
+    between = spec.rank_dir(rank)
+    os.environ.update(spec.rank_env(rank))
+    from ._capture import capture_output
+
+    capture_output(between, spec.rich)
+    signal.signal(signal.SIGINT, _ignore_interrupt)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    stacks = _stacks_to(between, None)
+    _rank._forbid_input()
+    _rank.prepare_rank(rank)
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    own: set[str] = set()  # names world cells assigned in this rank
+    group: list[Any] = []  # the default process group, made by the first cell
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            break
+        if job is None:
+            break
+        rank_dir = job.rank_dir(rank)
+        redirect_output(rank_dir)
+        stacks = _stacks_to(rank_dir, stacks)
+        os.environ.update(job.env)
+        os.environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(rank_dir, "error.json")
+        try:
+            outcome = _serve(job, rank, spec, namespace, own, group)
+        except KeyboardInterrupt:  # an interrupt that came as the cell was ending
+            signal.signal(signal.SIGINT, _ignore_interrupt)
+            outcome = INTERRUPTED, 1
+        finished()
+        _rank._flush()
+        redirect_output(between)
+        stacks = _stacks_to(between, stacks)
+        try:
+            conn.send(outcome)
+        except (BrokenPipeError, OSError):
+            break
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _rank._flush()
+
+
+def _serve(job: WorldJob, rank: int, spec: Any, namespace: dict[str, Any], own: set[str], group: list[Any]) -> tuple[str, int]:
+    """Run one cell; interrupts reach it only while it runs. Returns (outcome, exit code)."""
+    rank_dir = job.rank_dir(rank)
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if not group:
+            group.append(_rank.init_process_group(spec.backend, rank))
+        _run(job, rank, namespace, own)
+        return OK, 0
+    except SystemExit as exc:
+        code = _rank._exit_code(exc)
+        return (OK, 0) if code == 0 else (EXITED, code)
+    except BaseException as exc:  # noqa: BLE001 - everything a cell raises is reported
+        signal.signal(signal.SIGINT, _ignore_interrupt)
+        _rank.write_error(rank_dir, job.cell, exc)
+        return (INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RAISED), 1
+    finally:
+        signal.signal(signal.SIGINT, _ignore_interrupt)
+
+
+def _run(job: WorldJob, rank: int, namespace: dict[str, Any], own: set[str]) -> None:
+    tree = job.cell.parse()
+    if job.names is not None:
+        from ._handoff import unpack_namespace
+
+        for name, value in unpack_namespace(job.names).items():
+            if name not in own:  # a name this rank's cells assigned is the rank's own
+                namespace[name] = value
+    code, last = job.cell.compile()
+    try:
+        _rank.execute_cell(code, last, namespace)
+    finally:  # what the cell bound, even if it failed half-way, is now the rank's own
+        own.update(name for name in assigned_names(tree) if name in namespace)
+    if job.out_names:
+        from ._handoff import send_outputs
+
+        send_outputs(namespace, job.out_names, job.shm_prefix or "", job.rank_dir(rank))
+
+
+def assigned_names(tree: ast.Module) -> set[str]:
+    """Names a cell binds at its top level: assignments, imports, functions, classes, for/with targets
+    (not the locals of the functions it defines, nor comprehension variables)."""
+    names: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            for child in (*node.decorator_list, *getattr(node.args, "defaults", []), *getattr(node, "bases", [])):
+                visit(child)
+            return
+        elif isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            return
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names if alias.name != "*")
+        elif isinstance(node, ast.NamedExpr):
+            names.add(node.target.id)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return names
+
+
+def _stacks_to(rank_dir: str, previous: Any) -> Any:
+    """faulthandler's dumps (SIGUSR1, fatal signals) go to this directory's stacks.log."""
+    stack_file = open(os.path.join(rank_dir, "stacks.log"), "a")  # noqa: SIM115 - kept open for the handler
+    faulthandler.enable(file=stack_file, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    if previous is not None:
+        previous.close()
+    _rank._stack_file = stack_file
+    return stack_file
