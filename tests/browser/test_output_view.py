@@ -1,0 +1,489 @@
+"""Rank output as real training code produces it (issue #8), in a real browser: JupyterLab and Notebook 7.
+
+Each test runs one `%%spawn` cell of one notebook for real, in both front ends (one server, one page
+and one kernel per front end, shared by the tests):
+
+- a 16-rank flood for 10 s: no main-thread task over 100 ms (a `PerformanceObserver` for long tasks,
+  installed before the page loads), and another cell stays editable meanwhile;
+- Stop during a flood: the cell's execution ends within 1 s of the click;
+- the kernel shows Busy for the whole of a run (JupyterLab's status bar text; Notebook 7's tab icon,
+  its only kernel-status indicator that follows the kernel's status messages);
+- rich output in the rank's pane, live and frozen: an HTML table (in an iframe), a matplotlib figure
+  (an `<img>`), a `tqdm.auto` bar below the newest printed line;
+- a plain tqdm bar on stderr stays the pane's last line while lines are printed, not styled as an error.
+
+The figures measured (long tasks, Stop latency) are printed (run with -s to see them) and named in
+assertion messages.  Screenshots go to test-artifacts/browser/ (NBSPAWN_TEST_ARTIFACTS overrides).
+Needs what test_lab_renderer.py needs, and matplotlib and tqdm in the kernel's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import pytest
+
+from test_lab_renderer import (  # the servers, browser pages, fixtures and helpers of the renderer's tests
+    Page,
+    artifacts,  # noqa: F401 - a fixture
+    browser,  # noqa: F401 - a fixture
+    code_cell,
+    lab_url,
+    notebook,
+    run_cell,
+    serve,
+    shot,
+    sync_api,
+)
+
+from nbspawn._view_widget import widget_available
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(not widget_available(), reason="nbspawn/_static/widget.js is not built"),
+]
+pytest.importorskip("tqdm", reason="tqdm is not installed (pip install -e '.[test]')")
+pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install -e '.[test]')")
+
+LONG_TASK_MAX_MS = 100
+STOP_MAX_S = 1.0
+BUSY_GRACE_MS = 300
+
+LOAD = "%load_ext nbspawn"
+
+# 16 ranks print as fast as they can for 10 s: lines of varied length, every 400th line on stderr.
+FLOOD = """\
+%%spawn -n 16
+import os, sys, time
+rank = int(os.environ["RANK"])
+end = time.time() + 10
+i = 0
+while time.time() < end:
+    i += 1
+    print(f"rank {rank} line {i} " + "abcdefghij" * (i % 23), flush=(i % 50 == 0))
+    if i % 400 == 0:
+        print(f"rank {rank} warning: step {i} is slow", file=sys.stderr, flush=True)
+print(f"rank {rank} flooded {i} lines", flush=True)
+"""
+
+# Edited while FLOOD runs.
+SCRATCH = "# scratch"
+TYPED = "typed_during_the_flood = 42"
+
+# 16 ranks flood until stopped (at most 120 s).
+FLOOD_FOREVER = """\
+%%spawn -n 16
+import os, sys, time
+rank = int(os.environ["RANK"])
+end = time.time() + 120
+i = 0
+while time.time() < end:
+    i += 1
+    print(f"rank {rank} line {i} " + "0123456789" * (i % 17), flush=(i % 50 == 0))
+    if i % 400 == 0:
+        print(f"rank {rank} warning: step {i}", file=sys.stderr, flush=True)
+"""
+
+# A ~6 s run that prints now and then.
+SIX_SECONDS = """\
+%%spawn -n 2
+import os, time
+rank = int(os.environ["RANK"])
+for step in range(30):
+    print(f"rank {rank} step {step}", flush=True)
+    time.sleep(0.2)
+"""
+
+# display() of an HTML table and a matplotlib figure, then a tqdm.auto bar with a print halfway.
+RICH = """\
+%%spawn -n 2
+import os, time
+rank = int(os.environ["RANK"])
+from IPython.display import display
+class Table:
+    def _repr_html_(self):
+        return (f"<table class='losses'><tr><th>rank</th><th>loss</th></tr>"
+                f"<tr><td>{rank}</td><td>0.{rank}25</td></tr></table>")
+print(f"rank {rank} starting", flush=True)
+display(Table())
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots(figsize=(3, 2), dpi=60)
+ax.plot([0, 1, 2, 3], [3, 1 + rank, 2, 0])
+ax.set_title(f"rank {rank} loss")
+plt.show()
+from tqdm.auto import tqdm
+for i in tqdm(range(50), desc=f"epoch-r{rank}"):
+    time.sleep(0.1)
+    if i == 10:
+        print(f"rank {rank} halfway there", flush=True)
+print(f"rank {rank} done", flush=True)
+"""
+
+# A plain tqdm bar on stderr advancing while the rank prints a line every 0.5 s.
+BAR = """\
+%%spawn -n 2
+import os, sys, time
+from tqdm import tqdm
+rank = int(os.environ["RANK"])
+bar = tqdm(total=60, desc=f"train-r{rank}", file=sys.stderr, mininterval=0, ascii=False)
+for i in range(60):
+    time.sleep(0.1)
+    bar.update(1)
+    if i % 5 == 0:
+        print(f"rank {rank} step {i:02d} loss {1 / (i + 1):.4f}", flush=True)
+bar.close()
+print(f"rank {rank} trained", flush=True)
+"""
+
+CELLS = [LOAD, FLOOD, SCRATCH, FLOOD_FOREVER, SIX_SECONDS, RICH, BAR]
+C_FLOOD, C_SCRATCH, C_FOREVER, C_SIX, C_RICH, C_BAR = range(1, 7)
+
+# Every long task of the page, from its first moment: [startTime, duration] in ms.
+LONGTASK_OBSERVER = """
+window.__nbsLongTasks = [];
+try {
+  new PerformanceObserver(list => {
+    for (const e of list.getEntries()) window.__nbsLongTasks.push([e.startTime, e.duration]);
+  }).observe({type: 'longtask', buffered: true});
+} catch (err) {
+  window.__nbsLongTaskError = String(err);
+}
+"""
+
+
+def _write(root) -> None:
+    (root / "output.ipynb").write_text(json.dumps(notebook([code_cell(i, s) for i, s in enumerate(CELLS)])))
+
+
+class Front:
+    """One front end (``lab`` or ``nb7``): its page, with the notebook open and nbspawn loaded."""
+
+    def __init__(self, name: str, p: Page):
+        self.name = name
+        self.p = p
+        self.pg = p.page
+        root = ".jp-NotebookPanel:not(.lm-mod-hidden) " if name == "lab" else ""
+        self.cells = self.pg.locator(f"{root}.jp-Notebook .jp-Cell")
+
+    def cell(self, i: int):
+        return self.cells.nth(i)
+
+    def now(self) -> float:
+        return self.pg.evaluate("performance.now()")
+
+    def start(self, i: int) -> float:
+        """Run cell ``i``; the page's clock (ms) just before."""
+        t0 = self.now()
+        run_cell(self.pg, self.cell(i))
+        return t0
+
+    def live(self, i: int):
+        view = self.cell(i).locator(".nbs-Run.nbs-mod-live")
+        view.wait_for(timeout=90_000)
+        return view
+
+    def frozen(self, i: int, timeout: float = 120_000):
+        run = self.cell(i).locator(".nbs-RunRenderer .nbs-Run")
+        run.wait_for(timeout=timeout)
+        sync_api.expect(self.cell(i).locator(".jp-InputPrompt")).to_have_text(re.compile(r"\[\d+\]"), timeout=30_000)
+        return run
+
+    def long_tasks(self, since: float, until: float) -> list[float]:
+        err = self.pg.evaluate("window.__nbsLongTaskError || null")
+        assert err is None, f"no long-task observer in this Chromium: {err}"
+        tasks = self.pg.evaluate("window.__nbsLongTasks")
+        return [d for start, d in tasks if start + d >= since and start <= until]
+
+
+@pytest.fixture(scope="module", params=["lab", "nb7"])
+def front(request, browser, artifacts, tmp_path_factory):  # noqa: F811 - fixtures
+    name = request.param
+    server_gen = serve("lab" if name == "lab" else "notebook", tmp_path_factory.mktemp(f"output-{name}"), _write)
+    server = next(server_gen)
+    p = Page(browser, width=1200, height=1000)
+    try:
+        p.context.add_init_script(LONGTASK_OBSERVER)
+        pg = p.page
+        pg.goto(lab_url(server, "output.ipynb") if name == "lab" else server.url("/notebooks/output.ipynb"))
+        f = Front(name, p)
+        f.cell(0).wait_for(timeout=90_000)
+        pg.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
+        dialog = pg.locator(".jp-Dialog")
+        if dialog.count():
+            pg.screenshot(path=str(artifacts / f"{name}-output-dialog.png"))
+            pytest.fail(f"{name} opened a dialog: {dialog.first.inner_text()!r}", pytrace=False)
+        run_cell(pg, f.cell(0))
+        sync_api.expect(f.cell(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=120_000)
+        yield f
+        assert p.dialogs == [], p.dialogs
+    finally:
+        p.close()
+        next(server_gen, None)
+
+
+def _pane(view, rank: int):
+    """Select ``rank``'s tab in a run view; its pane's output."""
+    view.locator(f".nbs-Chip[data-rank='{rank}']").click()
+    pane = view.locator(f".nbs-Pane[data-rank='{rank}'] .nbs-Output")
+    pane.wait_for(timeout=10_000)
+    return pane
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(front, artifacts):
+    pg = front.pg
+    t0 = front.start(C_FLOOD)
+    view = front.live(C_FLOOD)
+    pg.wait_for_function(
+        "v => v.querySelectorAll('.nbs-Chip[data-status=\"running\"]').length === 16", arg=view.element_handle(),
+        timeout=60_000,
+    )
+    pg.wait_for_timeout(2500)  # the flood is on
+
+    # another cell, edited meanwhile: every typed character arrives
+    scratch = front.cell(C_SCRATCH)
+    editor = scratch.locator(".jp-InputArea-editor")
+    typed_at = time.monotonic()
+    editor.click()
+    pg.keyboard.press("End")
+    pg.keyboard.press("Enter")
+    pg.keyboard.type(TYPED, delay=20)
+    sync_api.expect(editor).to_contain_text(TYPED, timeout=5_000)
+    typing_s = time.monotonic() - typed_at
+    pg.keyboard.press("Escape")
+    pg.mouse.move(0, 0)
+    pg.screenshot(path=str(artifacts / f"{front.name}-flood-page.png"))
+    shot(view, artifacts, f"{front.name}-flood-live.png")
+    still_live = front.cell(C_FLOOD).locator(".nbs-mod-live").count() == 1
+
+    frozen = front.frozen(C_FLOOD)
+    t1 = front.now()
+    text = frozen.inner_text()
+    shot(frozen, artifacts, f"{front.name}-flood-frozen.png")
+    tasks = front.long_tasks(t0, t1)
+    worst = max(tasks, default=0.0)
+    over50 = sum(d > 50 for d in tasks)
+    figures = (
+        f"{front.name}: 16-rank flood, {(t1 - t0) / 1000:.1f} s: {len(tasks)} long tasks, max {worst:.0f} ms, "
+        f"{over50} over 50 ms, {sum(d > LONG_TASK_MAX_MS for d in tasks)} over {LONG_TASK_MAX_MS} ms "
+        f"(all: {sorted(round(d) for d in tasks)[-12:]}); typing {len(TYPED)} characters took {typing_s:.2f} s"
+    )
+    print(figures)
+    assert still_live, f"the flood ended before the typing was done: {figures}"
+    assert worst <= LONG_TASK_MAX_MS, figures
+    assert typing_s < 5, figures
+    assert all(s == "done" for s in (frozen.locator(".nbs-Chip").nth(r).get_attribute("data-status") for r in range(16)))
+    assert "flooded" in text, text[-2000:]
+
+
+def test_stop_within_a_second_during_a_flood(front, artifacts):
+    pg = front.pg
+    cell = front.cell(C_FOREVER)
+    front.start(C_FOREVER)
+    view = front.live(C_FOREVER)
+    pg.wait_for_function(
+        "v => v.querySelectorAll('.nbs-Chip[data-status=\"running\"]').length === 16", arg=view.element_handle(),
+        timeout=60_000,
+    )
+    pg.wait_for_timeout(3000)
+    # when the click reached the page (the event's own time) and when the cell's execution ended
+    pg.evaluate(
+        """cell => {
+            window.__nbsClicked = null; window.__nbsEnded = null;
+            document.addEventListener('pointerdown', e => { window.__nbsClicked ??= e.timeStamp; }, {capture: true, once: true});
+            const prompt = cell.querySelector('.jp-InputPrompt');
+            const tick = () => {
+                const ended = /\\[\\d+\\]/.test(prompt.textContent) || cell.querySelector('.nbs-RunRenderer .nbs-Run');
+                if (ended) { window.__nbsEnded = performance.now(); } else { setTimeout(tick, 5); }
+            };
+            tick();
+        }""",
+        cell.element_handle(),
+    )
+    stop = view.locator(".nbs-Stop")
+    clicked = time.monotonic()
+    stop.click()
+    pg.wait_for_function("window.__nbsEnded !== null", timeout=30_000, polling=20)
+    wall = time.monotonic() - clicked
+    took = pg.evaluate("(window.__nbsEnded - window.__nbsClicked) / 1000")
+    frozen = front.frozen(C_FOREVER)
+    pg.mouse.move(0, 0)
+    shot(frozen, artifacts, f"{front.name}-flood-stopped.png")
+    figures = f"{front.name}: Stop during a 16-rank flood: the cell ended {took:.2f} s after the click ({wall:.2f} s as the test saw it)"
+    print(figures)
+    assert took <= STOP_MAX_S, figures
+    assert frozen.locator(".nbs-Badge").inner_text().strip().lower() == "stopped", figures
+
+
+# What the kernel's status reads now: JupyterLab's status bar text; Notebook 7's tab icon, which is
+# the only indicator there that follows the kernel's status (its menu-bar item is blank for busy and
+# idle, and the toolbar circle counts pending executions).
+STATUS_JS = {
+    "lab": """() => {
+        const m = (document.querySelector('#jp-main-statusbar')?.textContent || '').match(/\\|\\s*(\\w+)/);
+        return m ? m[1] : '?';
+    }""",
+    "nb7": """() => {
+        const href = document.querySelector("link[rel*='icon']")?.href || '';
+        return /busy/.test(href) ? 'Busy' : /favicon-notebook/.test(href) ? 'Idle' : '?' + href;
+    }""",
+}
+
+
+def test_busy_for_the_whole_run(front, artifacts):
+    pg = front.pg
+    cell = front.cell(C_SIX)
+    pg.evaluate(
+        """([cell, read]) => {
+            const status = eval(read);
+            const prompt = cell.querySelector('.jp-InputPrompt');
+            window.__nbsBusy = [];
+            window.__nbsBusyStart = performance.now();
+            const id = setInterval(() => {
+                const running = /\\*/.test(prompt.textContent);
+                window.__nbsBusy.push([performance.now() - window.__nbsBusyStart, status(), running]);
+                if (window.__nbsBusy.length > 20 && !running) clearInterval(id);
+            }, 100);
+        }""",
+        [cell.element_handle(), STATUS_JS[front.name]],
+    )
+    run_cell(pg, cell)
+    pg.wait_for_timeout(3000)
+    if front.name == "lab":
+        shot(pg.locator("#jp-main-statusbar"), artifacts, "lab-statusbar-during-run.png")
+    front.frozen(C_SIX)
+    pg.wait_for_timeout(300)
+    samples = pg.evaluate("window.__nbsBusy")
+    during = [(t, s) for t, s, running in samples if running]
+    assert during, samples
+    start = during[0][0]
+    checked = [(t, s) for t, s in during[:-1] if t - start > BUSY_GRACE_MS]  # the last: the reply and idle race
+    not_busy = [(round(t - start), s) for t, s in checked if s != "Busy"]
+    figures = (
+        f"{front.name}: {len(checked)} samples over a {(during[-1][0] - start) / 1000:.1f} s run, "
+        f"{len(not_busy)} not Busy: {not_busy[:10]}"
+    )
+    print(figures)
+    assert len(checked) >= 40, figures
+    assert not not_busy, figures
+    # and Idle after the run
+    after = [s for t, s, running in samples if not running and t > during[-1][0]]
+    assert after and after[-1] == "Idle", samples[-5:]
+
+
+def _rich_checks(pg, pane, rank: int, where: str) -> dict:
+    img = pane.locator("img.nbs-Rich-img")
+    assert img.count() >= 1, f"{where}: no <img> in rank {rank}'s pane: {pane.inner_html()[:1500]}"
+    sync_api.expect(img.first).to_be_visible()
+    pg.wait_for_function("i => i.complete && i.naturalWidth > 0", arg=img.first.element_handle(), timeout=10_000)
+    frame = pane.locator("iframe.nbs-Rich-frame")
+    assert frame.count() >= 1, f"{where}: no HTML iframe in rank {rank}'s pane: {pane.inner_html()[:1500]}"
+    table = frame.first.content_frame.locator("table.losses")
+    sync_api.expect(table).to_contain_text(f"0.{rank}25", timeout=10_000)
+    # the bar: a progress element, or a text line naming its description; the last thing in the pane
+    desc = f"epoch-r{rank}"
+    return pg.evaluate(
+        """([pane, desc, printed]) => {
+            const bars = [...pane.querySelectorAll('progress')].map(p => p.closest('.nbs-Display, .nbs-Line') || p);
+            const textBars = [...pane.querySelectorAll('.nbs-Line, .nbs-Display')].filter(n => n.textContent.includes(desc));
+            const bar = bars[bars.length - 1] || textBars[textBars.length - 1] || null;
+            const lines = [...pane.querySelectorAll('.nbs-Line')].filter(n => n.textContent.includes(printed));
+            const line = lines[lines.length - 1] || null;
+            const visible = [...pane.querySelectorAll('.nbs-Line, .nbs-Display')].filter(n => !n.hidden && n.getClientRects().length);
+            return {
+                bar: bar ? bar.textContent.slice(0, 120) : null,
+                progress: bars.length > 0,
+                value: bars.length ? pane.querySelector('progress').value : null,
+                after: bar && line ? !!(line.compareDocumentPosition(bar) & Node.DOCUMENT_POSITION_FOLLOWING) : null,
+                last: bar ? visible[visible.length - 1] === bar || bar.contains(visible[visible.length - 1]) : false,
+            };
+        }""",
+        [pane.element_handle(), desc, f"rank {rank} "],
+    )
+
+
+def test_rich_output_in_the_pane_live_and_frozen(front, artifacts):
+    pg = front.pg
+    front.start(C_RICH)
+    view = front.live(C_RICH)
+    pane = _pane(view, 0)
+    sync_api.expect(pane).to_contain_text("rank 0 halfway there", timeout=60_000)
+    pg.wait_for_timeout(500)
+    live = _rich_checks(pg, pane, 0, "live")
+    pg.mouse.move(0, 0)
+    shot(view, artifacts, f"{front.name}-rich-live.png")
+    assert live["bar"] is not None, f"live: no tqdm.auto bar in rank 0's pane: {pane.inner_text()[-1500:]}"
+    assert live["after"] and live["last"], f"live: the bar is not at the bottom of the pane: {live}"
+
+    frozen = front.frozen(C_RICH)
+    pane = _pane(frozen, 0)
+    end = _rich_checks(pg, pane, 0, "frozen")
+    text = pane.inner_text()
+    pg.mouse.move(0, 0)
+    shot(frozen, artifacts, f"{front.name}-rich-frozen.png")
+    assert end["bar"] is not None, f"frozen: no tqdm.auto bar in rank 0's pane: {text[-1500:]}"
+    assert "50/50" in end["bar"] or end["value"] == 50, f"frozen: the bar did not finish: {end}"
+    assert "rank 0 done" in text and "rank 1" not in text, text[-1500:]
+    assert "attempted to send message from fork" not in text
+
+
+def _reddish(rgb: str) -> bool:
+    nums = [float(x) for x in re.findall(r"[\d.]+", rgb)]
+    if len(nums) < 3 or (len(nums) == 4 and nums[3] == 0):
+        return False
+    r, g, b = nums[:3]
+    return r > g + 40 and r > b + 40
+
+
+def test_plain_tqdm_bar_stays_at_the_bottom_and_is_not_an_error(front, artifacts):
+    pg = front.pg
+    front.start(C_BAR)
+    view = front.live(C_BAR)
+    pane = _pane(view, 0)
+    sync_api.expect(pane).to_contain_text("rank 0 step 20", timeout=60_000)
+    seen = []
+    for _ in range(3):
+        seen.append(
+            pg.evaluate(
+                """pane => {
+                    const lines = [...pane.querySelectorAll('.nbs-Line')].filter(n => !n.hidden);
+                    const bar = lines.filter(n => n.textContent.includes('train-r0')).pop() || null;
+                    const printed = lines.filter(n => /rank 0 step \\d+/.test(n.textContent)).pop() || null;
+                    if (!bar || !printed) return {bar: bar && bar.textContent, printed: printed && printed.textContent};
+                    const b = bar.getBoundingClientRect(), p = printed.getBoundingClientRect();
+                    const cs = getComputedStyle(bar);
+                    const text = bar.querySelector('.nbs-Line-text') || bar;
+                    return {
+                        bar: bar.textContent, printed: printed.textContent,
+                        bars: lines.filter(n => n.textContent.includes('train-r0')).length,
+                        after: !!(printed.compareDocumentPosition(bar) & Node.DOCUMENT_POSITION_FOLLOWING),
+                        below: b.top >= p.bottom - 1, last: lines[lines.length - 1] === bar,
+                        background: cs.backgroundColor, color: getComputedStyle(text).color,
+                        stderr: bar.classList.contains('nbs-stderr'),
+                    };
+                }""",
+                pane.element_handle(),
+            )
+        )
+        pg.wait_for_timeout(700)
+    pg.mouse.move(0, 0)
+    shot(view, artifacts, f"{front.name}-bar-at-bottom.png")
+    for s in seen:
+        assert s.get("bar") and s.get("printed"), f"no bar or no printed line in rank 0's pane: {s}"
+        assert s["bars"] == 1, f"the bar is drawn more than once: {s}"
+        assert s["after"] and s["below"] and s["last"], f"the bar is not the pane's last line: {s}"
+        assert not _reddish(s["background"]) and not _reddish(s["color"]), f"the bar is styled as an error: {s}"
+    assert len({s["printed"] for s in seen}) >= 2, f"no lines were printed meanwhile: {seen}"
+    assert len({s["bar"] for s in seen}) >= 2, f"the bar did not move: {seen}"
+
+    frozen = front.frozen(C_BAR)
+    pane = _pane(frozen, 0)
+    text = pane.inner_text()
+    shot(frozen, artifacts, f"{front.name}-bar-frozen.png")
+    assert text.count("train-r0") == 1 and "60/60" in text, text[-1500:]
+    assert "rank 0 trained" in text
