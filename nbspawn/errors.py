@@ -119,8 +119,13 @@ class SpawnError(Exception):
     def _logs_line(self, color: bool) -> list[str]:
         if self.run is None or not self.run.run_dir:
             return []
+        lines = []
+        lost = getattr(self.run, "world_lost", None)
+        if lost:  # a kept world that could not go on
+            note = f"The world {self.run.world!r} was lost: {lost}; the next cell that names it starts a new one."
+            lines.append(f"{_RED}{note}{_RESET}" if color else note)
         line = f"Logs: {self.run.run_dir}/<rank>/{{stdout.log,stderr.log,error.json}}"
-        return [f"{_DIM}{line}{_RESET}" if color else line]
+        return [*lines, f"{_DIM}{line}{_RESET}" if color else line]
 
     def _others(self, color: bool) -> list[str]:
         lines = _describe(self.failures[1:])

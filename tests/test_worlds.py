@@ -1,0 +1,228 @@
+"""Kept worlds (issue #9) through a real kernel: state across cells on the same processes, names
+from the kernel taken fresh, the process group kept, a failure the world survives, a hung collective
+or a dead rank that loses it, interrupt, Stop, %spawn stop, kernel death, and 50 cells leaking nothing."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+
+import psutil
+import pytest
+
+from kernel_harness import execute, start_kernel, stop_kernel
+from test_spawn_lifecycle import _snapshot, descendants, interrupt_later
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def run(kernel, code: str, timeout: float = 120):
+    return execute(kernel.client, code, timeout=timeout)
+
+
+def ok(kernel, code: str, timeout: float = 120):
+    result = run(kernel, code, timeout)
+    assert result.status == "ok", (result.error_text, result.stderr)
+    return result
+
+
+def rank_lines(text: str, rank: int) -> list[str]:
+    prefix = f"[rank{rank}]: "
+    return [line[len(prefix) :] for line in text.splitlines() if line.startswith(prefix)]
+
+
+def pids_of(result, ranks: int) -> list[int]:
+    return [int(re.search(r"pid (\d+)", " ".join(rank_lines(result.stdout, r))).group(1)) for r in range(ranks)]
+
+
+@pytest.fixture
+def world(kernel):
+    """A fresh world name per test; whatever the test left is stopped after it."""
+    name = f"w{time.monotonic_ns() % 10**8}"
+    yield name
+    run(kernel, f"%spawn stop {name}")
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_state_names_and_group_are_kept_on_the_same_processes(kernel, world, method):
+    ok(kernel, "lr = 0.1")
+    first = ok(
+        kernel,
+        f"%%spawn --world {world} -n 2 --start-method {method} --backend gloo\n"
+        "import os, torch, torch.distributed as dist\n"
+        "t = torch.ones(2) * (dist.get_rank() + 1)\n"
+        "seen = lr\n"
+        "print('pid', os.getpid(), 'lr', lr)\n",
+    )
+    ok(kernel, "lr = 0.5\nt = 'the kernel t'")  # the kernel's names change; the ranks' own do not
+    second = ok(
+        kernel,
+        f"%%spawn --world {world}\n"
+        "dist.all_reduce(t)\n"  # the group made by the first cell is still there
+        "print('pid', os.getpid(), 'lr', lr, 'seen', seen, 't', t.tolist(), dist.is_initialized())\n",
+    )
+    assert pids_of(first, 2) == pids_of(second, 2)
+    for r in range(2):
+        assert rank_lines(first.stdout, r) == [f"pid {pids_of(first, 2)[r]} lr 0.1"]
+        assert rank_lines(second.stdout, r) == [f"pid {pids_of(first, 2)[r]} lr 0.5 seen 0.1 t [3.0, 3.0] True"]
+    # names the ranks assigned never reach the kernel
+    assert ok(kernel, "print(t, 'seen' in dir())").stdout.strip() == "the kernel t False"
+    status = ok(kernel, "%spawn status").stdout
+    assert re.search(rf"^{world}\s+2\s+idle\s+2\s+{method}\s+gloo\s+\d+,\d+", status, re.M), status
+
+
+def test_a_failed_cell_interrupts_the_others_and_the_world_survives(kernel, world):
+    first = ok(kernel, f"%%spawn --world {world} -n 3\nimport os, time\nmodel = 'loaded'\nprint('pid', os.getpid())")
+    result = run(
+        kernel,
+        f"%%spawn --world {world}\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    undefined_name\n"
+        "time.sleep(30)\n",
+    )
+    assert result.status == "error" and result.error.ename == "RankRaisedError"
+    text = result.error.traceback_text
+    assert "NameError: name 'undefined_name' is not defined" in text and re.search(r"Cell In\[\d+\], line 3", text)
+    assert "ranks 0,2 were stopped the same way: KeyboardInterrupt" in text, text
+    assert "time.sleep(30)" in text  # where the stopped ranks were
+    assert "was lost" not in text
+    after = ok(kernel, f"%%spawn --world {world}\nprint('pid', os.getpid(), model)")
+    assert pids_of(after, 3) == pids_of(first, 3)
+    assert all(rank_lines(after.stdout, r)[0].endswith("loaded") for r in range(3))
+
+
+def test_a_hung_collective_loses_the_world_within_the_grace_period(kernel, world):
+    first = ok(kernel, f"%%spawn --world {world} -n 2 --backend gloo --grace-period 1\nimport os, torch, torch.distributed as dist\nprint('pid', os.getpid())")
+    started = time.monotonic()
+    result = run(
+        kernel,
+        f"%%spawn --world {world} --grace-period 1\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    raise RuntimeError('rank 0 gives up')\n"
+        "dist.all_reduce(torch.ones(1))\n",  # rank 1 waits in C for rank 0, forever
+    )
+    took = time.monotonic() - started
+    assert result.status == "error" and result.error.ename == "RankRaisedError"
+    text = result.error.traceback_text
+    assert "RuntimeError: rank 0 gives up" in text
+    assert f"The world '{world}' was lost: rank 1 did not come back within 1 s of the interrupt" in text, text
+    assert "all_reduce" in text  # where rank 1 was stuck
+    assert took < 15, took
+    assert not [p for p in pids_of(first, 2) if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert world not in ok(kernel, "%spawn status").stdout
+    again = ok(kernel, f"%%spawn --world {world} -n 2\nimport os\nprint('pid', os.getpid())")  # a new world
+    assert set(pids_of(again, 2)).isdisjoint(pids_of(first, 2))
+
+
+def test_a_rank_that_dies_loses_the_world_and_is_named(kernel, world):
+    ok(kernel, f"%%spawn --world {world} -n 2\nimport os, time")
+    result = run(kernel, f"%%spawn --world {world}\nif os.environ['RANK'] == '1':\n    os._exit(3)\ntime.sleep(30)\n")
+    assert result.status == "error" and result.error.ename == "RankExitedError"
+    text = result.error.traceback_text
+    assert "rank 1" in text and "exit code 3" in text
+    assert f"The world '{world}' was lost: rank 1 died (exit code 3)" in text, text
+    assert world not in ok(kernel, "%spawn status").stdout
+
+
+def test_interrupt_stops_the_cell_and_keeps_the_world(fresh_kernel):
+    pid = fresh_kernel.pid
+    first = ok(fresh_kernel, "%%spawn --world w -n 2\nimport os, time\nx = 41\nprint('pid', os.getpid())")
+    thread = interrupt_later(fresh_kernel, pid, 2)
+    result = run(fresh_kernel, "%%spawn --world w\ndef train():\n    time.sleep(100)\ntrain()")
+    thread.join()
+    assert result.status == "error" and result.error.ename == "SpawnInterrupted"
+    assert "time.sleep(100)" in result.error.traceback_text and "was lost" not in result.error.traceback_text
+    after = ok(fresh_kernel, "%%spawn --world w\nprint('pid', os.getpid(), x + 1)")
+    assert pids_of(after, 2) == pids_of(first, 2) and rank_lines(after.stdout, 0)[0].endswith(" 42")
+    ok(fresh_kernel, "%spawn stop w")
+    assert descendants(pid) == []
+
+
+def test_options_that_contradict_the_world_are_refused_before_anything_runs(kernel, world):
+    ok(kernel, f"%%spawn --world {world} -n 2\nimport os")
+    result = run(kernel, f"%%spawn --world {world} -n 3 --backend gloo\nprint('never')")
+    assert result.status == "error" and result.error.ename == "UsageError"
+    assert f"world '{world}' runs with -n 2" in result.error.evalue and "-n 3" in result.error.evalue
+    assert f"%spawn stop {world}" in result.error.evalue and "never" not in result.stdout
+
+
+def test_a_configured_world_and_a_fresh_cell(kernel, world):
+    ok(kernel, f"%config SpawnMagics.world = {world!r}")
+    try:
+        a = ok(kernel, "%%spawn -n 2\nimport os\nprint('pid', os.getpid())")
+        b = ok(kernel, "%%spawn\nprint('pid', os.getpid())")
+        fresh = ok(kernel, "%%spawn --fresh -n 2\nimport os\nprint('pid', os.getpid())")
+    finally:
+        ok(kernel, "%config SpawnMagics.world = ''")
+    assert pids_of(a, 2) == pids_of(b, 2) and set(pids_of(fresh, 2)).isdisjoint(pids_of(a, 2))
+
+
+def test_share_and_out_work_per_cell_on_a_world(kernel, world):
+    ok(kernel, "import torch\ncanvas = torch.zeros(2, 3)")
+    ok(kernel, f"%%spawn --world {world} -n 2 --share canvas --out r\nimport os\nr = int(os.environ['RANK'])\ncanvas[r] = r + 1")
+    assert ok(kernel, "print(canvas[:, 0].tolist(), r)").stdout.strip() == "[1.0, 2.0] [0, 1]"
+    ok(kernel, f"%%spawn --world {world} --out r2\nr2 = r * 10")
+    assert ok(kernel, "print(r2)").stdout.strip() == "[0, 10]"
+
+
+def test_output_between_cells_goes_to_the_worlds_logs(kernel, world, tmp_path):
+    ok(
+        kernel,
+        f"%%spawn --world {world} -n 1 --log-dir {tmp_path}\n"
+        "import threading, time\n"
+        "def chatter():\n"
+        "    for i in range(10):\n"
+        "        time.sleep(0.1)\n"
+        "        print('between', i, flush=True)\n"
+        "threading.Thread(target=chatter, daemon=True).start()\n",
+    )
+    time.sleep(1.5)
+    second = ok(kernel, f"%%spawn --world {world}\nprint('second cell')")
+    assert rank_lines(second.stdout, 0) == ["second cell"]
+    (world_dir,) = [p for p in tmp_path.iterdir() if p.name.endswith(f"-world-{world}")]
+    assert [f"between {i}" for i in range(10)] == (world_dir / "0" / "stdout.log").read_text().split("\n")[:10]
+
+
+def test_ranks_die_with_the_kernel(fresh_kernel):
+    first = ok(fresh_kernel, "%%spawn --world w -n 2\nimport os\nprint('pid', os.getpid())")
+    pids = pids_of(first, 2)
+    os.kill(fresh_kernel.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.1)
+    assert not alive
+
+
+def test_fifty_cells_on_a_world_and_its_stop_leave_nothing_behind(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    kernel = start_kernel(env={"TMPDIR": str(tmp)})
+    try:
+        ok(kernel, f"%load_ext nbspawn\n%config SpawnMagics.view = 'text'\n%config SpawnMagics.log_dir = {str(tmp_path / 'logs')!r}")
+        cells = [
+            "%%spawn --world w -n 2 --backend gloo\nimport torch, torch.distributed as dist\ndist.all_reduce(torch.ones(2))",
+            "%%spawn --world w\nimport os\nif os.environ['RANK'] == '1':\n    raise ValueError('x')",
+            "%%spawn --world w --out v\nv = torch.ones(3)",
+            "%%spawn --world w\nprint('ok')",
+        ]
+
+        def a_world_of(n: int) -> None:
+            for i in range(n):
+                execute(kernel.client, cells[i % len(cells)], timeout=60)
+            ok(kernel, "%spawn stop w\ndel v")  # v: the kernel's own (mapped) --out tensors
+
+        a_world_of(len(cells))  # warm up: imports, thread pools, the first gloo group
+        time.sleep(0.3)
+        before = _snapshot(kernel.pid, str(tmp))
+        a_world_of(50)
+        time.sleep(0.3)
+        after = _snapshot(kernel.pid, str(tmp))
+        assert after == before
+        assert after["children"] == []
+        assert len(list((tmp_path / "logs").iterdir())) == 4 + 1 + 50 + 1  # a directory per cell and per world
+    finally:
+        stop_kernel(kernel)
