@@ -325,7 +325,7 @@ def test_stop_within_a_second_during_a_flood(front, artifacts):
 # idle, and the toolbar circle counts pending executions).
 STATUS_JS = {
     "lab": """() => {
-        const m = (document.querySelector('#jp-main-statusbar')?.textContent || '').match(/\\|\\s*(\\w+)/);
+        const m = (document.querySelector('#jp-main-statusbar')?.textContent || '').match(/\\|\\s*(Busy|Idle|Starting|Restarting|Autorestarting|Connecting|Initializing|Unknown|Dead|Terminating|Disconnected|No Kernel)/);
         return m ? m[1] : '?';
     }""",
     "nb7": """() => {
