@@ -10,6 +10,8 @@ has torch imported, so forks copy a realistic process:
   torch start_processes(fork)     torch.multiprocessing.start_processes of a no-op, what nbspawn wraps
   ipyparallel %%px                a `%%px pass` cell on N already-running (warm) engines
   %%spawn <method>                nbspawn, if `%load_ext nbspawn` works in the kernel (else skipped)
+  %%spawn --world (view)          a cell on a kept world of N ranks (started by the warm-up cell),
+                                  with the live widget or with text lines
 
 Each row is warmed up once, then timed --reps times; the table shows the median and the minimum.
 
@@ -230,6 +232,10 @@ def run_all(bench: Bench, kernel: Kernel, args: argparse.Namespace) -> None:
     for method in args.methods.split(","):
         for n in ns:
             bench.measure(f"%%spawn {method}", n, f"%%spawn -n {n} --start-method {method}\npass")
+    for n in ns:  # a kept world: the warm-up cell starts it, the timed cells reuse its ranks
+        for view in args.world_views.split(","):
+            bench.measure(f"%%spawn --world ({view})", n, f"%%spawn --world bench{n} -n {n} --view {view}\npass")
+        kernel.run(f"%spawn stop bench{n}")
 
 
 def with_kernel(start: Callable[[], Kernel], work: Callable[[Kernel], None]) -> tuple[Kernel | None, int]:
@@ -265,6 +271,9 @@ def main() -> int:
         "--methods", default="fork,forkserver,spawn", help="%%%%spawn start methods to time (default: all three)"
     )
     parser.add_argument("--reps", type=int, default=7, help="timed repetitions per row (default 7)")
+    parser.add_argument(
+        "--world-views", default="widget,text", help="views to time kept-world cells with (default: widget,text)"
+    )
     parser.add_argument("--timeout", type=float, default=600, help="seconds one cell may take (default 600)")
     args = parser.parse_args()
 
