@@ -151,6 +151,19 @@ try {
 } catch (err) {
   window.__nbsLongTaskError = String(err);
 }
+// where the time went (diagnostics only): the scripts of long animation frames, where Chromium has them
+window.__nbsLongFrames = [];
+try {
+  new PerformanceObserver(list => {
+    for (const e of list.getEntries()) {
+      if (e.duration <= 100) continue;
+      const scripts = (e.scripts || []).filter(s => s.duration > 20).map(s =>
+        `${Math.round(s.duration)} ms ${s.invoker || s.invokerType} ${(s.sourceFunctionName || '')} ` +
+        `${(s.sourceURL || '').split('/').pop()}:${s.sourceCharPosition}`);
+      window.__nbsLongFrames.push([e.startTime, e.duration, Math.round(e.styleAndLayoutStart ? e.startTime + e.duration - e.styleAndLayoutStart : 0), scripts]);
+    }
+  }).observe({type: 'long-animation-frame', buffered: true});
+} catch (err) {}
 """
 
 
@@ -196,6 +209,12 @@ class Front:
         assert err is None, f"no long-task observer in this Chromium: {err}"
         tasks = self.pg.evaluate("window.__nbsLongTasks")
         return [d for start, d in tasks if start + d >= since and start <= until]
+
+    def long_frames(self, since: float, until: float, top: int = 5) -> str:
+        """The longest animation frames over 100 ms in a window: duration, style+layout, scripts."""
+        frames = [f for f in self.pg.evaluate("window.__nbsLongFrames || []") if f[0] + f[1] >= since and f[0] <= until]
+        frames.sort(key=lambda f: -f[1])
+        return "\n".join(f"  frame {d:.0f} ms (style+layout {sl} ms): {'; '.join(sc) or '-'}" for _, d, sl, sc in frames[:top])
 
 
 @pytest.fixture(scope="module", params=["lab", "nb7"])
@@ -274,6 +293,7 @@ def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(fron
         f"(all: {sorted(round(d) for d in tasks)[-12:]}); typing {len(TYPED)} characters took {typing_s:.2f} s"
     )
     print(figures)
+    print(front.long_frames(t0, t1))
     assert still_live, f"the flood ended before the typing was done: {figures}"
     assert worst <= LONG_TASK_MAX_MS, figures
     assert typing_s < 5, figures
