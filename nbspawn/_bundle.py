@@ -93,6 +93,8 @@ def run_record(run: Run, elided: dict[int, int] | None = None) -> dict:
         "started_at": run.started_at,
         "duration": run.duration,
         "status": run.status,
+        "world": run.world,
+        "world_cell": run.world_cell,
         "error": None if error is None else {"rank": root.rank if root else None, "summary": ANSI.sub("", summary or "")},
         "output_in": "text/html",
         "ranks": [rank_record(state, elided.get(state.rank, 0)) for state in run.ranks],
@@ -327,7 +329,9 @@ def to_html(record: dict, outputs: dict[int, list[Entry]]) -> str:
     parts = [
         f'<div class="nbspawn-run" data-nbspawn="{VERSION}" style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">',
         f"<div><b>nbspawn</b> run <code>{e(record['run_id'])}</code> &middot; {record['nprocs']} ranks &middot; "
-        f"{e(record['start_method'])} &middot; backend {e(record['backend'])} &middot; <b>{e(_status_label(record))}</b>"
+        f"{e(record['start_method'])} &middot; backend {e(record['backend'])} &middot; "
+        + (f"world <code>{e(record['world'])}</code>, cell {record['world_cell']} &middot; " if record.get("world") else "")
+        + f"<b>{e(_status_label(record))}</b>"
         f"{took} &middot; logs <code>{e(record['log_dir'])}</code></div>",
     ]
     if record["error"]:

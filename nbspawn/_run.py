@@ -75,6 +75,7 @@ class Run:
     error: BaseException | None = None
     outputs: dict[str, list] = field(default_factory=dict)  # --out: name -> one value per rank
     world: str | None = None  # the kept world this cell ran on
+    world_cell: int | None = None  # which of that world's cells this is, from 1
     world_lost: str | None = None  # why that world could not go on, if it could not
     display_items: DisplayItems = field(init=False, repr=False)
     _streams: list[RankStreams] = field(default_factory=list, repr=False)

@@ -149,7 +149,7 @@ class WorldCell:
     def start(self, run: Run) -> list[int]:
         self.world.state = "running"
         self.world.cells += 1
-        run.world = self.world.name
+        run.world, run.world_cell = self.world.name, self.world.cells
         for conn in self.world.conns:
             conn.send(self.job)
         return self.world.pids

@@ -33,6 +33,9 @@ export interface IRankInfo {
 export interface IRunBundle {
   version: number;
   run_id: string;
+  /** The kept world this cell ran on, and which of its cells it is (from 1). */
+  world: string | null;
+  world_cell: number | null;
   nprocs: number;
   start_method: string;
   backend: string;
@@ -86,6 +89,8 @@ export function parseBundle(data: unknown): IRunBundle {
   return {
     version: num(d.version) ?? 1,
     run_id: str(d.run_id),
+    world: strOrNull(d.world),
+    world_cell: num(d.world_cell),
     nprocs: num(d.nprocs) ?? ranks.length,
     start_method: str(d.start_method),
     backend: str(d.backend),

@@ -256,6 +256,9 @@ export function buildHeader(run: IRunBundle, extras: IHeaderExtras = {}): HTMLEl
       meta.appendChild(metaEntry(label, value, cls));
     }
   };
+  if (run.world) {
+    addMeta('world', run.world_cell ? `${run.world} · cell ${run.world_cell}` : run.world, 'nbs-mod-mono');
+  }
   addMeta('start', run.start_method);
   addMeta('backend', run.backend);
   for (const node of extras.meta ?? []) {
