@@ -226,3 +226,40 @@ def test_fifty_cells_on_a_world_and_its_stop_leave_nothing_behind(tmp_path):
         assert len(list((tmp_path / "logs").iterdir())) == 4 + 1 + 50 + 1  # a directory per cell and per world
     finally:
         stop_kernel(kernel)
+
+
+def test_the_views_stop_interrupts_a_world_cell_and_keeps_the_world(kernel, world):
+    """Stop in the live view (a comm message on a subshell, as JupyterLab sends it) acts as an interrupt."""
+    import queue
+
+    from test_view_widget import _create_subshell, _delete_subshell, _send_comm_msg
+
+    client = kernel.client
+    if "kernel subshells" not in client.kernel_info(reply=True, timeout=30)["content"].get("supported_features", []):
+        pytest.skip("this ipykernel has no subshells (ipykernel >= 7 has)")
+    first = ok(kernel, f"%%spawn --world {world} -n 2\nimport os, time\nprint('pid', os.getpid())")
+    subshell = _create_subshell(client)
+    msg_id = client.execute(f"%%spawn --world {world} --view widget\nprint('up', flush=True)\ntime.sleep(60)\n")
+    comm_id, sent, error, started = None, None, None, time.monotonic()
+    try:
+        while time.monotonic() - started < 60:
+            try:
+                msg = client.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            content = msg["content"]
+            if msg["msg_type"] == "comm_open" and content["data"].get("state", {}).get("_anywidget_id"):
+                comm_id = content["comm_id"]
+            elif msg["msg_type"] == "comm_msg" and comm_id and sent is None and "up" in str(content["data"]):
+                _send_comm_msg(client, comm_id, {"type": "stop"}, subshell)
+                sent = time.monotonic()
+            elif msg["msg_type"] == "error" and msg["parent_header"].get("msg_id") == msg_id:
+                error = content
+            elif msg["msg_type"] == "status" and msg["parent_header"].get("msg_id") == msg_id and content["execution_state"] == "idle":
+                break
+    finally:
+        _delete_subshell(client, subshell)
+    assert sent is not None and error is not None and error["ename"] == "SpawnInterrupted", error
+    assert time.monotonic() - sent < 5
+    after = ok(kernel, f"%%spawn --world {world}\nprint('pid', os.getpid())")
+    assert pids_of(after, 2) == pids_of(first, 2)
