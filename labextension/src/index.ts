@@ -3,13 +3,16 @@
  *
  * - `lib/mime.js` (the package's `mimeExtension`): the renderer of
  *   `application/vnd.nbspawn.run+json`.
- * - this module (the package's `extension`): the "ranks running ■ Stop" notebook toolbar item.
+ * - this module (the package's `extension`): the "ranks running ■ Stop" notebook toolbar item, and
+ *   in every notebook the renderer of `application/vnd.nbspawn.live+json` (`reattach.ts`): the
+ *   live widget, or on a page reloaded mid-run a placeholder that reattaches to the run.
  */
 
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { DocumentRegistry, IDocumentWidget } from '@jupyterlab/docregistry';
 import { DisposableDelegate, IDisposable } from '@lumino/disposable';
 
+import { IRendermime, LIVE_RANK, reattachFactory } from './reattach';
 import { RunStatusWidget } from './status';
 
 const TOOLBAR_ITEM = 'nbspawnStatus';
@@ -31,6 +34,33 @@ class RunStatusExtension
   }
 }
 
+/**
+ * Adds the live-display renderer to every notebook's own rendermime (as the widget manager adds
+ * the widget-view renderer there), before the notebook's outputs are drawn.
+ */
+class ReattachExtension implements DocumentRegistry.IWidgetExtension<IDocumentWidget, DocumentRegistry.IModel> {
+  createNew(
+    panel: IDocumentWidget,
+    context: DocumentRegistry.IContext<DocumentRegistry.IModel>
+  ): IDisposable {
+    const rendermime = (panel.content as { rendermime?: IRendermime }).rendermime;
+    if (!rendermime) {
+      return new DisposableDelegate(() => undefined);
+    }
+    rendermime.addFactory(reattachFactory(rendermime, context.sessionContext), LIVE_RANK);
+    return new DisposableDelegate(() => undefined);
+  }
+}
+
+const reattach: JupyterFrontEndPlugin<void> = {
+  id: 'nbspawn-labextension:reattach',
+  description: 'Shows a %%spawn run that is running on a page reloaded mid-run, and its end.',
+  autoStart: true,
+  activate: (app: JupyterFrontEnd) => {
+    app.docRegistry.addWidgetExtension('Notebook', new ReattachExtension());
+  }
+};
+
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'nbspawn-labextension:run-status',
   description: 'Shows the nbspawn ranks running in a notebook’s kernel, with a Stop button.',
@@ -40,4 +70,4 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default plugin;
+export default [plugin, reattach];

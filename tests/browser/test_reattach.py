@@ -1,0 +1,316 @@
+"""A page reloaded (or opened in a second tab) while a `%%spawn` cell runs: reattaching, never an error.
+
+The widget manager of a page loaded while the kernel's main shell runs the cell cannot get the live
+widget's model (its `comm_info_request` waits for the cell), and the page does not know the cell's
+display id.  The labextension's renderer of `application/vnd.nbspawn.live+json` (reattach.ts) must
+show "running for N s; reattaching…", then the live view (following the widget's messages on the
+kernel's iopub, asking for the state and the kept tail on a subshell), then the frozen run when the
+kernel replaces the display, and put the frozen bundle in the notebook, so that a save keeps it.
+A live display whose run the kernel no longer knows says that its end was not recorded.
+
+Real JupyterLab and Notebook 7, a real kernel, Debian's Chromium via Playwright.  Screenshots go to
+test-artifacts/browser/ (NBSPAWN_TEST_ARTIFACTS overrides).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from test_lab_renderer import (  # the servers, browser pages, fixtures and helpers of the renderer's tests
+    Page,
+    artifacts,  # noqa: F401 - a fixture
+    browser,  # noqa: F401 - a fixture
+    code_cell,
+    lab_url,
+    notebook,
+    run_cell,
+    serve,
+    shot,
+    sync_api,
+)
+
+from nbspawn._view_widget import widget_available
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.timeout(600),
+    pytest.mark.skipif(not widget_available(), reason="nbspawn/_static/widget.js is not built"),
+]
+
+LIVE_MIME = "application/vnd.nbspawn.live+json"
+RUN_MIME = "application/vnd.nbspawn.run+json"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+LOAD = "%load_ext nbspawn"
+
+# 4 ranks, a line every 0.25 s and a progress line on stderr until the test creates END (in the
+# server's root, the kernel's working directory), then a last line.
+END = "end-the-run.flag"
+LONG = f"""\
+%%spawn -n 4
+import os, sys, time
+rank = int(os.environ["RANK"])
+t0 = time.monotonic()
+i = 0
+while not os.path.exists({END!r}) and time.monotonic() - t0 < 300:
+    print(f"rank {{rank}} tick {{i}}", flush=True)
+    sys.stderr.write(f"\\rwork {{i:4d}}")
+    sys.stderr.flush()
+    i += 1
+    time.sleep(0.25)
+print(f"rank {{rank}} finished after {{i}} ticks", flush=True)
+"""
+
+# Runs until Stop is clicked.
+FOREVER = """\
+%%spawn -n 2
+import os, time
+rank = int(os.environ["RANK"])
+for i in range(100_000):
+    print(f"rank {rank} tick {i}", flush=True)
+    time.sleep(0.25)
+"""
+
+# A live display whose widget the kernel never had (a notebook saved mid-run, opened again later).
+STALE = """\
+from IPython.display import display
+handle = display({
+    "application/vnd.jupyter.widget-view+json": {"model_id": "0123456789abcdef0123456789abcdef",
+                                                 "version_major": 2, "version_minor": 1},
+    "application/vnd.nbspawn.live+json": {"run_id": "20260101-000000-dead", "model_id": "0123456789abcdef0123456789abcdef",
+                                          "display_id": "feedfacefeedfacefeedfacefeedface",
+                                          "started_at": 1767225600.0, "nprocs": 2},
+    "text/plain": "nbspawn run 20260101-000000-dead: 2 ranks, running",
+}, raw=True, display_id="feedfacefeedfacefeedfacefeedface")
+"""
+
+# Installed in every document before its scripts run: records any "Error displaying widget" drawn
+# in an output (polled every 50 ms) and the modes the reattaching renderer went through.
+WATCH_JS = """
+(() => {
+  window.__nbsErrors = [];
+  window.__nbsModes = [];
+  setInterval(() => {
+    for (const out of document.querySelectorAll('.jp-OutputArea-output')) {
+      const t = out.innerText || '';  // what is shown: not the hidden widget behind a placeholder
+      if (t.includes('Error displaying widget')) {
+        if (!window.__nbsErrors.includes(t.slice(0, 200))) window.__nbsErrors.push(t.slice(0, 200));
+      }
+    }
+    for (const r of document.querySelectorAll('.nbs-Reattach[data-mode]')) {
+      const m = r.getAttribute('data-mode');
+      if (window.__nbsModes[window.__nbsModes.length - 1] !== m) window.__nbsModes.push(m);
+    }
+  }, 50);
+})();
+"""
+
+LAB_STATUS_JS = """() => {
+    const m = (document.querySelector('#jp-main-statusbar')?.textContent || '').match(/\\|\\s*(Busy|Idle|Starting|Restarting|Connecting|Unknown|Dead|Disconnected|No Kernel)/);
+    return m ? m[1] : '?';
+}"""
+
+
+def _write(root: Path) -> None:
+    cells = [LOAD, LONG, STALE]
+    (root / "reattach.ipynb").write_text(json.dumps(notebook([code_cell(i, s) for i, s in enumerate(cells)])))
+    (root / "nb7-reattach.ipynb").write_text(json.dumps(notebook([code_cell(i, s) for i, s in enumerate([LOAD, FOREVER])])))
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    yield from serve("lab", tmp_path_factory.mktemp("reattach-lab"), _write)
+
+
+@pytest.fixture(scope="module")
+def nb7(tmp_path_factory):
+    yield from serve("notebook", tmp_path_factory.mktemp("reattach-nb7"), _write)
+
+
+def _statuses(view) -> list[str | None]:
+    chips = view.locator(".nbs-Chip")
+    return [chips.nth(i).get_attribute("data-status") for i in range(chips.count())]
+
+
+def _saved_outputs(path: Path, index: int) -> list[dict]:
+    return json.loads(path.read_text())["cells"][index]["outputs"]
+
+
+def _save(pg, path: Path, predicate) -> list:
+    """Ctrl+S until the file on disk satisfies ``predicate`` (a save is asynchronous)."""
+    deadline = time.monotonic() + 30
+    while True:
+        pg.keyboard.press("Control+s")
+        pg.wait_for_timeout(1000)
+        nb = json.loads(path.read_text())
+        if predicate(nb):
+            return nb["cells"]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the saved notebook never matched: {json.dumps(nb)[:3000]}")
+
+
+def _start_and_reload(pg, cells, index: int, artifacts: Path, prefix: str) -> None:
+    """Run cell ``index`` (a %%spawn cell), see its live widget, save mid-run, reload the page."""
+    run_cell(pg, cells.nth(index))
+    live = cells.nth(index).locator(".nbs-Widget .nbs-Run.nbs-mod-live")
+    live.wait_for(timeout=60_000)
+    # the widget is drawn by way of the reattaching renderer, which only delegates on this page
+    reattach = cells.nth(index).locator(".nbs-Reattach")
+    assert reattach.get_attribute("data-mode") in (None, "delegate")
+    pg.wait_for_function(
+        "v => (v.textContent.match(/tick \\d+/g) || []).length >= 4", arg=live.element_handle(), timeout=30_000
+    )
+    pg.mouse.move(0, 0)
+    shot(live, artifacts, f"{prefix}-before-reload.png")
+    pg.keyboard.press("Control+s")
+    pg.wait_for_timeout(1200)
+    pg.reload()
+
+
+def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts):
+    path = lab.root / "reattach.ipynb"
+    p = Page(browser, width=1200, height=1100)
+    pg = p.page
+    pg.add_init_script(WATCH_JS)
+    try:
+        pg.goto(lab_url(lab, "reattach.ipynb"))
+        panel = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+        cells = panel.locator(".jp-Cell")
+        cells.first.wait_for(timeout=90_000)
+        panel.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000)
+        run_cell(pg, cells.nth(0))
+        sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=120_000)
+        started = time.monotonic()
+        _start_and_reload(pg, cells, 1, artifacts, "reattach-lab")
+        # the file saved mid-run holds the live display, with its run's ids
+        saved = _saved_outputs(path, 1)
+        live_info = next(o["data"][LIVE_MIME] for o in saved if LIVE_MIME in o.get("data", {}))
+        assert set(live_info) >= {"run_id", "model_id", "display_id", "started_at", "nprocs"}
+
+        # ---- after the reload: the placeholder or the live view, never an error ------------------
+        panel = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+        cell = panel.locator(".jp-Cell").nth(1)
+        reattach = cell.locator(".nbs-Reattach")
+        reattach.wait_for(timeout=90_000)
+        placeholder = reattach.locator(".nbs-Reattach-placeholder")
+        try:  # the placeholder may already have become the live view
+            placeholder.wait_for(timeout=5_000)
+            text = placeholder.inner_text()
+            assert re.search(rf"nbspawn run {re.escape(live_info['run_id'])} — 4 ranks, running for \d+ s; reattaching", text), text
+            shot(reattach, artifacts, "reattach-lab-placeholder.png")
+        except sync_api.TimeoutError:
+            pass
+        view = reattach.locator(".nbs-Run.nbs-mod-live")
+        view.wait_for(timeout=30_000)
+        assert reattach.get_attribute("data-mode") == "live"
+        sync_api.expect(view.locator(".nbs-Chip")).to_have_count(4)
+        sync_api.expect(view.locator(".nbs-Chip[data-status='running']")).to_have_count(4)
+        # the kept tail came back (replay), and new lines keep coming
+        pg.wait_for_function(
+            "v => (v.textContent.match(/tick \\d+/g) || []).length >= 10", arg=view.element_handle(), timeout=20_000
+        )
+        ticks = lambda: max(int(n) for n in re.findall(r"tick (\d+)", view.inner_text()))  # noqa: E731
+        before = ticks()
+        clock = view.locator(".nbs-Clock").inner_text()
+        pg.wait_for_timeout(1600)
+        assert ticks() > before, "the reattached view does not follow the run"
+        assert view.locator(".nbs-Clock").inner_text() != clock, "the clock does not tick"
+        # the elapsed time is the run's, not the page's
+        secs = time.monotonic() - started
+        shown = view.locator(".nbs-Clock").inner_text()
+        m = re.fullmatch(r"(\d+) s", shown.strip())
+        assert m and abs(int(m.group(1)) - secs) < 8, (shown, secs)
+        # the kernel's status is that of the running cell
+        status = pg.evaluate(LAB_STATUS_JS)
+        assert status == "Busy", status
+        pg.mouse.move(0, 0)
+        shot(view, artifacts, "reattach-lab-live.png")
+        pg.screenshot(path=str(artifacts / "reattach-lab-page.png"))
+
+        # ---- the end: the frozen run in the cell, and in the notebook --------------------------------
+        (lab.root / END).write_text("")
+        frozen = cell.locator(".nbs-RunRenderer .nbs-Run")
+        frozen.wait_for(timeout=30_000)
+        assert cell.locator(".nbs-mod-live").count() == 0
+        assert cell.locator(".nbs-Reattach").count() == 0  # the output area draws the new bundle itself
+        assert _statuses(frozen) == ["done"] * 4
+        text = frozen.locator(".nbs-Output").inner_text()
+        assert all(f"rank {r} finished after" in text for r in range(4)), text
+        pg.mouse.move(0, 0)
+        shot(frozen, artifacts, "reattach-lab-frozen.png")
+        sync_api.expect(panel.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(1, timeout=30_000)
+
+        cells_saved = _save(pg, path, lambda nb: any(RUN_MIME in o.get("data", {}) for o in nb["cells"][1]["outputs"]))
+        outs = cells_saved[1]["outputs"]
+        assert [o["output_type"] for o in outs] == ["display_data"], outs
+        assert RUN_MIME in outs[0]["data"] and "text/html" in outs[0]["data"]
+        assert LIVE_MIME not in outs[0]["data"] and WIDGET_MIME not in outs[0]["data"]
+        assert outs[0]["data"][RUN_MIME]["run_id"] == live_info["run_id"]
+        assert outs[0]["data"][RUN_MIME]["status"] == "succeeded"
+
+        # ---- a live display whose run the kernel does not know: said so, no spinner, no error -----
+        stale = panel.locator(".jp-Cell").nth(2)
+        run_cell(pg, stale)
+        lost = stale.locator(".nbs-Reattach[data-mode='lost'] .nbs-Reattach-lost")
+        lost.wait_for(timeout=30_000)
+        assert lost.inner_text() == (
+            "nbspawn run 20260101-000000-dead: this run's live view was saved while it ran; its end was not "
+            "recorded (logs: the run's log directory (20260101-000000-dead))."
+        ), lost.inner_text()
+        shot(stale, artifacts, "reattach-lab-lost.png")
+        assert pg.evaluate("window.__nbsErrors") == [], pg.evaluate("window.__nbsErrors")
+        modes = pg.evaluate("window.__nbsModes")
+        assert "live" in modes and "lost" in modes, modes
+        assert p.dialogs == [], p.dialogs
+        assert not [e for e in p.errors if "nbs" in e or "anywidget" in e], p.errors
+    finally:
+        p.close()
+
+
+def test_notebook7_reload_mid_run_reattaches_and_stops(nb7, browser, artifacts):
+    path = nb7.root / "nb7-reattach.ipynb"
+    p = Page(browser, width=1200, height=1000)
+    pg = p.page
+    pg.add_init_script(WATCH_JS)
+    try:
+        pg.goto(nb7.url("/notebooks/nb7-reattach.ipynb"))
+        cells = pg.locator(".jp-Cell")
+        cells.first.wait_for(timeout=90_000)
+        pg.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
+        run_cell(pg, cells.nth(0))
+        sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=120_000)
+        _start_and_reload(pg, cells, 1, artifacts, "reattach-nb7")
+
+        cell = pg.locator(".jp-Cell").nth(1)
+        reattach = cell.locator(".nbs-Reattach")
+        reattach.wait_for(timeout=90_000)
+        view = reattach.locator(".nbs-Run.nbs-mod-live")
+        view.wait_for(timeout=30_000)
+        sync_api.expect(view.locator(".nbs-Chip")).to_have_count(2)
+        pg.wait_for_function(
+            "v => (v.textContent.match(/tick \\d+/g) || []).length >= 6", arg=view.element_handle(), timeout=20_000
+        )
+        pg.mouse.move(0, 0)
+        shot(view, artifacts, "reattach-nb7-live.png")
+
+        # Stop, from the reattached view (its message goes on the page's own subshell)
+        stop = view.locator(".nbs-Stop")
+        stop.click()
+        clicked = time.monotonic()
+        frozen = cell.locator(".nbs-RunRenderer .nbs-Run")
+        frozen.wait_for(timeout=20_000)
+        took = time.monotonic() - clicked
+        assert took < 5, took
+        assert _statuses(frozen) == ["stopped"] * 2
+        shot(frozen, artifacts, "reattach-nb7-frozen.png")
+        cells_saved = _save(pg, path, lambda nb: any(RUN_MIME in o.get("data", {}) for o in nb["cells"][1]["outputs"]))
+        data = next(o["data"] for o in cells_saved[1]["outputs"] if o["output_type"] == "display_data")
+        assert RUN_MIME in data and LIVE_MIME not in data and data[RUN_MIME]["status"] == "stopped"
+        assert pg.evaluate("window.__nbsErrors") == [], pg.evaluate("window.__nbsErrors")
+        assert p.dialogs == [], p.dialogs
+    finally:
+        p.close()
