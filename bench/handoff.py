@@ -54,7 +54,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from launch import CLUSTER_START, CellError, Kernel, with_kernel  # noqa: E402 - the same kernel and cluster handling
+from launch import CLUSTER_START, CellError, Kernel, with_kernel
 
 MiB = 1 << 20
 SIZES = (1, 64, 256, 1024)
@@ -194,7 +194,7 @@ def run_nbspawn(kernel: BenchKernel, res: Results, sizes, methods, reps: int, pa
     print("warming up (fork server, first imports)", file=sys.stderr)
     for method in methods:
         kernel.execute(f"_bench_fresh({256 * 1024})")
-        for key, code in nbspawn_cells(method, 1024, view).items():
+        for code in nbspawn_cells(method, 1024, view).values():
             kernel.execute(code)
         kernel.value("", f"_bench_check_out({1024})")
     for size in sizes:
@@ -336,7 +336,7 @@ def table_rows(res: Results, sizes, methods) -> list[list[str]]:
                     "",
                     f"{med(clone) * 1e3:.2f}",
                     "",
-                    fmt_ratio(med([c / m for c, m in zip(clone, copy)])),
+                    fmt_ratio(med([c / m for c, m in zip(clone, copy, strict=True)])),
                 ]
             )
         for method in methods:
@@ -348,7 +348,7 @@ def table_rows(res: Results, sizes, methods) -> list[list[str]]:
                 cell = med([r[key] for r in reps]) * 1e3
                 if key in DIFFS:
                     diffs = [diff(r, key) for r in reps]
-                    ratios = [d / c for d, c in zip(diffs, copies)]
+                    ratios = [d / c for d, c in zip(diffs, copies, strict=True)]
                     rows.append(
                         [
                             size_label(size),
@@ -377,7 +377,7 @@ def table_rows(res: Results, sizes, methods) -> list[list[str]]:
                         "",
                         f"{med(values) * 1e3:.1f}",
                         "",
-                        fmt_ratio(med([v / c for v, c in zip(values, copy)])),
+                        fmt_ratio(med([v / c for v, c in zip(values, copy, strict=True)])),
                     ]
                 )
         elif (size, "ipp") in res.skipped:
@@ -397,7 +397,7 @@ def render(rows: list[list[str]], markdown: bool) -> str:
     left = {0, 1, 2}
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
 
     out = [line(HEADER), "-" * len(line(HEADER))]
     previous = None
@@ -426,7 +426,7 @@ def goals(res: Results, sizes, methods) -> str:
                 if not reps:
                     continue
                 diffs = [diff(r, key) for r in reps]
-                ratio = med([d / c for d, c in zip(diffs, copies)])
+                ratio = med([d / c for d, c in zip(diffs, copies, strict=True)])
                 star = "*" if unresolved(diffs) else ""
                 parts.append(f"{size_label(size)} {med(diffs) * 1e3:+.1f} ms {fmt_ratio(ratio)}{star} ±{mad(diffs) * 1e3:.1f}")
                 if size == 256:

@@ -143,7 +143,7 @@ class Kernel:
                 self.km.interrupt_kernel()
                 time.sleep(1)
             self.run(CLUSTER_STOP, timeout=60)
-        except Exception as e:  # noqa: BLE001 - cleanup goes on regardless
+        except Exception as e:
             print(f"cleanup: could not stop the ipyparallel cluster from the kernel: {e}", file=sys.stderr)
         try:
             children = psutil.Process(self.pid).children(recursive=True)
@@ -152,9 +152,9 @@ class Kernel:
         self.kc.stop_channels()
         try:
             self.km.shutdown_kernel(now=False)
-        except Exception:  # noqa: BLE001
+        except Exception:
             self.km.shutdown_kernel(now=True)
-        gone, alive = psutil.wait_procs(children, timeout=5)
+        _gone, alive = psutil.wait_procs(children, timeout=5)
         for proc in alive:
             print(f"cleanup: killing leftover pid {proc.pid} ({proc.name()})", file=sys.stderr)
             proc.kill()
@@ -251,7 +251,7 @@ def with_kernel(start: Callable[[], Kernel], work: Callable[[Kernel], None]) -> 
     except KeyboardInterrupt:
         print("interrupted: showing what was measured", file=sys.stderr)
         status = 130
-    except Exception as e:  # noqa: BLE001 - report, clean up, and show the partial table
+    except Exception as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         status = 1
     finally:
@@ -289,7 +289,7 @@ def main() -> int:
         bench = Bench(kernel, args.reps)
         run_all(bench, kernel, args)
 
-    kernel, status = with_kernel(lambda: Kernel(args.timeout), work)
+    _kernel, status = with_kernel(lambda: Kernel(args.timeout), work)
     if bench is not None:
         print(f"\nper-cell wall time, execute_request -> execute_reply; {kernel_versions()}")
         print(bench.table())

@@ -20,7 +20,7 @@ import base64
 import html
 import json
 from html.parser import HTMLParser
-from typing import Any
+from typing import Any, ClassVar
 
 from ._display import WIDGET_MIME
 from ._run import RankState, Run
@@ -221,7 +221,7 @@ def _run_html(text: str, state: list[int]) -> str:
 class _Balancer(HTMLParser):
     """Rank HTML made safe to nest: tags balanced, scripts dropped, so it cannot swallow our layout."""
 
-    VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+    VOID: ClassVar[frozenset[str]] = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"})
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=False)
@@ -421,7 +421,7 @@ class FrozenRun:
         self.html = to_html(record, outputs)
         self.text = to_text(record)
 
-    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:  # noqa: ANN001
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         return {MIME: self.record, "text/html": self.html, "text/plain": self.text}
 
 

@@ -19,6 +19,7 @@ server's log).
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -179,7 +180,7 @@ def _capture_display(rich: bool) -> None:
     class RankDisplayPublisher(DisplayPublisher):
         """display() in a rank: a record in display.jsonl, never a message to the kernel's frontend."""
 
-        def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):  # noqa: ANN001
+        def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):
             write_display({"data": data, "metadata": metadata or {}, "transient": transient or {}, "update": update})
 
         def clear_output(self, wait: bool = False) -> None:
@@ -238,7 +239,7 @@ def _capture_comms() -> None:
         return
 
     class RankComm(BaseComm):
-        def publish_msg(self, msg_type: str, data=None, metadata=None, buffers=None, **keys: Any) -> None:  # noqa: ANN001
+        def publish_msg(self, msg_type: str, data=None, metadata=None, buffers=None, **keys: Any) -> None:
             if msg_type == "comm_open":
                 if keys.get("target_name") == "jupyter.widget" and isinstance(data, dict):
                     write_display({"widget": self.comm_id, "state": data.get("state", {}), "open": True})
@@ -263,7 +264,5 @@ def flush_figures() -> None:
     """Show the figures a cell left open, as the inline backend does at the end of a notebook cell."""
     module = sys.modules.get("matplotlib_inline.backend_inline")
     if module is not None and "matplotlib.pyplot" in sys.modules:
-        try:
+        with contextlib.suppress(Exception):  # a figure that cannot be drawn must not fail the rank
             module.flush_figures()
-        except Exception:  # noqa: BLE001 - a figure that cannot be drawn must not fail the rank
-            pass

@@ -70,7 +70,7 @@ def _unpicklable(values: dict[str, Any]) -> tuple[str, str, Exception] | None:
     for name, value in values.items():
         try:
             _WithoutData(io.BytesIO()).dump(value)
-        except Exception as err:  # noqa: BLE001 - say which name, and why
+        except Exception as err:
             return name, f"{type(value).__module__}.{type(value).__qualname__}", err
     return None
 
@@ -170,7 +170,7 @@ def send_outputs(namespace: dict[str, Any], names: tuple[str, ...], prefix: str,
     missing = [name for name in names if name not in namespace]
     try:
         data = _shm.dumps({"values": values, "missing": missing}, run_prefix=prefix)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         name, kind, _why = _unpicklable(values) or ("?", "value", err)
         raise RuntimeError(f"--out: cannot send {name!r} (a {kind}) back to the kernel: {err}") from None
     path = os.path.join(rank_dir, OUT_FILE)

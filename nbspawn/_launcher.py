@@ -28,9 +28,8 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from . import _shm
-from ._handoff import discard_outputs, receive_outputs
 from ._capture import stdio_streams
-from ._display import DisplayItems
+from ._handoff import discard_outputs, receive_outputs
 from ._rank import EXIT_INTERRUPTED, run_rank
 from ._run import RankState, Run
 from ._source import STILL_STARTING, main_thread_stack, rewrite_notebook_frames

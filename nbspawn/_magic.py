@@ -227,7 +227,7 @@ def _status_table(worlds: dict) -> str:
         pids = ",".join(map(str, s["pids"]))
         rows.append((s["name"], str(s["ranks"]), s["state"], str(s["cells"]), s["start_method"], s["backend"], pids, s["logs"]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows)
 
 
 def _cell_files(shell: InteractiveShell) -> dict[str, int]:

@@ -42,7 +42,7 @@ def run_rank(rank: int, spec: RunSpec) -> None:
         _run_cell(spec, rank)
     except SystemExit as exc:  # sys.exit() in the cell: keep Python's meaning of the code
         code = _exit_code(exc)
-    except BaseException as exc:  # noqa: BLE001 - everything a rank raises is reported, even Ctrl-C
+    except BaseException as exc:
         write_error(rank_dir, spec.cell, exc)
         code = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_RAISED
     finally:
@@ -157,7 +157,7 @@ def _use_local_gpu(rank: int) -> None:
         torch.cuda.set_device(rank % count)
 
 
-def init_process_group(backend: str, rank: int):  # noqa: ANN201
+def init_process_group(backend: str, rank: int):
     if backend == "none":
         return None
     import torch

@@ -17,7 +17,6 @@ from ._streams import Event, RankStreams
 from .errors import RankFailure, SpawnError
 
 
-
 @dataclass
 class RankState:
     rank: int

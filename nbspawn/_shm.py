@@ -72,12 +72,12 @@ import stat
 import threading
 from collections import ChainMap
 from collections.abc import Collection, Iterator, Mapping
+from multiprocessing.reduction import DupFd, ForkingPickler
 from typing import Any, NamedTuple
 
 import cloudpickle
 import torch
-import torch.multiprocessing  # noqa: F401 - registers torch's reductions with ForkingPickler
-from multiprocessing.reduction import DupFd, ForkingPickler
+import torch.multiprocessing
 from torch.multiprocessing import reductions as _torch_reductions
 
 __all__ = [
@@ -494,7 +494,7 @@ def export_tensor(tensor: torch.Tensor, run_prefix: str) -> TensorHandle:
         start, span = 0, 0
     else:
         start = t.storage_offset() * item
-        span = (1 + sum((n - 1) * s for n, s in zip(t.size(), t.stride()))) * item
+        span = (1 + sum((n - 1) * s for n, s in zip(t.size(), t.stride(), strict=True))) * item
     return TensorHandle(
         _export_storage(t.untyped_storage(), run_prefix, start, span),
         t.dtype,

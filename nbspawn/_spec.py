@@ -7,6 +7,7 @@ forkserver it is pickled into every rank.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import secrets
@@ -132,7 +133,7 @@ def cuda_device_count() -> int:
     ``torch.cuda.is_available()`` would run ``cudaGetDeviceCount`` (cuInit), after which forked
     ranks may be unable to use CUDA at all.
     """
-    import torch  # noqa: PLC0415 - torch is heavy; only asked when a decision needs it
+    import torch
 
     return torch.cuda.device_count()
 
@@ -193,7 +194,7 @@ def parse_seconds(value: Any, option: str, *, allow_zero: bool) -> float | None:
         seconds = float(value)
     except (TypeError, ValueError):
         raise SpawnUsageError(f"{option} must be a number of seconds, not {value!r}") from None
-    if seconds < 0 or (seconds == 0 and not allow_zero) or seconds != seconds:
+    if seconds < 0 or (seconds == 0 and not allow_zero) or math.isnan(seconds):
         raise SpawnUsageError(f"{option} must be {'zero or more' if allow_zero else 'more than zero'} seconds, not {value!r}")
     return seconds
 

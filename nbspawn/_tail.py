@@ -31,7 +31,7 @@ _SGR = re.compile(r"\x1b\[[0-9;:]*m")
 class Line:
     """One line of one stream; ``text`` keeps colours and, for a bar, ``\\r`` before its latest state."""
 
-    __slots__ = ("stream", "text", "complete", "bar")
+    __slots__ = ("bar", "complete", "stream", "text")
 
     def __init__(self, stream: str) -> None:
         self.stream = stream

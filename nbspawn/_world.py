@@ -282,7 +282,7 @@ def prepare_cell(
 
 def stop(names: list[str] | None = None) -> list[str]:
     """Stop these worlds (all, if None); returns the names stopped. An unknown name is a usage error."""
-    chosen = list(_worlds) if not names else names
+    chosen = names or list(_worlds)
     unknown = [n for n in chosen if n not in _worlds]
     if unknown:
         known = ", ".join(sorted(_worlds)) or "none"

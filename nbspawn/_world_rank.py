@@ -113,7 +113,7 @@ def _serve(job: WorldJob, rank: int, spec: Any, namespace: dict[str, Any], own: 
     except SystemExit as exc:
         code = _rank._exit_code(exc)
         return (OK, 0) if code == 0 else (EXITED, code)
-    except BaseException as exc:  # noqa: BLE001 - everything a cell raises is reported
+    except BaseException as exc:
         signal.signal(signal.SIGINT, _ignore_interrupt)
         _rank.write_error(rank_dir, job.cell, exc)
         return (INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RAISED), 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from kernel_harness import Kernel, execute, start_kernel, stop_kernel
 
 # `import nbspawn` too, so cells can call nbspawn.last_run() as they would after the README's setup.

@@ -6,7 +6,6 @@ import os
 import time
 
 import pytest
-
 from kernel_harness import execute, shm_entries
 
 pytestmark = pytest.mark.timeout(240)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 import psutil
-
 from kernel_harness import descendants, execute
 
 

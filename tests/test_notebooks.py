@@ -17,9 +17,8 @@ from pathlib import Path
 import nbformat
 import pytest
 from jupyter_client import AsyncKernelManager
-from nbclient import NotebookClient
-
 from kernel_harness import KERNEL_NAME, _kernel_spec_manager
+from nbclient import NotebookClient
 
 from nbspawn._bundle import MIME
 

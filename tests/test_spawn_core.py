@@ -7,7 +7,6 @@ import os
 import re
 
 import pytest
-
 from kernel_harness import execute
 
 pytestmark = pytest.mark.timeout(180)

@@ -6,10 +6,10 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
-
 from kernel_harness import descendants as harness_descendants
 from kernel_harness import execute, start_kernel, stop_kernel
 
@@ -89,7 +89,7 @@ def test_ranks_die_with_the_kernel_even_when_it_is_sigkilled(fresh_kernel):
     fresh_kernel.client.execute("%%spawn -n 3\nimport subprocess, time\ntime.sleep(300)")
     ranks = wait_for_ranks(pid, 3)
     os.kill(pid, signal.SIGKILL)
-    gone, alive = psutil.wait_procs(ranks, timeout=10)
+    _gone, alive = psutil.wait_procs(ranks, timeout=10)
     assert alive == [], f"ranks outlived the kernel: {alive}"
 
 
@@ -103,7 +103,7 @@ def test_processes_a_rank_started_are_stopped_with_it(kernel):
 
     with tempfile.TemporaryDirectory() as tmp:
         ok(kernel, code.replace("%%spawn -n 2", f"%%spawn -n 2 --env NBSPAWN_TEST_DIR={tmp}"))
-        pids = [int(open(os.path.join(tmp, str(r))).read()) for r in range(2)]
+        pids = [int(Path(tmp, str(r)).read_text()) for r in range(2)]
     time.sleep(0.2)
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from bundle_reader import rank_outputs
 from kernel_harness import execute, strip_ansi
 
@@ -557,7 +556,7 @@ def test_live_messages_never_glue_or_lose_count_of_lines():
             lines = sent[r].split("\n")
             last = lines.pop()  # "" or the line the browser has open
             whole = [line for line in lines if re.fullmatch(rf"r{r} line \d{{6}} (x*|tail)", line)]
-            cut_short = [line for line in lines + [last] if line and line not in whole]
+            cut_short = [line for line in [*lines, last] if line and line not in whole]
             assert all(re.fullmatch(r"[r01 line\d]*", line) for line in cut_short), (trial, cut_short)
             numbers = [int(line.split()[2]) for line in whole]
             assert numbers == sorted(set(numbers)), trial

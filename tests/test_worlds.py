@@ -11,7 +11,6 @@ import time
 
 import psutil
 import pytest
-
 from kernel_harness import execute, start_kernel, stop_kernel
 from test_spawn_lifecycle import _snapshot, descendants, interrupt_later
 
