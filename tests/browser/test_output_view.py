@@ -24,7 +24,6 @@ import re
 import time
 
 import pytest
-
 from test_lab_renderer import (  # the servers, browser pages, fixtures and helpers of the renderer's tests
     Page,
     artifacts,  # noqa: F401 - a fixture
@@ -254,12 +253,13 @@ def _pane(view, rank: int):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(front, artifacts):
+def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(front, artifacts):  # noqa: F811 - a fixture
     pg = front.pg
     t0 = front.start(C_FLOOD)
     view = front.live(C_FLOOD)
     pg.wait_for_function(
-        "v => v.querySelectorAll('.nbs-Chip[data-status=\"running\"]').length === 16", arg=view.element_handle(),
+        "v => v.querySelectorAll('.nbs-Chip[data-status=\"running\"]').length === 16",
+        arg=view.element_handle(),
         timeout=60_000,
     )
     pg.wait_for_timeout(2500)  # the flood is on
@@ -301,13 +301,14 @@ def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(fron
     assert "flooded" in text, text[-2000:]
 
 
-def test_stop_within_a_second_during_a_flood(front, artifacts):
+def test_stop_within_a_second_during_a_flood(front, artifacts):  # noqa: F811 - a fixture
     pg = front.pg
     cell = front.cell(C_FOREVER)
     front.start(C_FOREVER)
     view = front.live(C_FOREVER)
     pg.wait_for_function(
-        "v => v.querySelectorAll('.nbs-Chip[data-status=\"running\"]').length === 16", arg=view.element_handle(),
+        "v => v.querySelectorAll('.nbs-Chip[data-status=\"running\"]').length === 16",
+        arg=view.element_handle(),
         timeout=60_000,
     )
     pg.wait_for_timeout(3000)
@@ -365,7 +366,7 @@ STATUS_JS = {
 }
 
 
-def test_busy_for_the_whole_run(front, artifacts):
+def test_busy_for_the_whole_run(front, artifacts):  # noqa: F811 - a fixture
     pg = front.pg
     cell = front.cell(C_SIX)
     pg.evaluate(
@@ -438,7 +439,7 @@ def _rich_checks(pg, pane, rank: int, where: str) -> dict:
     )
 
 
-def test_rich_output_in_the_pane_live_and_frozen(front, artifacts):
+def test_rich_output_in_the_pane_live_and_frozen(front, artifacts):  # noqa: F811 - a fixture
     pg = front.pg
     front.start(C_RICH)
     view = front.live(C_RICH)
@@ -471,7 +472,7 @@ def _reddish(rgb: str) -> bool:
     return r > g + 40 and r > b + 40
 
 
-def test_plain_tqdm_bar_stays_at_the_bottom_and_is_not_an_error(front, artifacts):
+def test_plain_tqdm_bar_stays_at_the_bottom_and_is_not_an_error(front, artifacts):  # noqa: F811 - a fixture
     pg = front.pg
     front.start(C_BAR)
     view = front.live(C_BAR)
