@@ -1,19 +1,54 @@
 """Rank output as ``[rank{r}]: `` lines: the rendering for terminal IPython and for plain text.
 
-Lines are forwarded as soon as they are complete.  A line rewritten with ``\\r`` (a progress bar)
-is shown once, in its latest state, instead of once per update; ``\\b`` erases.  stdout lines go to
-the kernel's stdout and stderr lines to its stderr, so frontends keep them visibly apart.
+Lines are forwarded as soon as they are complete, prefixed with their rank; prefixes are padded to
+the widest rank of the run, so every rank's text starts in one column.  stdout lines go to stdout
+and stderr lines to stderr, so frontends keep them visibly apart.  What a rank displays is shown in
+its text form (docs/run-bundle.md, section 2): its ``text/plain``, a widget progress bar as a text
+bar, an image without text as ``<image/png 640×480>``.
+
+A line being redrawn (rewritten after ``\\r``, as tqdm does, or a display updated in place, such as a
+``tqdm.notebook`` bar) is a *bar*:
+
+* on a terminal (the view's stderr is a TTY: terminal IPython, ``python script.py``) every open bar
+  is drawn live in a footer at the bottom of the terminal, one line per bar, sorted by rank, as tqdm
+  with ``tqdm.write`` draws it: complete lines are printed above the footer (the footer is erased,
+  the lines printed, the footer drawn again), at most ten times a second, each footer line clipped
+  to the terminal's width so that it never wraps.  The footer is drawn on stderr, where tqdm draws
+  its own bars: stdout stays free of escape codes, so ``ipython script.ipy > out.txt`` keeps only
+  the ranks' complete lines there, and stderr is unbuffered in practice, so the footer is never
+  held back behind a buffer;
+* elsewhere (a Jupyter kernel with ``--view text``, a pipe) a bar is shown once, in its final state.
+
+When a bar ends (its line is completed with ``\\n``, a widget bar turns ``success`` or ``danger``,
+its rank ends) its final state is printed as a normal line.  ``\\b`` erases.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
+import html
+import os
+import re
+import shutil
+import struct
 import sys
-from typing import TextIO
+import time
+import unicodedata
+from typing import Any, TextIO
 
 from ._run import RankState, Run
 from ._status import StatusComm
 
 MAX_PENDING = 1 << 16  # a "line" longer than this is shown in pieces
+REDRAW_EVERY = 0.1  # seconds: a live footer is redrawn at most ten times a second
+WIDGET_MIME = "application/vnd.nbspawn.widget+json"
+_BAR_WIDTH = 10
+_BLOCKS = "▏▎▍▌▋▊▉"
+_CSI = re.compile(r"\x1b\[[0-9;:?<=>]*[ -/]*[@-~]|\x1b[@-Z\\-_]?")
+_TAG = re.compile(r"<[^>]*>")
+_ERASE_LINE, _UP = "\x1b[K", "\x1b[A"
 
 
 def settle_line(raw: str) -> str:
@@ -34,20 +69,194 @@ def settle_line(raw: str) -> str:
     return raw
 
 
-class TextView:
-    """Prefix every line with its rank, as torchrun's ``--tee`` does."""
+# -- display items as text --------------------------------------------------------------------------
 
-    def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None) -> None:
+
+def _progress_nodes(tree: Any) -> list[dict[str, Any]]:
+    if not isinstance(tree, dict):
+        return []
+    if tree.get("type") == "progress":
+        return [tree]
+    return [node for child in tree.get("children") or [] for node in _progress_nodes(child)]
+
+
+def _bar(node: dict[str, Any], width: int = _BAR_WIDTH) -> tuple[float, str]:
+    """A progress node's fraction and its bar, drawn with eighth blocks as tqdm draws it."""
+    low, high, value = (node.get(k) for k in ("min", "max", "value"))
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high, value))
+    frac = 0.0 if not numbers or high <= low else min(1.0, max(0.0, (value - low) / (high - low)))
+    eighths = int(frac * width * 8)
+    bar = "█" * (eighths // 8) + (_BLOCKS[eighths % 8 - 1] if eighths % 8 else "")
+    return frac, bar.ljust(width)
+
+
+def widget_text(tree: Any) -> str:
+    """A widget tree as text: ``Epoch 1:  45%|████▌     | 45/100 [00:01<00:02]``.
+
+    A ``tqdm.notebook`` bar (a row of text, progress, text) reads exactly as tqdm's own text bar; a
+    progress bar with no text beside it gets its description and percentage.  A column is one line
+    per child.
+    """
+    if not isinstance(tree, dict):
+        return ""
+    kind = tree.get("type")
+    if kind == "text":
+        return str(tree.get("value", ""))
+    if kind == "other":
+        return str(tree.get("text", ""))
+    if kind == "progress":
+        frac, bar = _bar(tree)
+        description = str(tree.get("description") or "")
+        return f"{description + ': ' if description else ''}{frac * 100:3.0f}%|{bar}|"
+    children = [c for c in tree.get("children") or [] if isinstance(c, dict)]
+    if tree.get("dir") == "column":
+        return "\n".join(t for t in (widget_text(c) for c in children) if t)
+    texts = any(c.get("type") == "text" and c.get("value") for c in children)
+    parts: list[str] = []
+    for child in children:
+        if child.get("type") == "progress" and texts:  # tqdm's {l_bar}{bar}{r_bar}: the text says the rest
+            description = str(child.get("description") or "")
+            parts.append(f"{description + ' ' if description else ''}|{_bar(child)[1]}|")
+        else:
+            parts.append(widget_text(child))
+    return "".join(parts)
+
+
+def _image_size(mime: str, value: Any) -> tuple[int, int] | None:
+    """Width and height from a PNG's or GIF's header (base64), without decoding the image."""
+    if not isinstance(value, str) or mime not in ("image/png", "image/gif"):
+        return None
+    try:
+        head = base64.b64decode(value[:48] + "=" * (-len(value[:48]) % 4))
+    except (binascii.Error, ValueError):
+        return None
+    if mime == "image/png" and head[:8] == b"\x89PNG\r\n\x1a\n" and len(head) >= 24:
+        return struct.unpack(">II", head[16:24])
+    if mime == "image/gif" and head[:4] == b"GIF8" and len(head) >= 10:
+        return struct.unpack("<HH", head[6:10])
+    return None
+
+
+def item_text(item: dict[str, Any]) -> str:
+    """What a display item says in text (docs/run-bundle.md, section 2)."""
+    mime, value = str(item.get("mime") or ""), item.get("value")
+    if mime == WIDGET_MIME:
+        return widget_text(value)
+    if mime == "text/plain":  # its own text, or what the kernel says of an image it dropped
+        return str(value if value is not None else item.get("text") or "")
+    text = str(item.get("text") or "")
+    if text:
+        return text
+    if mime.startswith("image/"):
+        meta = item.get("meta") or {}
+        size = (meta.get("width"), meta.get("height")) if isinstance(meta, dict) else (None, None)
+        if not all(isinstance(v, (int, float)) for v in size):
+            size = _image_size(mime, value) or (None, None)
+        return f"<{mime} {size[0]:g}×{size[1]:g}>" if all(size) else f"<{mime}>"
+    if mime == "text/html" and isinstance(value, str):
+        lines = (html.unescape(_TAG.sub("", line)).strip() for line in value.splitlines())
+        return "\n".join(line for line in lines if line)
+    return str(value) if isinstance(value, str) else ""
+
+
+def _finished_bar(item: dict[str, Any]) -> bool | None:
+    """None: not a progress widget; else whether all its bars are done (``success`` or ``danger``)."""
+    if item.get("mime") != WIDGET_MIME:
+        return None
+    nodes = _progress_nodes(item.get("value"))
+    if not nodes:
+        return None
+    return all(node.get("bar_style") in ("success", "danger") for node in nodes)
+
+
+# -- the terminal -----------------------------------------------------------------------------------
+
+
+def _char_width(ch: str) -> int:
+    if unicodedata.combining(ch):
+        return 0
+    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+
+
+def clip(line: str, width: int) -> str:
+    """``line`` cut to ``width`` terminal columns; colours (SGR) kept, other escapes and controls dropped."""
+    out: list[str] = []
+    used = 0
+    coloured = False
+    pos = 0
+    line = line.expandtabs(8)
+    while pos < len(line):
+        ch = line[pos]
+        if ch == "\x1b":
+            match = _CSI.match(line, pos)
+            end = match.end() if match else pos + 1
+            sequence = line[pos:end]
+            if sequence.startswith("\x1b[") and sequence.endswith("m"):
+                out.append(sequence)
+                coloured = True
+            pos = end
+            continue
+        pos += 1
+        if ch < " " or ch == "\x7f":
+            continue
+        w = _char_width(ch)
+        if used + w > width:
+            break
+        out.append(ch)
+        used += w
+    if coloured:
+        out.append("\x1b[0m")
+    return "".join(out)
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _terminal_size(stream: TextIO) -> os.terminal_size:
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        return os.get_terminal_size(stream.fileno())
+    return shutil.get_terminal_size()
+
+
+class TextView:
+    """Prefix every line with its rank, as torchrun's ``--tee`` does; bars live at the bottom on a terminal.
+
+    ``live``: draw open bars in a footer (None: when the stderr stream is a terminal).
+    """
+
+    def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None, live: bool | None = None) -> None:
         self._out = {"stdout": stdout, "stderr": stderr}
-        self._pending: dict[tuple[int, str], str] = {}
+        self._live_choice = live
+        self._live = False
+        self._pending: dict[tuple[int, str], str] = {}  # (rank, stream) -> the open line
+        self._bars: dict[tuple[int, str], str] = {}  # (rank, key) -> an open bar's latest text, in order of appearance
+        self._printed: dict[tuple[int, str], str] = {}  # (rank, display id) -> what was last printed of it
+        self._queue: list[tuple[str, str]] = []  # (stream, text) not yet written (live only)
+        self._dirty = False  # a bar changed since the footer was drawn
+        self._footer = 0  # footer lines on the terminal now
+        self._drawn_at = 0.0
         self._shown: frozenset[int] | None = None
+        self._prefix_width = len("[rank0]:")
         self._status = StatusComm()  # the labextension's toolbar item; a no-op outside a kernel
 
     def _stream(self, name: str) -> TextIO:
         return self._out[name] or (sys.stdout if name == "stdout" else sys.stderr)
 
+    def prefix(self, rank: int) -> str:
+        """``[rank3]: ``, padded to the run's widest rank so every rank's text starts in one column."""
+        return f"[rank{rank}]:".ljust(self._prefix_width) + " "
+
+    # -- the view protocol (nbspawn._launcher.RunView) --------------------------------------------
+
     def started(self, run: Run) -> None:
         self._shown = run.spec.shown_ranks
+        self._prefix_width = len(f"[rank{max(run.nprocs - 1, 0)}]:")
+        choice = self._live_choice
+        self._live = _isatty(self._stream("stderr")) if choice is None else choice
         self._status.open(run)
 
     def output(self, rank: int, stream: str, text: str) -> None:
@@ -63,24 +272,132 @@ class TextView:
             pending = "\r" + settle_line(pending)  # keep only the latest state of a progress line
         self._pending[key] = pending
         if lines:
-            prefix = f"[rank{rank}]: "
-            self._stream(stream).write("".join(f"{prefix}{settle_line(line)}\n" for line in lines))
+            self._bar(key, None)  # the line it was redrawing is complete: printed as a line
+            prefix = self.prefix(rank)
+            self._emit(stream, "".join(f"{prefix}{settle_line(line)}\n" for line in lines))
+        if pending.startswith("\r"):
+            self._bar(key, pending[1:] if pending[1:].strip() else None)  # tqdm clears its bar to write a line
+        self._render()
+
+    def display(self, rank: int, item: dict) -> None:
+        """A rank's display item, in text: a line (or lines) of stdout; an updated one is a bar."""
+        if self._shown is not None and rank not in self._shown:
+            return
+        kind = item.get("kind")
+        if kind not in ("data", "update"):
+            return  # clear_output() has nothing to clear in text
+        key = (rank, f"display:{item.get('id')}") if item.get("id") is not None else None
+        text = item_text(item).rstrip("\n")
+        done = _finished_bar(item)
+        if key is None:
+            self._print(rank, text)
+        elif done or (kind == "data" and done is None):  # a finished bar, or a display seen the first time
+            self._bar(key, None)
+            if text and self._printed.get(key) != text:
+                self._print(rank, text)
+            self._printed[key] = text
+        else:  # a bar, or a display updated in place: redrawn until it ends
+            self._bar(key, text if text.strip() else None)
+        self._render()
+
+    def skipped(self, rank: int, lines: int) -> None:
+        return None  # the text view reads everything (no read_budget)
 
     def rank_ended(self, run: Run, state: RankState) -> None:
         self._flush_rank(state.rank)
+        self._render(force=True)
 
     def tick(self, run: Run) -> None:
         self._status.update(run)
+        self._render()
 
     def finished(self, run: Run) -> None:
         for rank in range(run.nprocs):
             self._flush_rank(rank)
+        self._render(force=True)
         for stream in ("stdout", "stderr"):
-            self._stream(stream).flush()
+            with contextlib.suppress(OSError, ValueError):
+                self._stream(stream).flush()
         self._status.close(run)
 
+    # -- lines and bars ---------------------------------------------------------------------------
+
+    def _print(self, rank: int, text: str) -> None:
+        if text:
+            prefix = self.prefix(rank)
+            self._emit("stdout", "".join(f"{prefix}{line}\n" for line in text.split("\n")))
+
+    def _bar(self, key: tuple[int, str], text: str | None) -> None:
+        if text is None:
+            self._dirty |= self._bars.pop(key, None) is not None
+        elif self._bars.get(key) != text:
+            self._bars[key] = text
+            self._dirty = True
+
     def _flush_rank(self, rank: int) -> None:
+        """A rank ended: its open lines and bars, in their final states, become normal lines."""
         for stream in ("stdout", "stderr"):
             pending = settle_line(self._pending.pop((rank, stream), ""))
+            self._bar((rank, stream), None)
             if pending:
-                self._stream(stream).write(f"[rank{rank}]: {pending}\n")
+                self._emit(stream, f"{self.prefix(rank)}{pending}\n")
+        for key in [k for k in self._bars if k[0] == rank]:
+            text = self._bars[key]
+            self._bar(key, None)
+            if text != self._printed.get(key):
+                self._print(rank, text)
+                self._printed[key] = text
+
+    def _emit(self, stream: str, text: str) -> None:
+        if self._live:
+            self._queue.append((stream, text))
+        else:
+            self._stream(stream).write(text)
+
+    # -- the footer -------------------------------------------------------------------------------
+
+    def _render(self, force: bool = False) -> None:
+        """Erase the footer, print the lines waiting, draw the footer: at most ten times a second."""
+        if not self._live or not (self._queue or self._dirty):
+            return
+        now = time.monotonic()
+        if not force and now - self._drawn_at < REDRAW_EVERY:
+            return
+        footer_stream = "stderr"
+        writes: list[tuple[str, str]] = []
+        if self._footer:
+            writes.append((footer_stream, "\r" + _ERASE_LINE + (_UP + _ERASE_LINE) * (self._footer - 1)))
+        writes.extend(self._queue)
+        footer = self._footer_lines()
+        if footer:
+            writes.append((footer_stream, "\n".join(footer)))
+        self._queue.clear()
+        self._footer, self._dirty, self._drawn_at = len(footer), False, now
+        merged: list[list[str]] = []
+        for stream, text in writes:
+            if merged and merged[-1][0] == stream:
+                merged[-1][1] += text
+            else:
+                merged.append([stream, text])
+        for stream, text in merged:  # each stream flushed before the other writes: one terminal, in order
+            out = self._stream(stream)
+            try:
+                out.write(text)
+                out.flush()
+            except (OSError, ValueError):
+                pass
+
+    def _footer_lines(self) -> list[str]:
+        if not self._bars:
+            return []
+        size = _terminal_size(self._stream("stderr"))
+        width = max(size.columns - 1, 10)  # never the last column: some terminals wrap there
+        room = max(size.lines - 2, 1)
+        lines: list[str] = []
+        for (rank, _key), text in sorted(self._bars.items(), key=lambda kv: kv[0][0]):
+            prefix = self.prefix(rank)
+            lines.extend(clip(prefix + part, width) for part in text.split("\n"))
+        if len(lines) > room:
+            more = len(lines) - room + 1
+            lines = [*lines[: room - 1], clip(f"... and {more} more bar line{'s' if more > 1 else ''}", width)]
+        return lines

@@ -176,7 +176,7 @@ class RankRaisedError(_RootCause, ProcessRaisedException):
     def __str__(self) -> str:
         return _RootCause.__str__(self)
 
-    def __reduce__(self):  # noqa: ANN204 - mirror torch's exceptions, which pickle
+    def __reduce__(self):
         return type(self), (self.failures,)
 
 
@@ -193,7 +193,7 @@ class RankExitedError(_RootCause, ProcessExitedException):
     def __str__(self) -> str:
         return _RootCause.__str__(self)
 
-    def __reduce__(self):  # noqa: ANN204
+    def __reduce__(self):
         return type(self), (self.failures,)
 
 
@@ -213,17 +213,34 @@ class SpawnTimeoutError(SpawnError, TimeoutError):
 
 
 class SpawnInterrupted(KeyboardInterrupt):
-    """The kernel was interrupted (or Stop pressed); every rank was told first, so each says where it was."""
+    """The kernel was interrupted, or the run stopped with its Stop button (``run.status == "stopped"``).
 
-    def __init__(self, failures: list[RankFailure], run: Run | None = None) -> None:
-        super().__init__("the run was interrupted")
+    Every rank was told first, so each says where it was.  ``by_stop`` says which of the two it was:
+    given, or else read from the run's status, which the supervisor sets before raising.
+    """
+
+    def __init__(self, failures: list[RankFailure], run: Run | None = None, by_stop: bool | None = None) -> None:
         self.failures = failures
         self.run = run
+        self._by_stop = by_stop
+        super().__init__("the run was stopped (Stop button)" if self.by_stop else "the run was interrupted")
+
+    @property
+    def by_stop(self) -> bool:
+        if self._by_stop is not None:
+            return self._by_stop
+        return getattr(self.run, "status", None) == "stopped"
+
+    def __reduce__(self):
+        return type(self), (self.failures, None, self.by_stop)
 
     _logs_line = SpawnError._logs_line
 
     def _report(self, color: bool) -> list[str]:
-        head = "KeyboardInterrupt: %%spawn was interrupted; the ranks were stopped"
+        if self.by_stop:
+            head = "SpawnInterrupted: the run was stopped (Stop button); the ranks were stopped"
+        else:
+            head = "KeyboardInterrupt: %%spawn was interrupted; the ranks were stopped"
         lines = [f"{_RED}{_BOLD}{head}{_RESET}" if color else head]
         return lines + _describe(self.failures) + self._logs_line(color)
 
