@@ -53,9 +53,10 @@ __all__ = [
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
-    from ._magic import SpawnMagics
+    from ._magic import SpawnMagics, report_background_failures
 
     ipython.register_magics(SpawnMagics(shell=ipython))
+    ipython.events.register("pre_run_cell", report_background_failures)
 
 
 def _jupyter_labextension_paths() -> list[dict[str, Any]]:

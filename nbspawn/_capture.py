@@ -111,12 +111,14 @@ def stdio_streams() -> tuple:
     """
     global _stdio
     if _stdio is None:
-        text = {"encoding": "utf-8", "errors": "backslashreplace"}
+        encoding, errors = "utf-8", "backslashreplace"
         out, err = (
-            io.TextIOWrapper(io.BufferedWriter(_StreamRaw(i)), line_buffering=True, write_through=i == 1, **text)
+            io.TextIOWrapper(
+                io.BufferedWriter(_StreamRaw(i)), encoding=encoding, errors=errors, line_buffering=True, write_through=i == 1
+            )
             for i in (0, 1)
         )
-        _stdio = (open(0, closefd=False, **text), out, err)  # noqa: SIM115
+        _stdio = (open(0, closefd=False, encoding=encoding, errors=errors), out, err)  # noqa: SIM115
     return _stdio
 
 
@@ -127,7 +129,8 @@ def capture_output(rank_dir: str, rich: bool) -> None:
     os.close(devnull)
     redirect_output(rank_dir)
     # The kernel's sys.stdout is a zmq stream that must not be touched from a forked process.
-    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = stdio_streams()
+    # (typeshed makes sys.__stdout__ & co. Final; a rank is a process of its own, replacing them is the point)
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = stdio_streams()  # type: ignore[misc]
     _capture_display(rich)
 
 

@@ -15,6 +15,7 @@ Whatever happens, the loop's ``finally`` reaps every rank and closes every descr
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing
 import multiprocessing.connection
@@ -32,7 +33,7 @@ from ._capture import stdio_streams
 from ._handoff import discard_outputs, receive_outputs
 from ._rank import EXIT_INTERRUPTED, run_rank
 from ._run import RankState, Run
-from ._source import STILL_STARTING, main_thread_stack, rewrite_notebook_frames
+from ._source import STILL_STARTING, main_thread_stack, program_stack, rewrite_notebook_frames
 from ._spec import RunSpec
 from .errors import (
     RankExitedError,
@@ -48,6 +49,7 @@ from .errors import (
 # quiet, so a long silent run costs the kernel almost nothing. Exits wake the loop at once anyway.
 POLL_MIN, POLL_MAX = 0.02, 0.25
 STACK_DUMP_WAIT = 0.5  # how long to wait for faulthandler dumps before SIGTERM
+STOPPING_READ_BUDGET = 4096  # bytes of each stream of each rank read per poll while a run is being stopped
 
 _last_run: Run | None = None
 
@@ -110,15 +112,21 @@ class Executor(Protocol):
     def cleanup(self, lose: bool) -> None: ...  # leave nothing running that should not be
 
 
-def execute(spec: RunSpec, view: RunView | None = None, executor: Executor | None = None) -> Run:
-    """Run ``spec`` to completion; the returned run's ``error`` says how it failed, if it did."""
+def execute(
+    spec: RunSpec, view: RunView | None = None, executor: Executor | None = None, background: bool = False
+) -> Run:
+    """Run ``spec`` to completion; the returned run's ``error`` says how it failed, if it did.
+
+    With ``background`` the ranks are started here and the run is supervised by a thread of its
+    own: this returns at once, ``run.wait()`` joins it (and raises its error), ``run.stop()`` stops it.
+    """
     global _last_run
     view = view or SilentView()
     executor = executor or FreshRanks(spec)
     if not spec.run_dir:
         spec.run_dir = os.path.join(tempfile.mkdtemp(prefix="nbspawn-"), spec.run_id)
     spec.rich = bool(getattr(view, "rich", False))
-    run = Run(spec)
+    run = Run(spec, background=background)
     try:
         run.prepare_logs()
     except OSError as err:
@@ -129,19 +137,64 @@ def execute(spec: RunSpec, view: RunView | None = None, executor: Executor | Non
     try:
         view.started(run)
         supervisor.start()
-        supervisor.supervise()
-    finally:
-        supervisor.cleanup()
-        try:
-            run.error = supervisor.outcome()
-            if run.error is None and spec.out_names:
-                _bring_outputs_home(run)
-        finally:
-            if spec.shm_prefix:  # whatever a failed or killed run left: /dev/shm files and their handles
-                _shm.sweep(spec.shm_prefix)
-                discard_outputs([state.dir for state in run.ranks])
-    view.finished(run)
+    except BaseException:
+        _finish(run, view, supervisor, supervise=False)
+        raise
+    if background:
+        _background_runs[run.run_id] = run
+        run._thread = threading.Thread(target=_finish, args=(run, view, supervisor), name=f"nbspawn-{run.run_id}", daemon=True)
+        run._thread.start()
+    else:
+        _finish(run, view, supervisor)
     return run
+
+
+def _finish(run: Run, view: RunView, supervisor: _Supervisor, supervise: bool = True) -> None:
+    """Supervise to the end, leave nothing behind, say how it went; the same in the foreground or not."""
+    spec = run.spec
+    try:
+        try:
+            if supervise:
+                supervisor.supervise()
+        finally:
+            supervisor.cleanup()
+            try:
+                run.error = supervisor.outcome()
+                if run.error is None and spec.out_names:
+                    _bring_outputs_home(run)
+            finally:
+                if spec.shm_prefix:  # whatever a failed or killed run left: /dev/shm files and their handles
+                    _shm.sweep(spec.shm_prefix)
+                    discard_outputs([state.dir for state in run.ranks])
+        view.finished(run)
+    finally:
+        run._done.set()
+
+
+_background_runs: dict[str, Run] = {}
+
+
+def background_runs() -> dict[str, Run]:
+    """Background runs of this process, by run id, running or ended and not yet forgotten."""
+    return dict(_background_runs)
+
+
+def unreported_failures() -> list[Run]:
+    """Background runs that failed and were neither waited for nor reported yet (each reported once)."""
+    found = [r for r in _background_runs.values() if r.done and r.error is not None and not r.waited and not r.reported]
+    for run in found:
+        run.reported = True
+    return found
+
+
+@atexit.register
+def _stop_background_runs() -> None:
+    """Kernel shutdown: background runs are stopped and cleaned up (their ranks would die anyway)."""
+    for run in list(_background_runs.values()):
+        if not run.done:
+            run.stop()
+    for run in list(_background_runs.values()):
+        run._done.wait(10)
 
 
 def _bring_outputs_home(run: Run) -> None:
@@ -330,14 +383,15 @@ class _Supervisor:
             try:
                 wait = min(poll, max(0.0, min(self.deadline, self.escalate_at) - time.monotonic()))
                 ready = multiprocessing.connection.wait(list(self.alive), timeout=wait)
+                # Stop first: under a flood, reading output is most of what this loop does
+                if self.stop_reason is None and (getattr(self.view, "wants_stop", bool)() or self.run._stop_requested):
+                    self._begin_stop("stop")  # the view's Stop button, or run.stop()
                 poll = POLL_MIN if self._forward_output() else min(POLL_MAX, poll * 2)
                 for waitable in sorted(ready, key=self._error_time):
                     if waitable in self.alive:
                         self._reap(self.alive[waitable], waitable)
                 self._check_clocks()
                 self.view.tick(self.run)
-                if self.stop_reason is None and getattr(self.view, "wants_stop", bool)():
-                    self._begin_stop("stop")  # the view's Stop button
             except KeyboardInterrupt:
                 self._on_interrupt()
         self._forward_output(final=True)
@@ -349,7 +403,10 @@ class _Supervisor:
 
     def _forward_output(self, final: bool = False) -> bool:
         view = self.view
-        events = self.run.read_new_output(final=final, budget=getattr(view, "read_budget", None))
+        budget = getattr(view, "read_budget", None)
+        if budget is not None and self.stop_reason is not None:
+            budget = min(budget, STOPPING_READ_BUDGET)  # ending: only the newest lines, and fast
+        events = self.run.read_new_output(final=final, budget=budget)
         items = self.run.display_items
         display = getattr(view, "display", None) or self._display_as_text
         for event in events:
@@ -399,7 +456,7 @@ class _Supervisor:
             with contextlib.suppress(ValueError):
                 failure.signal_name = state.signal_name = signal.Signals(-code).name
             failure.signal_name = failure.signal_name or f"signal {-code}"
-        record = (state.read_error() or {}).get("nbspawn")
+        record = _error_record(state.read_error())
         if record:
             failure.exc_type = record.get("exc_type")
             failure.message = record.get("message")
@@ -410,6 +467,9 @@ class _Supervisor:
         failure.stopped = state.rank in self.signalled and (record is None or interrupted)
         if (failure.stopped or failure.signal_name) and not failure.traceback:
             failure.stack = self._stack(state)  # no traceback of its own: say where it was
+        if not failure.stopped and not failure.traceback and not failure.stack:
+            tail = _last_lines(state.stderr_path, 10)  # a program's own last words
+            failure.traceback = f"last lines of its stderr ({state.stderr_path}):\n{tail}" if tail else None
         return failure
 
     def _stack(self, state: RankState) -> str | None:
@@ -419,9 +479,12 @@ class _Supervisor:
         except OSError:
             dump = ""
         if dump.strip():
+            if self.spec.program is not None:
+                return program_stack(dump) or None
             return main_thread_stack(dump, self.spec.cell) or None
         # Signalled before it could report: it had not installed its handlers, so not begun the cell.
-        return STILL_STARTING if state.rank in self.signalled else None
+        # (A program that is not Python has no stack to give.)
+        return STILL_STARTING if state.rank in self.signalled and self.spec.program is None else None
 
     # -- stopping ---------------------------------------------------------------------------------
 
@@ -524,6 +587,33 @@ class _Supervisor:
 
 def _ignore(*_args: object) -> None:
     return None
+
+
+def _error_record(record: dict | None) -> dict | None:
+    """nbspawn's fields of an error.json, or those of torch elastic's own (a program's ``@record``)."""
+    if not record:
+        return None
+    if "nbspawn" in record:
+        return record["nbspawn"]
+    message = record.get("message")
+    if isinstance(message, dict):  # {"message": "Type: text", "extraInfo": {"py_callstack": ...}}
+        head = str(message.get("message", ""))
+        exc_type, _, text = head.partition(": ")
+        extra = message.get("extraInfo") or {}
+        return {"exc_type": exc_type or "Error", "message": text, "traceback": extra.get("py_callstack")}
+    return None
+
+
+def _last_lines(path: str, count: int) -> str:
+    """The last ``count`` lines of a log, from its last 64 KB."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(path) - 65536))
+            data = fh.read()
+    except OSError:
+        return ""
+    lines = data.decode("utf-8", "replace").rstrip("\n").splitlines()[-count:]
+    return "\n".join("  " + line for line in lines)
 
 
 def _nonempty(path: str) -> bool:

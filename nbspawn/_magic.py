@@ -7,7 +7,9 @@ changes every later cell, and a cell's own options win over them.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from IPython.core.error import UsageError
@@ -18,6 +20,7 @@ from traitlets import Float, Int, Unicode, Union
 from ._api import prepare
 from ._launcher import Executor, RunView, execute
 from ._source import CellSource, CellSyntaxError
+from ._run import Run
 from ._spec import RunSpec
 from ._view_text import TextView
 from .errors import SpawnUsageError
@@ -112,6 +115,12 @@ class SpawnMagics(Magics):
         help="run on the kept world NAME (ranks that live across cells), started with this cell's options if new",
     )
     @argument("--fresh", action="store_true", help="fresh ranks for this cell, even if SpawnMagics.world names a world")
+    @argument(
+        "--bg",
+        action="store_true",
+        help="run in the background: the kernel is free at once; the run is returned (also nbspawn.last_run()), "
+        "run.wait() joins it and raises its error",
+    )
     @line_cell_magic
     def spawn(self, line: str, cell: str | None = None) -> None:
         """Run this cell on N local PyTorch ranks, with the torchrun environment.
@@ -136,6 +145,8 @@ class SpawnMagics(Magics):
             return self._line(line)
         args = parse_argstring(self.spawn, line)
         world = "" if args.fresh else (self.world if args.world is None else args.world)
+        if args.bg and world.strip():
+            raise UsageError("--bg runs on fresh ranks: a kept world runs one cell at a time (use --fresh with --bg)")
         try:
             view = self._view(args.view or self.view)
         except ValueError as err:
@@ -146,15 +157,24 @@ class SpawnMagics(Magics):
             raise UsageError(str(err)) from None
         except CellSyntaxError as err:
             raise UsageError(err.report()) from None
+        return self._execute(spec, view, executor, args.bg)
+
+    def _execute(self, spec: RunSpec, view: RunView, executor: Executor | None, background: bool) -> Run | None:
+        """One path for cells and programs, in the foreground or not."""
         for note in spec.notes:
             print(note, file=sys.stderr)
         try:
-            run = execute(spec, view, executor)
+            run = execute(spec, view, executor, background=background)
         except SpawnUsageError as err:
             raise UsageError(str(err)) from None
+        user_ns = self.shell.user_ns
+        if background:
+            run._on_wait.append(lambda done: user_ns.update(done.outputs))
+            return run
         if run.error is not None:
             raise run.error
-        self.shell.user_ns.update(run.outputs)
+        user_ns.update(run.outputs)
+        return None
 
     def _view(self, choice: str) -> RunView:
         choice = choice.strip().lower()
@@ -170,22 +190,71 @@ class SpawnMagics(Magics):
                 raise ValueError("--view widget: the widget's front end was not built (run `make lab` or `pip install .`)")
         return TextView()
 
-    def _line(self, line: str) -> None:
-        """``%spawn status`` and ``%spawn stop [NAME ...]``."""
-        from . import _world
-
+    def _line(self, line: str) -> Run | None:
+        """``%spawn status``, ``%spawn stop [NAME|ID ...]`` and ``%spawn [options] -- PROGRAM [ARGS...]``."""
         words = line.split()
         if words[:1] == ["status"] and len(words) == 1:
-            print(_status_table(_world.worlds()))
-            return
+            print(_status_table())
+            return None
         if words[:1] == ["stop"]:
             try:
-                stopped = _world.stop(words[1:] or None)
+                stopped = _stop(words[1:])
             except SpawnUsageError as err:
                 raise UsageError(str(err)) from None
-            print(f"stopped {', '.join(stopped)}" if stopped else "no kept world to stop")
-            return
-        raise UsageError("%spawn takes: status | stop [NAME ...]   (%%spawn [options] runs a cell; see %%spawn?)")
+            print(f"stopped {', '.join(stopped)}" if stopped else "nothing to stop")
+            return None
+        try:
+            tokens = shlex.split(line)
+        except ValueError as err:
+            raise UsageError(f"cannot read this line: {err}") from None
+        if "--" not in tokens:
+            raise UsageError(
+                "%spawn takes: status | stop [NAME|ID ...] | [options] -- PROGRAM [ARGS...]   "
+                "(%%spawn [options] runs a cell; see %%spawn?)"
+            )
+        cut = tokens.index("--")
+        args = parse_argstring(self.spawn, shlex.join(tokens[:cut]))
+        try:
+            view = self._view(args.view or self.view)
+            spec, executor = self._prepare_program(args, tokens[cut + 1 :])
+        except (ValueError, SpawnUsageError) as err:
+            raise UsageError(str(err)) from None
+        return self._execute(spec, view, executor, args.bg)
+
+    def _prepare_program(self, args: argparse.Namespace, words: list[str]) -> tuple[RunSpec, Executor]:
+        from ._program import ProgramRanks, parse_program
+        from ._spec import build_spec
+
+        pointless = [
+            (option, why)
+            for option, value, why in (
+                ("--share", args.share, "a program's ranks cannot map the kernel's tensors; pass it files, or run a cell"),
+                ("--out", args.out, "a program has no names to bring back; have it write files, or run a cell"),
+                ("--world", args.world, "a kept world runs cells; a program starts and ends its own processes"),
+                ("--start-method", args.start_method, "a program is always started as a new process"),
+                ("--backend", args.backend, "a program sets up its own process group (init_process_group())"),
+                ("--fresh", args.fresh or None, "a program always gets fresh ranks"),
+            )
+            if value is not None
+        ]
+        if pointless:
+            option, why = pointless[0]
+            raise SpawnUsageError(f"{option} does not apply to a program: {why}")
+        program = parse_program(words)
+        spec = build_spec(
+            CellSource("", label=str(program)),
+            nprocs=self.nprocs if args.nprocs is None else args.nprocs,
+            start_method="spawn",
+            env=args.env,
+            timeout=self.timeout if args.timeout is None else args.timeout,
+            grace_period=self.grace_period if args.grace_period is None else args.grace_period,
+            log_dir=args.log_dir or self.log_dir,
+            ranks=args.ranks,
+            max_saved_kb=self.max_saved_kb,
+            max_image_kb=self.max_image_kb,
+        )
+        spec.program = program
+        return spec, ProgramRanks(spec, program)
 
     def _prepare(self, args: argparse.Namespace, cell: str, world: str, view: RunView) -> tuple[RunSpec, Executor | None]:
         shell = self.shell
@@ -218,14 +287,54 @@ class SpawnMagics(Magics):
         return spec, None
 
 
-def _status_table(worlds: dict) -> str:
-    if not worlds:
-        return "no kept worlds (start one with %%spawn --world NAME)"
-    rows = [("world", "ranks", "state", "cells", "method", "backend", "pids", "logs")]
+def report_background_failures(*_info: object) -> None:
+    """Before each cell: a background run that failed, unwaited, is not silent (told once)."""
+    from ._launcher import unreported_failures
+
+    for run in unreported_failures():
+        summary = str(run.error).splitlines()[0] if str(run.error) else type(run.error).__name__
+        print(
+            f"nbspawn: background run {run.run_id} {run.status}: {summary}\n"
+            f"  run.wait() raises its error (the run is also nbspawn.last_run() or in %spawn status); logs: {run.run_dir}",
+            file=sys.stderr,
+        )
+
+
+def _stop(names: list[str]) -> list[str]:
+    """Stop these worlds and background runs (all of them if no name is given)."""
+    from . import _world
+    from ._launcher import background_runs
+
+    runs = background_runs()
+    worlds = [n for n in names if n not in runs]
+    chosen = [runs[n] for n in names if n in runs] if names else [r for r in runs.values() if not r.done]
+    stopped = _world.stop(worlds or None) if worlds or not names else []
+    for run in chosen:
+        run.stop()
+    for run in chosen:
+        run._done.wait()
+        stopped.append(run.run_id)
+    return stopped
+
+
+def _status_table() -> str:
+    """Kept worlds and background runs, one line each."""
+    from . import _world
+    from ._launcher import background_runs
+
+    worlds, runs = _world.worlds(), background_runs()
+    if not worlds and not runs:
+        return "no kept worlds or background runs (%%spawn --world NAME, %%spawn --bg)"
+    rows = [("name", "kind", "ranks", "state", "cells/elapsed", "pids", "logs")]
     for world in worlds.values():
         s = world.status()
         pids = ",".join(map(str, s["pids"]))
-        rows.append((s["name"], str(s["ranks"]), s["state"], str(s["cells"]), s["start_method"], s["backend"], pids, s["logs"]))
+        rows.append((s["name"], f"world {s['start_method']}/{s['backend']}", str(s["ranks"]), s["state"], f"{s['cells']} cells", pids, s["logs"]))
+    for run in runs.values():
+        elapsed = (run.ended_at or time.time()) - run.started_at
+        pids = ",".join(str(r.pid) for r in run.ranks if r.status == "running")
+        what = "program" if run.spec.program else "cell"
+        rows.append((run.run_id, f"background {what}", str(run.nprocs), run.status, f"{elapsed:.0f} s", pids or "-", run.run_dir))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows)
 

@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 import traceback
+from types import CodeType
 
 from ._capture import capture_output, finished, flush_figures
 from ._source import CellSource, rewrite_cell_frames
@@ -54,7 +55,8 @@ def run_rank(rank: int, spec: RunSpec) -> None:
 
 def _die_with_parent(spec: RunSpec) -> None:
     """A rank must not outlive the kernel, even one killed with SIGKILL."""
-    from torch.multiprocessing import _prctl_pr_set_pdeathsig  # Linux prctl; a no-op elsewhere
+    # private torch API (Linux prctl; a no-op elsewhere), what torch's own spawned processes use
+    from torch.multiprocessing import _prctl_pr_set_pdeathsig  # type: ignore[attr-defined]
 
     _prctl_pr_set_pdeathsig(signal.SIGKILL)
     if spec.start_method != "forkserver" and os.getppid() != spec.parent_pid:
@@ -107,6 +109,7 @@ def _run_cell(spec: RunSpec, rank: int) -> None:
     if spec.out_names:
         from ._handoff import send_outputs
 
+        assert spec.shm_prefix is not None  # _api.prepare gives every run with --out names a prefix
         send_outputs(namespace, spec.out_names, spec.shm_prefix, spec.rank_dir(rank))
     _flush()
     dist = dist or sys.modules.get("torch.distributed")
@@ -123,7 +126,7 @@ def prepare_rank(rank: int) -> None:
     _use_local_gpu(rank)
 
 
-def execute_cell(code: object, last: object, namespace: dict) -> None:
+def execute_cell(code: CodeType, last: CodeType | None, namespace: dict) -> None:
     """The cell's statements, then its trailing expression shown, then the figures it left open."""
     exec(code, namespace)  # noqa: S102 - running the user's cell is the point
     if last is not None:
@@ -152,7 +155,9 @@ def _use_local_gpu(rank: int) -> None:
     it touches CUDA; the kernel never initialized CUDA if this is a forked rank (fork is refused then).
     """
     torch = sys.modules.get("torch")
-    count = torch.cuda.device_count() if torch is not None else 0  # 0 on CPU builds
+    if torch is None:
+        return
+    count = torch.cuda.device_count()  # 0 on CPU builds
     if count:
         torch.cuda.set_device(rank % count)
 

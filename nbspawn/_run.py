@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ._display import DisplayItems
@@ -73,14 +75,45 @@ class Run:
     ended_at: float | None = None
     error: BaseException | None = None
     outputs: dict[str, list] = field(default_factory=dict)  # --out: name -> one value per rank
+    background: bool = False  # supervised by a thread of its own (%%spawn --bg)
+    waited: bool = False  # run.wait() was called after it ended (its error, if any, was raised)
+    reported: bool = False  # its failure was told at a later cell
     world: str | None = None  # the kept world this cell ran on
     world_cell: int | None = None  # which of that world's cells this is, from 1
     world_lost: str | None = None  # why that world could not go on, if it could not
     display_items: DisplayItems = field(init=False, repr=False)
     _streams: list[RankStreams] = field(default_factory=list, repr=False)
 
+    _done: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+    _stop_requested: bool = field(default=False, repr=False)
+    _on_wait: list[Callable[[Run], None]] = field(default_factory=list, repr=False)
+
     def __post_init__(self) -> None:
         self.display_items = DisplayItems(self.spec.max_image_bytes, {})
+
+    # -- what torch's ProcessContext.join and elastic's PContext.wait offer, in one shape ----------
+
+    @property
+    def done(self) -> bool:
+        """Whether the run has ended (ranks gone, logs closed, its error known)."""
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the run ends or ``timeout`` seconds pass; then raise its error, as a foreground
+        cell would, or return whether it has ended. ``--out`` names are bound once it has."""
+        if not self._done.wait(timeout):
+            return False
+        if not self.waited:
+            self.waited = True
+            for callback in self._on_wait:
+                callback(self)
+        self.raise_for_status()
+        return True
+
+    def stop(self) -> None:
+        """Stop every rank, as the view's Stop button does; returns at once (``wait()`` to join)."""
+        self._stop_requested = True
 
     @property
     def run_id(self) -> str:

@@ -73,7 +73,7 @@ import threading
 from collections import ChainMap
 from collections.abc import Collection, Iterator, Mapping
 from multiprocessing.reduction import DupFd, ForkingPickler
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import cloudpickle
 import torch
@@ -147,7 +147,8 @@ def is_shared(storage: torch.UntypedStorage) -> bool:
 
 def _shared_fd(storage: torch.UntypedStorage) -> int | None:
     try:
-        return storage._get_shared_fd()  # the MapAllocator's kept descriptor; -1 when it has none
+        # private torch API: the MapAllocator's kept descriptor; -1 when it has none
+        return storage._get_shared_fd()  # type: ignore[attr-defined]
     except RuntimeError:  # not a MapAllocator storage (plain memory, or file_system's managed shm)
         return None
 
@@ -179,7 +180,8 @@ def _share_storage(storage: torch.UntypedStorage) -> None:
             try:
                 os.ftruncate(fd, nbytes)
                 _write_storage(fd, storage)
-                new = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # maps a dup, keeps it
+                # private torch API (what share_memory_ uses): maps a dup of fd, and keeps it
+                new = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # type: ignore[attr-defined]
             finally:
                 os.close(fd)
             _cloexec(new)
@@ -264,13 +266,16 @@ def _reduce_storage_private(storage: torch.UntypedStorage) -> tuple:
     if torch.multiprocessing.get_sharing_strategy() == "file_system":
         return (_cloned, (_reduce_storage_shared(storage),))  # no descriptor to map privately
     _share_storage(storage)
-    return (_rebuild_private, (DupFd(_shared_fd(storage)), storage.nbytes()))
+    fd = _shared_fd(storage)
+    assert fd is not None and fd >= 0, "a storage shared under file_descriptor keeps its descriptor"
+    return (_rebuild_private, (DupFd(fd), storage.nbytes()))
 
 
 def _rebuild_private(dup: Any, nbytes: int) -> torch.UntypedStorage:
     fd = dup.detach()
     try:  # MAP_PRIVATE of the same memory (a memfd reopened through /proc)
-        return torch.UntypedStorage.from_file(f"/proc/self/fd/{fd}", shared=False, nbytes=nbytes)
+        storage = torch.UntypedStorage.from_file(f"/proc/self/fd/{fd}", shared=False, nbytes=nbytes)
+        return cast(torch.UntypedStorage, storage)  # typed as any storage; UntypedStorage's is one
     finally:
         os.close(fd)
 
@@ -318,7 +323,10 @@ class _Pickler(cloudpickle.Pickler):
             own[torch.UntypedStorage] = export
         # set before Pickler.__init__, which reads dispatch_table
         self.dispatch_table = ChainMap(
-            own, cloudpickle.Pickler._dispatch_table, ForkingPickler._extra_reducers, cloudpickle.Pickler.dispatch_table
+            own,
+            cloudpickle.Pickler._dispatch_table,
+            ForkingPickler._extra_reducers,  # type: ignore[attr-defined]  # private: what ForkingPickler.register fills
+            cloudpickle.Pickler.dispatch_table,
         )
         self._run_prefix = run_prefix
         super().__init__(file)
@@ -453,7 +461,8 @@ def _import_storage(handle: tuple) -> torch.UntypedStorage:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_size < nbytes:
             raise ValueError(f"{path} is not a tensor file written by this user")
-        storage = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # maps a dup, which it keeps
+        # private torch API (what share_memory_ uses): maps a dup of fd, which it keeps
+        storage = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # type: ignore[attr-defined]
     finally:
         os.close(fd)
     _cloexec(storage)
@@ -493,7 +502,7 @@ def export_tensor(tensor: torch.Tensor, run_prefix: str) -> TensorHandle:
     if t.numel() == 0:
         start, span = 0, 0
     else:
-        start = t.storage_offset() * item
+        start = int(t.storage_offset()) * item  # typed int | SymInt; an eager tensor's is an int
         span = (1 + sum((n - 1) * s for n, s in zip(t.size(), t.stride(), strict=True))) * item
     return TensorHandle(
         _export_storage(t.untyped_storage(), run_prefix, start, span),

@@ -14,6 +14,7 @@ import linecache
 import re
 import traceback
 from dataclasses import dataclass
+from types import CodeType
 
 CELL_FILENAME = "<nbspawn-cell>"
 STILL_STARTING = "  (still starting: the cell had not begun)"
@@ -57,7 +58,7 @@ class CellSource:
         except SyntaxError as err:
             raise CellSyntaxError(err, self.label) from None
 
-    def compile(self) -> tuple[object, object | None]:
+    def compile(self) -> tuple[CodeType, CodeType | None]:
         """Code for the cell, split like IPython does: statements, then a last bare expression.
 
         The value of a trailing expression is printed by the rank, as a notebook would display it.
@@ -65,8 +66,9 @@ class CellSource:
         tree = self.parse()
         linecache.cache[CELL_FILENAME] = (len(self.padded), None, self.padded.splitlines(True), CELL_FILENAME)
         last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = compile(ast.Expression(tree.body.pop().value), CELL_FILENAME, "eval")
+        if tree.body and isinstance(final := tree.body[-1], ast.Expr):
+            tree.body.pop()
+            last = compile(ast.Expression(final.value), CELL_FILENAME, "eval")
         return compile(tree, CELL_FILENAME, "exec"), last
 
 
@@ -124,3 +126,13 @@ def rewrite_notebook_frames(text: str, cell_numbers: dict[str, int]) -> str:
         return f"Cell In[{number}], line {match.group(2)}" + ("" if func == "<module>" else f", in {func}")
 
     return re.sub(r'File "([^"]+)", line (\d+), in (\S+)', label, text)
+
+
+def program_stack(dump: str) -> str:
+    """The main thread's frames from a program's faulthandler dump, innermost last, nbspawn's cut."""
+    blocks = [b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip()) if b.strip()]
+    main = next((b for b in blocks if "_program_rank.py" in b), blocks[0] if blocks else "")
+    frames = [ln.strip() for ln in main.splitlines()[1:] if ln.strip().startswith("File ")]
+    frames = [f for f in frames if not any(s in f for s in ("nbspawn/_program_rank.py", "/runpy.py", "<frozen runpy>"))]
+    frames.reverse()
+    return "\n".join("  " + f for f in frames)

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from types import CodeType
 from typing import Any
 
 from ._source import CellSource
@@ -52,11 +53,12 @@ class RunSpec:
     cell_numbers: dict[str, int] = field(default_factory=dict)
     # Set by the launcher for fork only, where ranks inherit them instead of redoing the work in
     # every child (each page a child writes to is a copy-on-write fault).
-    compiled: tuple | None = None
+    compiled: tuple[CodeType, CodeType | None] | None = None
     shared_env_inherited: bool = False
     rich: bool = False  # the view draws rich output: ranks look like a notebook (nbspawn._capture)
     max_image_bytes: int = 2 << 20  # images kept per run, live and saved
     max_saved_bytes: int = 256 << 10  # a saved run's size, images aside
+    program: Any = None  # a _program.Program: the ranks run it instead of a cell
 
     def rank_dir(self, rank: int) -> str:
         return os.path.join(self.run_dir, str(rank))
@@ -238,8 +240,12 @@ def openmp_pool_started() -> bool:
 def rank_threads(method: str, nprocs: int, user_env: dict[str, str], notes: list[str]) -> int | None:
     """OMP_NUM_THREADS for the ranks (None: the user's own stands), cores // ranks as torchrun does."""
     user_value = user_env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS"))
-    threads = None if user_value is not None else max(1, usable_cpus() // nprocs)
-    wanted = threads if threads is not None else (int(user_value) if user_value.isdigit() else 1)
+    if user_value is None:
+        wanted = max(1, usable_cpus() // nprocs)
+        threads: int | None = wanted
+    else:
+        wanted = int(user_value) if user_value.isdigit() else 1
+        threads = None
     if method == "fork" and wanted > 1 and openmp_pool_started():
         if user_value is not None:
             notes.append(

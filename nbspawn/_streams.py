@@ -110,7 +110,7 @@ class RankStreams:
         whole = len(buf) - len(buf) % size
         for offset in range(0, whole, size):
             stream, *sizes = ORDER_RECORD.unpack_from(buf, offset)
-            self.pending.append((stream, tuple(sizes)))  # type: ignore[arg-type]
+            self.pending.append((stream, tuple(sizes)))
         self.order_buf = buf[whole:]
 
     def _spans(self, ends: list[int]) -> list[list[int]]:

@@ -100,8 +100,8 @@ def widget_text(tree: Any) -> str:
     if not isinstance(tree, dict):
         return ""
     kind = tree.get("type")
-    if kind == "text":
-        return str(tree.get("value", ""))
+    if kind == "text":  # tqdm.notebook keeps its columns with figure spaces; text has real ones
+        return str(tree.get("value", "")).replace("\u2007", " ")
     if kind == "other":
         return str(tree.get("text", ""))
     if kind == "progress":

@@ -57,7 +57,7 @@ def _widget_class() -> type[anywidget.AnyWidget]:
         _esm = STATIC / "widget.js"
         _css = STATIC / "widget.css"
         header = traitlets.Dict().tag(sync=True)
-        ranks = traitlets.List().tag(sync=True)
+        ranks: traitlets.List[dict[str, Any]] = traitlets.List().tag(sync=True)
         error = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
 
         def __repr__(self) -> str:  # the text/plain of a frontend that cannot show widgets
@@ -71,7 +71,7 @@ class WidgetView:
     """The live widget: a RunView for the launcher (see ``nbspawn._launcher.RunView``)."""
 
     rich = True
-    read_budget = READ_BUDGET
+    read_budget: int | None = READ_BUDGET  # RunView's type: a view may read everything (None)
 
     def __init__(self) -> None:
         self.tails: dict[int, OutputTail] = {}
@@ -106,8 +106,9 @@ class WidgetView:
         self.widget = _widget_class()(**self._state(run))  # in comm_open: the view has it from the start
         self.widget.on_msg(self._on_message)
         _route_to_the_frontends_subshell(self.widget)
-        bundle = self.widget._repr_mimebundle_()
-        bundle = bundle[0] if isinstance(bundle, tuple) else bundle
+        mimebundle = self.widget._repr_mimebundle_()
+        assert mimebundle is not None  # None only for a widget with no view; this one has its front end
+        bundle = mimebundle[0] if isinstance(mimebundle, tuple) else mimebundle  # (data, metadata) or data
         display_id = uuid.uuid4().hex
         # for a page reloaded mid-run, which cannot get the widget's model while the kernel is busy
         bundle[LIVE_MIME] = {
@@ -120,7 +121,8 @@ class WidgetView:
         self.handle = display(bundle, raw=True, display_id=display_id)
         self.last_flush = time.monotonic()
         self.status.open(run)
-        self._busy.enter_context(kept_busy())
+        if not run.background:  # a background run leaves the kernel free, and says so
+            self._busy.enter_context(kept_busy())
 
     def output(self, rank: int, stream: str, text: str) -> None:
         if self.shown is not None and rank not in self.shown:
@@ -193,6 +195,7 @@ class WidgetView:
             log.warning("nbspawn: live view stopped updating: %s", err)
 
     def _send_output(self) -> None:
+        assert self.widget is not None  # sent by _flush, only once the widget exists
         size = sum(_chunk_size(chunk) for chunk in self.pending)
         if size > MAX_BYTES_PER_MESSAGE:
             self._cut_pending(self._shares(MAX_BYTES_PER_MESSAGE - 1024))
@@ -224,6 +227,7 @@ class WidgetView:
 
     def _send_replay(self) -> None:
         """Everything kept, which already holds whatever was pending: every view starts over from it."""
+        assert self.widget is not None  # sent by _flush, only once the widget exists
         ranks = [rank for rank, tail in self.tails.items() if len(tail) or tail.elided_lines]
         share = MAX_REPLAY_BYTES // max(1, len(ranks))
         tails, elided = {}, {}
@@ -253,7 +257,7 @@ class WidgetView:
             need[chunk[0]] = need.get(chunk[0], 0) + _chunk_size(chunk) + 16
         shares: dict[int, int] = {}
         left = budget
-        order = sorted(need, key=need.get)
+        order = sorted(need, key=lambda rank: need[rank])
         for i, rank in enumerate(order):
             fair = left // (len(order) - i)
             shares[rank] = min(need[rank], fair)
@@ -319,6 +323,7 @@ class WidgetView:
         return {"header": header, "ranks": ranks, "error": header["error"]}
 
     def _sync(self, run: Run) -> None:
+        assert self.widget is not None  # called by _flush, only once the widget exists
         self.dirty = False
         state = self._state(run)
         with self.widget.hold_sync():  # one message

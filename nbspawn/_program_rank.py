@@ -1,0 +1,94 @@
+"""What runs first in each rank of a program: ``python .../nbspawn/_program_rank.py MODE TARGET [ARGS...]``.
+
+It ties the rank's life to the kernel's (pdeathsig, which survives ``exec``), then becomes the
+program.  A Python script or module is run right here (``runpy``), so its uncaught exception is the
+rank's root cause with the script's own file names and lines, written to ``TORCHELASTIC_ERROR_FILE``
+as torch elastic's ``@record`` would (a script that uses ``@record`` itself writes the same file
+first), and SIGUSR1 dumps its stacks when nbspawn stops it.  Anything else is ``exec``-ed.
+
+    MODE: script (TARGET is a .py file) | module (TARGET is a module name) | exec (TARGET is a program)
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+EXIT_RAISED = 1
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    parent = os.environ.get("NBSPAWN_PARENT_PID")
+    if parent and os.getppid() != int(parent):
+        os._exit(EXIT_RAISED)  # the kernel died before prctl took effect
+
+
+def _write_error(exc: BaseException) -> None:
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):  # @record wrote it already: keep the program's own
+        return
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, _runpy_file(), "<frozen runpy>"):
+        tb = tb.tb_next  # start at the program, not at this launcher
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    message = str(exc)
+    record = {
+        "message": {
+            "message": f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
+            "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))},
+        },
+        "nbspawn": {"exc_type": type(exc).__name__, "message": message, "traceback": text, "time": time.time()},
+    }
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(record, fh)
+    os.replace(path + ".tmp", path)
+
+
+def _runpy_file() -> str:
+    import runpy
+
+    return runpy.__file__
+
+
+def main() -> None:
+    _die_with_parent()
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]  # nbspawn's modules are not the program's
+    mode, target, *args = sys.argv[1:]
+    if mode == "exec":
+        os.execvp(target, [target, *args])
+    import runpy
+
+    stacks = os.environ.get("NBSPAWN_STACKS_FILE")
+    if stacks:
+        handle = open(stacks, "w")  # noqa: SIM115 - kept open for faulthandler's signal handler
+        faulthandler.enable(file=handle, all_threads=True)
+        faulthandler.register(signal.SIGUSR1, file=handle, all_threads=True)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.argv = [target, *args]
+    try:
+        if mode == "module":
+            sys.path.insert(0, os.getcwd())  # as python -m does
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the program's failure is the rank's root cause
+        _write_error(exc)  # the view and the kernel's error show the traceback (not printed twice)
+        sys.exit(EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_RAISED)
+
+
+if __name__ == "__main__":
+    main()
