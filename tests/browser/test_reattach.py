@@ -231,10 +231,28 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts):
         shot(view, artifacts, "reattach-lab-live.png")
         pg.screenshot(path=str(artifacts / "reattach-lab-page.png"))
 
+        # ---- a second tab, opened mid-run, reattaches too ------------------------------------------
+        pg2 = p.watch(p.context.new_page())
+        pg2.add_init_script(WATCH_JS)
+        pg2.goto(lab_url(lab, "reattach.ipynb"))
+        cell2 = pg2.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").nth(1)
+        view2 = cell2.locator(".nbs-Reattach[data-mode='live'] .nbs-Run.nbs-mod-live")
+        view2.wait_for(timeout=90_000)
+        pg2.wait_for_function(
+            "v => (v.textContent.match(/tick \\d+/g) || []).length >= 10", arg=view2.element_handle(), timeout=20_000
+        )
+        pg2.mouse.move(0, 0)
+        shot(view2, artifacts, "reattach-lab-second-tab.png")
+
         # ---- the end: the frozen run in the cell, and in the notebook --------------------------------
         (lab.root / END).write_text("")
         frozen = cell.locator(".nbs-RunRenderer .nbs-Run")
         frozen.wait_for(timeout=30_000)
+        frozen2 = cell2.locator(".nbs-RunRenderer .nbs-Run")
+        frozen2.wait_for(timeout=30_000)
+        assert _statuses(frozen2) == ["done"] * 4
+        assert pg2.evaluate("window.__nbsErrors") == [], pg2.evaluate("window.__nbsErrors")
+        pg2.close()  # unsaved: the first tab saves
         assert cell.locator(".nbs-mod-live").count() == 0
         assert cell.locator(".nbs-Reattach").count() == 0  # the output area draws the new bundle itself
         assert _statuses(frozen) == ["done"] * 4
@@ -310,6 +328,52 @@ def test_notebook7_reload_mid_run_reattaches_and_stops(nb7, browser, artifacts):
         cells_saved = _save(pg, path, lambda nb: any(RUN_MIME in o.get("data", {}) for o in nb["cells"][1]["outputs"]))
         data = next(o["data"] for o in cells_saved[1]["outputs"] if o["output_type"] == "display_data")
         assert RUN_MIME in data and LIVE_MIME not in data and data[RUN_MIME]["status"] == "stopped"
+        assert pg.evaluate("window.__nbsErrors") == [], pg.evaluate("window.__nbsErrors")
+        assert p.dialogs == [], p.dialogs
+    finally:
+        p.close()
+
+
+def test_lab_notebook_closed_and_opened_again_mid_run(lab, browser, artifacts):
+    """Same page, the notebook's tab closed and opened again mid-run: the new view's widget manager
+    cannot get the model while the cell runs either, so it reattaches; the run's end, which no
+    output area of this view asked for, replaces it."""
+    path = lab.root / "reattach.ipynb"
+    (lab.root / END).unlink(missing_ok=True)
+    p = Page(browser, width=1200, height=1100)
+    pg = p.page
+    pg.add_init_script(WATCH_JS)
+    try:
+        pg.goto(lab_url(lab, "reattach.ipynb"))
+        panel = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+        cells = panel.locator(".jp-Cell")
+        cells.first.wait_for(timeout=90_000)
+        panel.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000)
+        run_cell(pg, cells.nth(0))
+        sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text(re.compile(r"\[\d+\]:"), timeout=120_000)
+        run_cell(pg, cells.nth(1))
+        live = cells.nth(1).locator(".nbs-Widget .nbs-Run.nbs-mod-live")
+        live.wait_for(timeout=60_000)
+        _save(pg, path, lambda nb: any(LIVE_MIME in o.get("data", {}) for o in nb["cells"][1]["outputs"]))
+
+        pg.locator(".jp-mod-current .lm-TabBar-tabCloseIcon, .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabCloseIcon").first.click()
+        panel.wait_for(state="detached", timeout=30_000)
+        pg.locator(".jp-DirListing-item[title*='reattach.ipynb'] .jp-DirListing-itemText", has_text=re.compile(r"^reattach\.ipynb$")).dblclick()
+        panel = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+        cell = panel.locator(".jp-Cell").nth(1)
+        view = cell.locator(".nbs-Reattach .nbs-Run.nbs-mod-live")
+        view.wait_for(timeout=60_000)
+        assert cell.locator(".nbs-Reattach").get_attribute("data-mode") == "live"
+        pg.mouse.move(0, 0)
+        shot(view, artifacts, "reattach-lab-reopened.png")
+
+        (lab.root / END).write_text("")
+        frozen = cell.locator(".nbs-RunRenderer .nbs-Run")
+        frozen.wait_for(timeout=30_000)
+        assert _statuses(frozen) == ["done"] * 4
+        assert cell.locator(".nbs-mod-live").count() == 0
+        cells_saved = _save(pg, path, lambda nb: any(RUN_MIME in o.get("data", {}) for o in nb["cells"][1]["outputs"]))
+        assert LIVE_MIME not in json.dumps(cells_saved[1]["outputs"])
         assert pg.evaluate("window.__nbsErrors") == [], pg.evaluate("window.__nbsErrors")
         assert p.dialogs == [], p.dialogs
     finally:
