@@ -1,6 +1,7 @@
-# Two targets, both working from a fresh clone:
+# Targets, all working from a fresh clone:
 #   make lab    set everything up, then open notebooks/quickstart.ipynb in JupyterLab
-#   make test   set everything up, then run the whole test suite (extra pytest args: PYTEST_ARGS=...)
+#   make test   set everything up, lint and type-check, then run the whole test suite (extra pytest args: PYTEST_ARGS=...)
+#   make lint   ruff and mypy only (the venv's, as pinned in the `test` extra)
 # Setup is scripts/setup.sh (a no-op when nothing changed); NBSPAWN_VENV and NBSPAWN_TORCH_SPEC pass through.
 
 SHELL := /bin/bash
@@ -11,15 +12,21 @@ PYTEST_ARGS ?=
 # jupyter server refuses to start as root without this (containers, CI images)
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test
+.PHONY: lab test lint
 
 lab:
 	bash scripts/setup.sh
 	"$(NBSPAWN_VENV)/bin/jupyter" lab $(ALLOW_ROOT) notebooks/quickstart.ipynb
 
+# ruff's rules and mypy's files are in pyproject.toml; both run from the repository root.
+lint:
+	"$(NBSPAWN_VENV)/bin/ruff" check nbspawn tests bench
+	"$(NBSPAWN_VENV)/bin/mypy"
+
 # pytest exits 5 when it collected nothing: that is a failure too, said out loud.
 test:
 	bash scripts/setup.sh
+	$(MAKE) --no-print-directory lint
 	"$(NBSPAWN_VENV)/bin/python" -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [[ $$rc -eq 5 ]]; then echo "make test: no tests were collected" >&2; fi; \
 	exit $$rc
