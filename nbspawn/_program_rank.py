@@ -73,6 +73,9 @@ def main() -> None:
     if stacks:
         handle = open(stacks, "w")  # noqa: SIM115 - kept open for faulthandler's signal handler
         faulthandler.enable(file=handle, all_threads=True)
+        # faulthandler gives SIGUSR1 back to what was there when Python shuts down: ignore it then,
+        # so a stack request that comes as the program exits does not kill it
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         faulthandler.register(signal.SIGUSR1, file=handle, all_threads=True)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.argv = [target, *args]

@@ -74,6 +74,9 @@ def _install_signal_handlers(rank_dir: str) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _stack_file = open(os.path.join(rank_dir, "stacks.log"), "w")  # noqa: SIM115
     faulthandler.enable(file=_stack_file, all_threads=True)
+    # faulthandler gives SIGUSR1 back to what was there when Python shuts down: ignore it then, so a
+    # stack request that comes as the rank exits does not kill it
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True)
 
 

@@ -170,6 +170,8 @@ def _stacks_to(rank_dir: str, previous: Any) -> Any:
     """faulthandler's dumps (SIGUSR1, fatal signals) go to this directory's stacks.log."""
     stack_file = open(os.path.join(rank_dir, "stacks.log"), "a")  # noqa: SIM115 - kept open for the handler
     faulthandler.enable(file=stack_file, all_threads=True)
+    if previous is None:  # what faulthandler restores at shutdown: nothing that kills a leaving rank
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     if previous is not None:
         previous.close()
