@@ -186,9 +186,7 @@ class RankExitedError(_RootCause, ProcessExitedException):
     def __init__(self, failures: list[RankFailure], run: Run | None = None) -> None:
         _RootCause.__init__(self, failures, run)
         root = failures[0]
-        ProcessExitedException.__init__(
-            self, str(self), root.rank, root.pid or 0, root.exit_code or 0, root.signal_name
-        )
+        ProcessExitedException.__init__(self, str(self), root.rank, root.pid or 0, root.exit_code or 0, root.signal_name)
 
     def __str__(self) -> str:
         return _RootCause.__str__(self)
@@ -213,32 +211,35 @@ class SpawnTimeoutError(SpawnError, TimeoutError):
 
 
 class SpawnInterrupted(KeyboardInterrupt):
-    """The kernel was interrupted, or the run stopped with its Stop button (``run.status == "stopped"``).
+    """The kernel was interrupted, or the run was stopped (its Stop button, ``run.stop()``).
 
-    Every rank was told first, so each says where it was.  ``by_stop`` says which of the two it was:
-    given, or else read from the run's status, which the supervisor sets before raising.
+    Every rank was told first, so each says where it was.  ``stopped_by`` says what stopped it
+    (``"Stop button"``, ``"run.stop()"``); when not given, a run whose status is ``"stopped"`` (the
+    supervisor sets it before raising) was stopped by its Stop button, any other was interrupted.
     """
 
-    def __init__(self, failures: list[RankFailure], run: Run | None = None, by_stop: bool | None = None) -> None:
+    def __init__(self, failures: list[RankFailure], run: Run | None = None, stopped_by: str | None = None) -> None:
         self.failures = failures
         self.run = run
-        self._by_stop = by_stop
-        super().__init__("the run was stopped (Stop button)" if self.by_stop else "the run was interrupted")
+        self._stopped_by = stopped_by
+        how = self.stopped_by
+        super().__init__(f"the run was stopped ({how})" if how else "the run was interrupted")
 
     @property
-    def by_stop(self) -> bool:
-        if self._by_stop is not None:
-            return self._by_stop
-        return getattr(self.run, "status", None) == "stopped"
+    def stopped_by(self) -> str | None:
+        """What stopped the run, or None when the kernel was interrupted."""
+        if self._stopped_by is not None:
+            return self._stopped_by
+        return "Stop button" if getattr(self.run, "status", None) == "stopped" else None
 
     def __reduce__(self):
-        return type(self), (self.failures, None, self.by_stop)
+        return type(self), (self.failures, None, self.stopped_by)
 
     _logs_line = SpawnError._logs_line
 
     def _report(self, color: bool) -> list[str]:
-        if self.by_stop:
-            head = "SpawnInterrupted: the run was stopped (Stop button); the ranks were stopped"
+        if self.stopped_by:
+            head = f"SpawnInterrupted: the run was stopped ({self.stopped_by}); the ranks were stopped"
         else:
             head = "KeyboardInterrupt: %%spawn was interrupted; the ranks were stopped"
         lines = [f"{_RED}{_BOLD}{head}{_RESET}" if color else head]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import os
+import pickle
 import re
 import struct
 import sys
@@ -366,3 +367,5 @@ def test_a_run_stopped_with_its_stop_button_says_so(tmp_path):
     assert "interrupted" not in text
     assert "ranks 0-1 were stopped the same way: KeyboardInterrupt" in text, text
     assert "time.sleep(60)" in text  # where they were
+    again = pickle.loads(pickle.dumps(error))  # errors cross processes (a kept world's, a test's)
+    assert again.stopped_by == "Stop button" and str(again).splitlines()[0] == text.splitlines()[0]
