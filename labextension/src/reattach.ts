@@ -27,6 +27,7 @@ import { Panel, Widget } from '@lumino/widgets';
 
 import { IRunBundle, RUN_MIME_TYPE, parseBundle } from './bundle';
 import { ILiveSource, LiveOutput, LiveView, formatElapsed } from './live';
+import { StopGuard, deleteSubshell } from './stopguard';
 
 export const LIVE_MIME_TYPE = 'application/vnd.nbspawn.live+json';
 export const WIDGET_VIEW_MIME_TYPE = 'application/vnd.jupyter.widget-view+json';
@@ -158,7 +159,8 @@ class ReattachSource implements ILiveSource {
   custom(msg: unknown): void {
     const m = record(msg);
     if (m.type === 'output' && Array.isArray(m.chunks)) {
-      this.output.append(m.chunks as [number, string, unknown][], record(m.elided) as Record<string, number>);
+      // only queued here: parsed in animation frames, a budget at a time
+      this.output.feed(m.chunks as [number, string, unknown][], record(m.elided) as Record<string, number>);
     } else if (m.type === 'replay') {
       this.output.reset(
         record(m.tails) as Record<string, [string, unknown][]>,
@@ -186,6 +188,9 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
     this._own.addClass('nbs-Reattach-own');
     this._own.hide();
     this.addWidget(this._own);
+    // the live view's Stop (the widget's, or ours), seen before the view's own handler: StopGuard
+    this.node.addEventListener('pointerover', this._onStopHover, true);
+    this.node.addEventListener('click', this._onStopClick, true);
   }
 
   get mode(): Mode {
@@ -217,6 +222,7 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
     }
     this._mode = 'delegate';
     this.insertWidget(0, this._delegate);
+    this._watchEnd();
     this._watchDelegate();
     try {
       await this._delegate.renderModel(model);
@@ -232,6 +238,74 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
     this._reset();
     super.dispose();
   }
+
+  // -- Stop that always arrives (stopguard.ts) ---------------------------------------------------
+
+  private _stopKernel(): Kernel.IKernelConnection | null {
+    const kernel = this._kernel ?? this._session?.session?.kernel ?? null;
+    return kernel && !kernel.isDisposed && kernel.status !== 'dead' ? kernel : null;
+  }
+
+  /** A subshell for Stop, asked for as soon as the pointer is on the button (a click may come). */
+  private _stopShell(kernel: Kernel.IKernelConnection): Promise<string | null> {
+    if (this._stopShellKernel !== kernel || this._stopShellId === null) {
+      this._dropStopShell();
+      this._stopShellKernel = kernel;
+      this._stopShellId = createSubshell(kernel);
+    }
+    return this._stopShellId;
+  }
+
+  private _dropStopShell(): void {
+    const kernel = this._stopShellKernel;
+    const pending = this._stopShellId;
+    this._stopShellKernel = null;
+    this._stopShellId = null;
+    if (kernel && pending) {
+      void pending.then(id => deleteSubshell(kernel, id));
+    }
+  }
+
+  private _isStop(ev: Event): boolean {
+    const btn = (ev.target as Element | null)?.closest?.('.nbs-Stop') as HTMLButtonElement | null;
+    return (
+      !!btn &&
+      !btn.disabled &&
+      (this._mode === 'delegate' || this._mode === 'live') &&
+      !!this._info?.model_id &&
+      !btn.closest('.nbs-Run:not(.nbs-mod-live)')
+    );
+  }
+
+  private _onStopHover = (ev: Event): void => {
+    const kernel = this._isStop(ev) ? this._stopKernel() : null;
+    if (kernel) {
+      void this._stopShell(kernel);
+    }
+  };
+
+  private _onStopClick = (ev: Event): void => {
+    const kernel = this._isStop(ev) ? this._stopKernel() : null;
+    if (!kernel || this._stopGuard) {
+      return;
+    }
+    this.node.setAttribute('data-stop', 'waiting');
+    const guard: StopGuard = new StopGuard(
+      kernel,
+      this._info!.model_id,
+      this._info!.display_id,
+      this._stopShell(kernel),
+      outcome => {
+        if (this._stopGuard === guard) {
+          this._stopGuard = null;
+        }
+        if (!this.isDisposed) {
+          this.node.setAttribute('data-stop', outcome);
+        }
+      }
+    );
+    this._stopGuard = guard;
+  };
 
   // -- the widget --------------------------------------------------------------------------------
 
@@ -281,6 +355,42 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
     this._delegateTimer = window.setInterval(check, 250);
   }
 
+  /**
+   * While the widget may still show: the run's end, if it comes before the widget shows or fails
+   * (a page loaded in the run's last second), so that a fallback after it freezes at once.  A page
+   * whose output area ran the cell replaces this output itself.
+   */
+  private _watchEnd(): void {
+    const session = this._session;
+    const connect = () => {
+      const kernel = session?.session?.kernel ?? null;
+      if (kernel && !this.isDisposed && this._endKernel === null && this._mode === 'delegate') {
+        this._endKernel = kernel;
+        kernel.iopubMessage.connect(this._onEnd, this);
+      }
+    };
+    if (session?.session?.kernel) {
+      connect();
+    } else {
+      void session?.ready.then(connect, () => undefined);
+    }
+  }
+
+  private _onEnd(_: Kernel.IKernelConnection, msg: KernelMessage.IIOPubMessage): void {
+    if (msg.header.msg_type === 'update_display_data') {
+      const content = msg.content as KernelMessage.IUpdateDisplayDataMsg['content'];
+      const transient = record((content as { transient?: unknown }).transient);
+      if (this._info?.display_id && transient.display_id === this._info.display_id) {
+        this._ended = { data: record(content.data), metadata: record(content.metadata) };
+      }
+    }
+  }
+
+  private _unwatchEnd(): void {
+    this._endKernel?.iopubMessage.disconnect(this._onEnd, this);
+    this._endKernel = null;
+  }
+
   /** The widget drew the run after all: it is the live view, this page follows nothing itself. */
   private _backToDelegate(): void {
     this._unfollow();
@@ -303,9 +413,14 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
     if (this._mode !== 'delegate' && this._mode !== 'waiting') {
       return;
     }
+    this._unwatchEnd();
     this._delegate?.hide();
     this._own.show();
     this._setMode('waiting');
+    if (this._ended) {
+      this._freeze(this._ended.data, this._ended.metadata); // it ended before the widget failed
+      return;
+    }
     if (!this._source) {
       this._source = new ReattachSource(this._info!, content => this._sendCustom(content));
       this._drawPlaceholder();
@@ -542,7 +657,7 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
     const logDir =
       (typeof this._source?.header?.log_dir === 'string' && this._source.header.log_dir) ||
       info.log_dir ||
-      `the run's log directory (${info.run_id})`;
+      `…/${info.run_id}/`;
     this._setMode('lost');
     this.node.setAttribute('data-why', why);
     this._stopFollowing();
@@ -561,11 +676,13 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
       this._view.dispose();
       this._view = null;
       this._own.node.querySelector('.nbs-Run')?.classList.remove('nbs-mod-live');
+      this._own.node.querySelectorAll('.nbs-Stop').forEach(b => b.remove()); // nothing to stop now
     }
   }
 
   private _stopFollowing(): void {
     this._unfollow();
+    this._unwatchEnd();
     if (this._ticker !== null) {
       window.clearInterval(this._ticker);
       this._ticker = null;
@@ -610,6 +727,9 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
   }
 
   private _reset(): void {
+    this._stopGuard?.dispose();
+    this._stopGuard = null;
+    this._dropStopShell();
     this._stopFollowing();
     this._view?.dispose();
     this._view = null;
@@ -626,6 +746,7 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
     this._heardAt = 0;
     this._askedAt = 0;
     this._closedAt = 0;
+    this._ended = null;
   }
 
   private _own: Widget;
@@ -646,6 +767,11 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
   private _askedAt = 0;
   private _closedAt = 0;
   private _asking = false;
+  private _endKernel: Kernel.IKernelConnection | null = null;
+  private _ended: { data: Record<string, unknown>; metadata: Record<string, unknown> } | null = null;
+  private _stopGuard: StopGuard | null = null;
+  private _stopShellId: Promise<string | null> | null = null;
+  private _stopShellKernel: Kernel.IKernelConnection | null = null;
 }
 
 /** The factory for one notebook: its rendermime (for the widget and run renderers) and kernel. */

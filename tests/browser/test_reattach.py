@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_lab_renderer import (  # the servers, browser pages, fixtures and helpers of the renderer's tests
     Page,
     artifacts,  # noqa: F401 - a fixture
@@ -243,6 +242,8 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts):
         )
         pg2.mouse.move(0, 0)
         shot(view2, artifacts, "reattach-lab-second-tab.png")
+        assert pg2.evaluate(LAB_STATUS_JS) == "Busy"
+        assert pg.evaluate(LAB_STATUS_JS) == "Busy"  # the second tab's subshell did not change it
 
         # ---- the end: the frozen run in the cell, and in the notebook --------------------------------
         (lab.root / END).write_text("")
@@ -277,7 +278,7 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts):
         lost.wait_for(timeout=30_000)
         assert lost.inner_text() == (
             "nbspawn run 20260101-000000-dead: this run's live view was saved while it ran; its end was not "
-            "recorded (logs: the run's log directory (20260101-000000-dead))."
+            "recorded (logs: …/20260101-000000-dead/)."
         ), lost.inner_text()
         shot(stale, artifacts, "reattach-lab-lost.png")
         assert pg.evaluate("window.__nbsErrors") == [], pg.evaluate("window.__nbsErrors")
