@@ -16,6 +16,7 @@ from ._shm import new_run_prefix, share_
 from ._source import CellSource
 from ._spec import RunSpec, build_spec
 from ._view_text import TextView
+from .errors import SpawnUsageError
 
 
 def prepare(
@@ -45,7 +46,7 @@ def prepare(
 
 
 def launch(
-    cell: str,
+    cell: str | list[str],
     *,
     nprocs: int | str | None = None,
     start_method: str | None = None,
@@ -59,6 +60,7 @@ def launch(
     share: str | list[str] | None = None,
     out: str | list[str] | None = None,
     world: str | None = None,
+    background: bool = False,
     echo: bool = False,
     view: RunView | None = None,
     check: bool = True,
@@ -72,8 +74,10 @@ def launch(
     returned either way.  ``share`` names objects of ``namespace`` whose tensors every rank sees in
     the same memory; ``out`` names values to bring back: ``run.outputs[name]`` is a list indexed by
     rank.  ``world`` runs the cell on the kept world of that name (started with these options if
-    new; see :func:`worlds` and :func:`stop`).  ``echo`` prints each rank's output as ``[rank{r}]: ``
-    lines.
+    new; see :func:`worlds` and :func:`stop`).  A list instead of source is a program and its
+    arguments (``["train.py", "--lr", "0.1"]``), run on every rank as ``%spawn -- ...`` runs it.
+    ``background`` returns the run at once: ``run.wait()`` joins it (and raises its error),
+    ``run.stop()`` stops it.  ``echo`` prints each rank's output as ``[rank{r}]: `` lines.
     """
     view = view or (TextView() if echo else None)
     options: dict[str, Any] = {
@@ -86,6 +90,18 @@ def launch(
         "log_dir": log_dir,
         "ranks": ranks,
     }
+    if isinstance(cell, list):
+        from ._program import ProgramRanks, parse_program
+
+        if share or out or world is not None:
+            raise SpawnUsageError("share, out and world apply to cells, not programs")
+        program = parse_program(cell)
+        spec = build_spec(CellSource("", label=str(program)), **{**options, "start_method": "spawn"})
+        spec.program = program
+        run = execute(spec, view, ProgramRanks(spec, program), background=background)
+        if check and not background:
+            run.raise_for_status()
+        return run
     source = CellSource(cell)
     names = {} if namespace is None else namespace
     if world is not None:
@@ -97,8 +113,8 @@ def launch(
         )
         run = execute(spec, view, executor)
     else:
-        run = execute(prepare(source, names, share=share, out=out, **options), view)
-    if check:
+        run = execute(prepare(source, names, share=share, out=out, **options), view, background=background)
+    if check and not background:
         run.raise_for_status()
     return run
 

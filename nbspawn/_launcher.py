@@ -65,8 +65,10 @@ class RunView(Protocol):
     interrupt would stop it.
     """
 
-    rich: bool
-    read_budget: int | None
+    @property
+    def rich(self) -> bool: ...
+    @property
+    def read_budget(self) -> int | None: ...
 
     def started(self, run: Run) -> None: ...
     def output(self, rank: int, stream: str, text: str) -> None: ...
@@ -310,12 +312,12 @@ class FreshRanks:
                 self._kill_orphans()
                 raise
         self.processes = list(context.processes)
-        return [p.pid for p in self.processes]
+        return [_pid(p) for p in self.processes]
 
     def _kill_orphans(self) -> None:
         """start_processes failed half-way: find the ranks it did start through multiprocessing."""
         for process in multiprocessing.active_children():
-            args = getattr(process, "_args", ())
+            args: tuple[Any, ...] = getattr(process, "_args", ())
             if len(args) > 2 and args[2] and args[2][0] is self.spec:
                 process.kill()
                 process.join()
@@ -337,7 +339,7 @@ class FreshRanks:
             # Whatever a rank left running in its group. The rank itself is reaped, so its pid may
             # already belong to someone else: only its group is signalled, never the pid.
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
+                os.killpg(_pid(process), signal.SIGKILL)
             process.close()
 
 
@@ -357,6 +359,7 @@ class _Supervisor:
         self.root: int | None = None
         self.end_order: list[int] = []
         self.lost: str | None = None  # a kept world that cannot go on: why
+        self.stopped_by: str | None = None  # "Stop button" | "run.stop()"
 
     # -- starting ---------------------------------------------------------------------------------
 
@@ -385,7 +388,8 @@ class _Supervisor:
                 ready = multiprocessing.connection.wait(list(self.alive), timeout=wait)
                 # Stop first: under a flood, reading output is most of what this loop does
                 if self.stop_reason is None and (getattr(self.view, "wants_stop", bool)() or self.run._stop_requested):
-                    self._begin_stop("stop")  # the view's Stop button, or run.stop()
+                    self.stopped_by = "run.stop()" if self.run._stop_requested else "Stop button"
+                    self._begin_stop("stop")
                 poll = POLL_MIN if self._forward_output() else min(POLL_MAX, poll * 2)
                 for waitable in sorted(ready, key=self._error_time):
                     if waitable in self.alive:
@@ -569,20 +573,26 @@ class _Supervisor:
 
     def outcome(self) -> BaseException | None:
         run, ranks = self.run, self.run.ranks
-        stopped = [ranks[r].failure for r in self.end_order if ranks[r].failure and r != self.root]
+        stopped = [f for r in self.end_order if (f := ranks[r].failure) and r != self.root]
         if self.stop_reason is None:
             run.status = "succeeded"
             return None
         if self.stop_reason == "failure" and self.root is not None:
             run.status = "failed"
             root = ranks[self.root].failure
+            assert root is not None  # the root cause is chosen once its failure is recorded
             kind = RankRaisedError if root.exc_type else RankExitedError
             return kind([root, *stopped], run)
         if self.stop_reason == "timeout":
             run.status = "timeout"
             return SpawnTimeoutError(self.spec.timeout or 0, stopped, run)
         run.status = "interrupted" if self.stop_reason == "interrupt" else "stopped"
-        return SpawnInterrupted(stopped, run)
+        return SpawnInterrupted(stopped, run, stopped_by=self.stopped_by)
+
+
+def _pid(process: multiprocessing.process.BaseProcess) -> int:
+    assert process.pid is not None  # started
+    return process.pid
 
 
 def _ignore(*_args: object) -> None:

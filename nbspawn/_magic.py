@@ -19,8 +19,8 @@ from traitlets import Float, Int, Unicode, Union
 
 from ._api import prepare
 from ._launcher import Executor, RunView, execute
-from ._source import CellSource, CellSyntaxError
 from ._run import Run
+from ._source import CellSource, CellSyntaxError
 from ._spec import RunSpec
 from ._view_text import TextView
 from .errors import SpawnUsageError
@@ -122,7 +122,7 @@ class SpawnMagics(Magics):
         "run.wait() joins it and raises its error",
     )
     @line_cell_magic
-    def spawn(self, line: str, cell: str | None = None) -> None:
+    def spawn(self, line: str, cell: str | None = None) -> Run | None:
         """Run this cell on N local PyTorch ranks, with the torchrun environment.
 
         Every rank runs the cell with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set,
@@ -167,6 +167,7 @@ class SpawnMagics(Magics):
             run = execute(spec, view, executor, background=background)
         except SpawnUsageError as err:
             raise UsageError(str(err)) from None
+        assert self.shell is not None  # a magic runs in a shell
         user_ns = self.shell.user_ns
         if background:
             run._on_wait.append(lambda done: user_ns.update(done.outputs))
@@ -258,6 +259,7 @@ class SpawnMagics(Magics):
 
     def _prepare(self, args: argparse.Namespace, cell: str, world: str, view: RunView) -> tuple[RunSpec, Executor | None]:
         shell = self.shell
+        assert shell is not None  # a magic runs in a shell
         cells = _cell_files(shell)
         source = CellSource(cell, line_offset=1, label=f"Cell In[{_cell_number(shell, cells)}]")
         options = {

@@ -66,7 +66,7 @@ def main() -> None:
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]  # nbspawn's modules are not the program's
     mode, target, *args = sys.argv[1:]
     if mode == "exec":
-        os.execvp(target, [target, *args])
+        os.execvp(target, [target, *args])  # noqa: S606 - running the user's program is the point
     import runpy
 
     stacks = os.environ.get("NBSPAWN_STACKS_FILE")
@@ -88,7 +88,7 @@ def main() -> None:
             runpy.run_path(target, run_name="__main__")
     except SystemExit:
         raise
-    except BaseException as exc:  # noqa: BLE001 - the program's failure is the rank's root cause
+    except BaseException as exc:  # the program's failure is the rank's root cause
         _write_error(exc)  # the view and the kernel's error show the traceback (not printed twice)
         sys.exit(EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_RAISED)
 

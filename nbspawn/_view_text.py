@@ -82,7 +82,8 @@ def _progress_nodes(tree: Any) -> list[dict[str, Any]]:
 
 def _bar(node: dict[str, Any], width: int = _BAR_WIDTH) -> tuple[float, str]:
     """A progress node's fraction and its bar, drawn with eighth blocks as tqdm draws it."""
-    low, high, value = (node.get(k) for k in ("min", "max", "value"))
+    bounds: tuple[Any, Any, Any] = (node.get("min"), node.get("max"), node.get("value"))
+    low, high, value = bounds
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high, value))
     frac = 0.0 if not numbers or high <= low else min(1.0, max(0.0, (value - low) / (high - low)))
     eighths = int(frac * width * 8)
@@ -227,6 +228,9 @@ class TextView:
 
     ``live``: draw open bars in a footer (None: when the stderr stream is a terminal).
     """
+
+    rich = False  # ranks need not look like a notebook: their displays are drawn as text
+    read_budget: int | None = None  # a terminal shows everything (the logs have it too)
 
     def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None, live: bool | None = None) -> None:
         self._out = {"stdout": stdout, "stderr": stderr}

@@ -117,6 +117,7 @@ class WidgetView:
             "display_id": display_id,
             "started_at": run.started_at,
             "nprocs": run.nprocs,
+            "log_dir": run.run_dir,
         }
         self.handle = display(bundle, raw=True, display_id=display_id)
         self.last_flush = time.monotonic()

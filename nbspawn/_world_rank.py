@@ -150,8 +150,9 @@ def assigned_names(tree: ast.Module) -> set[str]:
             names.add(node.id)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
-            for child in (*node.decorator_list, *getattr(node.args, "defaults", []), *getattr(node, "bases", [])):
-                visit(child)
+            inputs = node.bases if isinstance(node, ast.ClassDef) else node.args.defaults
+            for expr in (*node.decorator_list, *inputs):
+                visit(expr)
             return
         elif isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
             return

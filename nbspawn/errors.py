@@ -107,6 +107,19 @@ def _describe(failures: list[RankFailure]) -> list[str]:
     return lines
 
 
+def _logs_lines(run: Run | None, color: bool) -> list[str]:
+    """Where the logs are, and, for a kept world that could not go on, that it is gone and why."""
+    if run is None or not run.run_dir:
+        return []
+    lines = []
+    lost = getattr(run, "world_lost", None)
+    if lost:
+        note = f"The world {run.world!r} was lost: {lost}; the next cell that names it starts a new one."
+        lines.append(f"{_RED}{note}{_RESET}" if color else note)
+    line = f"Logs: {run.run_dir}/<rank>/{{stdout.log,stderr.log,error.json}}"
+    return [*lines, f"{_DIM}{line}{_RESET}" if color else line]
+
+
 class SpawnError(Exception):
     """A ``%%spawn`` run that did not succeed; ``.run`` has every rank's state and log paths."""
 
@@ -117,15 +130,7 @@ class SpawnError(Exception):
         raise NotImplementedError
 
     def _logs_line(self, color: bool) -> list[str]:
-        if self.run is None or not self.run.run_dir:
-            return []
-        lines = []
-        lost = getattr(self.run, "world_lost", None)
-        if lost:  # a kept world that could not go on
-            note = f"The world {self.run.world!r} was lost: {lost}; the next cell that names it starts a new one."
-            lines.append(f"{_RED}{note}{_RESET}" if color else note)
-        line = f"Logs: {self.run.run_dir}/<rank>/{{stdout.log,stderr.log,error.json}}"
-        return [*lines, f"{_DIM}{line}{_RESET}" if color else line]
+        return _logs_lines(self.run, color)
 
     def _others(self, color: bool) -> list[str]:
         lines = _describe(self.failures[1:])
@@ -235,7 +240,8 @@ class SpawnInterrupted(KeyboardInterrupt):
     def __reduce__(self):
         return type(self), (self.failures, None, self.stopped_by)
 
-    _logs_line = SpawnError._logs_line
+    def _logs_line(self, color: bool) -> list[str]:
+        return _logs_lines(self.run, color)
 
     def _report(self, color: bool) -> list[str]:
         if self.stopped_by:

@@ -50,7 +50,7 @@ def test_notebook_runs(path: Path, tmp_path: Path):
         errors = [o for o in cell.outputs if o.output_type == "error"]
         if "raises-exception" not in cell.metadata.get("tags", []):
             assert not errors, (cell.source, errors)
-        if cell.source.startswith("%%spawn") and not cell.source.startswith("%%spawn?"):
+        if cell.source.startswith(("%%spawn", "%spawn -")) and not cell.source.startswith("%%spawn?"):
             # the live widget was replaced by the frozen run: no widget left in the saved notebook
             data = [o.data for o in cell.outputs if o.output_type == "display_data"]
             assert data and all(WIDGET_MIME not in d for d in data), cell.source

@@ -69,7 +69,7 @@ def test_state_names_and_group_are_kept_on_the_same_processes(kernel, world, met
     # names the ranks assigned never reach the kernel
     assert ok(kernel, "print(t, 'seen' in dir())").stdout.strip() == "the kernel t False"
     status = ok(kernel, "%spawn status").stdout
-    assert re.search(rf"^{world}\s+2\s+idle\s+2\s+{method}\s+gloo\s+\d+,\d+", status, re.M), status
+    assert re.search(rf"^{world}\s+world {method}/gloo\s+2\s+idle\s+2 cells\s+\d+,\d+", status, re.M), status
 
 
 def test_a_failed_cell_interrupts_the_others_and_the_world_survives(kernel, world):

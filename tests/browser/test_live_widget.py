@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_lab_renderer import (  # the servers, browser pages, fixtures and helpers of the renderer's tests
     Page,
     artifacts,  # noqa: F401 - a fixture
@@ -209,7 +208,7 @@ def test_lab_live_run_stop_and_reload(lab, browser, artifacts):
         assert took < 10, took
         assert _statuses(frozen2) == ["stopped"] * 4
         assert frozen2.locator(".nbs-Badge").inner_text().strip().lower() == "stopped"
-        sync_api.expect(forever.locator(".jp-OutputArea")).to_contain_text("%%spawn was interrupted")
+        sync_api.expect(forever.locator(".jp-OutputArea")).to_contain_text("the run was stopped (Stop button)")
         sync_api.expect(forever.locator(".jp-InputPrompt")).to_have_text(re.compile(r"\[\d+\]"))
         pg.mouse.move(0, 0)
         shot(frozen2, artifacts, "frozen-stopped.png")

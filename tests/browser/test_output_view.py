@@ -217,7 +217,7 @@ class Front:
 
 
 @pytest.fixture(scope="module", params=["lab", "nb7"])
-def front(request, browser, artifacts, tmp_path_factory):  # noqa: F811 - fixtures
+def front(request, browser, artifacts, tmp_path_factory):
     name = request.param
     server_gen = serve("lab" if name == "lab" else "notebook", tmp_path_factory.mktemp(f"output-{name}"), _write)
     server = next(server_gen)
@@ -253,7 +253,7 @@ def _pane(view, rank: int):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(front, artifacts):  # noqa: F811 - a fixture
+def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(front, artifacts):
     pg = front.pg
     t0 = front.start(C_FLOOD)
     view = front.live(C_FLOOD)
@@ -301,7 +301,7 @@ def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(fron
     assert "flooded" in text, text[-2000:]
 
 
-def test_stop_within_a_second_during_a_flood(front, artifacts):  # noqa: F811 - a fixture
+def test_stop_within_a_second_during_a_flood(front, artifacts):
     pg = front.pg
     cell = front.cell(C_FOREVER)
     front.start(C_FOREVER)
@@ -366,7 +366,7 @@ STATUS_JS = {
 }
 
 
-def test_busy_for_the_whole_run(front, artifacts):  # noqa: F811 - a fixture
+def test_busy_for_the_whole_run(front, artifacts):
     pg = front.pg
     cell = front.cell(C_SIX)
     pg.evaluate(
@@ -439,7 +439,7 @@ def _rich_checks(pg, pane, rank: int, where: str) -> dict:
     )
 
 
-def test_rich_output_in_the_pane_live_and_frozen(front, artifacts):  # noqa: F811 - a fixture
+def test_rich_output_in_the_pane_live_and_frozen(front, artifacts):
     pg = front.pg
     front.start(C_RICH)
     view = front.live(C_RICH)
@@ -472,7 +472,7 @@ def _reddish(rgb: str) -> bool:
     return r > g + 40 and r > b + 40
 
 
-def test_plain_tqdm_bar_stays_at_the_bottom_and_is_not_an_error(front, artifacts):  # noqa: F811 - a fixture
+def test_plain_tqdm_bar_stays_at_the_bottom_and_is_not_an_error(front, artifacts):
     pg = front.pg
     front.start(C_BAR)
     view = front.live(C_BAR)
