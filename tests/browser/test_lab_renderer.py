@@ -534,7 +534,12 @@ def test_lab_renders_a_failed_run(lab, page, artifacts):
     )
     stderr_lines = run.locator(".nbs-Pane[data-rank='0'] .nbs-Line.nbs-stderr")
     assert stderr_lines.count() == 3  # the warning and two progress lines
-    assert stderr_lines.first.evaluate("e => getComputedStyle(e).backgroundColor") != "rgba(0, 0, 0, 0)"
+    # stderr is marked (a rule at its left), not styled as an error: tqdm, warnings and logging live there
+    style = stderr_lines.first.evaluate("e => { const s = getComputedStyle(e); return [s.backgroundColor, s.boxShadow, s.color]; }")
+    background, rule, colour = style
+    assert rule != "none", style
+    red = [int(v) for v in re.findall(r"\d+", background)[:3]] if background != "rgba(0, 0, 0, 0)" else [0, 0, 0]
+    assert not (red[0] > 200 and red[1] < 230 and red[2] < 230 and red[0] - red[2] > 20), style
     shot(run, artifacts, "lab-rank0-tqdm-ansi.png")
 
     # rank 2: markup in the output is text, and nothing ran
