@@ -10,7 +10,7 @@ ratios are steadier than the absolute times.  Columns (milliseconds, median of t
   memcpy      dst.copy_(src) into memory already touched: the bandwidth floor
   clone       src.clone(): a copy into fresh memory, page faults included (what "a copy" costs a user)
   share_mem_  Tensor.share_memory_() of a fresh copy
-  share_      nbspawn._shm.share_() of a fresh copy
+  share_      nbspawn.handoff._shm.share_() of a fresh copy
   reshare     share_() again, storage already shared (must not depend on the size)
   touch+      extra time of the first full read after share_ (mappings are populated lazily)
   import      kernel side of the way back: import_tensor of a file a rank exported
@@ -37,10 +37,10 @@ from pathlib import Path
 import torch
 
 try:
-    from nbspawn import _shm
+    from nbspawn.handoff import _shm
 except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from nbspawn import _shm
+    from nbspawn.handoff import _shm
 
 MiB = 1 << 20
 MADV_POPULATE_WRITE = 23

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._api import launch, stop, worlds
-from ._launcher import last_run
 from ._run import RankState, Run
 from .errors import (
     RankExitedError,
@@ -27,6 +26,7 @@ from .errors import (
     SpawnTimeoutError,
     SpawnUsageError,
 )
+from .executors._supervisor import last_run
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell

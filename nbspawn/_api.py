@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._handoff import pack_namespace, parse_names, pick_shared
-from ._launcher import RunView, execute
 from ._run import Run
-from ._shm import new_run_prefix, share_
 from ._source import CellSource
 from ._spec import RunSpec, build_spec
-from ._view_text import TextView
 from .errors import SpawnUsageError
+from .executors._supervisor import RunView, execute
+from .handoff._names import pack_namespace, parse_names, pick_shared
+from .handoff._shm import new_run_prefix, share_
+from .views._text import TextView
 
 
 def prepare(
@@ -91,7 +91,7 @@ def launch(
         "ranks": ranks,
     }
     if isinstance(cell, list):
-        from ._program import ProgramRanks, parse_program
+        from .executors._program import ProgramRanks, parse_program
 
         if share or out or world is not None:
             raise SpawnUsageError("share, out and world apply to cells, not programs")
@@ -105,7 +105,7 @@ def launch(
     source = CellSource(cell)
     names = {} if namespace is None else namespace
     if world is not None:
-        from ._world import prepare_cell
+        from .executors._world import prepare_cell
 
         given = {o for o, v in (("-n", nprocs), ("--start-method", start_method), ("--backend", backend), ("--env", env)) if v is not None}
         spec, executor = prepare_cell(
@@ -121,13 +121,13 @@ def launch(
 
 def worlds() -> dict[str, dict[str, Any]]:
     """The kept worlds of this process: name -> ranks, pids, state, cells run, logs."""
-    from ._world import worlds as _worlds
+    from .executors._world import worlds as _worlds
 
     return {name: world.status() for name, world in _worlds().items()}
 
 
 def stop(*names: str) -> list[str]:
     """Stop these kept worlds (all of them if no name is given); returns the names stopped."""
-    from ._world import stop as _stop
+    from .executors._world import stop as _stop
 
     return _stop(list(names) or None)

@@ -18,12 +18,12 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Float, Int, Unicode, Union
 
 from ._api import prepare
-from ._launcher import Executor, RunView, execute
 from ._run import Run
 from ._source import CellSource, CellSyntaxError
 from ._spec import RunSpec
-from ._view_text import TextView
 from .errors import SpawnUsageError
+from .executors._supervisor import Executor, RunView, execute
+from .views._text import TextView
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -183,7 +183,7 @@ class SpawnMagics(Magics):
             raise ValueError(f"--view must be auto, widget or text, not {choice!r}")
         in_jupyter = getattr(self.shell, "kernel", None) is not None
         if choice == "widget" or (choice == "auto" and in_jupyter):
-            from ._view_widget import WidgetView, widget_available
+            from .views._widget import WidgetView, widget_available
 
             if widget_available():
                 return WidgetView()
@@ -223,8 +223,8 @@ class SpawnMagics(Magics):
         return self._execute(spec, view, executor, args.bg)
 
     def _prepare_program(self, args: argparse.Namespace, words: list[str]) -> tuple[RunSpec, Executor]:
-        from ._program import ProgramRanks, parse_program
         from ._spec import build_spec
+        from .executors._program import ProgramRanks, parse_program
 
         pointless = [
             (option, why)
@@ -275,7 +275,7 @@ class SpawnMagics(Magics):
             "max_image_kb": self.max_image_kb,
         }
         if world:
-            from ._world import prepare_cell
+            from .executors._world import prepare_cell
 
             given = {o for o, v in (("-n", args.nprocs), ("--start-method", args.start_method), ("--backend", args.backend), ("--env", args.env)) if v is not None}
             spec, executor = prepare_cell(
@@ -291,7 +291,7 @@ class SpawnMagics(Magics):
 
 def report_background_failures(*_info: object) -> None:
     """Before each cell: a background run that failed, unwaited, is not silent (told once)."""
-    from ._launcher import unreported_failures
+    from .executors._supervisor import unreported_failures
 
     for run in unreported_failures():
         summary = str(run.error).splitlines()[0] if str(run.error) else type(run.error).__name__
@@ -304,8 +304,8 @@ def report_background_failures(*_info: object) -> None:
 
 def _stop(names: list[str]) -> list[str]:
     """Stop these worlds and background runs (all of them if no name is given)."""
-    from . import _world
-    from ._launcher import background_runs
+    from .executors import _world
+    from .executors._supervisor import background_runs
 
     runs = background_runs()
     worlds = [n for n in names if n not in runs]
@@ -321,8 +321,8 @@ def _stop(names: list[str]) -> list[str]:
 
 def _status_table() -> str:
     """Kept worlds and background runs, one line each."""
-    from . import _world
-    from ._launcher import background_runs
+    from .executors import _world
+    from .executors._supervisor import background_runs
 
     worlds, runs = _world.worlds(), background_runs()
     if not worlds and not runs:

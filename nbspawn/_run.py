@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ._display import DisplayItems
 from ._spec import RunSpec
-from ._streams import Event, RankStreams
 from .errors import RankFailure, SpawnError
+from .events._display import DisplayItems
+from .events._streams import Event, RankStreams
 
 
 @dataclass

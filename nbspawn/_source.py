@@ -131,8 +131,8 @@ def rewrite_notebook_frames(text: str, cell_numbers: dict[str, int]) -> str:
 def program_stack(dump: str) -> str:
     """The main thread's frames from a program's faulthandler dump, innermost last, nbspawn's cut."""
     blocks = [b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip()) if b.strip()]
-    main = next((b for b in blocks if "_program_rank.py" in b), blocks[0] if blocks else "")
+    main = next((b for b in blocks if "nbspawn/ranks/_program.py" in b), blocks[0] if blocks else "")
     frames = [ln.strip() for ln in main.splitlines()[1:] if ln.strip().startswith("File ")]
-    frames = [f for f in frames if not any(s in f for s in ("nbspawn/_program_rank.py", "/runpy.py", "<frozen runpy>"))]
+    frames = [f for f in frames if not any(s in f for s in ("nbspawn/ranks/_program.py", "/runpy.py", "<frozen runpy>"))]
     frames.reverse()
     return "\n".join("  " + f for f in frames)

@@ -55,7 +55,7 @@ class RunSpec:
     # every child (each page a child writes to is a copy-on-write fault).
     compiled: tuple[CodeType, CodeType | None] | None = None
     shared_env_inherited: bool = False
-    rich: bool = False  # the view draws rich output: ranks look like a notebook (nbspawn._capture)
+    rich: bool = False  # the view draws rich output: ranks look like a notebook (nbspawn.ranks._capture)
     max_image_bytes: int = 2 << 20  # images kept per run, live and saved
     max_saved_bytes: int = 256 << 10  # a saved run's size, images aside
     program: Any = None  # a _program.Program: the ranks run it instead of a cell

@@ -20,7 +20,7 @@ from jupyter_client import AsyncKernelManager
 from kernel_harness import KERNEL_NAME, _kernel_spec_manager
 from nbclient import NotebookClient
 
-from nbspawn._bundle import MIME
+from nbspawn.views._bundle import MIME
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))

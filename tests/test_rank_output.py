@@ -15,7 +15,7 @@ from bundle_reader import rank_outputs
 from kernel_harness import execute, start_kernel, stop_kernel
 from test_view_widget import _create_subshell, _delete_subshell, _send_comm_msg, spawn_widget
 
-from nbspawn._bundle import MIME
+from nbspawn.views._bundle import MIME
 
 # a 4x4 red PNG, made here so the test needs no image library
 PNG = base64.b64encode(

@@ -1,4 +1,4 @@
-"""nbspawn._shm with real child processes: in-place sharing, kernel -> rank payloads, rank -> kernel results.
+"""nbspawn.handoff._shm with real child processes: in-place sharing, kernel -> rank payloads, rank -> kernel results.
 
 Every test that starts processes checks what it leaves behind: no new nbspawn or torch segment of this
 process in /dev/shm, and no new open file descriptor in this process once the tensors are dropped.
@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 
 try:
-    import nbspawn._shm  # noqa: F401
+    import nbspawn.handoff._shm  # noqa: F401
 except ImportError:  # not installed: test the checkout (spawned children inherit sys.path)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 import torch.multiprocessing as mp
 
-from nbspawn import _shm
+from nbspawn.handoff import _shm
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux shared memory")
 

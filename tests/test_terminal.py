@@ -23,7 +23,7 @@ import pytest
 
 import nbspawn
 from nbspawn import SpawnInterrupted
-from nbspawn._view_text import TextView, clip, item_text, widget_text
+from nbspawn.views._text import TextView, clip, item_text, widget_text
 
 pytestmark = pytest.mark.timeout(180)
 

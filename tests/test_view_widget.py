@@ -24,11 +24,11 @@ import pytest
 from bundle_reader import rank_outputs
 from kernel_harness import execute, strip_ansi
 
-from nbspawn._bundle import MIME, TAIL_LINES
-from nbspawn._view_widget import MAX_BYTES_PER_MESSAGE, widget_available
+from nbspawn.views._bundle import MIME, TAIL_LINES
+from nbspawn.views._widget import MAX_BYTES_PER_MESSAGE, widget_available
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-WIDGET_ID = "nbspawn._view_widget.RunWidget"
+WIDGET_ID = "nbspawn.views._widget.RunWidget"
 
 pytestmark = pytest.mark.skipif(
     not widget_available(),
@@ -432,7 +432,7 @@ def test_widget_text_fallback_names_the_run(kernel):
 def test_status_comm_only_in_a_kernel():
     """Plain Python and terminal IPython have no kernel: no comm is even tried."""
     code = (
-        "from nbspawn._status import StatusComm, in_kernel\n"
+        "from nbspawn.views._status import StatusComm, in_kernel\n"
         "assert not in_kernel()\n"
         "from IPython.terminal.interactiveshell import TerminalInteractiveShell\n"
         "TerminalInteractiveShell.instance()\n"
@@ -445,7 +445,7 @@ def test_status_comm_only_in_a_kernel():
 
 
 def test_output_tail_keeps_the_newest_lines_and_keeps_bars_where_the_eye_is():
-    from nbspawn._tail import OutputTail
+    from nbspawn.views._tail import OutputTail
 
     tail = OutputTail(limit=3)
     for i in range(10):
@@ -474,7 +474,7 @@ def test_output_tail_keeps_the_newest_lines_and_keeps_bars_where_the_eye_is():
 
 
 def test_output_tail_applies_display_updates_and_clears():
-    from nbspawn._tail import OutputTail
+    from nbspawn.views._tail import OutputTail
 
     tail = OutputTail()
     tail.add("stdout", "a\n")
@@ -490,7 +490,7 @@ def test_output_tail_applies_display_updates_and_clears():
 
 
 def test_live_messages_cut_whole_lines_and_count_them():
-    from nbspawn._view_widget import WidgetView
+    from nbspawn.views._widget import WidgetView
 
     view = WidgetView()
     messages = []
@@ -511,8 +511,8 @@ def test_live_messages_never_glue_or_lose_count_of_lines():
     closed as it was), in order, and lines shown plus lines counted as elided are all lines."""
     import random
 
-    from nbspawn._bundle import OutputTail
-    from nbspawn._view_widget import WidgetView
+    from nbspawn.views._bundle import OutputTail
+    from nbspawn.views._widget import WidgetView
 
     for trial in range(150):
         rng = random.Random(trial)

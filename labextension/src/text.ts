@@ -2,7 +2,7 @@
  * Terminal-ish text processing for rank output, with no DOM: ANSI SGR colours become styled
  * segments, `\r` rewrites the current line, `\b` erases.  Reusable by any view of rank output.
  *
- * Semantics follow `nbspawn._view_text.settle_line` (and Jupyter's own stream handling): after a
+ * Semantics follow `nbspawn.views._text.settle_line` (and Jupyter's own stream handling): after a
  * `\r`, the next visible character (or `\b`) replaces the whole line, so a progress bar shows only
  * its latest state, and a trailing `\r` leaves the line as it was.  Each stream (stdout, stderr)
  * has its own current line and colour state, as it would on a terminal with two pipes.

@@ -536,7 +536,7 @@ def test_lab_renders_a_failed_run(lab, page, artifacts):
     assert stderr_lines.count() == 3  # the warning and two progress lines
     # stderr is marked (a rule at its left), not styled as an error: tqdm, warnings and logging live there
     style = stderr_lines.first.evaluate("e => { const s = getComputedStyle(e); return [s.backgroundColor, s.boxShadow, s.color]; }")
-    background, rule, colour = style
+    background, rule, _colour = style
     assert rule != "none", style
     red = [int(v) for v in re.findall(r"\d+", background)[:3]] if background != "rgba(0, 0, 0, 0)" else [0, 0, 0]
     assert not (red[0] > 200 and red[1] < 230 and red[2] < 230 and red[0] - red[2] > 20), style

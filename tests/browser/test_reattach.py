@@ -33,7 +33,7 @@ from test_lab_renderer import (  # the servers, browser pages, fixtures and help
     sync_api,
 )
 
-from nbspawn._view_widget import widget_available
+from nbspawn.views._widget import widget_available
 
 pytestmark = [
     pytest.mark.browser,

@@ -1,4 +1,4 @@
-"""What runs first in each rank of a program: ``python .../nbspawn/_program_rank.py MODE TARGET [ARGS...]``.
+"""What runs first in each rank of a program: ``python .../nbspawn/ranks/_program.py MODE TARGET [ARGS...]``.
 
 It ties the rank's life to the kernel's (pdeathsig, which survives ``exec``), then becomes the
 program.  A Python script or module is run right here (``runpy``), so its uncaught exception is the

@@ -38,7 +38,7 @@ import time
 import unicodedata
 from typing import Any, TextIO
 
-from ._run import RankState, Run
+from .._run import RankState, Run
 from ._status import StatusComm
 
 MAX_PENDING = 1 << 16  # a "line" longer than this is shown in pieces
@@ -254,7 +254,7 @@ class TextView:
         """``[rank3]: ``, padded to the run's widest rank so every rank's text starts in one column."""
         return f"[rank{rank}]:".ljust(self._prefix_width) + " "
 
-    # -- the view protocol (nbspawn._launcher.RunView) --------------------------------------------
+    # -- the view protocol (nbspawn.executors._supervisor.RunView) --------------------------------------------
 
     def started(self, run: Run) -> None:
         self._shown = run.spec.shown_ranks

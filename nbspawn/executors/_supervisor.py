@@ -28,14 +28,10 @@ import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from . import _shm
-from ._capture import stdio_streams
-from ._handoff import discard_outputs, receive_outputs
-from ._rank import EXIT_INTERRUPTED, run_rank
-from ._run import RankState, Run
-from ._source import STILL_STARTING, main_thread_stack, program_stack, rewrite_notebook_frames
-from ._spec import RunSpec
-from .errors import (
+from .._run import RankState, Run
+from .._source import STILL_STARTING, main_thread_stack, program_stack, rewrite_notebook_frames
+from .._spec import RunSpec
+from ..errors import (
     RankExitedError,
     RankFailure,
     RankRaisedError,
@@ -44,6 +40,10 @@ from .errors import (
     SpawnTimeoutError,
     SpawnUsageError,
 )
+from ..handoff import _shm
+from ..handoff._names import discard_outputs, receive_outputs
+from ..ranks._capture import stdio_streams
+from ..ranks._cell import EXIT_INTERRUPTED, run_rank
 
 # How often new output is looked for: soon after output arrived, then backing off while ranks are
 # quiet, so a long silent run costs the kernel almost nothing. Exits wake the loop at once anyway.
@@ -103,7 +103,7 @@ class Executor(Protocol):
     """How one run's ranks are started and seen to end; the supervisor does everything else.
 
     ``FreshRanks`` starts new processes for the cell and ends them with it; a kept world's
-    ``WorldCell`` (``nbspawn._world``) hands the cell to ranks that live on.
+    ``WorldCell`` (``nbspawn.executors._world``) hands the cell to ranks that live on.
     """
 
     keeps_ranks: bool  # the ranks outlive the cell: a failure interrupts them instead of ending them
@@ -274,8 +274,8 @@ def _prepare_forkserver() -> None:
     """Let the forkserver import torch and nbspawn once, instead of every rank importing them."""
     global _forkserver_ready
     if not _forkserver_ready:
-        # and what a rank needs to look like a notebook (nbspawn._capture), when this is a kernel
-        preload = ["torch", "nbspawn._rank", "IPython.core.interactiveshell"]
+        # and what a rank needs to look like a notebook (nbspawn.ranks._capture), when this is a kernel
+        preload = ["torch", "nbspawn.ranks._cell", "IPython.core.interactiveshell"]
         if "ipykernel" in sys.modules:
             preload.append("ipykernel.zmqshell")
         multiprocessing.get_context("forkserver").set_forkserver_preload(preload)

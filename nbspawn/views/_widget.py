@@ -30,13 +30,13 @@ from typing import Any
 import anywidget
 import traitlets
 
+from .._run import RankState, Run
 from ._bundle import FrozenRun, json_size, rank_record, run_record, tail_within
 from ._busy import kept_busy
-from ._run import RankState, Run
 from ._status import StatusComm
 from ._tail import OutputTail
 
-STATIC = Path(__file__).parent / "_static"
+STATIC = Path(__file__).parents[1] / "_static"  # built by npm into the package's root
 FLUSH_SECONDS = 0.1  # at most 10 output messages a second
 MAX_BYTES_PER_MESSAGE = 64 * 1024  # the chunks' JSON in one output message
 MAX_REPLAY_BYTES = 1024 * 1024  # the tails' JSON in one replay message
@@ -68,7 +68,7 @@ def _widget_class() -> type[anywidget.AnyWidget]:
 
 
 class WidgetView:
-    """The live widget: a RunView for the launcher (see ``nbspawn._launcher.RunView``)."""
+    """The live widget: a RunView for the launcher (see ``nbspawn.executors._supervisor.RunView``)."""
 
     rich = True
     read_budget: int | None = READ_BUDGET  # RunView's type: a view may read everything (None)

@@ -22,8 +22,8 @@ import json
 from html.parser import HTMLParser
 from typing import Any, ClassVar
 
-from ._display import WIDGET_MIME
-from ._run import RankState, Run
+from .._run import RankState, Run
+from ..events._display import WIDGET_MIME
 from ._tail import ANSI, TAIL_LINES, Display, Entry, Line, OutputTail
 
 MIME = "application/vnd.nbspawn.run+json"

@@ -23,9 +23,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _rank
+from .._source import CellSource
+from . import _cell as _rank
 from ._capture import finished, redirect_output
-from ._source import CellSource
 
 OK, RAISED, INTERRUPTED, EXITED = "ok", "raised", "interrupted", "exited"
 
@@ -124,7 +124,7 @@ def _serve(job: WorldJob, rank: int, spec: Any, namespace: dict[str, Any], own: 
 def _run(job: WorldJob, rank: int, namespace: dict[str, Any], own: set[str]) -> None:
     tree = job.cell.parse()
     if job.names is not None:
-        from ._handoff import unpack_namespace
+        from ..handoff._names import unpack_namespace
 
         for name, value in unpack_namespace(job.names).items():
             if name not in own:  # a name this rank's cells assigned is the rank's own
@@ -135,7 +135,7 @@ def _run(job: WorldJob, rank: int, namespace: dict[str, Any], own: set[str]) -> 
     finally:  # what the cell bound, even if it failed half-way, is now the rank's own
         own.update(name for name in assigned_names(tree) if name in namespace)
     if job.out_names:
-        from ._handoff import send_outputs
+        from ..handoff._names import send_outputs
 
         send_outputs(namespace, job.out_names, job.shm_prefix or "", job.rank_dir(rank))
 

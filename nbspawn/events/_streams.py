@@ -1,6 +1,6 @@
 """Reading a rank's output back, in the order it was written, within a budget.
 
-The rank side (``nbspawn._capture``) writes three files and, at every switch between them, a record of
+The rank side (``nbspawn.ranks._capture``) writes three files and, at every switch between them, a record of
 their sizes in ``order.bin``.  :class:`RankStreams` replays them: the bytes each file had at a switch
 come before the bytes after it, so the kernel shows lines in the order the rank wrote them however
 far behind it reads.
@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ._capture import DISPLAY, FILES, ORDER_FILE, ORDER_RECORD, STREAMS
+from ..ranks._capture import DISPLAY, FILES, ORDER_FILE, ORDER_RECORD, STREAMS
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Each rank is a new process (``subprocess.Popen``, torch elastic's SubprocessContext way) with the
 torchrun environment of a cell, its stdout and stderr written straight to the rank's log files, its
-own process group, and ``nbspawn._program_rank`` in front of the program to tie its life to the
+own process group, and ``nbspawn.ranks._program`` in front of the program to tie its life to the
 kernel's.  What the user wrote after ``--`` decides how it runs:
 
 * ``train.py ARGS`` or ``python train.py ARGS``: the script, with the kernel's own interpreter (so the
@@ -27,9 +27,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ._run import Run
-from ._spec import RunSpec
-from .errors import SpawnUsageError
+from .._run import Run
+from .._spec import RunSpec
+from ..errors import SpawnUsageError
 
 PYTHONS = {"python", "python3", os.path.basename(sys.executable)}
 
@@ -57,7 +57,7 @@ def parse_program(words: list[str] | str) -> Program:
     if not words:
         raise SpawnUsageError("no program after --: write e.g. %spawn -n 2 -- train.py --lr 0.1")
     # by path, not -m: importing the nbspawn package would import torch (seconds) before the program
-    launcher = (sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_program_rank.py"))
+    launcher = (sys.executable, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ranks", "_program.py"))
     rest = words[1:] if os.path.basename(words[0]) in PYTHONS else words
     if not rest:
         raise SpawnUsageError("python needs a script or -m MODULE after it")
@@ -85,7 +85,7 @@ def parse_program(words: list[str] | str) -> Program:
 
 
 class ProgramRanks:
-    """The executor of a program run (see ``nbspawn._launcher.Executor``)."""
+    """The executor of a program run (see ``nbspawn.executors._supervisor.Executor``)."""
 
     keeps_ranks = False
 

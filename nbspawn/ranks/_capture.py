@@ -4,7 +4,7 @@ A rank's descriptors 1 and 2 point at ``stdout.log`` and ``stderr.log`` (so C co
 processes are captured and nothing ever blocks on a pipe).  Two files cannot say which of two writes
 came first, so every write that Python makes goes through :class:`_Ordered`, which appends a record
 to ``order.bin`` whenever the rank switches from one stream to another: the sizes of all three
-files at that moment.  The kernel (``nbspawn._streams``) replays the files in that order, so a
+files at that moment.  The kernel (``nbspawn.events._streams``) replays the files in that order, so a
 stderr line and the stdout line written 10 ms later never swap, however far behind the kernel is.
 
 Rich output goes the same way.  In a Jupyter kernel a rank looks like a notebook to the code it runs

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ._view_text import settle_line
+from ._text import settle_line
 
 TAIL_LINES = 2000  # entries per rank, in the kernel and in the browser
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")

@@ -22,8 +22,8 @@ from typing import Any
 import cloudpickle
 import torch
 
+from ..errors import SpawnUsageError
 from . import _shm
-from .errors import SpawnUsageError
 
 # What IPython puts in every namespace; shipping these would drag the shell along.
 _IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open", "_", "__", "___"})

@@ -11,7 +11,7 @@
     %spawn stop w                              # nothing of w is left but its logs
 
 A :class:`World` owns its rank processes (started by ``torch.multiprocessing.start_processes`` with
-``nbspawn._world_rank.run_world_rank``) and one pipe per rank.  Each cell on it is an ordinary run
+``nbspawn.ranks._world.run_world_rank``) and one pipe per rank.  Each cell on it is an ordinary run
 (its own spec, log directory, view and error) whose executor, :class:`WorldCell`, hands the cell to
 the ranks instead of starting new ones.  The supervisor applies the same failure policy as to a
 fresh run, except that a failed cell *interrupts* the other ranks: if all of them come back within
@@ -30,10 +30,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._run import Run
-from ._spec import RunSpec, new_run_id
-from ._world_rank import EXITED, INTERRUPTED, OK, RAISED, WorldJob, run_world_rank
-from .errors import SpawnUsageError
+from .._run import Run
+from .._spec import RunSpec, new_run_id
+from ..errors import SpawnUsageError
+from ..ranks._world import EXITED, INTERRUPTED, OK, RAISED, WorldJob, run_world_rank
 
 STOP_WAIT = 5.0  # how long ``stop`` waits for ranks to leave on their own before killing them
 
@@ -68,7 +68,7 @@ class World:
     def start(self) -> None:
         from torch.multiprocessing import start_processes
 
-        from ._launcher import _interrupts_deferred, _prepare_forkserver
+        from ._supervisor import _interrupts_deferred, _prepare_forkserver
 
         spec = self.spec
         os.makedirs(spec.run_dir, exist_ok=True)
@@ -108,7 +108,7 @@ class World:
 
     def kill(self) -> None:
         """Every rank and whatever it started, killed and reaped; pipes closed."""
-        from ._launcher import _signal_group
+        from ._supervisor import _signal_group
 
         for process in self.processes:
             if process.exitcode is None:
@@ -138,7 +138,7 @@ class World:
 
 
 class WorldCell:
-    """The executor of one cell on a kept world (see ``nbspawn._launcher.Executor``)."""
+    """The executor of one cell on a kept world (see ``nbspawn.executors._supervisor.Executor``)."""
 
     keeps_ranks = True
 
@@ -158,7 +158,7 @@ class WorldCell:
         return [self.world.conns[rank], self.world.processes[rank].sentinel]
 
     def ended(self, rank: int, ready: Any) -> tuple[int, bool]:
-        from ._rank import EXIT_INTERRUPTED, EXIT_RAISED
+        from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
 
         conn = self.world.conns[rank]
         if ready is conn:
@@ -258,9 +258,9 @@ def prepare_cell(
     **options: Any,
 ) -> tuple[RunSpec, WorldCell]:
     """Everything checked first (options, names, what the cell uses), then the world found or started."""
-    from ._handoff import pack_namespace, parse_names, pick_shared
-    from ._shm import new_run_prefix, share_
-    from ._spec import build_spec
+    from .._spec import build_spec
+    from ..handoff._names import pack_namespace, parse_names, pick_shared
+    from ..handoff._shm import new_run_prefix, share_
 
     share_names, out_names = parse_names(share, "--share"), parse_names(out, "--out")
     existing = _worlds.get(name)

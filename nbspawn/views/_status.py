@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ._run import Run
+from .._run import Run
 
 TARGET = "nbspawn.status"
 _ACTIVE = ("starting", "running")

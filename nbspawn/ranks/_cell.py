@@ -20,9 +20,9 @@ import time
 import traceback
 from types import CodeType
 
+from .._source import CellSource, rewrite_cell_frames
+from .._spec import RunSpec
 from ._capture import capture_output, finished, flush_figures
-from ._source import CellSource, rewrite_cell_frames
-from ._spec import RunSpec
 
 EXIT_RAISED = 1
 EXIT_INTERRUPTED = 128 + signal.SIGINT
@@ -95,7 +95,7 @@ def _forbid_input() -> None:
 def _namespace(spec: RunSpec) -> dict:
     if spec.namespace is not None:  # fork: our own copy-on-write copy of the kernel's namespace
         return spec.namespace
-    from ._handoff import unpack_namespace
+    from ..handoff._names import unpack_namespace
 
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     if spec.namespace_payload:
@@ -110,7 +110,7 @@ def _run_cell(spec: RunSpec, rank: int) -> None:
     dist = init_process_group(spec.backend, rank)
     execute_cell(code, last, namespace)
     if spec.out_names:
-        from ._handoff import send_outputs
+        from ..handoff._names import send_outputs
 
         assert spec.shm_prefix is not None  # _api.prepare gives every run with --out names a prefix
         send_outputs(namespace, spec.out_names, spec.shm_prefix, spec.rank_dir(rank))
@@ -186,7 +186,7 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-_OWN_FILES = {__file__, __file__.replace("_rank.py", "_world_rank.py")}
+_OWN_FILES = {__file__, __file__.replace("_cell.py", "_world.py")}
 
 
 def write_error(rank_dir: str, cell: CellSource, exc: BaseException) -> None:
