@@ -29,7 +29,7 @@ import { ILine, TerminalText, isBar } from './text';
 
 export type { IDisplayItem } from './rich';
 
-/** Lines (and display items) kept per rank, as in the kernel (`nbspawn._bundle.TAIL_LINES`). */
+/** Lines (and display items) kept per rank, as in the kernel (`nbspawn.views._bundle.TAIL_LINES`). */
 export const TAIL_LINES = 2000;
 
 /** A line of a rank's output, in its flow or (a progress bar being redrawn) at the bottom. */
@@ -90,6 +90,19 @@ interface IRankOutput {
   elided: number;
   /** `clear_output(wait=True)` seen: clear when the next output arrives. */
   clearPending: boolean;
+}
+
+/** Parsing time per animation frame for queued output; the rest waits for the next frame. */
+export const FRAME_BUDGET_MS = 8;
+/** Queued lines (of every rank), in flow limits, past which old queued text is dropped (`enqueue`). */
+const QUEUE_BOUND_LIMITS = 4;
+
+function newlines(text: string): number {
+  let n = 0;
+  for (let i = text.indexOf('\n'); i >= 0; i = text.indexOf('\n', i + 1)) {
+    n++;
+  }
+  return n;
 }
 
 function emptyUpdate(reset = false): ILiveUpdate {
@@ -188,15 +201,126 @@ export class LiveOutput {
    * and lines the kernel left out.
    */
   append(chunks: ReadonlyArray<readonly [number, string, unknown]>, elided: Record<string, number> = {}): void {
-    const u = emptyUpdate();
-    this._addElided(elided, u);
-    for (const c of Array.isArray(chunks) ? chunks : []) {
-      if (Array.isArray(c) && c.length >= 3) {
-        this._chunk(c[0], c[1], c[2], u);
+    this.enqueue(chunks, elided);
+    this.drain();
+  }
+
+  /**
+   * New output, only queued (a message handler's whole work): `drain` parses it, a frame's budget
+   * at a time (`feed` schedules that).  A rank's queued text beyond what its flow can keep (the
+   * newest `limit` lines) is dropped unparsed and counted as elided.
+   */
+  enqueue(chunks: ReadonlyArray<readonly [number, string, unknown]>, elided: Record<string, number> = {}): void {
+    for (const [key, n] of Object.entries(elided ?? {})) {
+      if (typeof n === 'number' && n > 0) {
+        this._qElided[key] = (this._qElided[key] ?? 0) + n;
       }
     }
-    this._trim(u);
-    this._emit(u);
+    for (const c of Array.isArray(chunks) ? chunks : []) {
+      if (Array.isArray(c) && c.length >= 3) {
+        this._queue.push(c as unknown as readonly [number, string, unknown]);
+        if (typeof c[2] === 'string') {
+          this._qLines += newlines(c[2]);
+        }
+      }
+    }
+    if (this._qLines > Math.max(this._qBound, QUEUE_BOUND_LIMITS * this.limit)) {
+      this._boundQueue();
+    }
+  }
+
+  /** `enqueue`, then `drain` in animation frames (`FRAME_BUDGET_MS` each) until nothing is queued. */
+  feed(chunks: ReadonlyArray<readonly [number, string, unknown]>, elided: Record<string, number> = {}): void {
+    this.enqueue(chunks, elided);
+    this._schedule();
+  }
+
+  /** Chunks queued and not yet parsed. */
+  get queued(): number {
+    return this._queue.length - this._qHead;
+  }
+
+  /**
+   * Parse queued chunks for at most `budgetMs` (checked every few chunks), then tell the views
+   * once.  Returns whether chunks are left.
+   */
+  drain(budgetMs = Number.POSITIVE_INFINITY): boolean {
+    const u = emptyUpdate();
+    this._addElided(this._qElided, u);
+    this._qElided = {};
+    const q = this._queue;
+    const end = performance.now() + budgetMs;
+    const start = this._qHead;
+    let i = start;
+    while (i < q.length) {
+      const c = q[i++];
+      if (typeof c[2] === 'string') {
+        this._qLines -= newlines(c[2]);
+      }
+      this._chunk(c[0], c[1], c[2], u);
+      if ((i & 7) === 0 && performance.now() > end) {
+        break;
+      }
+    }
+    if (i >= q.length) {
+      this._queue = [];
+      this._qHead = 0;
+      this._qLines = 0;
+    } else {
+      this._qHead = i;
+    }
+    if (i > start || u.elided.size) {
+      this._trim(u);
+      this._emit(u);
+    }
+    return this.queued > 0;
+  }
+
+  private _schedule(): void {
+    if (this._drainScheduled) {
+      return;
+    }
+    this._drainScheduled = true;
+    const run = () => {
+      this._drainScheduled = false;
+      if (this.drain(FRAME_BUDGET_MS)) {
+        this._schedule();
+      }
+    };
+    if (typeof requestAnimationFrame === 'function') {
+      requestAnimationFrame(run);
+    } else {
+      setTimeout(run, 0);
+    }
+  }
+
+  /** Drop each rank's queued text older than its newest `limit` queued lines; count it as elided. */
+  private _boundQueue(): void {
+    const q = this._queue;
+    const seen = new Map<number, number>();
+    const keep: Array<readonly [number, string, unknown]> = [];
+    let lines = 0;
+    for (let i = q.length - 1; i >= this._qHead; i--) {
+      const c = q[i];
+      const [rank, , data] = c;
+      if (typeof data !== 'string') {
+        keep.push(c); // display items stay (an update or a clear must not be lost)
+        continue;
+      }
+      const n = newlines(data);
+      const had = seen.get(rank) ?? 0;
+      if (had >= this.limit && typeof rank === 'number') {
+        this._qElided[String(rank)] = (this._qElided[String(rank)] ?? 0) + n;
+        continue;
+      }
+      seen.set(rank, had + n);
+      lines += n;
+      keep.push(c);
+    }
+    this._queue = keep.reverse();
+    this._qHead = 0;
+    this._qLines = lines;
+    this._qBound = 2 * lines;
   }
 
   /** Replace everything with the kernel's tails (its answer to a replay request). */
@@ -206,6 +330,11 @@ export class LiveOutput {
   ): void {
     this._ranks.clear();
     this._order = [];
+    // what was queued is older than the tails
+    this._queue = [];
+    this._qHead = 0;
+    this._qLines = 0;
+    this._qElided = {};
     const u = emptyUpdate(true);
     this._addElided(elided ?? {}, u);
     for (const [key, chunks] of Object.entries(tails ?? {})) {
@@ -470,6 +599,12 @@ export class LiveOutput {
     }
   }
 
+  private _queue: Array<readonly [number, string, unknown]> = [];
+  private _qHead = 0;
+  private _qLines = 0;
+  private _qBound = 0;
+  private _qElided: Record<string, number> = {};
+  private _drainScheduled = false;
   private _ranks = new Map<number, IRankOutput>();
   /** Every placement in order; an entry placed twice (a bar that landed) counts at its last one. */
   private _order: Entry[] = [];
@@ -501,6 +636,8 @@ export const WINDOW = 200;
 const MORE = 1000;
 /** Updates held for one frame beyond which the next frame redraws the pane from the model. */
 const PENDING_MAX = 20000;
+/** Output is drawn at most once per this many ms (a flood's frames would each redraw the window). */
+const MIN_DRAW_MS = 50;
 /** More bars than this at the bottom of the merged view: they scroll with the output. */
 const STICKY_BARS_MAX = 6;
 
@@ -942,12 +1079,26 @@ export class LiveView {
   /** Draw what changed since the last frame: one batch of DOM writes, then one scroll. */
   private _flush(): void {
     this._frame = null;
-    const p = this._pending;
-    this._pending = noPending();
     const flow = this._flow;
     const out = this._out;
     if (this._disposed || this._selected === null || !flow || !out) {
+      this._pending = noPending();
       return;
+    }
+    // at most one draw per MIN_DRAW_MS: under a flood each draw replaces most of the window anyway
+    const now = performance.now();
+    if (!this._pending.reset && now - this._drawnAt < MIN_DRAW_MS) {
+      this._frame = requestAnimationFrame(() => this._flush());
+      return;
+    }
+    this._drawnAt = now;
+    const p = this._pending;
+    this._pending = noPending();
+    // read before any write (the last frame's layout is still valid): once the pane is full it gets
+    // a fixed height and strict containment, so its lines never relayout the notebook around it
+    if (this._live && !this._full && out.scrollHeight > out.clientHeight + 1) {
+      this._full = true;
+      out.classList.add('nbs-mod-full');
     }
     if (p.reset || [...p.cleared].some(r => this._mine(r))) {
       this._build();
@@ -1006,6 +1157,8 @@ export class LiveView {
     const output = this._src.output;
     flow.textContent = '';
     this._nodes.clear();
+    this._full = false;
+    this._out?.classList.remove('nbs-mod-full');
     const all = sel === 'merged' ? output.merged() : output.entries(sel);
     const frag = document.createDocumentFragment();
     for (let i = Math.max(0, all.length - this._cap); i < all.length; i++) {
@@ -1228,6 +1381,8 @@ export class LiveView {
   private _version = new WeakMap<Element, number>();
   private _pending: IPending = noPending();
   private _frame: number | null = null;
+  private _drawnAt = -Infinity;
+  private _full = false;
   private _unsubscribe: () => void;
   private _timer: number | null = null;
   private _disposed = false;

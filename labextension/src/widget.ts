@@ -3,7 +3,7 @@
  * file (`nbspawn/_static/widget.js`), so it runs in every frontend anywidget supports
  * (JupyterLab, Notebook 7, VS Code, Colab), with or without this package's labextension.
  *
- * Kernel side: `nbspawn/_view_widget.py`.  Protocol:
+ * Kernel side: `nbspawn/views/_widget.py`.  Protocol:
  *
  * - synced traits: `header` (the run record of docs/run-bundle.md without `ranks`, plus `elapsed`
  *   seconds and `stopping`), `ranks` (rank records without `output`), `error`;
@@ -81,7 +81,8 @@ class LiveRun implements ILiveSource {
     const m = record(msg);
     if (m.type === 'output' && Array.isArray(m.chunks)) {
       // [rank, stream, text] and [rank, "display", item]; LiveOutput skips malformed ones
-      this.output.append(m.chunks as [number, string, unknown][], record(m.elided) as Record<string, number>);
+      // only queued here: parsed in animation frames, a budget at a time
+      this.output.feed(m.chunks as [number, string, unknown][], record(m.elided) as Record<string, number>);
     } else if (m.type === 'replay') {
       this.output.reset(
         record(m.tails) as Record<string, [string, unknown][]>,

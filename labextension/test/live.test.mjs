@@ -156,3 +156,56 @@ test('the clock', () => {
   assert.equal(formatElapsed(65), '1 min 05 s');
   assert.equal(formatElapsed(3725), '1 h 02 min');
 });
+
+test('queued output is parsed a budget at a time, in order, and told to views once per drain', () => {
+  const out = new LiveOutput();
+  const updates = [];
+  out.subscribe(u => updates.push(u));
+  out.enqueue([[0, 'stdout', 'a\n'], [1, 'stdout', 'b\n']], { 0: 3 });
+  out.enqueue([[0, 'stdout', 'c\n']]);
+  // nothing parsed yet: the message handler only queued
+  assert.equal(out.queued, 3);
+  assert.deepEqual(out.entries(0), []);
+  assert.equal(updates.length, 0);
+  // a zero budget still makes progress (a few chunks), the rest waits
+  const many = Array.from({ length: 100 }, (_, i) => [0, 'stdout', `x${i}\n`]);
+  out.enqueue(many);
+  assert.equal(out.drain(0), true);
+  assert.ok(out.queued > 0 && out.queued < 103);
+  assert.equal(updates.length, 1);
+  assert.equal(out.elided(0), 3);
+  while (out.drain(0)) {
+    // next frame
+  }
+  assert.equal(out.queued, 0);
+  assert.deepEqual(out.entries(0).slice(0, 3).map(text), ['a', 'c', 'x0']);
+  assert.deepEqual(out.entries(0).slice(-1).map(text), ['x99']);
+  assert.deepEqual(out.entries(1).map(text), ['b']);
+  // nothing queued: no update
+  const n = updates.length;
+  assert.equal(out.drain(), false);
+  assert.equal(updates.length, n);
+});
+
+test('a rank flooding faster than frames: queued text beyond what the flow keeps is dropped unparsed, as elided', () => {
+  const out = new LiveOutput(10);
+  // a display item queued early survives the drop; rank 1's few lines are untouched
+  out.enqueue([[0, 'display', { data: { 'text/plain': 'kept item' } }], [1, 'stdout', 'one\n']]);
+  for (let i = 0; i < 2000; i++) {
+    out.enqueue([[0, 'stdout', `line ${i}\nmore ${i}\n`]]);
+  }
+  assert.ok(out.queued < 2000, `queue bounded: ${out.queued}`);
+  out.drain();
+  const kept = out.entries(0).map(text);
+  assert.equal(kept.length, 10);
+  assert.deepEqual(kept.slice(-2), ['line 1999', 'more 1999']);
+  // every line is either kept or counted: 4000 lines and the item, 10 entries kept
+  assert.equal(out.elided(0) + kept.filter(t => !t.startsWith('[')).length, 4000);
+  assert.deepEqual(out.entries(1).map(text), ['one']);
+  // a replay replaces what was queued
+  out.enqueue([[0, 'stdout', 'old\n']]);
+  out.reset({ 0: [['stdout', 'fresh\n']] });
+  assert.equal(out.queued, 0);
+  out.drain();
+  assert.deepEqual(out.entries(0).map(text), ['fresh']);
+});
