@@ -201,3 +201,23 @@ def test_stop_a_background_run(kernel, scripts):
     again = ok(kernel, "again = %spawn --bg -n 1 -- sh -c 'sleep 300'\n%spawn stop " + "{again.run_id}")
     assert "stopped" in again.stdout
     assert ok(kernel, "print(again.done, again.status)").stdout.split() == ["True", "stopped"]
+
+
+def test_what_a_rank_started_dies_with_a_sigkilled_kernel(fresh_kernel, tmp_path):
+    """A program's children (and a cell's) have no pdeathsig of their own: the kernel's watcher kills
+    the ranks' process groups when the kernel is gone, however it ended."""
+    (tmp_path / "spawner.py").write_text("import subprocess, time\nsubprocess.Popen(['sleep', '301'])\ntime.sleep(300)\n")
+    ok(fresh_kernel, f"import os; os.chdir({str(tmp_path)!r})")
+    ok(fresh_kernel, "run = %spawn --bg -n 2 -- spawner.py")
+    ok(fresh_kernel, "%%spawn --bg -n 1\nimport subprocess, time\nsubprocess.Popen(['sleep', '302'])\ntime.sleep(300)")
+    deadline = time.monotonic() + 60
+    kids: list[psutil.Process] = []
+    while time.monotonic() < deadline:
+        kids = [p for p in descendants(fresh_kernel.pid) if p.name() == "sleep"]
+        if len(kids) == 3:
+            break
+        time.sleep(0.1)
+    assert len(kids) == 3, kids
+    os.kill(fresh_kernel.pid, signal.SIGKILL)
+    _gone, alive = psutil.wait_procs(kids, timeout=10)
+    assert alive == []

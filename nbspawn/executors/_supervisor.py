@@ -44,6 +44,7 @@ from ..handoff import _shm
 from ..handoff._names import discard_outputs, receive_outputs
 from ..ranks._capture import stdio_streams
 from ..ranks._cell import EXIT_INTERRUPTED, run_rank
+from . import _reaper
 
 # How often new output is looked for: soon after output arrived, then backing off while ranks are
 # quiet, so a long silent run costs the kernel almost nothing. Exits wake the loop at once anyway.
@@ -367,6 +368,8 @@ class _Supervisor:
         now = time.time()
         with _interrupts_deferred() as interrupted:
             self.pids = self.executor.start(self.run)
+        if not self.executor.keeps_ranks:  # a kept world tells the watcher itself, for its whole life
+            _reaper.watch(self.pids)
         for rank, pid in enumerate(self.pids):
             state = self.run.ranks[rank]
             state.pid, state.started_at, state.status = pid, now, "running"
@@ -566,6 +569,8 @@ class _Supervisor:
         if self.executor.keeps_ranks and self.alive and self.lost is None:
             self.lost = "its cell did not finish"  # an error in the supervisor itself
         self.executor.cleanup(lose=self.lost is not None)
+        if not self.executor.keeps_ranks:
+            _reaper.forget(self.pids)
         self.run.world_lost = self.lost
         self.alive.clear()
         self.run.close_logs()

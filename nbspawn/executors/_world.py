@@ -34,6 +34,7 @@ from .._run import Run
 from .._spec import RunSpec, new_run_id
 from ..errors import SpawnUsageError
 from ..ranks._world import EXITED, INTERRUPTED, OK, RAISED, WorldJob, run_world_rank
+from . import _reaper
 
 STOP_WAIT = 5.0  # how long ``stop`` waits for ranks to leave on their own before killing them
 
@@ -51,6 +52,7 @@ class World:
     state: str = "starting"  # starting | idle | running | lost | stopped
     started_at: float = field(default_factory=time.time)
     lost_because: str | None = None
+    killed: bool = False
 
     @property
     def pids(self) -> list[int]:
@@ -91,6 +93,7 @@ class World:
         self.processes = list(context.processes)
         self.conns = [parent for parent, _child in pipes]
         self.state = "idle"
+        _reaper.watch(self.pids)
 
     def stop(self, wait: float = STOP_WAIT) -> None:
         """Ask every rank to leave (its process group is destroyed), then make sure nothing is left."""
@@ -110,6 +113,10 @@ class World:
         """Every rank and whatever it started, killed and reaped; pipes closed."""
         from ._supervisor import _signal_group
 
+        if self.killed:
+            return
+        self.killed = True
+        pids = [process.pid for process in self.processes if process.pid is not None]
         for process in self.processes:
             if process.exitcode is None:
                 _signal_group(process.pid, signal.SIGKILL)
@@ -122,6 +129,7 @@ class World:
         for conn in self.conns:
             conn.close()
         self.conns = []
+        _reaper.forget(pids)
 
     def status(self) -> dict[str, Any]:
         return {
