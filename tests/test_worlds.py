@@ -72,8 +72,9 @@ def test_state_names_and_group_are_kept_on_the_same_processes(kernel, world, met
     assert re.search(rf"^{world}\s+world {method}/gloo\s+2\s+idle\s+2 cells\s+\d+,\d+", status, re.M), status
 
 
-def test_a_failed_cell_interrupts_the_others_and_the_world_survives(kernel, world):
-    first = ok(kernel, f"%%spawn --world {world} -n 3\nimport os, time\nmodel = 'loaded'\nprint('pid', os.getpid())")
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_a_failed_cell_interrupts_the_others_and_the_world_survives(kernel, world, method):
+    first = ok(kernel, f"%%spawn --world {world} -n 3 --start-method {method}\nimport os, time\nmodel = 'loaded'\nprint('pid', os.getpid())")
     result = run(
         kernel,
         f"%%spawn --world {world}\n"
@@ -92,8 +93,13 @@ def test_a_failed_cell_interrupts_the_others_and_the_world_survives(kernel, worl
     assert all(rank_lines(after.stdout, r)[0].endswith("loaded") for r in range(3))
 
 
-def test_a_hung_collective_loses_the_world_within_the_grace_period(kernel, world):
-    first = ok(kernel, f"%%spawn --world {world} -n 2 --backend gloo --grace-period 1\nimport os, torch, torch.distributed as dist\nprint('pid', os.getpid())")
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_hung_collective_loses_the_world_within_the_grace_period(kernel, world, method):
+    first = ok(
+        kernel,
+        f"%%spawn --world {world} -n 2 --start-method {method} --backend gloo --grace-period 1\n"
+        "import os, torch, torch.distributed as dist\nprint('pid', os.getpid())",
+    )
     started = time.monotonic()
     result = run(
         kernel,
