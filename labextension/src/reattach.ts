@@ -340,6 +340,13 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
         if (this._mode !== 'delegate') {
           this._backToDelegate();
         }
+        // the widget shows the run: stop watching its subtree, which a flood rewrites every frame
+        this._observer?.disconnect();
+        this._observer = null;
+        if (this._delegateTimer !== null) {
+          window.clearInterval(this._delegateTimer);
+          this._delegateTimer = null;
+        }
         return;
       }
       if (this._mode !== 'delegate') {
