@@ -19,6 +19,8 @@ import threading
 
 _WATCHER = r"""
 import os, signal, sys
+if os.fork():  # the kernel reaps this one; the watcher goes on outside the kernel's process tree
+    os._exit(0)
 groups = set()
 for line in sys.stdin:
     sign, pgid = line[:1], line[1:].strip()
@@ -32,26 +34,29 @@ for pgid in groups:
 """
 
 _lock = threading.Lock()
-_watcher: subprocess.Popen | None = None
+_fd = -1  # the write end of the watcher's pipe: only the kernel holds it (no file object to finalize)
 
 
-def _pipe() -> subprocess.Popen | None:
-    global _watcher
+def _pipe() -> int:
+    global _fd
     with _lock:
-        if _watcher is None or _watcher.poll() is not None:
+        if _fd < 0:
+            read, write = os.pipe()  # both close-on-exec; Popen gives the read end to the starter
             try:
-                _watcher = subprocess.Popen(
+                starter = subprocess.Popen(
                     [sys.executable, "-S", "-c", _WATCHER],
-                    stdin=subprocess.PIPE,
+                    stdin=read,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                     start_new_session=True,  # not in the kernel's group: an interrupt must not reach it
-                    text=True,
-                    bufsize=1,
                 )
+                starter.wait()  # it forked the watcher and left
+                _fd = write
             except OSError:
-                _watcher = None
-        return _watcher
+                os.close(write)
+            finally:
+                os.close(read)
+        return _fd
 
 
 def watch(pgids: list[int]) -> None:
@@ -63,30 +68,27 @@ def forget(pgids: list[int]) -> None:
 
 
 def _send(text: str) -> None:
-    watcher = _pipe()
-    if watcher is None or watcher.stdin is None or not text:
+    global _fd
+    fd = _pipe()
+    if fd < 0 or not text:
         return
     try:
-        watcher.stdin.write(text)
-        watcher.stdin.flush()
-    except (BrokenPipeError, OSError, ValueError):
-        pass
-
-
-def watcher_pid() -> int | None:
-    """The watcher's pid, if it runs (tests use it)."""
-    return _watcher.pid if _watcher is not None and _watcher.poll() is None else None
+        os.write(fd, text.encode())
+    except OSError:  # the watcher is gone: the next call starts another
+        with _lock:
+            os.close(fd)
+            _fd = -1
 
 
 def _reset_after_fork() -> None:
-    """A forked child (a rank) must not write to the kernel's watcher, nor hold its pipe open."""
-    global _watcher
-    if _watcher is not None and _watcher.stdin is not None:
+    """A forked child (a rank) must not hold the kernel's end of the watcher's pipe open."""
+    global _fd
+    if _fd >= 0:
         try:
-            os.close(_watcher.stdin.fileno())
+            os.close(_fd)
         except OSError:
             pass
-    _watcher = None
+    _fd = -1
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)

@@ -111,7 +111,7 @@ class Executor(Protocol):
 
     def start(self, run: Run) -> list[int]: ...  # pids in rank order; on failure, nothing left running
     def waitables(self, rank: int) -> list[Any]: ...  # ready when the rank's cell ends or it dies
-    def ended(self, rank: int, ready: Any) -> tuple[int, bool]: ...  # (exit code, the process died)
+    def ended(self, rank: int, ready: Any) -> tuple[int, bool] | None: ...  # (exit code, died), or None: not ended
     def cleanup(self, lose: bool) -> None: ...  # leave nothing running that should not be
 
 
@@ -160,16 +160,18 @@ def _finish(run: Run, view: RunView, supervisor: _Supervisor, supervise: bool = 
             if supervise:
                 supervisor.supervise()
         finally:
-            supervisor.cleanup()
-            try:
-                run.error = supervisor.outcome()
-                if run.error is None and spec.out_names:
-                    _bring_outputs_home(run)
-            finally:
-                if spec.shm_prefix:  # whatever a failed or killed run left: /dev/shm files and their handles
-                    _shm.sweep(spec.shm_prefix)
-                    discard_outputs([state.dir for state in run.ranks])
-        view.finished(run)
+            # the ranks are gone: an interrupt now has nothing to stop, and must not lose the frozen view
+            with _interrupts_deferred():
+                supervisor.cleanup()
+                try:
+                    run.error = supervisor.outcome()
+                    if run.error is None and spec.out_names:
+                        _bring_outputs_home(run)
+                finally:
+                    if spec.shm_prefix:  # whatever a failed or killed run left: /dev/shm files and their handles
+                        _shm.sweep(spec.shm_prefix)
+                        discard_outputs([state.dir for state in run.ranks])
+                view.finished(run)
     finally:
         run._done.set()
 
@@ -361,6 +363,7 @@ class _Supervisor:
         self.end_order: list[int] = []
         self.lost: str | None = None  # a kept world that cannot go on: why
         self.stopped_by: str | None = None  # "Stop button" | "run.stop()"
+        self.interrupted_after_stop = False
 
     # -- starting ---------------------------------------------------------------------------------
 
@@ -432,9 +435,12 @@ class _Supervisor:
             self.view.output(rank, "stdout", str(item["text"]).rstrip("\n") + "\n")
 
     def _reap(self, rank: int, waitable: Any) -> None:
+        ended = self.executor.ended(rank, waitable)
+        if ended is None:  # news from the rank, not its end (a kept world's rank began the cell)
+            return
         for other in [w for w, r in self.alive.items() if r == rank]:
             del self.alive[other]
-        code, died = self.executor.ended(rank, waitable)
+        code, died = ended
         state = self.run.ranks[rank]
         state.ended_at = time.time()
         state.exit_code = code
@@ -503,6 +509,10 @@ class _Supervisor:
             self._escalate()
 
     def _on_interrupt(self) -> None:
+        if self.stop_reason == "stop" and not self.interrupted_after_stop:
+            # the same request again: the page falls back on an interrupt when Stop seems unheard
+            self.interrupted_after_stop = True
+            return
         if self.stop_reason in (None, "failure", "timeout") and self.stage != "sigkill":
             if self.stop_reason is None:
                 self._begin_stop("interrupt")
@@ -554,15 +564,19 @@ class _Supervisor:
         self.escalate_at = time.monotonic() + self.spec.grace_period
 
     def _send(self, sig: int) -> None:
+        deliver = getattr(self.executor, "signal", None)  # an executor may know better when a rank can take it
         for rank in sorted(set(self.alive.values())):
             self.signalled.add(rank)
-            _signal_group(self.pids[rank], sig)
+            if deliver is not None:
+                deliver(rank, sig)
+            else:
+                _signal_group(self.pids[rank], sig)
 
     # -- the end ----------------------------------------------------------------------------------
 
     def cleanup(self) -> None:
         """Leave nothing behind: no rank, no zombie, no descriptor, no process a rank started."""
-        with _interrupts_deferred():  # an impatient second Ctrl-C must not leave ranks unreaped
+        with _interrupts_deferred():  # an impatient second Ctrl-C must not leave ranks unreaped (nested: fine)
             self._cleanup()
 
     def _cleanup(self) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 from .._run import Run
 from .._spec import RunSpec, new_run_id
 from ..errors import SpawnUsageError
-from ..ranks._world import EXITED, INTERRUPTED, OK, RAISED, WorldJob, run_world_rank
+from ..ranks._world import EXITED, INTERRUPTED, OK, RAISED, STARTED, WorldJob, run_world_rank
 from . import _reaper
 
 STOP_WAIT = 5.0  # how long ``stop`` waits for ranks to leave on their own before killing them
@@ -153,6 +153,17 @@ class WorldCell:
     def __init__(self, world: World, job: WorldJob) -> None:
         self.world = world
         self.job = job
+        self.started: set[int] = set()  # ranks that said they run the cell (and can be interrupted)
+        self.held: dict[int, int] = {}  # rank -> SIGINT held until it has started the cell
+
+    def signal(self, rank: int, sig: int) -> None:
+        """A rank that has not begun the cell would ignore SIGINT (idle ranks do): hold it until it has."""
+        from ._supervisor import _signal_group
+
+        if sig == signal.SIGINT and rank not in self.started:
+            self.held[rank] = sig
+            return
+        _signal_group(self.world.pids[rank], sig)
 
     def start(self, run: Run) -> list[int]:
         self.world.state = "running"
@@ -165,7 +176,7 @@ class WorldCell:
     def waitables(self, rank: int) -> list[Any]:
         return [self.world.conns[rank], self.world.processes[rank].sentinel]
 
-    def ended(self, rank: int, ready: Any) -> tuple[int, bool]:
+    def ended(self, rank: int, ready: Any) -> tuple[int, bool] | None:
         from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
 
         conn = self.world.conns[rank]
@@ -175,6 +186,11 @@ class WorldCell:
             except (EOFError, OSError):
                 pass  # the rank is gone: its sentinel says how
             else:
+                if outcome == STARTED:
+                    self.started.add(rank)
+                    if rank in self.held:
+                        self.signal(rank, self.held.pop(rank))
+                    return None
                 return {OK: 0, RAISED: EXIT_RAISED, INTERRUPTED: EXIT_INTERRUPTED, EXITED: code}.get(outcome, 1), False
         process = self.world.processes[rank]
         process.join()

@@ -28,6 +28,7 @@ from . import _cell as _rank
 from ._capture import finished, redirect_output
 
 OK, RAISED, INTERRUPTED, EXITED = "ok", "raised", "interrupted", "exited"
+STARTED = "started"  # sent once the rank can be interrupted: the kernel holds SIGINT for it until then
 
 
 @dataclass
@@ -83,7 +84,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any]) -> None:
         os.environ.update(job.env)
         os.environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(rank_dir, "error.json")
         try:
-            outcome = _serve(job, rank, spec, namespace, own, group)
+            outcome = _serve(job, rank, spec, namespace, own, group, conn)
         except KeyboardInterrupt:  # an interrupt that came as the cell was ending
             signal.signal(signal.SIGINT, _ignore_interrupt)
             outcome = INTERRUPTED, 1
@@ -101,11 +102,14 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any]) -> None:
     _rank._flush()
 
 
-def _serve(job: WorldJob, rank: int, spec: Any, namespace: dict[str, Any], own: set[str], group: list[Any]) -> tuple[str, int]:
+def _serve(
+    job: WorldJob, rank: int, spec: Any, namespace: dict[str, Any], own: set[str], group: list[Any], conn: Any
+) -> tuple[str, int]:
     """Run one cell; interrupts reach it only while it runs. Returns (outcome, exit code)."""
     rank_dir = job.rank_dir(rank)
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        conn.send((STARTED, 0))  # from here an interrupt is this cell's: the kernel may send it now
         if not group:
             group.append(_rank.init_process_group(spec.backend, rank))
         _run(job, rank, namespace, own)
