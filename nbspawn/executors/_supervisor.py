@@ -42,7 +42,7 @@ from ..errors import (
 )
 from ..handoff import _shm
 from ..handoff._names import discard_outputs, receive_outputs
-from ..ranks._capture import stdio_streams
+from ..ranks._capture import rank_classes, stdio_streams
 from ..ranks._cell import EXIT_INTERRUPTED, run_rank
 from . import _reaper
 
@@ -304,6 +304,8 @@ class FreshRanks:
         elif spec.start_method == "fork":
             spec.compiled = spec.cell.compile()
             stdio_streams()
+            if "IPython" in sys.modules:
+                rank_classes()  # made once here, inherited by every forked rank
             inherited = spec.shared_env()
             spec.shared_env_inherited = True
         with _environment(inherited), _one_flush():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import io
 import json
 import os
@@ -176,8 +177,10 @@ def write_display(record: dict[str, Any]) -> None:
         _ordered.write(DISPLAY, data)
 
 
-def _capture_display(rich: bool) -> None:
-    """Make display() (and everything built on it) write to display.jsonl."""
+@functools.cache
+def rank_classes() -> tuple[type, type | None]:
+    """The display publisher and comm a rank uses, made once: in the kernel before it forks (so forked
+    ranks inherit them: a traitlets class costs milliseconds to make), else in the rank."""
     from IPython.core.displaypub import DisplayPublisher
 
     class RankDisplayPublisher(DisplayPublisher):
@@ -189,12 +192,39 @@ def _capture_display(rich: bool) -> None:
         def clear_output(self, wait: bool = False) -> None:
             write_display({"clear": True, "wait": wait})
 
+    try:
+        from comm.base_comm import BaseComm
+    except ImportError:  # pragma: no cover - comm comes with ipykernel
+        return RankDisplayPublisher, None
+
+    class RankComm(BaseComm):
+        """A widget's comm in a rank: its state goes to display.jsonl, nothing to a frontend."""
+
+        def publish_msg(self, msg_type: str, data=None, metadata=None, buffers=None, **keys: Any) -> None:
+            if msg_type == "comm_open":
+                if keys.get("target_name") == "jupyter.widget" and isinstance(data, dict):
+                    write_display({"widget": self.comm_id, "state": data.get("state", {}), "open": True})
+            elif msg_type == "comm_msg":
+                if isinstance(data, dict) and data.get("method") == "update":
+                    write_display({"widget": self.comm_id, "state": data.get("state", {})})
+            elif msg_type == "comm_close" and not _finished:  # not the clean-up at exit
+                write_display({"widget": self.comm_id, "closed": True})
+
+    return RankDisplayPublisher, RankComm
+
+
+def _capture_display(rich: bool) -> None:
+    """Make display() (and everything built on it) write to display.jsonl."""
+    if not rich and "IPython" not in sys.modules:
+        return  # plain Python, plain view: there is no display() to capture
     shell = _rank_shell(rich)
     if shell is None:
         return
+    publisher, rank_comm = rank_classes()
     _silence_the_kernel(shell)
-    shell.display_pub = RankDisplayPublisher(shell=None)
-    _capture_comms()
+    shell.display_pub = publisher(shell=None)
+    if rank_comm is not None:
+        _capture_comms(rank_comm)
 
 
 def _rank_shell(rich: bool) -> Any:
@@ -233,27 +263,13 @@ def _drop(*_args: Any, **_kwargs: Any) -> None:
     return None
 
 
-def _capture_comms() -> None:
+def _capture_comms(rank_comm: type) -> None:
     """Widgets made in a rank (tqdm.notebook's bar) keep their state here and record it in display.jsonl."""
-    try:
-        import comm
-        from comm.base_comm import BaseComm, CommManager
-    except ImportError:  # pragma: no cover - comm comes with ipykernel
-        return
-
-    class RankComm(BaseComm):
-        def publish_msg(self, msg_type: str, data=None, metadata=None, buffers=None, **keys: Any) -> None:
-            if msg_type == "comm_open":
-                if keys.get("target_name") == "jupyter.widget" and isinstance(data, dict):
-                    write_display({"widget": self.comm_id, "state": data.get("state", {}), "open": True})
-            elif msg_type == "comm_msg":
-                if isinstance(data, dict) and data.get("method") == "update":
-                    write_display({"widget": self.comm_id, "state": data.get("state", {})})
-            elif msg_type == "comm_close" and not _finished:  # not the clean-up at exit
-                write_display({"widget": self.comm_id, "closed": True})
+    import comm
+    from comm.base_comm import CommManager
 
     manager = CommManager()
-    comm.create_comm = RankComm
+    comm.create_comm = rank_comm
     comm.get_comm_manager = lambda: manager
 
 
