@@ -179,6 +179,7 @@ class RankStreams:
             if self.line_open[stream]:
                 events.append(Event(self.rank, STREAMS[stream], "\n"))  # close the line the view has open
                 self.line_open[stream] = False
+                skipped = max(0, skipped - 1)  # the first newline skipped ended that line: shown, not skipped
             if skipped:
                 events.append(Event(self.rank, "skipped", skipped))
         else:
