@@ -27,6 +27,7 @@ from ..events._display import WIDGET_MIME
 from ._tail import ANSI, TAIL_LINES, Display, Entry, Line, OutputTail
 
 MIME = "application/vnd.nbspawn.run+json"
+NEWLINE = "&#10;"
 VERSION = 2
 __all__ = ["MIME", "TAIL_LINES", "FrozenRun", "OutputTail", "json_size", "rank_record", "run_record", "tail_within"]
 
@@ -188,7 +189,9 @@ def line_html(line: Line) -> str:
         last = match.end()
     if last < len(text):
         parts.append(_run_html(text[last:], state))
-    end = "\n" if line.complete else ""
+    # a character reference, not a newline: nbformat saves a string with newlines as one JSON string
+    # per line, which would add ~10 bytes a line to the saved notebook
+    end = NEWLINE if line.complete else ""
     return f'<span data-s="{_STREAM_CODE.get(line.stream, "o")}">{"".join(parts)}{end}</span>'
 
 
@@ -314,7 +317,7 @@ def display_html(item: dict[str, Any]) -> str:
         return f'<div{attr}><img src="data:image/svg+xml;base64,{encoded}"{size} style="max-width:100%"></div>'
     if mime == "text/html":
         return f"<div{attr}>{balanced_html(str(value))}</div>"
-    text = html.escape(str(value), quote=False)
+    text = html.escape(str(value), quote=False).replace("\n", NEWLINE)
     return f'<div{attr}><pre style="margin:0;white-space:pre-wrap">{text}</pre></div>'
 
 
@@ -352,7 +355,7 @@ def to_html(record: dict, outputs: dict[int, list[Entry]]) -> str:
         if rank["traceback"]:
             parts.append(
                 '<pre data-traceback style="background:#ffebe9;color:#82071e;padding:6px;white-space:pre-wrap;margin:2px 0">'
-                f"{e(rank['traceback'])}</pre>"
+                f"{e(rank['traceback']).replace(chr(10), NEWLINE)}</pre>"
             )
         body = []
         if rank["elided_lines"]:
