@@ -105,6 +105,7 @@ def test_a_hung_collective_loses_the_world_within_the_grace_period(kernel, world
         kernel,
         f"%%spawn --world {world} --grace-period 1\n"
         "if os.environ['RANK'] == '0':\n"
+        "    import time; time.sleep(1.5)\n"  # rank 1 is in the collective by then, in C
         "    raise RuntimeError('rank 0 gives up')\n"
         "dist.all_reduce(torch.ones(1))\n",  # rank 1 waits in C for rank 0, forever
     )
