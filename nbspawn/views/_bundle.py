@@ -416,7 +416,7 @@ class FrozenRun:
         max_bytes = run.spec.max_saved_bytes if max_bytes is None else max_bytes
         elided = {rank: tail.elided_lines for rank, tail in tails.items()}
         record = run_record(run, elided)
-        fixed = sum(json_size(part) for part in (json.dumps(record, ensure_ascii=False), to_text(record), to_html(record, {})))
+        fixed = _saved_size(record) + json_size(to_text(record)) + json_size(to_html(record, {})) + SAVED_ENVELOPE
         outputs, left_out = _share(tails, max(0, max_bytes - fixed))
         for rank in record["ranks"]:
             rank["elided_lines"] += left_out.get(rank["rank"], 0)
@@ -426,6 +426,15 @@ class FrozenRun:
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         return {MIME: self.record, "text/html": self.html, "text/plain": self.text}
+
+
+SAVED_ENVELOPE = 1024  # the output's own keys in the notebook, and the text/plain's line breaks
+
+
+def _saved_size(record: dict) -> int:
+    """The record's bytes as nbformat writes it: indented one space a level, about six levels deep."""
+    text = json.dumps(record, indent=1, ensure_ascii=False)
+    return len(text.encode("utf-8", "surrogatepass")) + 6 * text.count("\n")
 
 
 def _share(tails: dict[int, OutputTail], room: int) -> tuple[dict[int, list[Entry]], dict[int, int]]:
