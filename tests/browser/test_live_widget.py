@@ -201,7 +201,12 @@ def test_lab_live_run_stop_and_reload(lab, browser, artifacts):
         stop = live.locator(".nbs-Stop")
         stop.click()
         clicked = time.monotonic()
-        sync_api.expect(stop).to_contain_text("Stopping")
+        # the button says it is stopping, unless the run was already over and frozen by then
+        _wait(
+            pg,
+            "c => !!c.querySelector('.nbs-RunRenderer .nbs-Run') || /Stopping/.test(c.querySelector('.nbs-Stop')?.textContent || '')",
+            forever.element_handle(),
+        )
         frozen2 = forever.locator(".nbs-RunRenderer .nbs-Run")
         frozen2.wait_for(timeout=20_000)
         took = time.monotonic() - clicked
