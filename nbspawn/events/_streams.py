@@ -73,8 +73,12 @@ class RankStreams:
         if budget is not None:
             self._apply_budget(spans, budget)
         events: list[Event] = []
-        for stream, start, end, keep_from in spans:
-            self._emit(stream, start, end, keep_from, events)
+        last = {span[0]: i for i, span in enumerate(spans)}
+        for i, (stream, start, end, keep_from) in enumerate(spans):
+            # under a budget, a line still being written waits for its end (a bar being redrawn does
+            # not): shown half, then skipped, it would stay cut in the view
+            hold = budget is not None and last[stream] == i
+            self._emit(stream, start, end, keep_from, events, hold)
         return events
 
     def close(self) -> list[Event]:
@@ -153,7 +157,7 @@ class RankStreams:
                     span[3] = span[2] - room  # keep_from; _emit moves it to a line's start
                     room = 0
 
-    def _emit(self, stream: int, start: int, end: int, keep_from: int, events: list[Event]) -> None:
+    def _emit(self, stream: int, start: int, end: int, keep_from: int, events: list[Event], hold: bool = False) -> None:
         fd = self.fds[stream]
         if stream == DISPLAY:
             data = self.display_buf + os.pread(fd, end - start, start)
@@ -184,6 +188,11 @@ class RankStreams:
                 events.append(Event(self.rank, "skipped", skipped))
         else:
             kept = os.pread(fd, end - start, start)
+        if hold:
+            tail = kept[kept.rfind(b"\n") + 1 :]
+            if tail and b"\r" not in tail:
+                kept = kept[: len(kept) - len(tail)]
+                end -= len(tail)  # read again next time, with the rest of its line
         self.pos[stream] = end
         text = self.decoders[stream].decode(kept)
         if text:
