@@ -60,6 +60,8 @@ def launch(
     share: str | list[str] | None = None,
     out: str | list[str] | None = None,
     world: str | None = None,
+    cluster: Any = None,
+    nodes: int | None = None,
     background: bool = False,
     echo: bool = False,
     view: RunView | None = None,
@@ -76,6 +78,8 @@ def launch(
     rank.  ``world`` runs the cell on the kept world of that name (started with these options if
     new; see :func:`worlds` and :func:`stop`).  A list instead of source is a program and its
     arguments (``["train.py", "--lr", "0.1"]``), run on every rank as ``%spawn -- ...`` runs it.
+    ``cluster`` (an ipyparallel ``Client``, ``Cluster`` or ``DirectView``, or the name of one in
+    ``namespace``) runs on its nodes, ``nprocs`` ranks per node, on the first ``nodes`` of them.
     ``background`` returns the run at once: ``run.wait()`` joins it (and raises its error),
     ``run.stop()`` stops it.  ``echo`` prints each rank's output as ``[rank{r}]: `` lines.
     """
@@ -90,6 +94,22 @@ def launch(
         "log_dir": log_dir,
         "ranks": ranks,
     }
+    if cluster is not None:
+        from .executors._cluster import prepare_cluster
+
+        if world is not None or background:
+            raise SpawnUsageError("world and background do not work with a cluster yet")
+        names = {} if namespace is None else namespace
+        if not isinstance(cluster, str):
+            names, cluster = {**names, "<cluster>": cluster}, "<cluster>"
+        words = cell if isinstance(cell, list) else None
+        source = None if words is not None else CellSource(str(cell))
+        rich = bool(getattr(view, "rich", False))
+        spec, remote = prepare_cluster(cluster, names, source, program=words, nodes=nodes, share=share, out=out, rich=rich, **options)
+        run = execute(spec, view, remote)
+        if check:
+            run.raise_for_status()
+        return run
     if isinstance(cell, list):
         from .executors._program import ProgramRanks, parse_program
 

@@ -60,6 +60,9 @@ class SpawnMagics(Magics):
     world = Unicode(
         "", help="Run every %%spawn cell on the kept world of this name ('' : fresh ranks per cell; --fresh for one cell)."
     ).tag(config=True)
+    cluster = Unicode(
+        "", help="Run every %%spawn cell on this kernel variable's ipyparallel Client or Cluster ('' : this machine)."
+    ).tag(config=True)
     view = Unicode(
         "auto",
         help="How a run is shown: widget (live panes, frozen into a static view at the end), text "
@@ -116,6 +119,14 @@ class SpawnMagics(Magics):
     )
     @argument("--fresh", action="store_true", help="fresh ranks for this cell, even if SpawnMagics.world names a world")
     @argument(
+        "--cluster",
+        default=None,
+        metavar="NAME",
+        help="run on several nodes: NAME is a kernel variable holding a connected ipyparallel Client, Cluster "
+        "or DirectView; one engine per node starts that node's ranks (-n is then ranks per node)",
+    )
+    @argument("--nodes", default=None, metavar="N", help="with --cluster: use the first N nodes (default: all)")
+    @argument(
         "--bg",
         action="store_true",
         help="run in the background: the kernel is free at once; the run is returned (also nbspawn.last_run()), "
@@ -138,8 +149,12 @@ class SpawnMagics(Magics):
           %spawn status            the kept worlds: name, ranks, pids, state
           %spawn stop [NAME ...]   stop these worlds (all if no name); only their logs remain
 
+        With --cluster NAME (a kernel variable holding a connected ipyparallel Client or Cluster) the
+        cell runs on several nodes: -n ranks per node, on the first --nodes N nodes (default: all),
+        as torchrun would run it on each; one view, and the first failure anywhere stops every node.
+
         Defaults are configurable, e.g. %config SpawnMagics.nprocs = 8 (also start_method, backend,
-        timeout, grace_period, log_dir, view, world, max_saved_kb, max_image_kb).
+        timeout, grace_period, log_dir, view, world, cluster, max_saved_kb, max_image_kb).
         """
         if cell is None:
             return self._line(line)
@@ -152,17 +167,59 @@ class SpawnMagics(Magics):
         except ValueError as err:
             raise UsageError(str(err)) from None
         try:
-            spec, executor = self._prepare(args, cell, world.strip(), view)
+            executor: Executor | None
+            cluster = self._cluster(args, world.strip() if args.world is not None else "")
+            if cluster:
+                spec, executor = self._prepare_cluster(args, cluster, view, cell=cell)
+            else:
+                spec, executor = self._prepare(args, cell, world.strip(), view)
         except SpawnUsageError as err:  # IPython prints exactly UsageError as one line, no traceback
             raise UsageError(str(err)) from None
         except CellSyntaxError as err:
             raise UsageError(err.report()) from None
         return self._execute(spec, view, executor, args.bg)
 
+    def _cluster(self, args: argparse.Namespace, world: str) -> str:
+        """The cluster this run goes to ('' : this machine); what a cluster cannot do yet is said here."""
+        cluster = (self.cluster if args.cluster is None else args.cluster).strip()
+        if args.nodes is not None and not cluster:
+            raise SpawnUsageError("--nodes needs --cluster NAME (or %config SpawnMagics.cluster)")
+        if cluster and world:
+            raise SpawnUsageError("--world does not work with --cluster yet: a cluster runs each cell on fresh ranks")
+        if cluster and args.bg:
+            raise SpawnUsageError("--bg does not work with --cluster yet: a cluster run holds the kernel until it ends")
+        return cluster
+
+    def _prepare_cluster(
+        self, args: argparse.Namespace, cluster: str, view: RunView, cell: str | None = None, program: list[str] | None = None
+    ) -> tuple[RunSpec, Executor]:
+        from .executors._cluster import prepare_cluster
+
+        shell = self.shell
+        assert shell is not None  # a magic runs in a shell
+        source = None
+        cells = _cell_files(shell)
+        if cell is not None:
+            source = CellSource(cell, line_offset=1, label=f"Cell In[{_cell_number(shell, cells)}]")
+        spec, executor = prepare_cluster(
+            cluster, shell.user_ns, source, program=program, nodes=args.nodes, hidden=shell.user_ns_hidden,
+            share=args.share, out=args.out, rich=bool(getattr(view, "rich", False)),
+            nprocs=self.nprocs if args.nprocs is None else args.nprocs,
+            start_method=args.start_method or self.start_method, backend=args.backend or self.backend,
+            env=args.env, timeout=self.timeout if args.timeout is None else args.timeout,
+            grace_period=self.grace_period if args.grace_period is None else args.grace_period,
+            log_dir=args.log_dir or self.log_dir, ranks=args.ranks,
+            max_saved_kb=self.max_saved_kb, max_image_kb=self.max_image_kb,
+        )  # fmt: skip
+        spec.cell_numbers = cells
+        return spec, executor
+
     def _execute(self, spec: RunSpec, view: RunView, executor: Executor | None, background: bool) -> Run | None:
-        """One path for cells and programs, in the foreground or not."""
+        """One path for cells and programs, on this machine or a cluster, in the foreground or not."""
         for note in spec.notes:
             print(note, file=sys.stderr)
+        if spec.cluster is not None:
+            print(spec.cluster.describe())
         try:
             run = execute(spec, view, executor, background=background)
         except SpawnUsageError as err:
@@ -217,7 +274,12 @@ class SpawnMagics(Magics):
         args = parse_argstring(self.spawn, shlex.join(tokens[:cut]))
         try:
             view = self._view(args.view or self.view)
-            spec, executor = self._prepare_program(args, tokens[cut + 1 :])
+            cluster = self._cluster(args, "")
+            if cluster:
+                self._refuse_for_program(args)
+                spec, executor = self._prepare_cluster(args, cluster, view, program=tokens[cut + 1 :])
+            else:
+                spec, executor = self._prepare_program(args, tokens[cut + 1 :])
         except (ValueError, SpawnUsageError) as err:
             raise UsageError(str(err)) from None
         return self._execute(spec, view, executor, args.bg)
@@ -226,21 +288,7 @@ class SpawnMagics(Magics):
         from ._spec import build_spec
         from .executors._program import ProgramRanks, parse_program
 
-        pointless = [
-            (option, why)
-            for option, value, why in (
-                ("--share", args.share, "a program's ranks cannot map the kernel's tensors; pass it files, or run a cell"),
-                ("--out", args.out, "a program has no names to bring back; have it write files, or run a cell"),
-                ("--world", args.world, "a kept world runs cells; a program starts and ends its own processes"),
-                ("--start-method", args.start_method, "a program is always started as a new process"),
-                ("--backend", args.backend, "a program sets up its own process group (init_process_group())"),
-                ("--fresh", args.fresh or None, "a program always gets fresh ranks"),
-            )
-            if value is not None
-        ]
-        if pointless:
-            option, why = pointless[0]
-            raise SpawnUsageError(f"{option} does not apply to a program: {why}")
+        self._refuse_for_program(args)
         program = parse_program(words)
         spec = build_spec(
             CellSource("", label=str(program)),
@@ -256,6 +304,24 @@ class SpawnMagics(Magics):
         )
         spec.program = program
         return spec, ProgramRanks(spec, program)
+
+    @staticmethod
+    def _refuse_for_program(args: argparse.Namespace) -> None:
+        pointless = [
+            (option, why)
+            for option, value, why in (
+                ("--share", args.share, "a program's ranks cannot map the kernel's tensors; pass it files, or run a cell"),
+                ("--out", args.out, "a program has no names to bring back; have it write files, or run a cell"),
+                ("--world", args.world, "a kept world runs cells; a program starts and ends its own processes"),
+                ("--start-method", args.start_method, "a program is always started as a new process"),
+                ("--backend", args.backend, "a program sets up its own process group (init_process_group())"),
+                ("--fresh", args.fresh or None, "a program always gets fresh ranks"),
+            )
+            if value is not None
+        ]
+        if pointless:
+            option, why = pointless[0]
+            raise SpawnUsageError(f"{option} does not apply to a program: {why}")
 
     def _prepare(self, args: argparse.Namespace, cell: str, world: str, view: RunView) -> tuple[RunSpec, Executor | None]:
         shell = self.shell

@@ -30,6 +30,14 @@ class RankState:
     started_at: float | None = None
     ended_at: float | None = None
     failure: RankFailure | None = None
+    # A cluster run's rank: its node ("node 1 (hostb)") and where its logs are there ("hostb:/tmp/...");
+    # ``dir`` is then the kernel's copy of what the rank's agent reported (error.json, stacks.log).
+    node: str | None = None
+    remote_dir: str | None = None
+
+    def log_path(self, name: str) -> str:
+        """Where the user finds the rank's ``name`` log: here, or ``host:path`` on its node."""
+        return f"{self.remote_dir}/{name}" if self.remote_dir else os.path.join(self.dir, name)
 
     @property
     def stdout_path(self) -> str:

@@ -59,9 +59,19 @@ class RunSpec:
     max_image_bytes: int = 2 << 20  # images kept per run, live and saved
     max_saved_bytes: int = 256 << 10  # a saved run's size, images aside
     program: Any = None  # a _program.Program: the ranks run it instead of a cell
+    # One node of a cluster run (nbspawn.cluster): this node's ranks are RANK rank_offset.., of
+    # world_size in all; node 0's agent hosts the TCPStore at master_addr:master_port.
+    rank_offset: int = 0
+    world_size: int = 0  # 0: nprocs (one node)
+    node_rank: int = 0
+    nnodes: int = 1
+    master_addr: str = "127.0.0.1"
+    agent_store: bool = False  # TORCHELASTIC_USE_AGENT_STORE: ranks join the store, none hosts it
+    cluster: Any = None  # in the kernel, a cluster run's nbspawn.cluster._plan.ClusterPlan
 
     def rank_dir(self, rank: int) -> str:
-        return os.path.join(self.run_dir, str(rank))
+        """``rank`` is the rank's index on this node; its directory is named by its global rank."""
+        return os.path.join(self.run_dir, str(self.rank_offset + rank))
 
     def rank_env(self, rank: int) -> dict[str, str]:
         """The torchrun environment, so torch.distributed, Lightning and accelerate see launched ranks."""
@@ -69,20 +79,22 @@ class RunSpec:
 
     def shared_env(self) -> dict[str, str]:
         """The part that is the same on every rank (and the user's ``--env``, which wins)."""
-        n = str(self.nprocs)
+        world = str(self.world_size or self.nprocs)
         env = {
-            "WORLD_SIZE": n,
-            "LOCAL_WORLD_SIZE": n,
-            "GROUP_RANK": "0",
-            "GROUP_WORLD_SIZE": "1",
+            "WORLD_SIZE": world,
+            "LOCAL_WORLD_SIZE": str(self.nprocs),
+            "GROUP_RANK": str(self.node_rank),
+            "GROUP_WORLD_SIZE": str(self.nnodes),
             "ROLE_NAME": "default",
-            "ROLE_WORLD_SIZE": n,
+            "ROLE_WORLD_SIZE": world,
             "TORCHELASTIC_RUN_ID": self.run_id,
             "TORCHELASTIC_RESTART_COUNT": "0",
             "TORCHELASTIC_MAX_RESTARTS": "0",
-            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
         }
+        if self.agent_store:
+            env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
         env.update(self.env)
         if self.omp_threads is not None:  # after --env: a fork-safety override wins over the user's
             env["OMP_NUM_THREADS"] = str(self.omp_threads)
@@ -90,9 +102,9 @@ class RunSpec:
 
     def own_env(self, rank: int) -> dict[str, str]:
         env = {
-            "RANK": str(rank),
+            "RANK": str(self.rank_offset + rank),
             "LOCAL_RANK": str(rank),
-            "ROLE_RANK": str(rank),
+            "ROLE_RANK": str(self.rank_offset + rank),
             "TORCHELASTIC_ERROR_FILE": os.path.join(self.rank_dir(rank), "error.json"),
         }
         return {k: v for k, v in env.items() if k not in self.env}

@@ -49,6 +49,7 @@ class RankFailure:
     traceback: str | None = None  # in the cell's own lines
     stopped: bool = False  # ended by nbspawn (after another rank failed, a timeout, Stop, interrupt)
     stack: str | None = None  # where it was when nbspawn stopped it
+    node: str | None = None  # a cluster run's rank: "node 1 (hostb)"
 
     @property
     def summary(self) -> str:
@@ -59,7 +60,8 @@ class RankFailure:
         return f"exited with code {self.exit_code}"
 
     def headline(self) -> str:
-        return f"rank {self.rank} (pid {self.pid}) {'was stopped' if self.stopped else 'failed'}: {self.summary}"
+        where = f" on {self.node}" if self.node else ""
+        return f"rank {self.rank}{where} (pid {self.pid}) {'was stopped' if self.stopped else 'failed'}: {self.summary}"
 
 
 def _alike(failures: list[RankFailure]) -> list[list[RankFailure]]:
@@ -117,6 +119,9 @@ def _logs_lines(run: Run | None, color: bool) -> list[str]:
         note = f"The world {run.world!r} was lost: {lost}; the next cell that names it starts a new one."
         lines.append(f"{_RED}{note}{_RESET}" if color else note)
     line = f"Logs: {run.run_dir}/<rank>/{{stdout.log,stderr.log,error.json}}"
+    nodes = {state.node: state.remote_dir.rsplit("/", 1)[0] for state in run.ranks if state.node and state.remote_dir}
+    if nodes:  # a cluster run: each node keeps its own ranks' logs
+        line = "Logs, on each node: " + "; ".join(f"{node} {where}/<rank>/" for node, where in nodes.items())
     return [*lines, f"{_DIM}{line}{_RESET}" if color else line]
 
 

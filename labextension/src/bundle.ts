@@ -28,6 +28,8 @@ export interface IRankInfo {
   stdout_path: string | null;
   stderr_path: string | null;
   display_path: string | null;
+  /** A cluster run's rank: its node, e.g. "node 1 (hostb)"; its log paths are then `host:path`. */
+  node: string | null;
 }
 
 export interface IRunBundle {
@@ -83,7 +85,8 @@ export function parseBundle(data: unknown): IRunBundle {
       elided_lines: num(r.elided_lines) ?? 0,
       stdout_path: strOrNull(r.stdout_path),
       stderr_path: strOrNull(r.stderr_path),
-      display_path: strOrNull(r.display_path)
+      display_path: strOrNull(r.display_path),
+      node: strOrNull(r.node)
     }));
   const e = d.error && typeof d.error === 'object' ? (d.error as Record<string, any>) : null;
   return {

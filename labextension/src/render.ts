@@ -470,7 +470,7 @@ export function paneHead(rank: IRankInfo): HTMLElement {
   return h(
     'div',
     { class: 'nbs-Pane-head' },
-    h('span', { class: 'nbs-Pane-title' }, `rank ${rank.rank}`),
+    h('span', { class: 'nbs-Pane-title' }, rank.node ? `rank ${rank.rank} · ${rank.node}` : `rank ${rank.rank}`),
     h('span', { class: 'nbs-Pane-facts' }, facts.join(' · ')),
     h(
       'span',

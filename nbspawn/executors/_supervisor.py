@@ -114,6 +114,11 @@ class Executor(Protocol):
     def ended(self, rank: int, ready: Any) -> tuple[int, bool] | None: ...  # (exit code, died), or None: not ended
     def cleanup(self, lose: bool) -> None: ...  # leave nothing running that should not be
 
+    # Optional, for ranks that are not this machine's processes (a cluster's node agents report
+    # them): ``remote = True``; ``read_output(final) -> list[Event]`` instead of reading local logs
+    # (an event of kind "item" is a display already converted); ``signal_ranks(ranks, sig)``
+    # instead of signalling pids; ``outputs() -> (values, missing)`` for ``--out``; ``poll_max``.
+
 
 def execute(
     spec: RunSpec, view: RunView | None = None, executor: Executor | None = None, background: bool = False
@@ -166,7 +171,7 @@ def _finish(run: Run, view: RunView, supervisor: _Supervisor, supervise: bool = 
                 try:
                     run.error = supervisor.outcome()
                     if run.error is None and spec.out_names:
-                        _bring_outputs_home(run)
+                        _bring_outputs_home(run, supervisor.executor)
                 finally:
                     if spec.shm_prefix:  # whatever a failed or killed run left: /dev/shm files and their handles
                         _shm.sweep(spec.shm_prefix)
@@ -202,8 +207,12 @@ def _stop_background_runs() -> None:
         run._done.wait(10)
 
 
-def _bring_outputs_home(run: Run) -> None:
-    run.outputs, missing = receive_outputs([state.dir for state in run.ranks], run.spec.out_names)
+def _bring_outputs_home(run: Run, executor: Executor) -> None:
+    remote = getattr(executor, "outputs", None)
+    if remote is not None:
+        run.outputs, missing = remote()
+    else:
+        run.outputs, missing = receive_outputs([state.dir for state in run.ranks], run.spec.out_names)
     if missing:
         run.outputs = {}
         run.status = "failed"
@@ -364,7 +373,9 @@ class _Supervisor:
         self.root: int | None = None
         self.end_order: list[int] = []
         self.lost: str | None = None  # a kept world that cannot go on: why
-        self.stopped_by: str | None = None  # "Stop button" | "run.stop()"
+        self.stopped_by: str | None = None  # "Stop button" | "run.stop()" | why a node agent was told to stop
+        self.remote = bool(getattr(executor, "remote", False))
+        self.poll_max = float(getattr(executor, "poll_max", POLL_MAX))
         self.interrupted_after_stop = False
 
     # -- starting ---------------------------------------------------------------------------------
@@ -373,7 +384,7 @@ class _Supervisor:
         now = time.time()
         with _interrupts_deferred() as interrupted:
             self.pids = self.executor.start(self.run)
-        if not self.executor.keeps_ranks:  # a kept world tells the watcher itself, for its whole life
+        if not self.executor.keeps_ranks and not self.remote:  # a kept world tells the watcher itself
             _reaper.watch(self.pids)
         for rank, pid in enumerate(self.pids):
             state = self.run.ranks[rank]
@@ -395,10 +406,9 @@ class _Supervisor:
                 wait = min(poll, max(0.0, min(self.deadline, self.escalate_at) - time.monotonic()))
                 ready = multiprocessing.connection.wait(list(self.alive), timeout=wait)
                 # Stop first: under a flood, reading output is most of what this loop does
-                if self.stop_reason is None and (getattr(self.view, "wants_stop", bool)() or self.run._stop_requested):
-                    self.stopped_by = "run.stop()" if self.run._stop_requested else "Stop button"
-                    self._begin_stop("stop")
-                poll = POLL_MIN if self._forward_output() else min(POLL_MAX, poll * 2)
+                if self.stop_reason is None:
+                    self._check_stop()
+                poll = POLL_MIN if self._forward_output() else min(self.poll_max, poll * 2)
                 for waitable in sorted(ready, key=self._error_time):
                     if waitable in self.alive:
                         self._reap(self.alive[waitable], waitable)
@@ -407,6 +417,17 @@ class _Supervisor:
             except KeyboardInterrupt:
                 self._on_interrupt()
         self._forward_output(final=True)
+
+    def _check_stop(self) -> None:
+        """The view's Stop button or ``run.stop()``; or, from a node agent's view, a reason to stop
+        its ranks as a failure does (another node failed, the kernel is gone)."""
+        request = getattr(self.view, "wants_stop", bool)()
+        if isinstance(request, str) and request:
+            self.stopped_by = request
+            self._begin_stop("peer")
+        elif request or self.run._stop_requested:
+            self.stopped_by = "run.stop()" if self.run._stop_requested else "Stop button"
+            self._begin_stop("stop")
 
     def _error_time(self, waitable: Any) -> float:
         """Among ranks that ended together, the one whose error was recorded first is the root cause."""
@@ -418,13 +439,16 @@ class _Supervisor:
         budget = getattr(view, "read_budget", None)
         if budget is not None and self.stop_reason is not None:
             budget = min(budget, STOPPING_READ_BUDGET)  # ending: only the newest lines, and fast
-        events = self.run.read_new_output(final=final, budget=budget)
+        remote = getattr(self.executor, "read_output", None)
+        events = remote(final) if remote is not None else self.run.read_new_output(final=final, budget=budget)
         items = self.run.display_items
         display = getattr(view, "display", None) or self._display_as_text
         for event in events:
             if event.kind == "display":
                 for item in items.convert(event.rank, event.value):
                     display(event.rank, item)
+            elif event.kind == "item":
+                display(event.rank, event.value)
             elif event.kind == "skipped":
                 getattr(view, "skipped", _ignore)(event.rank, event.value)
             else:
@@ -459,14 +483,16 @@ class _Supervisor:
             state.status = "stopped" if state.failure.stopped else "failed"
             if state.status == "failed" and self.root is None and self.stop_reason is None:
                 self.root = rank
+                self.view.rank_ended(self.run, state)  # first: a node agent tells the kernel at once
                 self._begin_stop("failure")
-            elif died and self.lost and self.stage in ("", "sigint"):
+                return
+            if died and self.lost and self.stage in ("", "sigint"):
                 self._terminate()  # a kept world's rank died while others were being interrupted
         self.view.rank_ended(self.run, state)
 
     def _failure(self, state: RankState) -> RankFailure:
         code = state.exit_code or 0
-        failure = RankFailure(rank=state.rank, pid=state.pid, exit_code=code)
+        failure = RankFailure(rank=state.rank, pid=state.pid, exit_code=code, node=state.node)
         if code < 0:
             with contextlib.suppress(ValueError):
                 failure.signal_name = state.signal_name = signal.Signals(-code).name
@@ -552,8 +578,9 @@ class _Supervisor:
     def _terminate(self) -> None:
         """Ask every running rank for its stack, then SIGTERM; SIGKILL follows after the grace period."""
         # Only ranks that installed faulthandler (their stacks.log exists) can take SIGUSR1; for one
-        # still starting, SIGUSR1 would be fatal and misreported.
-        waiting = {r for r in set(self.alive.values()) if os.path.exists(self.run.ranks[r].stacks_path)}
+        # still starting, SIGUSR1 would be fatal and misreported. (Remote ranks: their agent does it.)
+        alive = set() if self.remote else set(self.alive.values())
+        waiting = {r for r in alive if os.path.exists(self.run.ranks[r].stacks_path)}
         for rank in waiting:
             _signal_group(self.pids[rank], signal.SIGUSR1)
         until = time.monotonic() + STACK_DUMP_WAIT
@@ -566,8 +593,14 @@ class _Supervisor:
         self.escalate_at = time.monotonic() + self.spec.grace_period
 
     def _send(self, sig: int) -> None:
+        ranks = sorted(set(self.alive.values()))
+        batch = getattr(self.executor, "signal_ranks", None)  # a cluster: one request per node
+        if batch is not None:
+            self.signalled.update(ranks)
+            batch(ranks, sig)
+            return
         deliver = getattr(self.executor, "signal", None)  # an executor may know better when a rank can take it
-        for rank in sorted(set(self.alive.values())):
+        for rank in ranks:
             self.signalled.add(rank)
             if deliver is not None:
                 deliver(rank, sig)
@@ -585,7 +618,7 @@ class _Supervisor:
         if self.executor.keeps_ranks and self.alive and self.lost is None:
             self.lost = "its cell did not finish"  # an error in the supervisor itself
         self.executor.cleanup(lose=self.lost is not None)
-        if not self.executor.keeps_ranks:
+        if not self.executor.keeps_ranks and not self.remote:
             _reaper.forget(self.pids)
         self.run.world_lost = self.lost
         self.alive.clear()
@@ -607,6 +640,9 @@ class _Supervisor:
         if self.stop_reason == "timeout":
             run.status = "timeout"
             return SpawnTimeoutError(self.spec.timeout or 0, stopped, run)
+        if self.stop_reason == "peer":  # a node agent's run, stopped for the kernel's reasons
+            run.status = "stopped"
+            return SpawnInterrupted(stopped, run, stopped_by=self.stopped_by)
         run.status = "interrupted" if self.stop_reason == "interrupt" else "stopped"
         return SpawnInterrupted(stopped, run, stopped_by=self.stopped_by)
 

@@ -75,14 +75,11 @@ def _unpicklable(values: dict[str, Any]) -> tuple[str, str, Exception] | None:
     return None
 
 
-def _check_picklable(wanted: dict[str, Any]) -> None:
+def _check_picklable(wanted: dict[str, Any], where: str = "spawned ranks", instead: str = ", or use --start-method fork") -> None:
     bad = _unpicklable(wanted)
     if bad is not None:
         name, kind, err = bad
-        raise SpawnUsageError(
-            f"cannot send {name!r} (a {kind}) to spawned ranks: {err}. "
-            f"Create it inside the cell, or use --start-method fork."
-        )
+        raise SpawnUsageError(f"cannot send {name!r} (a {kind}) to {where}: {err}. Create it inside the cell{instead}.")
 
 
 def pack_namespace(
@@ -99,6 +96,19 @@ def pack_namespace(
     wanted.update(shared)
     _check_picklable(wanted)
     return _shm.Payload(wanted, shared=list(shared.values()))
+
+
+def pickle_names(tree: ast.Module, user_ns: dict[str, Any], hidden: dict[str, Any] | None = None) -> bytes:
+    """The kernel names a cell uses, pickled once by value (tensors with their data), for other
+    machines: what a cluster run sends, the same bytes, to every node."""
+    hidden = hidden or {}
+    wanted = {
+        name: user_ns[name]
+        for name in sorted(names_used(tree))
+        if name in user_ns and _shippable(name, user_ns[name], hidden)
+    }
+    _check_picklable(wanted, "other nodes", "")
+    return cloudpickle.dumps(wanted)
 
 
 def unpack_namespace(payload: Any) -> dict[str, Any]:

@@ -69,9 +69,10 @@ def rank_record(state: RankState, elided_lines: int = 0) -> dict:
         "summary": failure.summary if failure else None,
         "traceback": (failure.traceback or failure.stack) if failure else None,
         "elided_lines": elided_lines,
-        "stdout_path": state.stdout_path,
-        "stderr_path": state.stderr_path,
-        "display_path": state.display_path,
+        "stdout_path": state.log_path("stdout.log"),
+        "stderr_path": state.log_path("stderr.log"),
+        "display_path": state.log_path("display.jsonl"),
+        "node": state.node,
     }
 
 
@@ -350,7 +351,8 @@ def to_html(record: dict, outputs: dict[int, list[Entry]]) -> str:
         open_attr = " open" if rank["status"] == "failed" or record["nprocs"] <= 4 else ""
         parts.append(
             f'<details data-rank="{rank["rank"]}"{open_attr}><summary><b>rank {rank["rank"]}</b> '
-            f'<span style="color:{colour}">{e(status)}</span></summary>'
+            + (f'<span style="color:#57606a">{e(rank["node"])}</span> ' if rank.get("node") else "")
+            + f'<span style="color:{colour}">{e(status)}</span></summary>'
         )
         if rank["traceback"]:
             parts.append(

@@ -1,0 +1,341 @@
+"""What runs on a node: one engine per node is its agent, and runs nbspawn's own local launcher there.
+
+The kernel calls two functions on engines through ipyparallel's ``apply``:
+
+* :func:`probe` on every engine, before anything starts: which node it is on, its versions, an
+  address other nodes can reach it at, its GPUs and cores, and whether the program exists there;
+* :func:`run_node` on each node's agent: the node's ranks are started and supervised by the same
+  supervisor and failure policy as a local run (``nbspawn.executors``), with a :class:`RelayView`
+  that sends what the ranks report to the kernel as ipyparallel data messages (batched, at most
+  ``1 / publish_every`` a second), never through the engine's stdout.
+
+The kernel reaches a busy engine only with signals, which ipyparallel's nanny delivers:
+
+* SIGINT: interrupt (the kernel's interrupt or Stop; twice: kill), as on one machine;
+* SIGUSR2 (:data:`STOP_SIGNAL`): stop the node's ranks as a failure stops them (stacks, then
+  SIGTERM): another node failed, or the run timed out;
+* SIGWINCH (:data:`HEARTBEAT_SIGNAL`), every :data:`HEARTBEAT_EVERY` s while the run lives: the
+  kernel is alive.  Engines outlive a kernel, so an agent that hears nothing for
+  :data:`HEARTBEAT_LOST` s stops its ranks itself.
+
+Both handlers are installed by the probe and stay: a signal that arrives after a run ended finds a
+handler, not SIGUSR2's default action (which would end the engine).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import os
+import platform
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from .._run import RankState, Run
+from ..executors._program import ProgramRanks
+from ..executors._supervisor import FreshRanks
+from . import _net
+
+STOP_SIGNAL = signal.SIGUSR2
+HEARTBEAT_SIGNAL = signal.SIGWINCH
+HEARTBEAT_EVERY = 0.5
+HEARTBEAT_LOST = 3.0
+READ_BUDGET = 32 * 1024  # bytes of each stream of each rank read per poll, as the live widget reads
+BATCH_CHARS = 64 * 1024  # most text of one rank in one batch; older lines are counted, not sent
+STACKS_SENT = 64 * 1024
+
+_last_beat = time.monotonic()
+_stop_asked = False
+
+
+def _beat(_signum: int, _frame: object) -> None:
+    global _last_beat
+    _last_beat = time.monotonic()
+
+
+def _ask_stop(_signum: int, _frame: object) -> None:
+    global _stop_asked
+    _stop_asked = True
+
+
+def _install_handlers() -> None:
+    signal.signal(HEARTBEAT_SIGNAL, _beat)
+    signal.signal(STOP_SIGNAL, _ask_stop)
+
+
+def probe(kernel_cwd: str, program: list[str] | None, start_method: str | None, controller_hint: str | None) -> dict:
+    """This engine's node and what the kernel must check before the run (one round trip)."""
+    import torch
+
+    import nbspawn
+
+    from .._spec import choose_start_method, usable_cpus
+    from ..errors import SpawnUsageError
+
+    _install_handlers()
+    cwd = kernel_cwd if os.path.isdir(kernel_cwd) else os.getcwd()
+    problem = None
+    try:
+        method, _notes = choose_start_method(start_method if program is None else "spawn")
+    except SpawnUsageError as err:
+        method, problem = "", str(err)
+    if program is not None and problem is None:
+        from ..executors._program import parse_program
+
+        with _working_directory(cwd):
+            try:
+                parse_program(program)
+            except SpawnUsageError as err:
+                problem = f"{err} (from {cwd})" if "(from" not in str(err) else str(err)
+    address = _net.routable_address(_net.engine_controller_host() or controller_hint)
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            machine = fh.read().strip()
+    except OSError:
+        machine = ""
+    return {
+        "node": _net.node_name(),
+        "hostname": _net_hostname(),
+        "machine": machine,
+        "pid": os.getpid(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "nbspawn": nbspawn.__version__,
+        "address": address,
+        "port": _net.free_port(address or "127.0.0.1"),
+        "gpus": torch.cuda.device_count(),
+        "cpus": usable_cpus(),
+        "cwd": cwd,
+        "start_method": method,
+        "problem": problem,
+    }
+
+
+def _net_hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+@contextlib.contextmanager
+def _working_directory(path: str) -> Iterator[None]:
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+class RelayView:
+    """The view of a node's run: batches what its ranks report and sends it to the kernel.
+
+    Ranks are renumbered to their global ranks here.  A rank's failure is sent at once (the kernel
+    stops the other nodes on it); the rest goes out at most every ``publish_every`` seconds, and a
+    rank that writes more than :data:`BATCH_CHARS` in that time has its older lines counted as
+    skipped (its log keeps them).  The last batch is not published but returned with the result.
+    """
+
+    read_budget = READ_BUDGET
+
+    def __init__(self, offset: int, rich: bool, publish_every: float, publish: Any) -> None:
+        self.offset = offset
+        self.rich = rich
+        self.publish_every = publish_every
+        self._publish_data = publish
+        self.batch: list[tuple] = []
+        self.chars: dict[int, int] = {}
+        self.seq = 0
+        self.last = 0.0
+        self.pids_sent = False
+        self.final: list[tuple] = []
+
+    # -- RunView ----------------------------------------------------------------------------------
+
+    def started(self, run: Run) -> None:
+        self.last = time.monotonic()
+
+    def output(self, rank: int, stream: str, text: str) -> None:
+        rank += self.offset
+        self.batch.append(("o", rank, stream, text))
+        self.chars[rank] = self.chars.get(rank, 0) + len(text)
+        if self.chars[rank] > BATCH_CHARS:
+            self._cut(rank)
+
+    def display(self, rank: int, item: dict) -> None:
+        self.batch.append(("i", rank + self.offset, item))
+
+    def skipped(self, rank: int, lines: int) -> None:
+        self.batch.append(("s", rank + self.offset, lines))
+
+    def rank_ended(self, run: Run, state: RankState) -> None:
+        self.batch.append(("e", state.rank + self.offset, _end_record(state)))
+        if state.status == "failed":
+            self._send_pids(run)
+            self._publish()  # the kernel stops the other nodes on it: no waiting
+
+    def tick(self, run: Run) -> None:
+        if not self.pids_sent:
+            self._send_pids(run)
+            self._publish()
+        elif self.batch and time.monotonic() - self.last >= self.publish_every:
+            self._publish()
+
+    def finished(self, run: Run) -> None:
+        self._send_pids(run)
+        self.final, self.batch = self.batch, []
+
+    def wants_stop(self) -> str | bool:
+        if _stop_asked:
+            return "the kernel stopped this node's ranks"
+        if time.monotonic() - _last_beat > HEARTBEAT_LOST:
+            return f"the kernel is gone (no heartbeat for {HEARTBEAT_LOST:g} s)"
+        return False
+
+    # -- batching ---------------------------------------------------------------------------------
+
+    def _send_pids(self, run: Run) -> None:
+        if not self.pids_sent:
+            self.pids_sent = True
+            pids = [(state.rank + self.offset, state.pid) for state in run.ranks]
+            self.batch.insert(0, ("started", pids, run.run_dir))
+
+    def _cut(self, rank: int) -> None:
+        """Keep this rank's newest text in the batch; count the lines of what is dropped."""
+        kept: list[tuple] = []
+        dropped_lines = 0
+        excess = self.chars[rank] - BATCH_CHARS // 2
+        for entry in self.batch:
+            if excess > 0 and entry[0] == "o" and entry[1] == rank:
+                excess -= len(entry[3])
+                self.chars[rank] -= len(entry[3])
+                dropped_lines += entry[3].count("\n")
+                if dropped_lines and not any(e[0] == "s" and e[1] == rank for e in kept):
+                    kept.append(("s", rank, 0))
+                continue
+            kept.append(entry)
+        self.batch = [("s", rank, dropped_lines) if e[0] == "s" and e[1] == rank and e[2] == 0 else e for e in kept]
+
+    def _publish(self) -> None:
+        if self.batch:
+            self._publish_data({f"nbspawn{self.seq:09d}": self.batch})
+            self.seq += 1
+        self.batch, self.chars, self.last = [], {}, time.monotonic()
+
+
+def _end_record(state: RankState) -> dict:
+    """How a rank ended, with its error record and stack dump: what the kernel's supervisor reads."""
+    failure = state.failure
+    stacks = ""
+    with contextlib.suppress(OSError), open(state.stacks_path, encoding="utf-8", errors="replace") as fh:
+        stacks = fh.read(STACKS_SENT)
+    return {
+        "exit_code": state.exit_code or 0,
+        "error": state.read_error(),
+        "stacks": stacks,
+        # a program's last words when it left no error record (the node's path, as it will be shown)
+        "tail": failure.traceback if failure and not failure.exc_type and not failure.stopped else None,
+        "ended_at": state.ended_at,
+    }
+
+
+def run_node(job: dict, node: dict) -> dict:
+    """Start this node's ranks and supervise them to the end; what they report goes to the kernel.
+
+    Returns the last batch, how many were published before it, and the node's ``--out`` values.
+    """
+    global _stop_asked, _last_beat
+    import cloudpickle
+
+    from .._spec import build_spec
+    from ..executors._program import parse_program
+    from ..executors._supervisor import execute
+    from ..handoff._shm import Payload, new_run_prefix
+
+    _install_handlers()
+    _stop_asked, _last_beat = False, time.monotonic()
+    view = RelayView(node["offset"], job["rich"], job["publish_every"], _publisher())
+    with _working_directory(job["cwd"]):
+        program = parse_program(job["program"]) if job["program"] is not None else None
+        spec = build_spec(job["cell"], **job["options"])
+        spec.run_id = job["run_id"]
+        if spec.run_dir:
+            spec.run_dir = os.path.join(os.path.dirname(spec.run_dir), job["run_id"])
+        spec.rank_offset, spec.world_size = node["offset"], node["world_size"]
+        spec.node_rank, spec.nnodes = node["index"], node["nnodes"]
+        spec.master_addr, spec.master_port, spec.agent_store = node["master_addr"], node["master_port"], True
+        spec.env.update(_socket_interface(node["master_addr"], spec.env))
+        executor: Any
+        if program is not None:
+            spec.program = program
+            executor = _NodeProgramRanks(spec, program)
+        else:
+            names = cloudpickle.loads(job["names"]) if job["names"] else {}
+            if spec.start_method == "fork":
+                spec.namespace = {"__name__": "__main__", "__builtins__": builtins, **names}
+            else:
+                spec.namespace_payload = Payload(names)
+            spec.out_names = tuple(job["out_names"])
+            spec.shm_prefix = new_run_prefix() if spec.out_names else None
+            executor = _NodeCellRanks(spec)
+        store = _host_store(spec) if node["index"] == 0 else None
+        try:
+            run = execute(spec, view, executor)
+        finally:
+            del store
+    missing = [(rank + node["offset"], name) for rank, name in getattr(run.error, "missing", [])]
+    return {
+        "last_seq": view.seq,
+        "final": view.final,
+        "outputs": run.outputs,
+        "missing": missing,
+        "run_dir": run.run_dir,
+        "status": run.status,
+    }
+
+
+class _NodeCellRanks(FreshRanks):
+    """Fresh ranks, watched closely: a stop request from the kernel is acted on within 50 ms."""
+
+    poll_max = 0.05
+
+
+class _NodeProgramRanks(ProgramRanks):
+    poll_max = 0.05
+
+
+def _host_store(spec: Any) -> Any:
+    """Node 0's agent hosts the run's TCPStore, as torchrun's agent does; ranks join it as clients."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    return TCPStore(
+        spec.master_addr, spec.master_port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=300)
+    )
+
+
+def _socket_interface(master_addr: str, user_env: dict[str, str]) -> dict[str, str]:
+    """GLOO/NCCL_SOCKET_IFNAME: the interface this node reaches node 0 through, unless the user chose."""
+    source = _net.source_address(master_addr)
+    name = _net.interface_of(source) if source else None
+    if not name:
+        return {}
+    return {
+        key: name
+        for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+        if key not in user_env and key not in os.environ
+    }
+
+
+def _publisher() -> Any:
+    """ipyparallel's data channel, when this is an engine running an apply."""
+    from ipykernel.zmqshell import ZMQInteractiveShell
+
+    shell = ZMQInteractiveShell.instance()
+    pub = getattr(shell, "data_pub", None)
+    if pub is None:
+        raise RuntimeError("run_node runs on an ipyparallel engine (it has no data channel here)")
+    return pub.publish_data

@@ -1,0 +1,82 @@
+"""Which address and interface a node's ranks should use, asked of the node's own kernel.
+
+Never from the hostname: on Debian and Ubuntu a machine's own hostname resolves to 127.0.1.1, and a
+MASTER_ADDR or a gloo device bound to it works on one machine and breaks across two
+(``connectFullMesh failed``).  Instead the kernel's routing table is asked which source address it
+would use to reach a peer (a UDP ``connect`` sends nothing), and that address's interface is found
+with ``SIOCGIFADDR``.  Everything here runs on the node, inside its engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import struct
+
+_SIOCGIFADDR = 0x8915
+# not a real peer: asking the route toward it gives the address of the default route's interface
+_FAR_AWAY = "10.254.254.254"
+
+
+def node_name() -> str:
+    """What tells nodes apart: the hostname, or ``NBSPAWN_NODE`` (engines posing as nodes in tests)."""
+    return os.environ.get("NBSPAWN_NODE") or socket.gethostname()
+
+
+def source_address(peer: str) -> str | None:
+    """This machine's address on the route toward ``peer``; None if there is no route."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((peer, 9))
+            return str(sock.getsockname()[0])
+    except OSError:
+        return None
+
+
+def routable_address(controller_host: str | None) -> str | None:
+    """The address other nodes can reach this one at: the one it reaches the controller from (every
+    node reaches the controller), else the default route's; never loopback. None: none found."""
+    for peer in (controller_host, _FAR_AWAY):
+        if not peer:
+            continue
+        with contextlib.suppress(OSError):
+            peer = socket.gethostbyname(peer)
+        address = source_address(peer)
+        if address and not address.startswith("127."):
+            return address
+    return None
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface that carries ``address`` (for GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _index, name in socket.if_nameindex():
+            try:
+                reply = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
+            except OSError:  # no IPv4 address
+                continue
+            if socket.inet_ntoa(reply[20:24]) == address:
+                return name
+    return None
+
+
+def free_port(address: str) -> int:
+    """A port free on ``address`` now; the node's agent binds its TCPStore to it a moment later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((address, 0))
+        return int(sock.getsockname()[1])
+
+
+def engine_controller_host() -> str | None:
+    """The controller's host as this engine registered with it, when this process is an engine."""
+    try:
+        from ipyparallel.engine.app import IPEngine
+
+        if IPEngine.initialized():
+            url = IPEngine.instance().registration_url  # tcp://10.0.0.1:12345
+            return url.split("://", 1)[-1].rsplit(":", 1)[0] or None
+    except Exception:
+        return None
+    return None

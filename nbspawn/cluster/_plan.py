@@ -1,0 +1,234 @@
+"""In the kernel: which engines are which nodes, and everything checked before a cluster run starts.
+
+One round trip asks every engine (``_agent.probe``); engines are grouped by node, the kernel's own
+node first if it is one of them, then in the order of their lowest engine id, so node order is
+stable from cell to cell.  Each node's lowest engine is its agent.  A mismatch of versions, a
+missing program, an unreachable node 0 or a rank count the nodes disagree on is a short error naming
+the node, before anything starts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import SpawnUsageError
+from . import _agent, _net
+
+PROBE_TIMEOUT = 15.0
+
+_cluster_clients: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class Node:
+    index: int
+    name: str  # what tells nodes apart (the hostname, or NBSPAWN_NODE in tests)
+    hostname: str
+    address: str | None
+    agent: int  # the engine that runs the node's ranks
+    engines: list[int]
+    facts: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"node {self.index} ({self.name})"
+
+
+@dataclass
+class ClusterPlan:
+    client: Any  # ipyparallel.Client
+    nodes: list[Node]
+    ranks_per_node: int
+    master_addr: str
+    master_port: int
+    start_method: str
+
+    @property
+    def world_size(self) -> int:
+        return len(self.nodes) * self.ranks_per_node
+
+    def node_of(self, rank: int) -> Node:
+        return self.nodes[rank // self.ranks_per_node]
+
+    def describe(self) -> str:
+        """One line: the node order, agents and addresses, as the run will use them."""
+        m = self.ranks_per_node
+        parts = []
+        for node in self.nodes:
+            ranks = f"rank {node.index * m}" if m == 1 else f"ranks {node.index * m}-{node.index * m + m - 1}"
+            parts.append(f"{node.label} {node.address or '-'} engine {node.agent}: {ranks}")
+        head = f"nbspawn: {len(self.nodes)} nodes x {m} ranks, MASTER_ADDR {self.master_addr}:{self.master_port}"
+        return head + "; " + "; ".join(parts)
+
+
+def resolve_client(name: str, namespace: dict[str, Any]) -> tuple[Any, list[int]]:
+    """``--cluster NAME``: a connected ``ipyparallel.Client``, a ``Cluster``, or a ``DirectView``
+    (then only its engines); returns the client and the engine ids to use."""
+    hint = f"connect one first, e.g. {name} = ipp.Cluster(n=2).start_and_connect_sync()"
+    if name not in namespace:
+        raise SpawnUsageError(f"--cluster {name}: no such name in this kernel; {hint}")
+    value = namespace[name]
+    ipp = sys.modules.get("ipyparallel")
+    if ipp is None:
+        raise SpawnUsageError(f"--cluster {name}: a {type(value).__name__}, not an ipyparallel Client or Cluster; {hint}")
+    targets: Any = None
+    if isinstance(value, ipp.Cluster):
+        client = _cluster_clients.get(value)
+        if client is None:
+            try:
+                client = value.connect_client_sync()
+            except Exception as err:
+                raise SpawnUsageError(f"--cluster {name}: cannot connect to its controller ({err}); is it started?") from None
+            _cluster_clients[value] = client
+    elif isinstance(value, ipp.Client):
+        client = value
+    elif isinstance(value, ipp.DirectView):
+        client, targets = value.client, value.targets
+    else:
+        raise SpawnUsageError(f"--cluster {name}: a {type(value).__name__}, not an ipyparallel Client, Cluster or DirectView; {hint}")
+    if getattr(client, "_closed", False):
+        raise SpawnUsageError(f"--cluster {name}: its client is closed; connect again")
+    ids = list(client.ids)
+    if targets is not None and targets != "all":
+        wanted = {targets} if isinstance(targets, int) else set(targets)
+        ids = [i for i in ids if i in wanted]
+    if not ids:
+        raise SpawnUsageError(f"--cluster {name}: no engines are registered yet; start some, or wait: {name}.wait_for_engines(n)")
+    return client, ids
+
+
+def controller_host(client: Any) -> str | None:
+    """Where the kernel reaches the controller: a hint for engines that cannot tell themselves."""
+    url = str(getattr(client, "_config", {}).get("registration", "") or "")
+    host = url.split("://", 1)[-1].rsplit(":", 1)[0]
+    return host or None
+
+
+def probe(client: Any, ids: list[int], program: list[str] | None, start_method: str | None) -> dict[int, dict]:
+    """Every engine's facts, in one round trip; an engine that cannot answer is a short error."""
+    cwd = os.getcwd()
+    hint = controller_host(client)
+    pending = {i: client[i].apply_async(_agent.probe, cwd, program, start_method, hint) for i in ids}
+    facts: dict[int, dict] = {}
+    for engine, result in pending.items():
+        try:
+            facts[engine] = result.get(timeout=PROBE_TIMEOUT)
+        except Exception as err:
+            raise SpawnUsageError(_probe_failure(engine, err)) from None
+    return facts
+
+
+def _probe_failure(engine: int, err: BaseException) -> str:
+    kind = getattr(err, "ename", type(err).__name__)
+    value = getattr(err, "evalue", str(err))
+    if kind in ("ModuleNotFoundError", "ImportError"):
+        return f"engine {engine} cannot import nbspawn ({value}): install the same nbspawn, torch and Python on every node"
+    if kind == "TimeoutError":
+        return f"engine {engine} did not answer within {PROBE_TIMEOUT:g} s: it is busy with another task, or gone"
+    return f"engine {engine} could not be asked about its node: {kind}: {value}"
+
+
+def group_nodes(facts: dict[int, dict]) -> list[Node]:
+    """Engines grouped by node: the kernel's node first, then by lowest engine id; agent = lowest id."""
+    by_name: dict[str, list[int]] = {}
+    for engine in sorted(facts):
+        by_name.setdefault(facts[engine]["node"], []).append(engine)
+    here = _net.node_name()
+    order = sorted(by_name, key=lambda name: (name != here, min(by_name[name])))
+    nodes = []
+    for index, name in enumerate(order):
+        engines = by_name[name]
+        agent = engines[0]
+        info = facts[agent]
+        nodes.append(Node(index, name, info["hostname"], info["address"], agent, engines, info))
+    return nodes
+
+
+def check_nodes(nodes: list[Node]) -> None:
+    """Same Python, torch and nbspawn everywhere (and as this kernel's); the program exists."""
+    import platform
+
+    import torch
+
+    import nbspawn
+
+    mine = {"python": platform.python_version(), "torch": torch.__version__, "nbspawn": nbspawn.__version__}
+    for node in nodes:
+        for what, version in mine.items():
+            theirs = node.facts.get(what)
+            if theirs != version:
+                raise SpawnUsageError(
+                    f"{node.label} has {what} {theirs}, this kernel has {version}: "
+                    "install the same Python, torch and nbspawn on every node"
+                )
+        if node.facts.get("problem"):
+            raise SpawnUsageError(f"{node.label}: {node.facts['problem']}")
+
+
+def ranks_per_node(nodes: list[Node], nprocs: int | str) -> int:
+    """``-n M`` is per node; ``auto``: one per GPU of each node, else up to 4 CPU ranks (all equal)."""
+    if nprocs != "auto":
+        return int(nprocs)
+    counts = {node.label: (node.facts["gpus"] or max(1, min(4, node.facts["cpus"]))) for node in nodes}
+    if len(set(counts.values())) > 1:
+        said = ", ".join(f"{label}: {n}" for label, n in counts.items())
+        raise SpawnUsageError(f"-n auto: the nodes would run different numbers of ranks ({said}); give -n")
+    return next(iter(counts.values()))
+
+
+def resolve_backend(nodes: list[Node], backend: str | None, per_node: int) -> str:
+    name = (backend or "none").strip().lower()
+    if name in ("none", "gloo"):
+        return name
+    gpus = {node.label: node.facts["gpus"] for node in nodes}
+    if name == "auto":
+        return "nccl" if all(gpus.values()) else "gloo"
+    short = [f"{label} has {n}" for label, n in gpus.items() if n < per_node]
+    if short:
+        raise SpawnUsageError(f"--backend nccl needs one GPU per rank ({per_node} per node): {', '.join(short)}; use --backend gloo")
+    return name
+
+
+def master_address(nodes: list[Node]) -> str:
+    """Node 0's address the others can reach: never loopback, unless every node is this one machine."""
+    first = nodes[0]
+    if first.address:
+        return first.address
+    if len({node.facts.get("machine") for node in nodes}) == 1:
+        return "127.0.0.1"  # one machine, no other interface: loopback is the right answer
+    raise SpawnUsageError(
+        f"{first.label} has no address the other nodes can reach (only loopback); "
+        "give it a network interface, or put another node first with --nodes"
+    )
+
+
+def plan(
+    client: Any, ids: list[int], *, nodes: int | None, nprocs: int | str, backend: str | None,
+    start_method: str | None, program: list[str] | None,
+) -> tuple[ClusterPlan, str]:  # fmt: skip
+    """Ask the engines, choose the nodes and check them; returns the plan and the backend to use."""
+    found = group_nodes(probe(client, ids, program, start_method))
+    if nodes is not None:
+        if nodes > len(found):
+            have = "; ".join(f"{n.label}: engines {','.join(map(str, n.engines))}" for n in found)
+            raise SpawnUsageError(f"--nodes {nodes}: the cluster has {len(found)} node(s) ({have})")
+        found = found[:nodes]
+    check_nodes(found)
+    per_node = ranks_per_node(found, nprocs)
+    chosen_backend = resolve_backend(found, backend, per_node)
+    methods = {node.facts["start_method"] for node in found}
+    return (
+        ClusterPlan(
+            client=client,
+            nodes=found,
+            ranks_per_node=per_node,
+            master_addr=master_address(found),
+            master_port=int(found[0].facts["port"]),
+            start_method="/".join(sorted(methods)),
+        ),
+        chosen_backend,
+    )

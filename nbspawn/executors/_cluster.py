@@ -1,0 +1,346 @@
+"""A cluster run: the same cell (or program) on several nodes, each node's ranks started by its agent.
+
+In the kernel this is one more executor under the one supervisor: every rank of every node is a rank
+of the kernel's :class:`~nbspawn._run.Run`, numbered globally, and the failure policy, views and
+errors are the ones a local run has.  What differs is how ranks are seen and reached:
+
+* each node's agent (``nbspawn.cluster._agent.run_node``, an ipyparallel ``apply``) runs the node's
+  ranks with the local launcher and sends what they report as data messages; :meth:`read_output`
+  turns them back into the events a local run reads from its log files, and a rank's end (exit code,
+  error record, stack dump) is written to the kernel's copy of its directory, where the supervisor
+  reads it as it reads a local rank's;
+* stopping is asked per node with a signal through ipyparallel's nanny (:meth:`signal_ranks`): the
+  agent stops its ranks as the local policy does;
+* a node whose engine dies fails the run at once, naming the node; a heartbeat tells agents the
+  kernel is alive (engines outlive kernels).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import Any
+
+from .._run import Run
+from .._source import CellSource
+from .._spec import RunSpec, new_run_id, parse_env, parse_kb, parse_nprocs, parse_ranks, parse_seconds
+from ..cluster import _agent
+from ..cluster._plan import ClusterPlan, plan, resolve_client
+from ..errors import SpawnUsageError
+from ..events._streams import Event
+
+FINAL_WAIT = 10.0  # after its ranks ended, how long a node's agent may take to clean up and answer
+PUBLISH_EVERY = 0.1  # the whole cluster sends at most 10 batches a second: each node 1 / (0.1 x nodes)
+
+
+def prepare_cluster(
+    cluster: str,
+    namespace: dict[str, Any],
+    source: CellSource | None,
+    *,
+    program: list[str] | None = None,
+    nodes: Any = None,
+    hidden: dict[str, Any] | None = None,
+    share: Any = None,
+    out: Any = None,
+    rich: bool = False,
+    **options: Any,
+) -> tuple[RunSpec, ClusterRanks]:
+    """Everything checked, cheapest first, then the nodes asked (one round trip); starts nothing."""
+    from ..handoff._names import parse_names, pickle_names
+
+    if share:
+        raise SpawnUsageError(
+            "--share does not work on a cluster: memory cannot be shared across machines. "
+            "The names the cell uses are sent to every node by value; use --out to bring values back."
+        )
+    out_names = parse_names(out, "--out")
+    n_nodes = None
+    if nodes is not None:
+        try:
+            n_nodes = int(nodes)
+        except (TypeError, ValueError):
+            n_nodes = 0
+        if n_nodes <= 0:
+            raise SpawnUsageError(f"--nodes must be a positive integer, not {nodes!r}")
+    nprocs = parse_nprocs(options.get("nprocs", "auto"))
+    method = options.get("start_method")
+    method = None if method in (None, "", "auto") else str(method).strip().lower()
+    if method not in (None, "fork", "spawn", "forkserver"):
+        raise SpawnUsageError(f"--start-method must be one of fork, spawn, forkserver, not {options['start_method']!r}")
+    backend = (options.get("backend") or "none").strip().lower()
+    if backend not in ("none", "gloo", "nccl", "auto"):
+        raise SpawnUsageError(f"--backend must be one of none, gloo, nccl, auto, not {options['backend']!r}")
+    env = parse_env(options.get("env"))
+    timeout = parse_seconds(options.get("timeout"), "--timeout", allow_zero=False)
+    grace = parse_seconds(options.get("grace_period", 5.0), "--grace-period", allow_zero=True)
+    saved_kb = parse_kb(options.get("max_saved_kb", 256), "SpawnMagics.max_saved_kb")
+    image_kb = parse_kb(options.get("max_image_kb", 2048), "SpawnMagics.max_image_kb")
+    cell = source or CellSource("", label=" ".join(program or []))
+    names = b""
+    if program is None:
+        tree = cell.parse()
+        names = pickle_names(tree, namespace, hidden)
+    client, ids = resolve_client(cluster, namespace)
+    found, chosen_backend = plan(client, ids, nodes=n_nodes, nprocs=nprocs, backend=backend, start_method=method, program=program)
+    world = found.world_size
+    log_dir = options.get("log_dir")
+    run_id = new_run_id()
+    spec = RunSpec(
+        run_id=run_id,
+        nprocs=world,
+        start_method=found.start_method,
+        backend=chosen_backend,
+        cell=cell,
+        run_dir="",
+        env=env,
+        timeout=timeout,
+        grace_period=5.0 if grace is None else grace,
+        shown_ranks=parse_ranks(options.get("ranks"), world),
+        master_port=found.master_port,
+        parent_pid=os.getpid(),
+        omp_threads=None,
+        max_saved_bytes=saved_kb * 1024,
+        max_image_bytes=image_kb * 1024,
+        world_size=world,
+        nnodes=len(found.nodes),
+        master_addr=found.master_addr,
+        cluster=found,
+        out_names=out_names,
+    )
+    per_node_options = {
+        "nprocs": found.ranks_per_node,
+        "start_method": "spawn" if program is not None else method,
+        "backend": chosen_backend,
+        "env": env,
+        "grace_period": spec.grace_period,
+        "log_dir": log_dir,
+        "max_saved_kb": saved_kb,
+        "max_image_kb": image_kb // len(found.nodes),  # the run's image budget, shared by its nodes
+    }
+    job = {
+        "run_id": run_id,
+        "cell": cell if program is None else CellSource("", label=cell.label),
+        "program": program,
+        "names": names,
+        "out_names": list(out_names),
+        "options": per_node_options,
+        "rich": rich,
+        "cwd": os.getcwd(),
+        "publish_every": PUBLISH_EVERY * len(found.nodes),
+    }
+    return spec, ClusterRanks(spec, found, job)
+
+
+class ClusterRanks:
+    """The executor of a cluster run (see ``nbspawn.executors._supervisor.Executor``)."""
+
+    keeps_ranks = False
+    remote = True
+    poll_max = 0.05  # how soon a node's news (a failure above all) is acted on
+
+    def __init__(self, spec: RunSpec, cluster: ClusterPlan, job: dict) -> None:
+        self.spec = spec
+        self.cluster = cluster
+        self.job = job
+        self.run: Run | None = None
+        self.results: dict[int, Any] = {}  # node index -> its agent's AsyncResult
+        self.inboxes: dict[int, dict] = {}  # node index -> the data dict ipyparallel fills
+        self.next_seq: dict[int, int] = {}
+        self.answered: dict[int, dict] = {}  # node index -> run_node's result, once handled
+        self.asked: set[int] = set()  # nodes told to stop
+        self.ends: dict[int, tuple[int, bool]] = {}  # rank -> (exit code, died), reported, not yet reaped
+        self.reported: set[int] = set()
+        self.pipes: list[tuple[int, int]] = []
+        self.last_beat = 0.0
+
+    # -- Executor ---------------------------------------------------------------------------------
+
+    def start(self, run: Run) -> list[int]:
+        self.run = run
+        m = self.cluster.ranks_per_node
+        for state in run.ranks:
+            node = self.cluster.node_of(state.rank)
+            state.node = node.label
+        self.pipes = [os.pipe() for _ in run.ranks]
+        client = self.cluster.client
+        try:
+            for node in self.cluster.nodes:
+                spot = {
+                    "index": node.index,
+                    "nnodes": len(self.cluster.nodes),
+                    "offset": node.index * m,
+                    "world_size": self.cluster.world_size,
+                    "master_addr": self.cluster.master_addr,
+                    "master_port": self.cluster.master_port,
+                }
+                result = client[node.agent].apply_async(_agent.run_node, self.job, spot)
+                self.results[node.index] = result
+                self.inboxes[node.index] = result.metadata["data"]
+                self.next_seq[node.index] = 0
+        except BaseException:
+            self.signal_ranks(list(range(len(run.ranks))), signal.SIGINT)
+            raise
+        self.last_beat = time.monotonic()
+        return [0] * len(run.ranks)
+
+    def waitables(self, rank: int) -> list[Any]:
+        return [self.pipes[rank][0]]
+
+    def ended(self, rank: int, ready: Any) -> tuple[int, bool]:
+        os.read(self.pipes[rank][0], 1)
+        return self.ends.pop(rank)
+
+    def signal_ranks(self, ranks: list[int], sig: int) -> None:
+        """One request per node: SIGINT interrupts (a second one kills), SIGTERM stops as a failure does."""
+        if sig == signal.SIGUSR1:
+            return  # each agent asks its own ranks for their stacks before stopping them
+        wanted = signal.SIGINT if sig in (signal.SIGINT, signal.SIGKILL) else _agent.STOP_SIGNAL
+        nodes = sorted({self.cluster.node_of(r).index for r in ranks} - set(self.answered))
+        if nodes:
+            self.asked.update(nodes)
+            targets = [self.cluster.nodes[i].agent for i in nodes]
+            self.cluster.client.send_signal(int(wanted), targets=targets, block=False)
+
+    def read_output(self, final: bool = False) -> list[Event]:
+        events: list[Event] = []
+        self._heartbeat()
+        deadline = time.monotonic() + FINAL_WAIT
+        while True:
+            for node in self.cluster.nodes:
+                if node.index not in self.answered:
+                    self._drain(node.index, events)
+                    if self.results[node.index].ready():
+                        self._answered(node.index, events)
+            if not final or len(self.answered) == len(self.cluster.nodes):
+                return events
+            if time.monotonic() > deadline:
+                for index in set(range(len(self.cluster.nodes))) - set(self.answered):
+                    self._lost(index, f"its agent did not finish within {FINAL_WAIT:g} s of its ranks")
+                    self.answered[index] = {}
+                return events
+            self._heartbeat()
+            time.sleep(0.01)
+
+    def outputs(self) -> tuple[dict[str, list], list[tuple[int, str]]]:
+        values: dict[str, list] = {name: [] for name in self.spec.out_names}
+        missing: list[tuple[int, str]] = []
+        for node in self.cluster.nodes:
+            answer = self.answered.get(node.index) or {}
+            missing.extend((int(rank), str(name)) for rank, name in answer.get("missing", []))
+            for name, kept in values.items():
+                kept.extend((answer.get("outputs") or {}).get(name, [None] * self.cluster.ranks_per_node))
+        return values, missing
+
+    def cleanup(self, lose: bool) -> None:
+        """Every agent has answered (its ranks reaped, its engine idle again); close what is ours."""
+        if len(self.answered) < len(self.cluster.nodes):
+            self.signal_ranks(list(range(self.cluster.world_size)), signal.SIGINT)
+            self.read_output(final=True)
+        for read, write in self.pipes:
+            os.close(read)
+            os.close(write)
+        self.pipes = []
+
+    # -- what the agents say ----------------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        now = time.monotonic()
+        if now - self.last_beat >= _agent.HEARTBEAT_EVERY:
+            self.last_beat = now
+            targets = [n.agent for n in self.cluster.nodes if n.index not in self.answered]
+            if targets:
+                self.cluster.client.send_signal(int(_agent.HEARTBEAT_SIGNAL), targets=targets, block=False)
+
+    def _drain(self, index: int, events: list[Event], until: int | None = None) -> None:
+        """The node's batches that have arrived, in order (``until``: wait for those before it)."""
+        inbox = self.inboxes[index]
+        waited_until = time.monotonic() + 2.0
+        while True:
+            key = f"nbspawn{self.next_seq[index]:09d}"
+            batch = inbox.pop(key, None)
+            if batch is not None:
+                self.next_seq[index] += 1
+                self._apply(index, batch, events)
+                continue
+            if until is None or self.next_seq[index] >= until or time.monotonic() > waited_until:
+                return
+            time.sleep(0.005)  # the result came before the last data message: both are on their way
+
+    def _apply(self, index: int, batch: list, events: list[Event]) -> None:
+        assert self.run is not None  # started
+        node = self.cluster.nodes[index]
+        for entry in batch:
+            kind = entry[0]
+            if kind == "o":
+                events.append(Event(entry[1], entry[2], entry[3]))
+            elif kind == "i":
+                events.append(Event(entry[1], "item", entry[2]))
+            elif kind == "s":
+                events.append(Event(entry[1], "skipped", entry[2]))
+            elif kind == "e":
+                self._ended(entry[1], entry[2])
+            elif kind == "started":
+                _, pids, run_dir = entry
+                for rank, pid in pids:
+                    state = self.run.ranks[rank]
+                    state.pid = pid
+                    state.remote_dir = f"{node.hostname}:{run_dir}/{rank}"
+
+    def _ended(self, rank: int, record: dict) -> None:
+        """The kernel's copy of the rank's end, where the supervisor reads a local rank's."""
+        if rank in self.reported:
+            return
+        assert self.run is not None  # started
+        state = self.run.ranks[rank]
+        error = record.get("error")
+        if not error and record.get("tail"):
+            error = {"nbspawn": {"exc_type": None, "message": None, "traceback": record["tail"], "time": time.time()}}
+        if error:
+            with open(state.error_path, "w", encoding="utf-8") as fh:
+                json.dump(error, fh)
+        if record.get("stacks"):
+            with open(state.stacks_path, "w", encoding="utf-8") as fh:
+                fh.write(record["stacks"])
+        self.reported.add(rank)
+        self.ends[rank] = (int(record.get("exit_code") or 0), True)
+        os.write(self.pipes[rank][1], b"x")
+
+    def _answered(self, index: int, events: list[Event]) -> None:
+        """The node's agent returned: its last batches, its ``--out`` values; or it was lost."""
+        result = self.results[index]
+        try:
+            answer = result.get(0)
+        except Exception as err:
+            self._drain(index, events)
+            self.answered[index] = {}
+            why = getattr(err, "ename", type(err).__name__)
+            text = getattr(err, "evalue", "") or str(err)
+            if why == "EngineError" or "EngineError" in type(err).__name__:
+                self._lost(index, f"its engine {self.cluster.nodes[index].agent} died ({text.strip().splitlines()[0] if text.strip() else why})")
+            else:
+                self._lost(index, f"its agent failed: {why}: {text}".rstrip(": "))
+            return
+        self._drain(index, events, until=int(answer.get("last_seq", 0)))
+        self._apply(index, answer.get("final", []), events)
+        self.answered[index] = answer
+        self._lost(index, "its agent ended without reporting every rank")
+
+    def _lost(self, index: int, why: str) -> None:
+        """Every rank of the node not yet reported ends now; unless stopping was asked, the first
+        carries the node's loss as its error (the root cause, if nothing failed before)."""
+        node = self.cluster.nodes[index]
+        m = self.cluster.ranks_per_node
+        first = True
+        for rank in range(index * m, index * m + m):
+            if rank in self.reported:
+                continue
+            record: dict[str, Any] = {"exit_code": -signal.SIGKILL}
+            if first and index not in self.asked:
+                record["error"] = {
+                    "nbspawn": {"exc_type": "NodeLost", "message": f"{node.label} was lost: {why}", "traceback": None, "time": time.time()}
+                }
+            first = False
+            self._ended(rank, record)
