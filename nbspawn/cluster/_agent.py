@@ -29,6 +29,7 @@ import contextlib
 import os
 import platform
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -48,6 +49,28 @@ STACKS_SENT = 64 * 1024
 
 _last_beat = time.monotonic()
 _stop_asked = False
+_listener: socket.socket | None = None  # the port node 0's next TCPStore will listen on, held open
+
+
+def _reserve(address: str) -> int:
+    """Hold a listening socket on a free port of ``address`` until a run's TCPStore takes it over:
+    the port is told to every node before the run, and nothing else can take it meanwhile."""
+    global _listener
+    if _listener is not None:
+        _listener.close()
+    _listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    _listener.bind((address, 0))
+    _listener.listen(1024)
+    return int(_listener.getsockname()[1])
+
+
+def _take_listener(port: int) -> int | None:
+    """The held socket's descriptor, given away (the TCPStore closes it), if it holds ``port``."""
+    global _listener
+    if _listener is None or _listener.getsockname()[1] != port:
+        return None
+    fd, _listener = _listener.detach(), None
+    return fd
 
 
 def _beat(_signum: int, _frame: object) -> None:
@@ -104,7 +127,7 @@ def probe(kernel_cwd: str, program: list[str] | None, start_method: str | None, 
         "torch": torch.__version__,
         "nbspawn": nbspawn.__version__,
         "address": address,
-        "port": _net.free_port(address or "127.0.0.1"),
+        "port": _reserve(address or "127.0.0.1"),
         "gpus": torch.cuda.device_count(),
         "cpus": usable_cpus(),
         "cwd": cwd,
@@ -285,6 +308,7 @@ def run_node(job: dict, node: dict) -> dict:
             run = execute(spec, view, executor)
         finally:
             del store
+        next_port = _reserve(spec.master_addr) if node["index"] == 0 else None
     missing = [(rank + node["offset"], name) for rank, name in getattr(run.error, "missing", [])]
     return {
         "last_seq": view.seq,
@@ -293,6 +317,7 @@ def run_node(job: dict, node: dict) -> dict:
         "missing": missing,
         "run_dir": run.run_dir,
         "status": run.status,
+        "next_port": next_port,  # held for the next run: it needs no probe to know node 0's port
     }
 
 
@@ -313,8 +338,9 @@ def _host_store(spec: Any) -> Any:
     from torch.distributed import TCPStore
 
     return TCPStore(
-        spec.master_addr, spec.master_port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=300)
-    )
+        spec.master_addr, spec.master_port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=300),
+        master_listen_fd=_take_listener(spec.master_port),
+    )  # fmt: skip
 
 
 def _socket_interface(master_addr: str, user_env: dict[str, str]) -> dict[str, str]:

@@ -62,13 +62,6 @@ def interface_of(address: str) -> str | None:
     return None
 
 
-def free_port(address: str) -> int:
-    """A port free on ``address`` now; the node's agent binds its TCPStore to it a moment later."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        return int(sock.getsockname()[1])
-
-
 def engine_controller_host() -> str | None:
     """The controller's host as this engine registered with it, when this process is an engine."""
     try:

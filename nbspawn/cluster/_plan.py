@@ -21,6 +21,9 @@ from . import _agent, _net
 PROBE_TIMEOUT = 15.0
 
 _cluster_clients: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+# What the engines said, per client, while its engines stay the same: a later cell asks nothing
+# (node 0's agent holds the next run's port open, and says which it is when a run ends).
+_known: weakref.WeakKeyDictionary[Any, tuple[tuple, dict[int, dict]]] = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -46,6 +49,7 @@ class ClusterPlan:
     master_addr: str
     master_port: int
     start_method: str
+    batches: list[int] = field(default_factory=list)  # data messages received from each node, in order
 
     @property
     def world_size(self) -> int:
@@ -132,6 +136,28 @@ def _probe_failure(engine: int, err: BaseException) -> str:
     return f"engine {engine} could not be asked about its node: {kind}: {value}"
 
 
+def known_facts(client: Any, ids: list[int], start_method: str | None) -> dict[int, dict]:
+    """The engines' facts from an earlier cell if nothing changed since, else asked again."""
+    key = (tuple(ids), start_method, os.getcwd())
+    known = _known.get(client)
+    if known is not None and known[0] == key:
+        return known[1]
+    facts = probe(client, ids, None, start_method)
+    _known[client] = (key, facts)
+    return facts
+
+
+def remember_port(client: Any, agent: int, port: int | None) -> None:
+    """After a run: the port node 0's agent holds for the next one (None: ask again next time)."""
+    known = _known.get(client)
+    if known is None:
+        return
+    if port is None:
+        del _known[client]
+    else:
+        known[1][agent]["port"] = port
+
+
 def group_nodes(facts: dict[int, dict]) -> list[Node]:
     """Engines grouped by node: the kernel's node first, then by lowest engine id; agent = lowest id."""
     by_name: dict[str, list[int]] = {}
@@ -211,7 +237,8 @@ def plan(
     start_method: str | None, program: list[str] | None,
 ) -> tuple[ClusterPlan, str]:  # fmt: skip
     """Ask the engines, choose the nodes and check them; returns the plan and the backend to use."""
-    found = group_nodes(probe(client, ids, program, start_method))
+    facts = probe(client, ids, program, start_method) if program is not None else known_facts(client, ids, start_method)
+    found = group_nodes(facts)
     if nodes is not None:
         if nodes > len(found):
             have = "; ".join(f"{n.label}: engines {','.join(map(str, n.engines))}" for n in found)

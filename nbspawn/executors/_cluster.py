@@ -17,9 +17,11 @@ errors are the ones a local run has.  What differs is how ranks are seen and rea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -27,7 +29,7 @@ from .._run import Run
 from .._source import CellSource
 from .._spec import RunSpec, new_run_id, parse_env, parse_kb, parse_nprocs, parse_ranks, parse_seconds
 from ..cluster import _agent
-from ..cluster._plan import ClusterPlan, plan, resolve_client
+from ..cluster._plan import ClusterPlan, plan, remember_port, resolve_client
 from ..errors import SpawnUsageError
 from ..events._streams import Event
 
@@ -153,7 +155,8 @@ class ClusterRanks:
         self.asked: set[int] = set()  # nodes told to stop
         self.ends: dict[int, tuple[int, bool]] = {}  # rank -> (exit code, died), reported, not yet reaped
         self.reported: set[int] = set()
-        self.pipes: list[tuple[int, int]] = []
+        self.pipes: list[tuple[int, int]] = []  # per rank: readable when its end (or its node's answer) came
+        self.pipes_lock = threading.Lock()
         self.last_beat = 0.0
 
     # -- Executor ---------------------------------------------------------------------------------
@@ -164,7 +167,8 @@ class ClusterRanks:
         for state in run.ranks:
             node = self.cluster.node_of(state.rank)
             state.node = node.label
-        self.pipes = [os.pipe() for _ in run.ranks]
+        self.pipes = [os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC) for _ in run.ranks]
+        self.cluster.batches = [0] * len(self.cluster.nodes)
         client = self.cluster.client
         try:
             for node in self.cluster.nodes:
@@ -177,6 +181,7 @@ class ClusterRanks:
                     "master_port": self.cluster.master_port,
                 }
                 result = client[node.agent].apply_async(_agent.run_node, self.job, spot)
+                result.add_done_callback(self._wake(node.index))
                 self.results[node.index] = result
                 self.inboxes[node.index] = result.metadata["data"]
                 self.next_seq[node.index] = 0
@@ -189,9 +194,10 @@ class ClusterRanks:
     def waitables(self, rank: int) -> list[Any]:
         return [self.pipes[rank][0]]
 
-    def ended(self, rank: int, ready: Any) -> tuple[int, bool]:
-        os.read(self.pipes[rank][0], 1)
-        return self.ends.pop(rank)
+    def ended(self, rank: int, ready: Any) -> tuple[int, bool] | None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(self.pipes[rank][0], 64)
+        return self.ends.pop(rank, None)  # None: woken because its node answered, read next
 
     def signal_ranks(self, ranks: list[int], sig: int) -> None:
         """One request per node: SIGINT interrupts (a second one kills), SIGTERM stops as a failure does."""
@@ -239,12 +245,25 @@ class ClusterRanks:
         if len(self.answered) < len(self.cluster.nodes):
             self.signal_ranks(list(range(self.cluster.world_size)), signal.SIGINT)
             self.read_output(final=True)
-        for read, write in self.pipes:
-            os.close(read)
-            os.close(write)
-        self.pipes = []
+        with self.pipes_lock:
+            for read, write in self.pipes:
+                os.close(read)
+                os.close(write)
+            self.pipes = []
 
     # -- what the agents say ----------------------------------------------------------------------
+
+    def _wake(self, index: int) -> Any:
+        """For ipyparallel's IO thread: the node's agent answered; wake the supervisor now."""
+        m = self.cluster.ranks_per_node
+
+        def wake(_result: Any) -> None:
+            with self.pipes_lock:  # never a descriptor cleanup closed (its number may be reused)
+                for read_write in self.pipes[index * m : index * m + m]:
+                    with contextlib.suppress(OSError):
+                        os.write(read_write[1], b"w")
+
+        return wake
 
     def _heartbeat(self) -> None:
         now = time.monotonic()
@@ -263,6 +282,7 @@ class ClusterRanks:
             batch = inbox.pop(key, None)
             if batch is not None:
                 self.next_seq[index] += 1
+                self.cluster.batches[index] += 1
                 self._apply(index, batch, events)
                 continue
             if until is None or self.next_seq[index] >= until or time.monotonic() > waited_until:
@@ -313,9 +333,11 @@ class ClusterRanks:
         result = self.results[index]
         try:
             answer = result.get(0)
-        except Exception as err:
+        except Exception as err:  # EngineError, RemoteError, ...: the node is lost
             self._drain(index, events)
             self.answered[index] = {}
+            if index == 0:
+                remember_port(self.cluster.client, self.cluster.nodes[0].agent, None)
             why = getattr(err, "ename", type(err).__name__)
             text = getattr(err, "evalue", "") or str(err)
             if why == "EngineError" or "EngineError" in type(err).__name__:
@@ -326,21 +348,21 @@ class ClusterRanks:
         self._drain(index, events, until=int(answer.get("last_seq", 0)))
         self._apply(index, answer.get("final", []), events)
         self.answered[index] = answer
+        if index == 0:
+            remember_port(self.cluster.client, self.cluster.nodes[0].agent, answer.get("next_port"))
         self._lost(index, "its agent ended without reporting every rank")
 
     def _lost(self, index: int, why: str) -> None:
-        """Every rank of the node not yet reported ends now; unless stopping was asked, the first
+        """Every rank of the node not yet reported ends now; unless the node was asked to stop, each
         carries the node's loss as its error (the root cause, if nothing failed before)."""
         node = self.cluster.nodes[index]
         m = self.cluster.ranks_per_node
-        first = True
         for rank in range(index * m, index * m + m):
             if rank in self.reported:
                 continue
             record: dict[str, Any] = {"exit_code": -signal.SIGKILL}
-            if first and index not in self.asked:
+            if index not in self.asked:
                 record["error"] = {
                     "nbspawn": {"exc_type": "NodeLost", "message": f"{node.label} was lost: {why}", "traceback": None, "time": time.time()}
                 }
-            first = False
             self._ended(rank, record)

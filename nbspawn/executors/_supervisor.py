@@ -525,6 +525,8 @@ class _Supervisor:
             return main_thread_stack(dump, self.spec.cell) or None
         # Signalled before it could report: it had not installed its handlers, so not begun the cell.
         # (A program that is not Python has no stack to give.)
+        if self.remote:  # its agent sent no stack: there was none to send
+            return None
         return STILL_STARTING if state.rank in self.signalled and self.spec.program is None else None
 
     # -- stopping ---------------------------------------------------------------------------------
