@@ -94,6 +94,9 @@ def assert_nothing_left(nodes, timeout: float = 15) -> None:
     assert not left, f"left running on the nodes: {left}"
     for pid in nodes.engine_pids.values():
         assert not shm_entries(f"nbspawn.{pid}."), shm_entries(f"nbspawn.{pid}.")
+    for directory in getattr(nodes, "shm_dirs", []):  # each network-namespace node's own /dev/shm
+        left_files = [name for name in os.listdir(directory) if name.startswith("nbspawn.")]
+        assert not left_files, (directory, left_files)
 
 
 def engines_idle(nodes, timeout: float = 20) -> None:
@@ -356,7 +359,8 @@ def netns_nodes():
     reason = netns_skip_reason()
     if reason:
         pytest.skip(reason)
-    with NetnsNodes(nodes=2, engines_per_node=1) as cluster:
+    # each node its own /dev/shm too: nothing may cross nodes through shared memory
+    with NetnsNodes(nodes=2, engines_per_node=1, private_shm=True) as cluster:
         yield cluster
 
 
