@@ -36,6 +36,18 @@ def ok(kernel, code: str, timeout: float = 90):
     return result
 
 
+def loaded_kernel():
+    """A new kernel with nbspawn loaded (conftest's helper is not importable by name here: the
+    browser tests' conftest shares its module name)."""
+    kernel = start_kernel()
+    try:
+        ok(kernel, LOAD, timeout=120)
+    except BaseException:
+        stop_kernel(kernel)
+        raise
+    return kernel
+
+
 def connect(kernel, nodes, name: str = "rc") -> None:
     ok(kernel, f"import ipyparallel as ipp\n{name} = ipp.Client({nodes.url_file!r})\n{name}.wait_for_engines({len(nodes.engine_pids)}, timeout=60)")
 
@@ -114,9 +126,7 @@ def nodes():
 
 @pytest.fixture(scope="module")
 def kernel(nodes):
-    from conftest import _with_nbspawn
-
-    k = _with_nbspawn(start_kernel())
+    k = loaded_kernel()
     connect(k, nodes)
     yield k
     stop_kernel(k)
@@ -303,9 +313,7 @@ def test_output_reaches_the_kernel_batched_within_budget(kernel, nodes):
 
 
 def test_kernel_death_stops_every_node_within_seconds(nodes):
-    from conftest import _with_nbspawn
-
-    k = _with_nbspawn(start_kernel())
+    k = loaded_kernel()
     try:
         connect(k, nodes)
         k.client.execute("%%spawn --cluster rc -n 2\nimport time\ntime.sleep(120)")
@@ -366,9 +374,7 @@ def netns_nodes():
 
 @pytest.fixture(scope="module")
 def netns_kernel(netns_nodes):
-    from conftest import _with_nbspawn
-
-    k = _with_nbspawn(start_kernel())
+    k = loaded_kernel()
     connect(k, netns_nodes)
     yield k
     stop_kernel(k)

@@ -49,6 +49,7 @@ STACKS_SENT = 64 * 1024
 
 _last_beat = time.monotonic()
 _stop_asked = False
+_store: Any = None  # node 0's TCPStore of the last run
 _listener: socket.socket | None = None  # the port node 0's next TCPStore will listen on, held open
 
 
@@ -303,11 +304,12 @@ def run_node(job: dict, node: dict) -> dict:
             spec.out_names = tuple(job["out_names"])
             spec.shm_prefix = new_run_prefix() if spec.out_names else None
             executor = _NodeCellRanks(spec)
-        store = _host_store(spec) if node["index"] == 0 else None
-        try:
-            run = execute(spec, view, executor)
-        finally:
-            del store
+        global _store
+        _store = None  # the previous run's: every node's ranks of it had ended before this run began
+        _store = _host_store(spec) if node["index"] == 0 else None
+        run = execute(spec, view, executor)
+        # The store stays up until the next run: other nodes' ranks may still be leaving the group
+        # (a store that vanishes under a rank's exit aborts it).
         next_port = _reserve(spec.master_addr) if node["index"] == 0 else None
     missing = [(rank + node["offset"], name) for rank, name in getattr(run.error, "missing", [])]
     return {
