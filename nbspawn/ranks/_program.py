@@ -79,6 +79,7 @@ def main() -> None:
         faulthandler.register(signal.SIGUSR1, file=handle, all_threads=True)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.argv = [target, *args]
+    code: object = 0
     try:
         if mode == "module":
             sys.path.insert(0, os.getcwd())  # as python -m does
@@ -86,11 +87,38 @@ def main() -> None:
         else:
             sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
             runpy.run_path(target, run_name="__main__")
-    except SystemExit:
-        raise
+    except SystemExit as exc:
+        code = exc.code
     except BaseException as exc:  # the program's failure is the rank's root cause
         _write_error(exc)  # the view and the kernel's error show the traceback (not printed twice)
-        sys.exit(EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_RAISED)
+        code = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_RAISED
+    _leave(code)
+
+
+def _leave(code: object) -> None:
+    """Exit as multiprocessing's children do: the program's atexit handlers run, then ``os._exit``.
+
+    Without interpreter teardown: destroying torch's C++ objects then (a process group's store
+    client whose server, on rank 0 or another node, has just gone) can abort a rank that finished
+    its work ("terminate called without an active exception").
+    """
+    import atexit
+
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+    if code is None:
+        os._exit(0)
+    if isinstance(code, int):
+        os._exit(code & 0xFF)
+    print(code, file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(1)
 
 
 if __name__ == "__main__":
