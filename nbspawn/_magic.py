@@ -10,7 +10,7 @@ import argparse
 import shlex
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
@@ -197,22 +197,35 @@ class SpawnMagics(Magics):
 
         shell = self.shell
         assert shell is not None  # a magic runs in a shell
-        source = None
-        cells = _cell_files(shell)
-        if cell is not None:
-            source = CellSource(cell, line_offset=1, label=f"Cell In[{_cell_number(shell, cells)}]")
+        source, cells = self._source(cell) if cell is not None else (None, _cell_files(shell))
         spec, executor = prepare_cluster(
             cluster, shell.user_ns, source, program=program, nodes=args.nodes, hidden=shell.user_ns_hidden,
-            share=args.share, out=args.out, rich=bool(getattr(view, "rich", False)),
-            nprocs=self.nprocs if args.nprocs is None else args.nprocs,
-            start_method=args.start_method or self.start_method, backend=args.backend or self.backend,
-            env=args.env, timeout=self.timeout if args.timeout is None else args.timeout,
-            grace_period=self.grace_period if args.grace_period is None else args.grace_period,
-            log_dir=args.log_dir or self.log_dir, ranks=args.ranks,
-            max_saved_kb=self.max_saved_kb, max_image_kb=self.max_image_kb,
+            share=args.share, out=args.out, rich=bool(getattr(view, "rich", False)), **self._options(args),
         )  # fmt: skip
         spec.cell_numbers = cells
         return spec, executor
+
+    def _source(self, cell: str) -> tuple[CellSource, dict[str, int]]:
+        """The cell's body, labelled as the notebook shows it, and IPython's map of earlier cells."""
+        shell = self.shell
+        assert shell is not None  # a magic runs in a shell
+        cells = _cell_files(shell)
+        return CellSource(cell, line_offset=1, label=f"Cell In[{_cell_number(shell, cells)}]"), cells
+
+    def _options(self, args: argparse.Namespace) -> dict[str, Any]:
+        """The cell's options, each falling back on its SpawnMagics default."""
+        return {
+            "nprocs": self.nprocs if args.nprocs is None else args.nprocs,
+            "start_method": args.start_method or self.start_method,
+            "backend": args.backend or self.backend,
+            "env": args.env,
+            "timeout": self.timeout if args.timeout is None else args.timeout,
+            "grace_period": self.grace_period if args.grace_period is None else args.grace_period,
+            "log_dir": args.log_dir or self.log_dir,
+            "ranks": args.ranks,
+            "max_saved_kb": self.max_saved_kb,
+            "max_image_kb": self.max_image_kb,
+        }
 
     def _execute(self, spec: RunSpec, view: RunView, executor: Executor | None, background: bool) -> Run | None:
         """One path for cells and programs, on this machine or a cluster, in the foreground or not."""
@@ -290,18 +303,9 @@ class SpawnMagics(Magics):
 
         self._refuse_for_program(args)
         program = parse_program(words)
-        spec = build_spec(
-            CellSource("", label=str(program)),
-            nprocs=self.nprocs if args.nprocs is None else args.nprocs,
-            start_method="spawn",
-            env=args.env,
-            timeout=self.timeout if args.timeout is None else args.timeout,
-            grace_period=self.grace_period if args.grace_period is None else args.grace_period,
-            log_dir=args.log_dir or self.log_dir,
-            ranks=args.ranks,
-            max_saved_kb=self.max_saved_kb,
-            max_image_kb=self.max_image_kb,
-        )
+        # a program is always a new process, and sets up its own process group
+        options = {**self._options(args), "start_method": "spawn", "backend": None}
+        spec = build_spec(CellSource("", label=str(program)), **options)
         spec.program = program
         return spec, ProgramRanks(spec, program)
 
@@ -326,20 +330,8 @@ class SpawnMagics(Magics):
     def _prepare(self, args: argparse.Namespace, cell: str, world: str, view: RunView) -> tuple[RunSpec, Executor | None]:
         shell = self.shell
         assert shell is not None  # a magic runs in a shell
-        cells = _cell_files(shell)
-        source = CellSource(cell, line_offset=1, label=f"Cell In[{_cell_number(shell, cells)}]")
-        options = {
-            "nprocs": self.nprocs if args.nprocs is None else args.nprocs,
-            "start_method": args.start_method or self.start_method,
-            "backend": args.backend or self.backend,
-            "env": args.env,
-            "timeout": self.timeout if args.timeout is None else args.timeout,
-            "grace_period": self.grace_period if args.grace_period is None else args.grace_period,
-            "log_dir": args.log_dir or self.log_dir,
-            "ranks": args.ranks,
-            "max_saved_kb": self.max_saved_kb,
-            "max_image_kb": self.max_image_kb,
-        }
+        source, cells = self._source(cell)
+        options = self._options(args)
         if world:
             from .executors._world import prepare_cell
 

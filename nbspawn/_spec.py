@@ -152,13 +152,16 @@ def cuda_device_count() -> int:
     return torch.cuda.device_count()
 
 
+def auto_nprocs(gpus: int, cpus: int) -> int:
+    """What ``-n auto`` means on a machine: one rank per GPU, else up to 4 CPU ranks (never more than the cores)."""
+    return gpus if gpus else max(1, min(4, cpus))
+
+
 def resolve_nprocs(value: Any) -> int:
-    """``auto``: one rank per visible GPU, else up to 4 CPU ranks (never more than the cores)."""
     n = parse_nprocs(value)
     if n != "auto":
         return int(n)
-    gpus = cuda_device_count()
-    return gpus if gpus else max(1, min(4, usable_cpus()))
+    return auto_nprocs(cuda_device_count(), usable_cpus())
 
 
 def parse_env(items: list[str] | dict[str, str] | None) -> dict[str, str]:
@@ -276,12 +279,26 @@ def cuda_initialized() -> bool:
     return bool(torch.cuda.is_initialized() or torch.cuda._is_in_bad_fork())
 
 
-def choose_start_method(requested: str | None) -> tuple[str, list[str]]:
-    """Fork where it is safe (fast, and the cell sees the kernel's names), else forkserver."""
-    notes: list[str] = []
+def parse_start_method(requested: str | None) -> str:
+    """The name checked: fork, spawn, forkserver or auto (what this machine offers is not asked)."""
     method = (requested or "auto").strip().lower()
     if method not in (*START_METHODS, "auto"):
         raise SpawnUsageError(f"--start-method must be one of fork, spawn, forkserver, not {requested!r}")
+    return method
+
+
+def parse_backend(backend: str | None) -> str:
+    """The name checked: none, gloo, nccl or auto (whether GPUs are there is not asked)."""
+    name = (backend or "none").strip().lower()
+    if name not in BACKENDS:
+        raise SpawnUsageError(f"--backend must be one of none, gloo, nccl, auto, not {backend!r}")
+    return name
+
+
+def choose_start_method(requested: str | None) -> tuple[str, list[str]]:
+    """Fork where it is safe (fast, and the cell sees the kernel's names), else forkserver."""
+    notes: list[str] = []
+    method = parse_start_method(requested)
     available = multiprocessing.get_all_start_methods()
     if method == "auto":
         if "fork" not in available:
@@ -305,9 +322,7 @@ def choose_start_method(requested: str | None) -> tuple[str, list[str]]:
 
 
 def resolve_backend(backend: str | None, nprocs: int) -> str:
-    name = (backend or "none").strip().lower()
-    if name not in BACKENDS:
-        raise SpawnUsageError(f"--backend must be one of none, gloo, nccl, auto, not {backend!r}")
+    name = parse_backend(backend)
     if name == "none":
         return name
     gpus = cuda_device_count()

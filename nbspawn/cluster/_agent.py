@@ -89,11 +89,18 @@ def _install_handlers() -> None:
     signal.signal(STOP_SIGNAL, _ask_stop)
 
 
-def probe(kernel_cwd: str, program: list[str] | None, start_method: str | None, controller_hint: str | None) -> dict:
-    """This engine's node and what the kernel must check before the run (one round trip)."""
+def versions() -> dict[str, str]:
+    """What must be the same on every node and in the kernel."""
     import torch
 
     import nbspawn
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "nbspawn": nbspawn.__version__}
+
+
+def probe(kernel_cwd: str, program: list[str] | None, start_method: str | None, controller_hint: str | None) -> dict:
+    """This engine's node and what the kernel must check before the run (one round trip)."""
+    import torch
 
     from .._spec import choose_start_method, usable_cpus
     from ..errors import SpawnUsageError
@@ -121,12 +128,10 @@ def probe(kernel_cwd: str, program: list[str] | None, start_method: str | None, 
         machine = ""
     return {
         "node": _net.node_name(),
-        "hostname": _net_hostname(),
+        "hostname": socket.gethostname(),
         "machine": machine,
         "pid": os.getpid(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "nbspawn": nbspawn.__version__,
+        **versions(),
         "address": address,
         "port": _reserve(address or "127.0.0.1"),
         "gpus": torch.cuda.device_count(),
@@ -135,12 +140,6 @@ def probe(kernel_cwd: str, program: list[str] | None, start_method: str | None, 
         "start_method": method,
         "problem": problem,
     }
-
-
-def _net_hostname() -> str:
-    import socket
-
-    return socket.gethostname()
 
 
 @contextlib.contextmanager
@@ -227,20 +226,21 @@ class RelayView:
             self.batch.insert(0, ("started", pids, run.run_dir))
 
     def _cut(self, rank: int) -> None:
-        """Keep this rank's newest text in the batch; count the lines of what is dropped."""
+        """Keep this rank's newest text in the batch; count the lines of what is dropped, where it was."""
         kept: list[tuple] = []
-        dropped_lines = 0
+        dropped_lines, at = 0, None
         excess = self.chars[rank] - BATCH_CHARS // 2
         for entry in self.batch:
             if excess > 0 and entry[0] == "o" and entry[1] == rank:
                 excess -= len(entry[3])
                 self.chars[rank] -= len(entry[3])
                 dropped_lines += entry[3].count("\n")
-                if dropped_lines and not any(e[0] == "s" and e[1] == rank for e in kept):
-                    kept.append(("s", rank, 0))
+                at = len(kept) if at is None else at
                 continue
             kept.append(entry)
-        self.batch = [("s", rank, dropped_lines) if e[0] == "s" and e[1] == rank and e[2] == 0 else e for e in kept]
+        if dropped_lines and at is not None:
+            kept.insert(at, ("s", rank, dropped_lines))
+        self.batch = kept
 
     def _publish(self) -> None:
         if self.batch:

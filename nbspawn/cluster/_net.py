@@ -62,14 +62,18 @@ def interface_of(address: str) -> str | None:
     return None
 
 
+def url_host(url: str) -> str | None:
+    """``tcp://10.0.0.1:12345`` -> ``10.0.0.1`` (None for an empty url)."""
+    return url.split("://", 1)[-1].rsplit(":", 1)[0] or None
+
+
 def engine_controller_host() -> str | None:
     """The controller's host as this engine registered with it, when this process is an engine."""
     try:
         from ipyparallel.engine.app import IPEngine
 
         if IPEngine.initialized():
-            url = IPEngine.instance().registration_url  # tcp://10.0.0.1:12345
-            return url.split("://", 1)[-1].rsplit(":", 1)[0] or None
+            return url_host(IPEngine.instance().registration_url)
     except Exception:
         return None
     return None

@@ -15,6 +15,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._spec import auto_nprocs
 from ..errors import SpawnUsageError
 from . import _agent, _net
 
@@ -58,14 +59,18 @@ class ClusterPlan:
     def node_of(self, rank: int) -> Node:
         return self.nodes[rank // self.ranks_per_node]
 
+    def ranks_of(self, index: int) -> range:
+        """The global ranks of node ``index``."""
+        return range(index * self.ranks_per_node, (index + 1) * self.ranks_per_node)
+
     def describe(self) -> str:
         """One line: the node order, agents and addresses, as the run will use them."""
-        m = self.ranks_per_node
         parts = []
         for node in self.nodes:
-            ranks = f"rank {node.index * m}" if m == 1 else f"ranks {node.index * m}-{node.index * m + m - 1}"
+            first, last = self.ranks_of(node.index)[0], self.ranks_of(node.index)[-1]
+            ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
             parts.append(f"{node.label} {node.address or '-'} engine {node.agent}: {ranks}")
-        head = f"nbspawn: {len(self.nodes)} nodes x {m} ranks, MASTER_ADDR {self.master_addr}:{self.master_port}"
+        head = f"nbspawn: {len(self.nodes)} nodes x {self.ranks_per_node} ranks, MASTER_ADDR {self.master_addr}:{self.master_port}"
         return head + "; " + "; ".join(parts)
 
 
@@ -107,9 +112,7 @@ def resolve_client(name: str, namespace: dict[str, Any]) -> tuple[Any, list[int]
 
 def controller_host(client: Any) -> str | None:
     """Where the kernel reaches the controller: a hint for engines that cannot tell themselves."""
-    url = str(getattr(client, "_config", {}).get("registration", "") or "")
-    host = url.split("://", 1)[-1].rsplit(":", 1)[0]
-    return host or None
+    return _net.url_host(str(getattr(client, "_config", {}).get("registration", "") or ""))
 
 
 def probe(client: Any, ids: list[int], program: list[str] | None, start_method: str | None) -> dict[int, dict]:
@@ -176,13 +179,7 @@ def group_nodes(facts: dict[int, dict]) -> list[Node]:
 
 def check_nodes(nodes: list[Node]) -> None:
     """Same Python, torch and nbspawn everywhere (and as this kernel's); the program exists."""
-    import platform
-
-    import torch
-
-    import nbspawn
-
-    mine = {"python": platform.python_version(), "torch": torch.__version__, "nbspawn": nbspawn.__version__}
+    mine = _agent.versions()
     for node in nodes:
         for what, version in mine.items():
             theirs = node.facts.get(what)
@@ -199,7 +196,7 @@ def ranks_per_node(nodes: list[Node], nprocs: int | str) -> int:
     """``-n M`` is per node; ``auto``: one per GPU of each node, else up to 4 CPU ranks (all equal)."""
     if nprocs != "auto":
         return int(nprocs)
-    counts = {node.label: (node.facts["gpus"] or max(1, min(4, node.facts["cpus"]))) for node in nodes}
+    counts = {node.label: auto_nprocs(node.facts["gpus"], node.facts["cpus"]) for node in nodes}
     if len(set(counts.values())) > 1:
         said = ", ".join(f"{label}: {n}" for label, n in counts.items())
         raise SpawnUsageError(f"-n auto: the nodes would run different numbers of ranks ({said}); give -n")

@@ -27,7 +27,17 @@ from typing import Any
 
 from .._run import Run
 from .._source import CellSource
-from .._spec import RunSpec, new_run_id, parse_env, parse_kb, parse_nprocs, parse_ranks, parse_seconds
+from .._spec import (
+    RunSpec,
+    new_run_id,
+    parse_backend,
+    parse_env,
+    parse_kb,
+    parse_nprocs,
+    parse_ranks,
+    parse_seconds,
+    parse_start_method,
+)
 from ..cluster import _agent
 from ..cluster._plan import ClusterPlan, plan, remember_port, resolve_client
 from ..errors import SpawnUsageError
@@ -68,13 +78,9 @@ def prepare_cluster(
         if n_nodes <= 0:
             raise SpawnUsageError(f"--nodes must be a positive integer, not {nodes!r}")
     nprocs = parse_nprocs(options.get("nprocs", "auto"))
-    method = options.get("start_method")
-    method = None if method in (None, "", "auto") else str(method).strip().lower()
-    if method not in (None, "fork", "spawn", "forkserver"):
-        raise SpawnUsageError(f"--start-method must be one of fork, spawn, forkserver, not {options['start_method']!r}")
-    backend = (options.get("backend") or "none").strip().lower()
-    if backend not in ("none", "gloo", "nccl", "auto"):
-        raise SpawnUsageError(f"--backend must be one of none, gloo, nccl, auto, not {options['backend']!r}")
+    method: str | None = parse_start_method(options.get("start_method"))
+    method = None if method == "auto" else method  # each node chooses, as on one machine
+    backend = parse_backend(options.get("backend"))
     env = parse_env(options.get("env"))
     timeout = parse_seconds(options.get("timeout"), "--timeout", allow_zero=False)
     grace = parse_seconds(options.get("grace_period", 5.0), "--grace-period", allow_zero=True)
@@ -124,7 +130,7 @@ def prepare_cluster(
     }
     job = {
         "run_id": run_id,
-        "cell": cell if program is None else CellSource("", label=cell.label),
+        "cell": cell,
         "program": program,
         "names": names,
         "out_names": list(out_names),
@@ -163,10 +169,8 @@ class ClusterRanks:
 
     def start(self, run: Run) -> list[int]:
         self.run = run
-        m = self.cluster.ranks_per_node
         for state in run.ranks:
-            node = self.cluster.node_of(state.rank)
-            state.node = node.label
+            state.node = self.cluster.node_of(state.rank).label
         self.pipes = [os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC) for _ in run.ranks]
         self.cluster.batches = [0] * len(self.cluster.nodes)
         client = self.cluster.client
@@ -175,7 +179,7 @@ class ClusterRanks:
                 spot = {
                     "index": node.index,
                     "nnodes": len(self.cluster.nodes),
-                    "offset": node.index * m,
+                    "offset": self.cluster.ranks_of(node.index).start,
                     "world_size": self.cluster.world_size,
                     "master_addr": self.cluster.master_addr,
                     "master_port": self.cluster.master_port,
@@ -255,11 +259,11 @@ class ClusterRanks:
 
     def _wake(self, index: int) -> Any:
         """For ipyparallel's IO thread: the node's agent answered; wake the supervisor now."""
-        m = self.cluster.ranks_per_node
+        ranks = self.cluster.ranks_of(index)
 
         def wake(_result: Any) -> None:
             with self.pipes_lock:  # never a descriptor cleanup closed (its number may be reused)
-                for read_write in self.pipes[index * m : index * m + m]:
+                for read_write in self.pipes[ranks.start : ranks.stop]:
                     with contextlib.suppress(OSError):
                         os.write(read_write[1], b"w")
 
@@ -356,8 +360,7 @@ class ClusterRanks:
         """Every rank of the node not yet reported ends now; unless the node was asked to stop, each
         carries the node's loss as its error (the root cause, if nothing failed before)."""
         node = self.cluster.nodes[index]
-        m = self.cluster.ranks_per_node
-        for rank in range(index * m, index * m + m):
+        for rank in self.cluster.ranks_of(index):
             if rank in self.reported:
                 continue
             record: dict[str, Any] = {"exit_code": -signal.SIGKILL}

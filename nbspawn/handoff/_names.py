@@ -82,18 +82,21 @@ def _check_picklable(wanted: dict[str, Any], where: str = "spawned ranks", inste
         raise SpawnUsageError(f"cannot send {name!r} (a {kind}) to {where}: {err}. Create it inside the cell{instead}.")
 
 
-def pack_namespace(
-    tree: ast.Module, user_ns: dict[str, Any], hidden: dict[str, Any] | None = None, shared: dict[str, Any] | None = None
-) -> _shm.Payload:
-    """The kernel names a spawned cell uses (and the ``--share`` ones), ready to travel."""
-    hidden = hidden or {}
-    shared = shared or {}
-    wanted = {
+def _wanted(tree: ast.Module, user_ns: dict[str, Any], hidden: dict[str, Any]) -> dict[str, Any]:
+    """The kernel names the cell uses that can and should travel."""
+    return {
         name: user_ns[name]
         for name in sorted(names_used(tree))
         if name in user_ns and _shippable(name, user_ns[name], hidden)
     }
-    wanted.update(shared)
+
+
+def pack_namespace(
+    tree: ast.Module, user_ns: dict[str, Any], hidden: dict[str, Any] | None = None, shared: dict[str, Any] | None = None
+) -> _shm.Payload:
+    """The kernel names a spawned cell uses (and the ``--share`` ones), ready to travel."""
+    shared = shared or {}
+    wanted = {**_wanted(tree, user_ns, hidden or {}), **shared}
     _check_picklable(wanted)
     return _shm.Payload(wanted, shared=list(shared.values()))
 
@@ -101,12 +104,7 @@ def pack_namespace(
 def pickle_names(tree: ast.Module, user_ns: dict[str, Any], hidden: dict[str, Any] | None = None) -> bytes:
     """The kernel names a cell uses, pickled once by value (tensors with their data), for other
     machines: what a cluster run sends, the same bytes, to every node."""
-    hidden = hidden or {}
-    wanted = {
-        name: user_ns[name]
-        for name in sorted(names_used(tree))
-        if name in user_ns and _shippable(name, user_ns[name], hidden)
-    }
+    wanted = _wanted(tree, user_ns, hidden or {})
     _check_picklable(wanted, "other nodes", "")
     return cloudpickle.dumps(wanted)
 

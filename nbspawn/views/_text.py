@@ -57,16 +57,21 @@ def settle_line(raw: str) -> str:
     if "\r" in raw:
         segments = [s for s in raw.split("\r") if s]
         raw = segments[-1] if segments else ""
-    if "\b" in raw:
-        chars: list[str] = []
-        for ch in raw:
-            if ch == "\b":
-                if chars:
-                    chars.pop()
-            else:
-                chars.append(ch)
-        raw = "".join(chars)
-    return raw
+    return erase_backspaces(raw)
+
+
+def erase_backspaces(text: str) -> str:
+    """Each ``\b`` erases the character before it, as a terminal's cursor would overwrite it."""
+    if "\b" not in text:
+        return text
+    chars: list[str] = []
+    for ch in text:
+        if ch == "\b":
+            if chars:
+                chars.pop()
+        else:
+            chars.append(ch)
+    return "".join(chars)
 
 
 # -- display items as text --------------------------------------------------------------------------
