@@ -143,6 +143,10 @@ class Run:
     def ok(self) -> bool:
         return self.status == "succeeded"
 
+    def node_log_dirs(self) -> dict[str, str]:
+        """A cluster run's log directories, ``host:path`` by node, as far as its agents told them."""
+        return {state.node: state.remote_dir.rsplit("/", 1)[0] for state in self.ranks if state.node and state.remote_dir}
+
     def prepare_logs(self) -> None:
         """Create ``<run-dir>/<rank>/`` and open a reader on its files before any rank writes."""
         os.makedirs(self.spec.run_dir, exist_ok=True)

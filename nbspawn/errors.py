@@ -73,8 +73,8 @@ def _alike(failures: list[RankFailure]) -> list[list[RankFailure]]:
     return list(groups.values())
 
 
-def _ranks(group: list[RankFailure]) -> str:
-    ranks = sorted(f.rank for f in group)
+def rank_spans(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2,5`` (sorted ranks)."""
     spans: list[str] = []
     start = prev = ranks[0]
     for rank in [*ranks[1:], None]:
@@ -102,7 +102,7 @@ def _describe(failures: list[RankFailure]) -> list[str]:
             lines.append(failure.headline())
         else:
             verb = "were stopped" if failure.stopped else "failed"
-            lines.append(f"ranks {_ranks(group)} {verb} the same way: {failure.summary}")
+            lines.append(f"ranks {rank_spans(sorted(f.rank for f in group))} {verb} the same way: {failure.summary}")
         if failure.traceback and not failure.stack:
             lines.extend("  " + ln for ln in failure.traceback.rstrip().splitlines())
         lines.extend(_where(failure))
@@ -119,7 +119,7 @@ def _logs_lines(run: Run | None, color: bool) -> list[str]:
         note = f"The world {run.world!r} was lost: {lost}; the next cell that names it starts a new one."
         lines.append(f"{_RED}{note}{_RESET}" if color else note)
     line = f"Logs: {run.run_dir}/<rank>/{{stdout.log,stderr.log,error.json}}"
-    nodes = {state.node: state.remote_dir.rsplit("/", 1)[0] for state in run.ranks if state.node and state.remote_dir}
+    nodes = run.node_log_dirs()
     if nodes:  # a cluster run: each node keeps its own ranks' logs
         line = "Logs, on each node: " + "; ".join(f"{node} {where}/<rank>/" for node, where in nodes.items())
     return [*lines, f"{_DIM}{line}{_RESET}" if color else line]

@@ -388,7 +388,8 @@ class _Supervisor:
             _reaper.watch(self.pids)
         for rank, pid in enumerate(self.pids):
             state = self.run.ranks[rank]
-            state.pid, state.started_at, state.status = pid, now, "running"
+            # a remote rank's pid is not known yet (0): its agent tells it
+            state.pid, state.started_at, state.status = pid or None, now, "running"
             for waitable in self.executor.waitables(rank):
                 self.alive[waitable] = rank
         self.run.status = "running"
@@ -642,9 +643,7 @@ class _Supervisor:
         if self.stop_reason == "timeout":
             run.status = "timeout"
             return SpawnTimeoutError(self.spec.timeout or 0, stopped, run)
-        if self.stop_reason == "peer":  # a node agent's run, stopped for the kernel's reasons
-            run.status = "stopped"
-            return SpawnInterrupted(stopped, run, stopped_by=self.stopped_by)
+        # interrupt, Stop, or (a node agent's run) stopped for the kernel's reasons
         run.status = "interrupted" if self.stop_reason == "interrupt" else "stopped"
         return SpawnInterrupted(stopped, run, stopped_by=self.stopped_by)
 

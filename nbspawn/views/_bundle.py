@@ -23,8 +23,10 @@ from html.parser import HTMLParser
 from typing import Any, ClassVar
 
 from .._run import RankState, Run
+from ..errors import rank_spans
 from ..events._display import WIDGET_MIME
 from ._tail import ANSI, TAIL_LINES, Display, Entry, Line, OutputTail
+from ._text import erase_backspaces
 
 MIME = "application/vnd.nbspawn.run+json"
 NEWLINE = "&#10;"
@@ -91,7 +93,8 @@ def run_record(run: Run, elided: dict[int, int] | None = None) -> dict:
         "nprocs": run.nprocs,
         "start_method": run.spec.start_method,
         "backend": run.spec.backend,
-        "log_dir": run.run_dir,
+        # a cluster run: where each node keeps its ranks' logs (the kernel's directory has only copies of their errors)
+        "log_dir": "; ".join(dict.fromkeys(run.node_log_dirs().values())) or run.run_dir,
         "started_at": run.started_at,
         "duration": run.duration,
         "status": run.status,
@@ -202,16 +205,7 @@ def _settled_with_colours(text: str) -> str:
         colours = "".join(m.group(0) for m in ANSI.finditer(text.rsplit("\r", 1)[0]) if m.group(0).endswith("m"))
         segments = [s for s in text.split("\r") if ANSI.sub("", s)]
         text = colours + (segments[-1] if segments else "")
-    if "\b" in text:
-        out: list[str] = []
-        for ch in text:
-            if ch == "\b":
-                if out:
-                    out.pop()
-            else:
-                out.append(ch)
-        text = "".join(out)
-    return text
+    return erase_backspaces(text)
 
 
 def _run_html(text: str, state: list[int]) -> str:
@@ -395,16 +389,7 @@ def to_text(record: dict) -> str:
 
 
 def _ranges(ranks: list[int]) -> str:
-    out: list[str] = []
-    start = prev = ranks[0]
-    for r in [*ranks[1:], None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    return "ranks " + ",".join(out) if len(ranks) > 1 else f"rank {ranks[0]}"
+    return "ranks " + rank_spans(ranks) if len(ranks) > 1 else f"rank {ranks[0]}"
 
 
 class FrozenRun:
