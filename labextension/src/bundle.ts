@@ -51,6 +51,11 @@ export interface IRunBundle {
   ranks: IRankInfo[];
 }
 
+/** `value` as an object to read fields from; `{}` for anything that is not a plain object. */
+export function record(value: unknown): Record<string, unknown> {
+  return value && typeof value === 'object' && !Array.isArray(value) ? (value as Record<string, unknown>) : {};
+}
+
 function str(v: unknown, dflt = ''): string {
   return typeof v === 'string' ? v : dflt;
 }

@@ -741,6 +741,7 @@ function rankKey(r: IRankInfo, run: IRunBundle): string {
     r.traceback,
     r.stdout_path,
     r.stderr_path,
+    r.node,
     run.error?.rank === r.rank
   ]);
 }

@@ -25,7 +25,7 @@ import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { Kernel, KernelMessage } from '@jupyterlab/services';
 import { Panel, Widget } from '@lumino/widgets';
 
-import { IRunBundle, RUN_MIME_TYPE, parseBundle } from './bundle';
+import { IRunBundle, RUN_MIME_TYPE, parseBundle, record } from './bundle';
 import { ILiveSource, LiveOutput, LiveView, formatElapsed } from './live';
 import { StopGuard, deleteSubshell } from './stopguard';
 
@@ -55,10 +55,6 @@ export interface ILiveInfo {
   started_at: number | null;
   nprocs: number | null;
   log_dir?: string;
-}
-
-function record(value: unknown): Record<string, unknown> {
-  return value && typeof value === 'object' && !Array.isArray(value) ? (value as Record<string, unknown>) : {};
 }
 
 export function parseLiveInfo(data: unknown): ILiveInfo | null {
@@ -717,19 +713,8 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
     const id = this._subshell;
     this._subshell = null;
     this._subshellKernel = null;
-    if (kernel && id && !kernel.isDisposed && kernel.status !== 'dead') {
-      try {
-        const msg = KernelMessage.createMessage({
-          msgType: 'delete_subshell_request',
-          channel: 'control',
-          username: kernel.username,
-          session: kernel.clientId,
-          content: { subshell_id: id }
-        });
-        kernel.sendControlMessage(msg, true, true);
-      } catch {
-        // gone with its kernel
-      }
+    if (kernel) {
+      deleteSubshell(kernel, id);
     }
   }
 

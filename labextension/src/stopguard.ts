@@ -16,16 +16,14 @@
 
 import { Kernel, KernelMessage } from '@jupyterlab/services';
 
+import { record } from './bundle';
+
 /** How long a Stop may go unheard by a kernel without subshells before it is interrupted. */
 export const STOP_ACK_MS = 300;
 /** The same, once our copy of the Stop went on a subshell (it is handled at once). */
 export const STOP_SENT_ACK_MS = 3000;
 
 export type StopOutcome = 'waiting' | 'heard' | 'interrupted';
-
-function record(value: unknown): Record<string, unknown> {
-  return value && typeof value === 'object' && !Array.isArray(value) ? (value as Record<string, unknown>) : {};
-}
 
 /** Ask the kernel to delete a subshell (nothing if there is none, or the kernel is gone). */
 export function deleteSubshell(kernel: Kernel.IKernelConnection, id: string | null): void {

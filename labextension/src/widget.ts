@@ -18,7 +18,7 @@
  * (`application/vnd.nbspawn.run+json`), drawn by `render.ts`, as this view is.
  */
 
-import { IRunBundle, parseBundle } from './bundle';
+import { IRunBundle, parseBundle, record } from './bundle';
 import { ILiveSource, LiveOutput, LiveView } from './live';
 
 /** The part of anywidget's model API used here (AFM). */
@@ -30,10 +30,6 @@ interface IAnyModel {
 }
 
 type Cleanup = () => void;
-
-function record(value: unknown): Record<string, unknown> {
-  return value && typeof value === 'object' && !Array.isArray(value) ? (value as Record<string, unknown>) : {};
-}
 
 /** One run's model-level state, shared by all its views in this page. */
 class LiveRun implements ILiveSource {
