@@ -14,6 +14,7 @@ engines.  After every run, nothing of it may remain on any node.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -48,8 +49,20 @@ def loaded_kernel():
     return kernel
 
 
-def connect(kernel, nodes, name: str = "rc") -> None:
-    ok(kernel, f"import ipyparallel as ipp\n{name} = ipp.Client({nodes.url_file!r})\n{name}.wait_for_engines({len(nodes.engine_pids)}, timeout=60)")
+@contextlib.contextmanager
+def connected_kernel(nodes):
+    """A kernel with nbspawn loaded and ``rc``, a client of ``nodes``; stopped however the test ends."""
+    kernel = loaded_kernel()
+    try:
+        ok(kernel, f"import ipyparallel as ipp\nrc = ipp.Client({nodes.url_file!r})\nrc.wait_for_engines({len(nodes.engine_pids)}, timeout=60)")
+        yield kernel
+    finally:
+        stop_kernel(kernel)
+
+
+def ranks_on_every_node(nodes, count: int = 2) -> dict[int, int]:
+    """For wait_for_ranks: ``count`` ranks under each node's (single) engine."""
+    return {nodes.engines_of(n)[0]: count for n in range(nodes.nodes)}
 
 
 def rank_processes(nodes) -> dict[int, list[psutil.Process]]:
@@ -126,10 +139,8 @@ def nodes():
 
 @pytest.fixture(scope="module")
 def kernel(nodes):
-    k = loaded_kernel()
-    connect(k, nodes)
-    yield k
-    stop_kernel(k)
+    with connected_kernel(nodes) as k:
+        yield k
 
 
 ALL_REDUCE = """%%spawn --cluster rc -n 2 --backend gloo --out got
@@ -209,7 +220,7 @@ def test_failure_on_node_1_stops_node_0_at_once_and_names_the_node(kernel, nodes
 
 def test_interrupt_reaches_every_node(kernel, nodes):
     code = "%%spawn --cluster rc -n 2\nimport time\ndef train():\n    time.sleep(60)\ntrain()"
-    per_engine = {nodes.engines_of(n)[0]: 2 for n in range(2)}
+    per_engine = ranks_on_every_node(nodes)
 
     def interrupt() -> None:
         wait_for_ranks(nodes, per_engine)
@@ -313,11 +324,9 @@ def test_output_reaches_the_kernel_batched_within_budget(kernel, nodes):
 
 
 def test_kernel_death_stops_every_node_within_seconds(nodes):
-    k = loaded_kernel()
-    try:
-        connect(k, nodes)
+    with connected_kernel(nodes) as k:
         k.client.execute("%%spawn --cluster rc -n 2\nimport time\ntime.sleep(120)")
-        wait_for_ranks(nodes, {nodes.engines_of(n)[0]: 2 for n in range(2)})
+        wait_for_ranks(nodes, ranks_on_every_node(nodes))
         ranks = [p for kids in rank_processes(nodes).values() for p in kids]
         os.kill(k.pid, signal.SIGKILL)
         killed = time.monotonic()
@@ -325,8 +334,6 @@ def test_kernel_death_stops_every_node_within_seconds(nodes):
         took = time.monotonic() - killed
         print(f"every node's ranks were gone {took:.2f} s after the kernel was killed")
         assert not alive, alive
-    finally:
-        stop_kernel(k)
     assert_nothing_left(nodes)
     engines_idle(nodes)
 
@@ -337,7 +344,7 @@ def test_a_node_whose_engine_dies_fails_the_run_naming_it(kernel, nodes):
     agent = sorted(nodes.engine_pids)[1]  # nbspawn's node 1: nodes are ordered by their lowest engine id
 
     def kill() -> None:
-        wait_for_ranks(nodes, {nodes.engines_of(n)[0]: 2 for n in range(2)})
+        wait_for_ranks(nodes, ranks_on_every_node(nodes))
         time.sleep(0.5)
         nodes.kill_engine(agent)
 
@@ -374,10 +381,8 @@ def netns_nodes():
 
 @pytest.fixture(scope="module")
 def netns_kernel(netns_nodes):
-    k = loaded_kernel()
-    connect(k, netns_nodes)
-    yield k
-    stop_kernel(k)
+    with connected_kernel(netns_nodes) as k:
+        yield k
 
 
 def test_netns_all_reduce_across_namespaces_uses_the_routable_address(netns_kernel, netns_nodes):

@@ -1,0 +1,104 @@
+"""A cluster run in JupyterLab: the same live view as a local run, each rank's pane naming its node.
+
+Two nodes of real ipyparallel engines on this machine (``tests/cluster_nodes.py``), 2 ranks each;
+rank 2 (on node 1) fails while the others are still running.  The live view and the frozen run that
+replaces it must say which node each rank ran on, and where its logs are there (``host:/path``).
+Screenshots go to test-artifacts/browser/.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from cluster_nodes import LocalNodes
+from test_lab_renderer import (  # the servers, browser pages, fixtures and helpers of the renderer's tests
+    Page,
+    artifacts,  # noqa: F401 - a fixture
+    browser,  # noqa: F401 - a fixture
+    code_cell,
+    lab_url,
+    notebook,
+    run_cell,
+    serve,
+    shot,
+    sync_api,
+)
+
+from nbspawn.views._widget import widget_available
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(not widget_available(), reason="nbspawn/_static/widget.js is not built"),
+]
+
+TRAIN = """\
+%%spawn --cluster rc -n 2
+import os, time
+rank = int(os.environ["RANK"])
+for step in range(6):
+    print(f"rank {rank} on node {os.environ['GROUP_RANK']}: step {step}", flush=True)
+    time.sleep(0.4)
+    if rank == 2 and step == 3:
+        raise ValueError("rank 2 diverged: loss is nan")
+"""
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    with LocalNodes(nodes=2, engines_per_node=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, nodes):
+    connect = f"%load_ext nbspawn\nimport ipyparallel as ipp\nrc = ipp.Client({nodes.url_file!r})\nrc.wait_for_engines(2, timeout=60)"
+
+    def write(root: Path) -> None:
+        (root / "cluster.ipynb").write_text(json.dumps(notebook([code_cell(0, connect), code_cell(1, TRAIN)])))
+
+    yield from serve("lab", tmp_path_factory.mktemp("cluster-lab"), write)
+
+
+def test_lab_cluster_run_names_each_ranks_node(lab, browser, artifacts):
+    p = Page(browser, width=1200, height=1000)
+    pg = p.page
+    try:
+        pg.goto(lab_url(lab, "cluster.ipynb"))
+        panel = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+        cells = panel.locator(".jp-Cell")
+        cells.first.wait_for(timeout=90_000)
+        panel.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000)
+        run_cell(pg, cells.nth(0))
+        sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=120_000)
+
+        run = cells.nth(1)
+        run_cell(pg, run)
+        view = run.locator(".nbs-Widget .nbs-Run.nbs-mod-live")
+        view.wait_for(timeout=60_000)
+        sync_api.expect(view.locator(".nbs-Chip")).to_have_count(4)
+        view.locator(".nbs-Chip[data-rank='3']").click()
+        title = view.locator(".nbs-Pane[data-rank='3'] .nbs-Pane-title")
+        sync_api.expect(title).to_have_text(re.compile(r"^rank 3 · node 1 \(node\d\)$"))
+        sync_api.expect(view.locator(".nbs-Pane[data-rank='3'] .nbs-Output")).to_contain_text("rank 3 on node 1: step 1", timeout=15_000)
+        pg.mouse.move(0, 0)
+        shot(view, artifacts, "lab-cluster-live.png")
+
+        frozen = run.locator(".nbs-RunRenderer .nbs-Run")
+        frozen.wait_for(timeout=60_000)
+        # the failed rank's pane: its node and its traceback
+        frozen.locator(".nbs-Chip[data-rank='2']").click()
+        failed = frozen.locator(".nbs-Pane[data-rank='2']")
+        sync_api.expect(failed.locator(".nbs-Pane-title")).to_have_text(re.compile(r"^rank 2 · node 1 \(node\d\)$"))
+        sync_api.expect(failed).to_contain_text("rank 2 diverged: loss is nan")
+        error = run.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").last
+        sync_api.expect(error).to_contain_text(re.compile(r"rank 2 on node 1 \(node\d\)"))
+        path = failed.locator(".nbs-File").first.get_attribute("title") or ""
+        assert re.match(r"^[^/\s]+:/.+/2/stdout\.log", path), path  # host:/path on its node
+        pg.mouse.move(0, 0)
+        shot(run, artifacts, "lab-cluster-frozen.png")
+    finally:
+        p.close()
