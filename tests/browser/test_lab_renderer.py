@@ -520,6 +520,8 @@ def test_lab_renders_a_failed_run(lab, page, artifacts):
 
     # rank 0: ANSI colours, stderr apart, the tqdm line settled to its final state
     run.locator(".nbs-Chip[data-rank='0']").click()
+    # the pane is drawn in the next animation frame: wait for it before reading
+    sync_api.expect(run.locator(".nbs-Pane[data-rank='0'] .nbs-Output")).to_contain_text("train:")
     text = pane_text(run)
     assert "100/100 [00:01<00:00, 99.6it/s]" in text
     for stale in ("10/100", "35/100", "55/100", "80/100", "0/100 [00:00<?"):
