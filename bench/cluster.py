@@ -102,7 +102,11 @@ def main() -> None:
     for key, label in (("probe", "  of which: checks (engines asked once)"), ("run", "  of which: the run (agents, ranks)")):
         print(f"{label:<40} {statistics.median(parts[key]) * 1000:8.1f} {min(parts[key]) * 1000:8.1f}")
     median = {name: statistics.median(times) for name, times in rows.items()}
-    local, px, cluster = median["%%spawn -n 4 (local, fork)"], median["%%px pass (2 engines)"], median["%%spawn --cluster rc -n 2 (2 nodes)"]
+    local, px, cluster = (
+        median["%%spawn -n 4 (local, fork)"],
+        median["%%px pass (2 engines)"],
+        median["%%spawn --cluster rc -n 2 (2 nodes)"],
+    )
     goal = local + px
     print(
         f"\ngoal: cluster cell <= local cell + one %%px round trip = {goal * 1000:.1f} ms; "

@@ -202,7 +202,7 @@ def run_nbspawn(kernel: BenchKernel, res: Results, sizes, methods, reps: int, pa
         for rep in range(reps):
             copy, clone = kernel.value("", f"_bench_copies({n})")
             res.reps[(size, "-")].append({"memcpy": copy, "clone": clone})
-            order = methods[rep % len(methods):] + methods[: rep % len(methods)]
+            order = methods[rep % len(methods) :] + methods[: rep % len(methods)]
             for method in order:
                 cells = nbspawn_cells(method, n, view)
                 times: dict[str, float] = {}
@@ -272,9 +272,7 @@ def run_ipyparallel(kernel: BenchKernel, res: Results, sizes, reps: int, big_rep
             need = IPP_MEMORY_FACTOR * size * MiB
             available = psutil.virtual_memory().available
             if available < need:
-                res.skipped[(size, "ipp")] = (
-                    f"skipped: {available / 2**30:.1f} GiB available, ~{need / 2**30:.0f} GiB needed"
-                )
+                res.skipped[(size, "ipp")] = f"skipped: {available / 2**30:.1f} GiB available, ~{need / 2**30:.0f} GiB needed"
                 break
             copy, _clone = kernel.value("", f"_bench_copies({n})")
             try:
@@ -397,7 +395,9 @@ def render(rows: list[list[str]], markdown: bool) -> str:
     left = {0, 1, 2}
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+        return "  ".join(
+            c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
 
     out = [line(HEADER), "-" * len(line(HEADER))]
     previous = None
@@ -465,9 +465,7 @@ def machine() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions per row (default 5)")
-    parser.add_argument(
-        "--pairs", type=int, default=5, help="baseline/reuse cell pairs per repetition, medians kept (default 5)"
-    )
+    parser.add_argument("--pairs", type=int, default=5, help="baseline/reuse cell pairs per repetition, medians kept (default 5)")
     parser.add_argument("--sizes", default=None, help="comma-separated MiB (default 1,64,256,1024)")
     parser.add_argument("--quick", action="store_true", help="1 and 64 MiB only")
     parser.add_argument("--methods", default="fork,forkserver", help="start methods (default fork,forkserver)")

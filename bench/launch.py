@@ -267,13 +267,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="N up to 16 only (no 64-rank spawn/forkserver)")
     parser.add_argument("--full", action="store_true", help="also time ipyparallel with 16 engines")
     parser.add_argument("--no-nbspawn", action="store_true", help="time the peers only")
-    parser.add_argument(
-        "--methods", default="fork,forkserver,spawn", help="%%%%spawn start methods to time (default: all three)"
-    )
+    parser.add_argument("--methods", default="fork,forkserver,spawn", help="%%%%spawn start methods to time (default: all three)")
     parser.add_argument("--reps", type=int, default=7, help="timed repetitions per row (default 7)")
-    parser.add_argument(
-        "--world-views", default="widget,text", help="views to time kept-world cells with (default: widget,text)"
-    )
+    parser.add_argument("--world-views", default="widget,text", help="views to time kept-world cells with (default: widget,text)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds one cell may take (default 600)")
     args = parser.parse_args()
 

@@ -105,7 +105,9 @@ def launch(
         words = cell if isinstance(cell, list) else None
         source = None if words is not None else CellSource(str(cell))
         rich = bool(getattr(view, "rich", False))
-        spec, remote = prepare_cluster(cluster, names, source, program=words, nodes=nodes, share=share, out=out, rich=rich, **options)
+        spec, remote = prepare_cluster(
+            cluster, names, source, program=words, nodes=nodes, share=share, out=out, rich=rich, **options
+        )
         run = execute(spec, view, remote)
         if check:
             run.raise_for_status()
@@ -127,9 +129,21 @@ def launch(
     if world is not None:
         from .executors._world import prepare_cell
 
-        given = {o for o, v in (("-n", nprocs), ("--start-method", start_method), ("--backend", backend), ("--env", env)) if v is not None}
+        given = {
+            o
+            for o, v in (("-n", nprocs), ("--start-method", start_method), ("--backend", backend), ("--env", env))
+            if v is not None
+        }
         spec, executor = prepare_cell(
-            world, source, names, hidden=None, share=share, out=out, given=given, rich=bool(getattr(view, "rich", False)), **options
+            world,
+            source,
+            names,
+            hidden=None,
+            share=share,
+            out=out,
+            given=given,
+            rich=bool(getattr(view, "rich", False)),
+            **options,
         )
         run = execute(spec, view, executor)
     else:

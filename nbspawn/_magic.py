@@ -38,15 +38,13 @@ class SpawnMagics(Magics):
         default_value="auto",
         help="Ranks per cell: a number, or 'auto' (one per GPU, else up to 4 CPU ranks).",
     ).tag(config=True)
-    start_method = Unicode(
-        "auto", help="fork, spawn, forkserver, or auto (fork unless CUDA is initialized in the kernel)."
-    ).tag(config=True)
-    backend = Unicode(
-        "none", help="Process group set up around the cell: none, gloo, nccl, or auto (nccl with GPUs)."
-    ).tag(config=True)
-    timeout = Float(None, allow_none=True, help="Seconds before every rank is stopped (None: no limit).").tag(
+    start_method = Unicode("auto", help="fork, spawn, forkserver, or auto (fork unless CUDA is initialized in the kernel).").tag(
         config=True
     )
+    backend = Unicode("none", help="Process group set up around the cell: none, gloo, nccl, or auto (nccl with GPUs).").tag(
+        config=True
+    )
+    timeout = Float(None, allow_none=True, help="Seconds before every rank is stopped (None: no limit).").tag(config=True)
     grace_period = Float(5.0, help="Seconds between SIGTERM and SIGKILL when ranks are stopped.").tag(config=True)
     log_dir = Unicode(
         None, allow_none=True, help="Where <run-id>/<rank>/{stdout,stderr}.log go (None: a new temporary directory)."
@@ -55,7 +53,8 @@ class SpawnMagics(Magics):
         256, help="Most KB a finished run's saved output takes in the notebook, images aside (the logs keep all)."
     ).tag(config=True)
     max_image_kb = Int(
-        2048, help="Most KB of images a run shows and saves; past it an image is named, not shown (its rank's display.jsonl has it)."
+        2048,
+        help="Most KB of images a run shows and saves; past it an image is named, not shown (its rank's display.jsonl has it).",
     ).tag(config=True)
     world = Unicode(
         "", help="Run every %%spawn cell on the kept world of this name ('' : fresh ranks per cell; --fresh for one cell)."
@@ -95,7 +94,9 @@ class SpawnMagics(Magics):
     @argument("--timeout", default=None, metavar="SECONDS", help="stop every rank after this long, showing each one's stack")
     @argument("--grace-period", default=None, metavar="SECONDS", help="time between SIGTERM and SIGKILL")
     @argument("--log-dir", default=None, metavar="DIR", help="keep logs in DIR/<run-id>/<rank>/")
-    @argument("--ranks", default=None, metavar="LIST", help="show only these ranks' output, e.g. 0 or 0,2 or 0-3 (all are logged)")
+    @argument(
+        "--ranks", default=None, metavar="LIST", help="show only these ranks' output, e.g. 0 or 0,2 or 0-3 (all are logged)"
+    )
     @argument(
         "--share",
         default=None,
@@ -110,7 +111,12 @@ class SpawnMagics(Magics):
         help="comma-separated names each rank defines; after the cell each is bound in the kernel as a list "
         "indexed by rank (tensors come back through shared memory)",
     )
-    @argument("--view", default=None, metavar="auto|widget|text", help="live widget or [rank{r}]: text lines (default: SpawnMagics.view)")
+    @argument(
+        "--view",
+        default=None,
+        metavar="auto|widget|text",
+        help="live widget or [rank{r}]: text lines (default: SpawnMagics.view)",
+    )
     @argument(
         "--world",
         default=None,
@@ -335,7 +341,16 @@ class SpawnMagics(Magics):
         if world:
             from .executors._world import prepare_cell
 
-            given = {o for o, v in (("-n", args.nprocs), ("--start-method", args.start_method), ("--backend", args.backend), ("--env", args.env)) if v is not None}
+            given = {
+                o
+                for o, v in (
+                    ("-n", args.nprocs),
+                    ("--start-method", args.start_method),
+                    ("--backend", args.backend),
+                    ("--env", args.env),
+                )
+                if v is not None
+            }
             spec, executor = prepare_cell(
                 world, source, shell.user_ns, hidden=shell.user_ns_hidden, share=args.share, out=args.out,
                 given=given, rich=bool(getattr(view, "rich", False)), **options,
@@ -389,7 +404,17 @@ def _status_table() -> str:
     for world in worlds.values():
         s = world.status()
         pids = ",".join(map(str, s["pids"]))
-        rows.append((s["name"], f"world {s['start_method']}/{s['backend']}", str(s["ranks"]), s["state"], f"{s['cells']} cells", pids, s["logs"]))
+        rows.append(
+            (
+                s["name"],
+                f"world {s['start_method']}/{s['backend']}",
+                str(s["ranks"]),
+                s["state"],
+                f"{s['cells']} cells",
+                pids,
+                s["logs"],
+            )
+        )
     for run in runs.values():
         elapsed = (run.ended_at or time.time()) - run.started_at
         pids = ",".join(str(r.pid) for r in run.ranks if r.status == "running")

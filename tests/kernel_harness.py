@@ -54,7 +54,7 @@ class ExecResult:
 
     @property
     def error_text(self) -> str:
-        """"" when the cell succeeded, so `result.stderr + result.error_text` always works."""
+        """ "" when the cell succeeded, so `result.stderr + result.error_text` always works."""
         return self.error.traceback_text if self.error else ""
 
 

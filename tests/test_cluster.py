@@ -54,7 +54,10 @@ def connected_kernel(nodes):
     """A kernel with nbspawn loaded and ``rc``, a client of ``nodes``; stopped however the test ends."""
     kernel = loaded_kernel()
     try:
-        ok(kernel, f"import ipyparallel as ipp\nrc = ipp.Client({nodes.url_file!r})\nrc.wait_for_engines({len(nodes.engine_pids)}, timeout=60)")
+        ok(
+            kernel,
+            f"import ipyparallel as ipp\nrc = ipp.Client({nodes.url_file!r})\nrc.wait_for_engines({len(nodes.engine_pids)}, timeout=60)",
+        )
         yield kernel
     finally:
         stop_kernel(kernel)
@@ -314,7 +317,9 @@ def test_output_reaches_the_kernel_batched_within_budget(kernel, nodes):
     for rank in range(4):
         assert f"[rank{rank}]: last line" in result.stdout
     facts = json.loads(
-        ok(kernel, "run = nbspawn.last_run()\nprint(json.dumps({'batches': run.spec.cluster.batches, 'took': run.duration}))").stdout
+        ok(
+            kernel, "run = nbspawn.last_run()\nprint(json.dumps({'batches': run.spec.cluster.batches, 'took': run.duration}))"
+        ).stdout
     )
     rate = sum(facts["batches"]) / facts["took"]
     print(f"{sum(facts['batches'])} data messages from 2 nodes in {facts['took']:.2f} s: {rate:.1f} a second")

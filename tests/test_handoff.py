@@ -43,7 +43,10 @@ def kernel_fds(kernel) -> list[str]:
 @pytest.mark.parametrize("method", METHODS)
 def test_ranks_write_slices_of_one_shared_kernel_tensor_in_place(kernel, method):
     ok(kernel, "import torch\ncanvas = torch.zeros(4, 1000)\nview = canvas[1:]\noriginal = canvas")
-    ok(kernel, f"%%spawn -n 4 --start-method {method} --share canvas\nimport os\nr = int(os.environ['RANK'])\ncanvas[r].fill_(r + 1)")
+    ok(
+        kernel,
+        f"%%spawn -n 4 --start-method {method} --share canvas\nimport os\nr = int(os.environ['RANK'])\ncanvas[r].fill_(r + 1)",
+    )
     # the same tensor object, and views of it, now show the ranks' writes
     assert ok(kernel, "print(canvas[:, 0].tolist(), canvas.sum().item(), canvas is original, view[0, 0].item())").stdout == (
         "[1.0, 2.0, 3.0, 4.0] 10000.0 True 2.0\n"
@@ -53,7 +56,9 @@ def test_ranks_write_slices_of_one_shared_kernel_tensor_in_place(kernel, method)
 @pytest.mark.parametrize("method", METHODS)
 def test_tensors_not_shared_reach_the_ranks_but_their_writes_stay_there(kernel, method):
     ok(kernel, "import torch\ndata = torch.arange(10.0)")
-    result = ok(kernel, f"%%spawn -n 2 --start-method {method}\nprint(data.sum().item())\ndata.add_(100)\nprint(data.sum().item())")
+    result = ok(
+        kernel, f"%%spawn -n 2 --start-method {method}\nprint(data.sum().item())\ndata.add_(100)\nprint(data.sum().item())"
+    )
     assert "[rank1]: 45.0\n[rank1]: 1045.0" in result.stdout
     assert ok(kernel, "print(data.sum().item())").stdout == "45.0\n"
 
@@ -67,7 +72,10 @@ def test_out_binds_each_ranks_values_in_the_kernel_as_a_list(kernel, method):
     )
     ok(kernel, code)
     check = "print([t[0].item() for t in result], [t.shape[0] for t in result], label, nbspawn.last_run().outputs['label'] is not None)"
-    assert ok(kernel, "import nbspawn\n" + check).stdout == "[0.0, 1.0, 2.0] [1000, 1000, 1000] [{'rank': 0}, {'rank': 1}, {'rank': 2}] True\n"
+    assert (
+        ok(kernel, "import nbspawn\n" + check).stdout
+        == "[0.0, 1.0, 2.0] [1000, 1000, 1000] [{'rank': 0}, {'rank': 1}, {'rank': 2}] True\n"
+    )
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -83,7 +91,10 @@ def test_a_shared_module_and_container_are_the_kernels_own_memory(kernel, method
         "    state['steps'][0] += 1\n"
     )
     ok(kernel, code)
-    assert ok(kernel, "print(net.weight.sum().item(), state['w'].sum().item(), state['steps'][0].item())").stdout == "42.0 15.0 1.0\n"
+    assert (
+        ok(kernel, "print(net.weight.sum().item(), state['w'].sum().item(), state['steps'][0].item())").stdout
+        == "42.0 15.0 1.0\n"
+    )
 
 
 def test_sharing_an_already_shared_tensor_copies_nothing(kernel):
@@ -146,6 +157,7 @@ def test_no_segment_descriptor_or_file_outlives_a_run_whatever_its_end(fresh_ker
     for cell in cells:  # warm up: the forkserver, imports, the first shared storage
         execute(kernel.client, cell, timeout=120)
     ok(kernel, "del piece" if "piece" in ok(kernel, "print(list(globals()))").stdout else "pass")
+
     def shm() -> set[str]:  # this kernel's segments, and any not named by nbspawn (other kernels may run)
         return {e for e in shm_entries() if e.startswith(f"nbspawn.{kernel.pid}.") or not e.startswith("nbspawn.")}
 

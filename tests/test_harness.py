@@ -32,7 +32,9 @@ def test_an_error_cell_reports_its_exception(plain_kernel):
 
 
 def test_display_data_and_execution_counts(plain_kernel):
-    first = execute(plain_kernel.client, "from IPython.display import display\nh = display('a', display_id=True)\nh.update('b')\n42")
+    first = execute(
+        plain_kernel.client, "from IPython.display import display\nh = display('a', display_id=True)\nh.update('b')\n42"
+    )
     assert [o["msg_type"] for o in first.outputs] == ["display_data", "update_display_data", "execute_result"]
     assert first.outputs[-1]["data"]["text/plain"] == "42"
     assert execute(plain_kernel.client, "pass").execution_count == first.execution_count + 1

@@ -16,7 +16,7 @@ from test_spawn_lifecycle import descendants, interrupt_later
 
 pytestmark = pytest.mark.timeout(300)
 
-TRAIN = '''
+TRAIN = """
 import os, sys, time
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -39,7 +39,7 @@ if "--fail" in sys.argv and rank == 1:
         raise ValueError("corrupt batch 7")
     load_batch()
 dist.destroy_process_group()
-'''
+"""
 
 
 @pytest.fixture
@@ -48,13 +48,15 @@ def scripts(kernel, tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "hello.py").write_text("import os, sys\nprint('module on rank', os.environ['RANK'], sys.argv[1:])\n")
-    (tmp_path / "record.py").write_text(textwrap.dedent("""
+    (tmp_path / "record.py").write_text(
+        textwrap.dedent("""
         from torch.distributed.elastic.multiprocessing.errors import record
         @record
         def main():
             raise KeyError("from a @record main")
         main()
-    """))
+    """)
+    )
     (tmp_path / "spawner.py").write_text("import subprocess, time\nsubprocess.Popen(['sleep', '300'])\ntime.sleep(300)\n")
     cwd = run(kernel, "import os; print(os.getcwd())").stdout.strip()
     ok(kernel, f"os.chdir({str(tmp_path)!r})")
@@ -98,7 +100,7 @@ def test_a_scripts_exception_is_the_root_cause_in_its_own_lines(kernel, scripts)
     assert result.status == "error" and result.error.ename == "RankRaisedError"
     text = result.error.traceback_text
     assert "rank 1" in text and "ValueError: corrupt batch 7" in text
-    assert 'File "train.py", line 22, in <module>' in text and 'line 21, in load_batch' in text, text
+    assert 'File "train.py", line 22, in <module>' in text and "line 21, in load_batch" in text, text
     assert "runpy" not in text and "_program_rank" not in text
 
 
@@ -195,7 +197,10 @@ def test_stop_a_background_run(kernel, scripts):
     ok(kernel, "long = %spawn --bg -n 2 -- sh -c 'sleep 300'")
     assert ok(kernel, "print(long.done)").stdout.strip() == "False"
     pids = [int(p) for p in ok(kernel, "print(*[r.pid for r in long.ranks])").stdout.split()]
-    ok(kernel, "long.stop()\nimport time\nt = time.monotonic()\nwhile not long.done and time.monotonic() - t < 20:\n    time.sleep(0.05)")
+    ok(
+        kernel,
+        "long.stop()\nimport time\nt = time.monotonic()\nwhile not long.done and time.monotonic() - t < 20:\n    time.sleep(0.05)",
+    )
     assert ok(kernel, "print(long.status)").stdout.strip() == "stopped"
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     again = ok(kernel, "again = %spawn --bg -n 1 -- sh -c 'sleep 300'\n%spawn stop " + "{again.run_id}")

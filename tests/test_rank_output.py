@@ -54,7 +54,9 @@ def saved_size(bundle: dict) -> int:
     import nbformat
 
     empty = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("")])
-    full = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("", outputs=[nbformat.v4.new_output("display_data", data=bundle)])])
+    full = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell("", outputs=[nbformat.v4.new_output("display_data", data=bundle)])]
+    )
     return len(nbformat.writes(full).encode()) - len(nbformat.writes(empty).encode())
 
 

@@ -29,7 +29,7 @@ def cell_number(kernel) -> int:
 
 def rank_lines(text: str, rank: int) -> list[str]:
     prefix = f"[rank{rank}]: "
-    return [line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)]
+    return [line[len(prefix) :] for line in text.splitlines() if line.startswith(prefix)]
 
 
 # -- output ---------------------------------------------------------------------------------------
@@ -105,7 +105,9 @@ def test_100k_lines_per_rank_are_logged_losslessly(kernel, tmp_path):
 
 
 def test_log_layout_is_torch_elastics_and_runs_never_share_a_directory(kernel, tmp_path):
-    code = f"%%spawn -n 2 --log-dir {tmp_path}\nimport os\nprint('x')\nif os.environ['RANK'] == '1':\n    raise ValueError('boom')"
+    code = (
+        f"%%spawn -n 2 --log-dir {tmp_path}\nimport os\nprint('x')\nif os.environ['RANK'] == '1':\n    raise ValueError('boom')"
+    )
     run(kernel, code)
     run(kernel, code)
     runs = sorted(tmp_path.iterdir())
@@ -122,8 +124,18 @@ def test_log_layout_is_torch_elastics_and_runs_never_share_a_directory(kernel, t
 
 
 def test_ranks_get_the_torchrun_environment(kernel):
-    names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-             "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"]
+    names = [
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        "TORCHELASTIC_RUN_ID",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "OMP_NUM_THREADS",
+    ]
     code = f"%%spawn -n 4\nimport os, json\nprint(json.dumps({{k: os.environ.get(k) for k in {names!r}}}))"
     stdout = ok(kernel, code).stdout
     envs = [json.loads(rank_lines(stdout, r)[0]) for r in range(4)]
@@ -180,7 +192,10 @@ def test_fork_sees_the_kernel_and_names_assigned_by_ranks_never_leak(kernel):
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_clean_interpreters_get_notebook_functions_and_classes_by_value(kernel, method):
-    ok(kernel, "import math\nbase = 7\ndef scaled(x):\n    return x * base\nclass Box:\n    def __init__(self, v):\n        self.v = v\n    def twice(self):\n        return Box(self.v * 2)")
+    ok(
+        kernel,
+        "import math\nbase = 7\ndef scaled(x):\n    return x * base\nclass Box:\n    def __init__(self, v):\n        self.v = v\n    def twice(self):\n        return Box(self.v * 2)",
+    )
     code = f"%%spawn -n 2 --start-method {method}\nimport os\nb = Box(scaled(int(os.environ['RANK']) + 1)).twice()\nprint(b.v, type(b).__name__, math.pi > 3)\nbase = 0"
     result = ok(kernel, code, timeout=120)
     assert rank_lines(result.stdout, 0) == ["14 Box True"]
@@ -205,7 +220,9 @@ def test_fork_is_refused_with_a_way_out_when_cuda_is_initialized(kernel):
         assert refused.status == "error"
         message = refused.stderr + refused.error_text
         assert "CUDA is already initialized" in message and "forkserver" in message
-        chosen = ok(kernel, "%%spawn -n 1\nimport multiprocessing as mp\nprint(mp.current_process().name != 'MainProcess')", timeout=120)
+        chosen = ok(
+            kernel, "%%spawn -n 1\nimport multiprocessing as mp\nprint(mp.current_process().name != 'MainProcess')", timeout=120
+        )
         assert "uses --start-method forkserver" in chosen.stderr
     finally:
         ok(kernel, "torch.cuda.is_initialized = _real_is_initialized")
@@ -357,7 +374,12 @@ def test_timeout_stops_every_rank_and_shows_where_each_was(kernel):
 )
 def test_bad_input_gets_a_short_error_before_any_process_starts(kernel, options, message):
     ok(kernel, "import nbspawn\nbefore = nbspawn.last_run()")
-    result = run(kernel, f"%%spawn -n 2 {options}\nprint('should not run')" if not options.startswith("-n") else f"%%spawn {options}\nprint('should not run')")
+    result = run(
+        kernel,
+        f"%%spawn -n 2 {options}\nprint('should not run')"
+        if not options.startswith("-n")
+        else f"%%spawn {options}\nprint('should not run')",
+    )
     assert result.status == "error"
     said = result.stderr + result.error_text
     assert message in said

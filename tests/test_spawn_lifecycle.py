@@ -69,7 +69,10 @@ def test_interrupt_reaches_every_rank_first_and_the_cell_raises_keyboardinterrup
     assert "in train" in text and "time.sleep(100)" in text  # where each rank was
     assert time.monotonic() - started < 30
     assert descendants(pid) == []
-    assert ok(fresh_kernel, "import nbspawn\nprint(isinstance(nbspawn.last_run().error, KeyboardInterrupt))", timeout=30).stdout == "True\n"
+    assert (
+        ok(fresh_kernel, "import nbspawn\nprint(isinstance(nbspawn.last_run().error, KeyboardInterrupt))", timeout=30).stdout
+        == "True\n"
+    )
 
 
 def test_interrupt_escalates_to_sigterm_when_a_rank_ignores_sigint(fresh_kernel):

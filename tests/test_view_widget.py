@@ -337,10 +337,7 @@ def test_stop_and_replay_reach_the_kernel_while_the_cell_runs(kernel):
         pytest.skip("this ipykernel has no subshells (ipykernel >= 7 has)")
     subshell = _create_subshell(client)
     code = (
-        "%%spawn -n 4 --view widget\n"
-        "import os, time\n"
-        "print('rank', os.environ['RANK'], 'is up', flush=True)\n"
-        "time.sleep(120)\n"
+        "%%spawn -n 4 --view widget\nimport os, time\nprint('rank', os.environ['RANK'], 'is up', flush=True)\ntime.sleep(120)\n"
     )
     msg_id = client.execute(code)
     outputs: list[dict] = []

@@ -74,13 +74,13 @@ def test_state_names_and_group_are_kept_on_the_same_processes(kernel, world, met
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_a_failed_cell_interrupts_the_others_and_the_world_survives(kernel, world, method):
-    first = ok(kernel, f"%%spawn --world {world} -n 3 --start-method {method}\nimport os, time\nmodel = 'loaded'\nprint('pid', os.getpid())")
+    first = ok(
+        kernel,
+        f"%%spawn --world {world} -n 3 --start-method {method}\nimport os, time\nmodel = 'loaded'\nprint('pid', os.getpid())",
+    )
     result = run(
         kernel,
-        f"%%spawn --world {world}\n"
-        "if os.environ['RANK'] == '1':\n"
-        "    undefined_name\n"
-        "time.sleep(30)\n",
+        f"%%spawn --world {world}\nif os.environ['RANK'] == '1':\n    undefined_name\ntime.sleep(30)\n",
     )
     assert result.status == "error" and result.error.ename == "RankRaisedError"
     text = result.error.traceback_text
@@ -208,7 +208,10 @@ def test_fifty_cells_on_a_world_and_its_stop_leave_nothing_behind(tmp_path):
     tmp.mkdir()
     kernel = start_kernel(env={"TMPDIR": str(tmp)})
     try:
-        ok(kernel, f"%load_ext nbspawn\n%config SpawnMagics.view = 'text'\n%config SpawnMagics.log_dir = {str(tmp_path / 'logs')!r}")
+        ok(
+            kernel,
+            f"%load_ext nbspawn\n%config SpawnMagics.view = 'text'\n%config SpawnMagics.log_dir = {str(tmp_path / 'logs')!r}",
+        )
         cells = [
             "%%spawn --world w -n 2 --backend gloo\nimport torch, torch.distributed as dist\ndist.all_reduce(torch.ones(2))",
             "%%spawn --world w\nimport os\nif os.environ['RANK'] == '1':\n    raise ValueError('x')",
@@ -261,7 +264,11 @@ def test_the_views_stop_interrupts_a_world_cell_and_keeps_the_world(kernel, worl
                 sent = time.monotonic()
             elif msg["msg_type"] == "error" and msg["parent_header"].get("msg_id") == msg_id:
                 error = content
-            elif msg["msg_type"] == "status" and msg["parent_header"].get("msg_id") == msg_id and content["execution_state"] == "idle":
+            elif (
+                msg["msg_type"] == "status"
+                and msg["parent_header"].get("msg_id") == msg_id
+                and content["execution_state"] == "idle"
+            ):
                 break
     finally:
         _delete_subshell(client, subshell)

@@ -351,11 +351,7 @@ def _socket_interface(master_addr: str, user_env: dict[str, str]) -> dict[str, s
     name = _net.interface_of(source) if source else None
     if not name:
         return {}
-    return {
-        key: name
-        for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-        if key not in user_env and key not in os.environ
-    }
+    return {key: name for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if key not in user_env and key not in os.environ}
 
 
 def _publisher() -> Any:

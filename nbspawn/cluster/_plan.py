@@ -70,7 +70,9 @@ class ClusterPlan:
             first, last = self.ranks_of(node.index)[0], self.ranks_of(node.index)[-1]
             ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
             parts.append(f"{node.label} {node.address or '-'} engine {node.agent}: {ranks}")
-        head = f"nbspawn: {len(self.nodes)} nodes x {self.ranks_per_node} ranks, MASTER_ADDR {self.master_addr}:{self.master_port}"
+        head = (
+            f"nbspawn: {len(self.nodes)} nodes x {self.ranks_per_node} ranks, MASTER_ADDR {self.master_addr}:{self.master_port}"
+        )
         return head + "; " + "; ".join(parts)
 
 
@@ -98,7 +100,9 @@ def resolve_client(name: str, namespace: dict[str, Any]) -> tuple[Any, list[int]
     elif isinstance(value, ipp.DirectView):
         client, targets = value.client, value.targets
     else:
-        raise SpawnUsageError(f"--cluster {name}: a {type(value).__name__}, not an ipyparallel Client, Cluster or DirectView; {hint}")
+        raise SpawnUsageError(
+            f"--cluster {name}: a {type(value).__name__}, not an ipyparallel Client, Cluster or DirectView; {hint}"
+        )
     if getattr(client, "_closed", False):
         raise SpawnUsageError(f"--cluster {name}: its client is closed; connect again")
     ids = list(client.ids)
@@ -212,7 +216,9 @@ def resolve_backend(nodes: list[Node], backend: str | None, per_node: int) -> st
         return "nccl" if all(gpus.values()) else "gloo"
     short = [f"{label} has {n}" for label, n in gpus.items() if n < per_node]
     if short:
-        raise SpawnUsageError(f"--backend nccl needs one GPU per rank ({per_node} per node): {', '.join(short)}; use --backend gloo")
+        raise SpawnUsageError(
+            f"--backend nccl needs one GPU per rank ({per_node} per node): {', '.join(short)}; use --backend gloo"
+        )
     return name
 
 

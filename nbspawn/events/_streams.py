@@ -40,7 +40,11 @@ class RankStreams:
         self.dir = rank_dir
         # stdout and stderr exist from the start (ranks append to them); the others once written
         flags = os.O_RDONLY | os.O_CREAT
-        self.fds = [os.open(os.path.join(rank_dir, FILES[0]), flags, 0o644), os.open(os.path.join(rank_dir, FILES[1]), flags, 0o644), -1]
+        self.fds = [
+            os.open(os.path.join(rank_dir, FILES[0]), flags, 0o644),
+            os.open(os.path.join(rank_dir, FILES[1]), flags, 0o644),
+            -1,
+        ]
         self.order_fd = -1
         self.released = False
         self.pos = [0, 0, 0]  # bytes of each file already turned into events

@@ -345,7 +345,10 @@ class ClusterRanks:
             why = getattr(err, "ename", type(err).__name__)
             text = getattr(err, "evalue", "") or str(err)
             if why == "EngineError" or "EngineError" in type(err).__name__:
-                self._lost(index, f"its engine {self.cluster.nodes[index].agent} died ({text.strip().splitlines()[0] if text.strip() else why})")
+                self._lost(
+                    index,
+                    f"its engine {self.cluster.nodes[index].agent} died ({text.strip().splitlines()[0] if text.strip() else why})",
+                )
             else:
                 self._lost(index, f"its agent failed: {why}: {text}".rstrip(": "))
             return
@@ -366,6 +369,11 @@ class ClusterRanks:
             record: dict[str, Any] = {"exit_code": -signal.SIGKILL}
             if index not in self.asked:
                 record["error"] = {
-                    "nbspawn": {"exc_type": "NodeLost", "message": f"{node.label} was lost: {why}", "traceback": None, "time": time.time()}
+                    "nbspawn": {
+                        "exc_type": "NodeLost",
+                        "message": f"{node.label} was lost: {why}",
+                        "traceback": None,
+                        "time": time.time(),
+                    }
                 }
             self._ended(rank, record)

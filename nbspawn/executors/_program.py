@@ -105,7 +105,10 @@ class ProgramRanks:
                 if self.program.python:
                     # made by the rank once faulthandler listens: only then may it be sent SIGUSR1
                     env["NBSPAWN_STACKS_FILE"] = os.path.join(rank_dir, "stacks.log")
-                with open(os.path.join(rank_dir, "stdout.log"), "ab") as out, open(os.path.join(rank_dir, "stderr.log"), "ab") as err:
+                with (
+                    open(os.path.join(rank_dir, "stdout.log"), "ab") as out,
+                    open(os.path.join(rank_dir, "stderr.log"), "ab") as err,
+                ):
                     proc = subprocess.Popen(
                         self.program.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, start_new_session=True
                     )

@@ -120,9 +120,7 @@ class Executor(Protocol):
     # instead of signalling pids; ``outputs() -> (values, missing)`` for ``--out``; ``poll_max``.
 
 
-def execute(
-    spec: RunSpec, view: RunView | None = None, executor: Executor | None = None, background: bool = False
-) -> Run:
+def execute(spec: RunSpec, view: RunView | None = None, executor: Executor | None = None, background: bool = False) -> Run:
     """Run ``spec`` to completion; the returned run's ``error`` says how it failed, if it did.
 
     With ``background`` the ranks are started here and the run is supervised by a thread of its

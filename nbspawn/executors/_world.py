@@ -65,7 +65,9 @@ class World:
 
     def settings(self) -> str:
         env = " ".join(f"--env {k}={v}" for k, v in self.spec.env.items())
-        return (f"-n {self.spec.nprocs} --start-method {self.spec.start_method} --backend {self.spec.backend}" + (f" {env}" if env else ""))
+        return f"-n {self.spec.nprocs} --start-method {self.spec.start_method} --backend {self.spec.backend}" + (
+            f" {env}" if env else ""
+        )
 
     def start(self) -> None:
         from torch.multiprocessing import start_processes

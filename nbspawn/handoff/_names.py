@@ -85,9 +85,7 @@ def _check_picklable(wanted: dict[str, Any], where: str = "spawned ranks", inste
 def _wanted(tree: ast.Module, user_ns: dict[str, Any], hidden: dict[str, Any]) -> dict[str, Any]:
     """The kernel names the cell uses that can and should travel."""
     return {
-        name: user_ns[name]
-        for name in sorted(names_used(tree))
-        if name in user_ns and _shippable(name, user_ns[name], hidden)
+        name: user_ns[name] for name in sorted(names_used(tree)) if name in user_ns and _shippable(name, user_ns[name], hidden)
     }
 
 

@@ -424,9 +424,7 @@ class _StorageHandle(NamedTuple):
     nbytes: int
 
 
-def _export_storage(
-    storage: torch.UntypedStorage, run_prefix: str, start: int = 0, nbytes: int | None = None
-) -> _StorageHandle:
+def _export_storage(storage: torch.UntypedStorage, run_prefix: str, start: int = 0, nbytes: int | None = None) -> _StorageHandle:
     """Write bytes ``[start, start + nbytes)`` of ``storage`` to a new file under ``run_prefix``."""
     if nbytes is None:
         nbytes = storage.nbytes() - start

@@ -246,6 +246,7 @@ def _rank_shell(rich: bool) -> Any:
     config.HistoryManager.enabled = False  # no sqlite file per rank
     config.IPKernelApp = Config()  # what transformers and friends check for a notebook
     import ipykernel.zmqshell  # noqa: F401 - what tqdm.auto checks for
+
     # matplotlib's inline backend (MPLBACKEND, inherited from the kernel) finds this shell itself
     # when a cell imports pyplot, so a rank that draws nothing pays nothing for it.
     return InteractiveShell.instance(config=config)

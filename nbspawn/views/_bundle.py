@@ -219,7 +219,9 @@ def _run_html(text: str, state: list[int]) -> str:
 class _Balancer(HTMLParser):
     """Rank HTML made safe to nest: tags balanced, scripts dropped, so it cannot swallow our layout."""
 
-    VOID: ClassVar[frozenset[str]] = frozenset({"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"})
+    VOID: ClassVar[frozenset[str]] = frozenset(
+        {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+    )
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=False)
@@ -306,7 +308,9 @@ def display_html(item: dict[str, Any]) -> str:
         data = html.escape(json.dumps(value, ensure_ascii=False), quote=True)
         return f'<div{attr} data-widget="{data}">{_widget_html(value)}</div>'
     if mime in ("image/png", "image/jpeg", "image/gif"):
-        return f'<div{attr}><img src="data:{mime};base64,{html.escape(str(value), quote=True)}"{size} style="max-width:100%"></div>'
+        return (
+            f'<div{attr}><img src="data:{mime};base64,{html.escape(str(value), quote=True)}"{size} style="max-width:100%"></div>'
+        )
     if mime == "image/svg+xml":
         encoded = base64.b64encode(str(value).encode("utf-8")).decode("ascii")
         return f'<div{attr}><img src="data:image/svg+xml;base64,{encoded}"{size} style="max-width:100%"></div>'

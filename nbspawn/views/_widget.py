@@ -358,4 +358,3 @@ def _route_to_the_frontends_subshell(widget: anywidget.AnyWidget) -> None:
     comm = getattr(widget, "comm", None)
     if comm is not None and hasattr(comm, "_reply_subshell_for"):
         comm._reply_subshell_for = lambda _data, default: default
-

@@ -26,4 +26,3 @@ def pytest_configure(config):
         "markers",
         "browser: drives a real Chromium against a jupyter server (needs /usr/bin/chromium and playwright)",
     )
-

@@ -55,7 +55,9 @@ def nodes():
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory, nodes):
-    connect = f"%load_ext nbspawn\nimport ipyparallel as ipp\nrc = ipp.Client({nodes.url_file!r})\nrc.wait_for_engines(2, timeout=60)"
+    connect = (
+        f"%load_ext nbspawn\nimport ipyparallel as ipp\nrc = ipp.Client({nodes.url_file!r})\nrc.wait_for_engines(2, timeout=60)"
+    )
 
     def write(root: Path) -> None:
         (root / "cluster.ipynb").write_text(json.dumps(notebook([code_cell(0, connect), code_cell(1, TRAIN)])))
@@ -83,7 +85,9 @@ def test_lab_cluster_run_names_each_ranks_node(lab, browser, artifacts):
         view.locator(".nbs-Chip[data-rank='3']").click()
         title = view.locator(".nbs-Pane[data-rank='3'] .nbs-Pane-title")
         sync_api.expect(title).to_have_text(re.compile(r"^rank 3 · node 1 \(node\d\)$"))
-        sync_api.expect(view.locator(".nbs-Pane[data-rank='3'] .nbs-Output")).to_contain_text("rank 3 on node 1: step 1", timeout=15_000)
+        sync_api.expect(view.locator(".nbs-Pane[data-rank='3'] .nbs-Output")).to_contain_text(
+            "rank 3 on node 1: step 1", timeout=15_000
+        )
         pg.mouse.move(0, 0)
         shot(view, artifacts, "lab-cluster-live.png")
 

@@ -61,10 +61,13 @@ pytest.importorskip("jupyterlab", reason="jupyterlab is not installed (pip insta
 # sample runs
 # ---------------------------------------------------------------------------------------------
 
-TQDM_EPOCH1 = "".join(
-    f"train: {p:3d}%|{'█' * (p // 10):<10}| {p}/100 [00:0{p // 60}<00:00, {95 + p / 20:.1f}it/s]\r"
-    for p in (0, 10, 35, 55, 80)
-) + "train: 100%|██████████| 100/100 [00:01<00:00, 99.6it/s]\n"
+TQDM_EPOCH1 = (
+    "".join(
+        f"train: {p:3d}%|{'█' * (p // 10):<10}| {p}/100 [00:0{p // 60}<00:00, {95 + p / 20:.1f}it/s]\r"
+        for p in (0, 10, 35, 55, 80)
+    )
+    + "train: 100%|██████████| 100/100 [00:01<00:00, 99.6it/s]\n"
+)
 
 FAILED_TRACEBACK = (
     "Traceback (most recent call last):\n"
@@ -72,7 +75,7 @@ FAILED_TRACEBACK = (
     "    scale = 1.0 / (rank - 1)\n"
     "Cell In[5], line 12\n"
     "      9 for epoch in range(1, 3):\n"
-    "     10     for step, (x, y) in enumerate(tqdm(loader, desc=\"train\")):\n"
+    '     10     for step, (x, y) in enumerate(tqdm(loader, desc="train")):\n'
     "---> 12         loss = train_step(x, y) \n"
     "ZeroDivisionError: float division by zero"
 )
@@ -149,8 +152,11 @@ def sample_run() -> dict:
                     ["stdout", "evaluating shard 2 of 4 (no training on this rank)\n"],
                     ["stdout", "<script>alert(1)</script>\n"],
                     ["stdout", '<img src=x onerror="alert(2)"> &amp; <b>not bold</b>\n'],
-                    ["stdout", "\x1b[38;5;208m256-colour\x1b[0m \x1b[38;2;120;80;255mtrue colour\x1b[0m "
-                     "\x1b[7m inverse \x1b[0m \x1b[4munderline\x1b[0m \x1b[2mdim\x1b[0m\n"],
+                    [
+                        "stdout",
+                        "\x1b[38;5;208m256-colour\x1b[0m \x1b[38;2;120;80;255mtrue colour\x1b[0m "
+                        "\x1b[7m inverse \x1b[0m \x1b[4munderline\x1b[0m \x1b[2mdim\x1b[0m\n",
+                    ],
                     ["stdout", "shard 2: 2500 samples, mean=0.4973 std=0.2887\n"],
                 ],
                 duration=0.93,
@@ -175,33 +181,39 @@ def many_ranks_run(n: int = 64) -> dict:
     ranks = []
     for r in range(n):
         if r == 37:
-            status, extra = "failed", {
-                "summary": "AssertionError: shard 37 is empty",
-                "traceback": "Traceback (most recent call last):\n  Cell In[3], line 4\n    assert len(shard), f\"shard {rank} is empty\"\nAssertionError: shard 37 is empty",
-                "exit_code": 1,
-                "signal": None,
-            }
+            status, extra = (
+                "failed",
+                {
+                    "summary": "AssertionError: shard 37 is empty",
+                    "traceback": 'Traceback (most recent call last):\n  Cell In[3], line 4\n    assert len(shard), f"shard {rank} is empty"\nAssertionError: shard 37 is empty',
+                    "exit_code": 1,
+                    "signal": None,
+                },
+            )
         elif r < 24:
             status, extra = "done", {"exit_code": 0, "signal": None, "duration": 0.8 + r / 100}
         else:
             status, extra = "stopped", {"exit_code": -15, "signal": "SIGTERM"}
         base = dict(tmpl[2] if status == "done" else tmpl[0])
-        base.update(rank=r, pid=5000 + r, status=status, elided_lines=0,
-                    output=[["stdout", f"rank {r}: loaded shard {r}\n"], ["stdout", f"rank {r}: step 1 ok\n"]],
-                    **extra)
+        base.update(
+            rank=r,
+            pid=5000 + r,
+            status=status,
+            elided_lines=0,
+            output=[["stdout", f"rank {r}: loaded shard {r}\n"], ["stdout", f"rank {r}: step 1 ok\n"]],
+            **extra,
+        )
         if status != "failed":
             base.update(summary=None, traceback=None)
         ranks.append(base)
-    run.update(nprocs=n, ranks=ranks, error={"rank": 37, "summary": ranks[37]["summary"],
-                                              "traceback": ranks[37]["traceback"]})
+    run.update(nprocs=n, ranks=ranks, error={"rank": 37, "summary": ranks[37]["summary"], "traceback": ranks[37]["traceback"]})
     return run
 
 
 def single_rank_run() -> dict:
     run = sample_run()
     done = dict(run["ranks"][2], rank=0, output=[["stdout", "tensor([10.])\n"]])
-    run.update(nprocs=1, status="succeeded", error=None, duration=0.41, ranks=[done], start_method="spawn",
-               backend="none")
+    run.update(nprocs=1, status="succeeded", error=None, duration=0.41, ranks=[done], start_method="spawn", backend="none")
     return run
 
 
@@ -213,8 +225,12 @@ def running_run() -> dict:
         if r == 2:
             base.update(output=[["stdout", "rank 2: done early\n"]])
         else:
-            base.update(status="running", exit_code=None, duration=None,
-                        output=[["stderr", f"step: {40 + r}%|████      | {40 + r}/100\r"]])
+            base.update(
+                status="running",
+                exit_code=None,
+                duration=None,
+                output=[["stderr", f"step: {40 + r}%|████      | {40 + r}/100\r"]],
+            )
         ranks.append(base)
     run.update(nprocs=3, status="running", error=None, duration=None, ranks=ranks)
     return run
@@ -256,7 +272,7 @@ def run_output(run: dict) -> dict:
 
 
 STATUS_CELLS = [
-    'from comm import create_comm\n'
+    "from comm import create_comm\n"
     'c = create_comm(target_name="nbspawn.status",\n'
     '                data={"run_id": "r-test", "status": "running", "nprocs": 4, "running": [0, 1, 2, 3]})',
     'c.send({"run_id": "r-test", "status": "running", "nprocs": 4, "running": [0, 2, 3]})',
@@ -537,7 +553,9 @@ def test_lab_renders_a_failed_run(lab, page, artifacts):
     stderr_lines = run.locator(".nbs-Pane[data-rank='0'] .nbs-Line.nbs-stderr")
     assert stderr_lines.count() == 3  # the warning and two progress lines
     # stderr is marked (a rule at its left), not styled as an error: tqdm, warnings and logging live there
-    style = stderr_lines.first.evaluate("e => { const s = getComputedStyle(e); return [s.backgroundColor, s.boxShadow, s.color]; }")
+    style = stderr_lines.first.evaluate(
+        "e => { const s = getComputedStyle(e); return [s.backgroundColor, s.boxShadow, s.color]; }"
+    )
     background, rule, _colour = style
     assert rule != "none", style
     red = [int(v) for v in re.findall(r"\d+", background)[:3]] if background != "rgba(0, 0, 0, 0)" else [0, 0, 0]
@@ -558,9 +576,7 @@ def test_lab_renders_a_failed_run(lab, page, artifacts):
     # rank 3: the elision marker comes before the output
     run.locator(".nbs-Chip[data-rank='3']").click()
     first = run.locator(".nbs-Pane[data-rank='3'] .nbs-Output > *").first
-    assert first.inner_text() == (
-        "1196 lines elided — full log at /tmp/nbspawn-k3x9/20261121-191503-a3f9/3/stdout.log"
-    )
+    assert first.inner_text() == ("1196 lines elided — full log at /tmp/nbspawn-k3x9/20261121-191503-a3f9/3/stdout.log")
 
     # merged: every rank, colour-coded prefixes
     run.locator(".nbs-Tab-merged").click()
@@ -707,4 +723,3 @@ def test_lab_status_item_follows_the_comm_and_stops_the_run(lab, page, artifacts
     run_cell(pg, cells.nth(0))
     status.wait_for(state="visible", timeout=30_000)
     assert status.locator(".nbs-Status-label").inner_text() == "nbspawn: 4 ranks running"
-

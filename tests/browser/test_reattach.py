@@ -160,9 +160,7 @@ def _start_and_reload(pg, cells, index: int, artifacts: Path, prefix: str) -> No
     # the widget is drawn by way of the reattaching renderer, which only delegates on this page
     reattach = cells.nth(index).locator(".nbs-Reattach")
     assert reattach.get_attribute("data-mode") in (None, "delegate")
-    pg.wait_for_function(
-        "v => (v.textContent.match(/tick \\d+/g) || []).length >= 4", arg=live.element_handle(), timeout=30_000
-    )
+    pg.wait_for_function("v => (v.textContent.match(/tick \\d+/g) || []).length >= 4", arg=live.element_handle(), timeout=30_000)
     pg.mouse.move(0, 0)
     shot(live, artifacts, f"{prefix}-before-reload.png")
     pg.keyboard.press("Control+s")
@@ -199,7 +197,9 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts):
         try:  # the placeholder may already have become the live view
             placeholder.wait_for(timeout=5_000)
             text = placeholder.inner_text()
-            assert re.search(rf"nbspawn run {re.escape(live_info['run_id'])} — 4 ranks, running for \d+ s; reattaching", text), text
+            assert re.search(rf"nbspawn run {re.escape(live_info['run_id'])} — 4 ranks, running for \d+ s; reattaching", text), (
+                text
+            )
             shot(reattach, artifacts, "reattach-lab-placeholder.png")
         except sync_api.TimeoutError:
             pass
@@ -359,7 +359,9 @@ def test_lab_notebook_closed_and_opened_again_mid_run(lab, browser, artifacts):
 
         pg.locator(".jp-mod-current .lm-TabBar-tabCloseIcon, .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabCloseIcon").first.click()
         panel.wait_for(state="detached", timeout=30_000)
-        pg.locator(".jp-DirListing-item[title*='reattach.ipynb'] .jp-DirListing-itemText", has_text=re.compile(r"^reattach\.ipynb$")).dblclick()
+        pg.locator(
+            ".jp-DirListing-item[title*='reattach.ipynb'] .jp-DirListing-itemText", has_text=re.compile(r"^reattach\.ipynb$")
+        ).dblclick()
         panel = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
         cell = panel.locator(".jp-Cell").nth(1)
         view = cell.locator(".nbs-Reattach .nbs-Run.nbs-mod-live")
