@@ -10,9 +10,8 @@
 import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { Widget } from '@lumino/widgets';
 
-import { RUN_MIME_TYPE, parseBundle } from './bundle';
-import { LiveView, renderRun } from './live';
-import { WIDGET_MIME } from './rich';
+import { RUN_MIME_TYPE, WIDGET_MIME, parseBundle } from './messages';
+import { LiveView, renderRun } from './view';
 
 type Chunk = [string, unknown];
 

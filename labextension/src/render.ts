@@ -1,10 +1,12 @@
 /**
- * The run view: header, one status chip per rank (tabs), the selected rank's pane or the merged
- * view.  Every piece of worker text reaches the DOM through `textContent`/text nodes only.
+ * The pieces of the run view as DOM: header, banner, one status chip per rank (tabs), pane heads,
+ * output lines and display items.  Stateless builders; `view.ts` and `pane.ts` put them together.
+ * Every piece of worker text reaches the DOM through `textContent`/text nodes only.
  */
 
-import { IRankInfo, IRunBundle, formatDuration } from './bundle';
-import type { Entry } from './live';
+import type { Entry } from './entry';
+import { formatDuration } from './format';
+import { IRankInfo, IRunBundle } from './messages';
 import { richNode } from './rich';
 import { ILine, ITextStyle } from './text';
 

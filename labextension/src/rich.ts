@@ -7,42 +7,10 @@
  * as its source text (no Markdown library is bundled).
  */
 
-export const WIDGET_MIME = 'application/vnd.nbspawn.widget+json';
-
-/** One display item, as the kernel sends it (`kind` is `data` once updates are applied). */
-export interface IDisplayItem {
-  kind: string;
-  id: string | null;
-  mime: string;
-  value: unknown;
-  text: string;
-  meta: Record<string, unknown>;
-  wait?: boolean;
-}
+import { IDisplayItem, WIDGET_MIME } from './messages';
 
 function rec(v: unknown): Record<string, any> {
   return v && typeof v === 'object' && !Array.isArray(v) ? (v as Record<string, any>) : {};
-}
-
-/** Coerce one untrusted item; null if it is not one. */
-export function parseItem(v: unknown): IDisplayItem | null {
-  if (!v || typeof v !== 'object' || Array.isArray(v)) {
-    return null;
-  }
-  const d = rec(v);
-  const kind = typeof d.kind === 'string' ? d.kind : 'data';
-  if (kind !== 'data' && kind !== 'update' && kind !== 'clear') {
-    return null;
-  }
-  return {
-    kind,
-    id: typeof d.id === 'string' ? d.id : null,
-    mime: typeof d.mime === 'string' ? d.mime : 'text/plain',
-    value: d.value ?? '',
-    text: typeof d.text === 'string' ? d.text : '',
-    meta: rec(d.meta),
-    wait: d.wait === true
-  };
 }
 
 const IMAGES = new Set(['image/png', 'image/jpeg', 'image/gif']);
@@ -161,20 +129,6 @@ export function widgetNode(tree: unknown, depth = 0): HTMLElement {
     return el('span', 'nbs-W-text', String(t.value ?? ''));
   }
   return el('span', 'nbs-W-other', String(t.text ?? t.value ?? ''));
-}
-
-/** Whether a widget tree still shows a bar that is running (not full, not finished in success or error). */
-export function widgetRunning(tree: unknown, depth = 0): boolean {
-  const t = rec(tree);
-  if (depth > 20) {
-    return false;
-  }
-  if (t.type === 'progress') {
-    const hi = typeof t.max === 'number' ? t.max : 100;
-    const v = typeof t.value === 'number' ? t.value : 0;
-    return v < hi && t.bar_style !== 'success' && t.bar_style !== 'danger';
-  }
-  return t.type === 'box' && Array.isArray(t.children) && t.children.some((c: unknown) => widgetRunning(c, depth + 1));
 }
 
 /** Draw one display item. */

@@ -1,6 +1,7 @@
 /**
  * "nbspawn: 4 ranks running ■ Stop" in a notebook's toolbar, fed by the kernel's
- * `nbspawn.status` comm: opened at run start, one message per change, closed at the end.
+ * `nbspawn.status` comm: opened at run start, one message per change, closed at the end
+ * (`IRunStatus` in messages.ts).
  *
  *   open/msg data: {"run_id": "...", "status": "running", "nprocs": 4, "running": [0, 1, 2, 3]}
  */
@@ -9,15 +10,9 @@ import type { ISessionContext } from '@jupyterlab/apputils';
 import type { Kernel, KernelMessage } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
-export const STATUS_COMM_TARGET = 'nbspawn.status';
+import { IRunStatus, STATUS_COMM_TARGET, parseStatus } from './messages';
 
-export interface IRunStatus {
-  run_id: string;
-  status: string;
-  nprocs: number;
-  /** Ranks still running; null when the kernel did not say (then all `nprocs` count). */
-  running: number[] | null;
-}
+export type { IRunStatus } from './messages';
 
 type Listener = {
   update(commId: string, data: Partial<IRunStatus> | null): void;
@@ -50,19 +45,6 @@ function subscribe(kernel: Kernel.IKernelConnection, listener: Listener): () => 
   return () => set!.delete(listener);
 }
 
-function coerce(data: Partial<IRunStatus> | null | undefined, prev?: IRunStatus): IRunStatus {
-  const d = (data && typeof data === 'object' ? data : {}) as Record<string, unknown>;
-  const running = Array.isArray(d.running)
-    ? (d.running.filter(r => typeof r === 'number') as number[])
-    : prev?.running ?? null;
-  return {
-    run_id: typeof d.run_id === 'string' ? d.run_id : prev?.run_id ?? '',
-    status: typeof d.status === 'string' ? d.status : prev?.status ?? 'running',
-    nprocs: typeof d.nprocs === 'number' ? d.nprocs : prev?.nprocs ?? running?.length ?? 0,
-    running
-  };
-}
-
 /** The toolbar item of one notebook. Hidden unless a run is active in its kernel. */
 export class RunStatusWidget extends Widget {
   constructor(sessionContext: ISessionContext) {
@@ -89,7 +71,7 @@ export class RunStatusWidget extends Widget {
         if (data === null) {
           this._runs.delete(id);
         } else {
-          this._runs.set(id, coerce(data, this._runs.get(id)));
+          this._runs.set(id, parseStatus(data, this._runs.get(id)));
         }
         this._render();
       },

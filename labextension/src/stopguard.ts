@@ -1,6 +1,6 @@
 /**
- * Stop that always arrives (JupyterLab and Notebook 7 with this extension; see `reattach.ts`,
- * which watches clicks on the live view's Stop button).
+ * Stop that always arrives (JupyterLab and Notebook 7 with this extension: `StopClicks` watches the
+ * live view's Stop button in the reattaching renderer, reattach.ts).
  *
  * The widget's own `{type: "stop"}` comm message goes first (the run then ends "stopped"), but a
  * frontend may hold it back while the cell runs (Notebook 7 sends comm messages on the busy main
@@ -16,7 +16,8 @@
 
 import { Kernel, KernelMessage } from '@jupyterlab/services';
 
-import { record } from './bundle';
+import { commMessage, createSubshell, deleteSubshell, usable } from './kernel';
+import { stopHeard } from './messages';
 
 /** How long a Stop may go unheard by a kernel without subshells before it is interrupted. */
 export const STOP_ACK_MS = 300;
@@ -24,24 +25,6 @@ export const STOP_ACK_MS = 300;
 export const STOP_SENT_ACK_MS = 3000;
 
 export type StopOutcome = 'waiting' | 'heard' | 'interrupted';
-
-/** Ask the kernel to delete a subshell (nothing if there is none, or the kernel is gone). */
-export function deleteSubshell(kernel: Kernel.IKernelConnection, id: string | null): void {
-  if (id && !kernel.isDisposed && kernel.status !== 'dead') {
-    try {
-      const msg = KernelMessage.createMessage({
-        msgType: 'delete_subshell_request',
-        channel: 'control',
-        username: kernel.username,
-        session: kernel.clientId,
-        content: { subshell_id: id }
-      });
-      kernel.sendControlMessage(msg, true, true);
-    } catch {
-      // gone with its kernel
-    }
-  }
-}
 
 /** One click on Stop, followed until the kernel has heard it (or has been interrupted). */
 export class StopGuard {
@@ -88,14 +71,7 @@ export class StopGuard {
       }
       return;
     }
-    const msg = KernelMessage.createMessage({
-      msgType: 'comm_msg',
-      channel: 'shell',
-      username: kernel.username,
-      session: kernel.clientId,
-      subshellId: id,
-      content: { comm_id: this._modelId, data: { method: 'custom', content: { type: 'stop' } } }
-    });
+    const msg = commMessage(kernel, this._modelId, { method: 'custom', content: { type: 'stop' } }, id);
     this._msgId = msg.header.msg_id;
     try {
       kernel.sendShellMessage(msg, false, true);
@@ -110,22 +86,7 @@ export class StopGuard {
   }
 
   private _onIOPub(_: Kernel.IKernelConnection, msg: KernelMessage.IIOPubMessage): void {
-    const type = msg.header.msg_type;
-    const content = record(msg.content);
-    let heard = false;
-    if (type === 'status') {
-      // our copy was handled (the handler only sets the flag the supervision loop reads)
-      heard =
-        content.execution_state === 'idle' && this._msgId !== '' && record(msg.parent_header).msg_id === this._msgId;
-    } else if (type === 'comm_msg' && content.comm_id === this._modelId) {
-      const data = record(content.data);
-      heard = data.method === 'update' && record(record(data.state).header).stopping === true;
-    } else if (type === 'comm_close') {
-      heard = content.comm_id === this._modelId;
-    } else if (type === 'update_display_data') {
-      heard = this._displayId !== '' && record(content.transient).display_id === this._displayId;
-    }
-    if (heard && this._outcome === 'waiting') {
+    if (this._outcome === 'waiting' && stopHeard(msg, this._modelId, this._displayId, this._msgId)) {
       this._outcome = 'heard';
       this.dispose();
     }
@@ -141,7 +102,7 @@ export class StopGuard {
     }
     this._outcome = 'interrupted';
     const kernel = this._kernel;
-    if (!kernel.isDisposed && kernel.status !== 'dead') {
+    if (usable(kernel)) {
       void kernel.interrupt().catch(() => undefined);
     }
     this.dispose();
@@ -153,4 +114,101 @@ export class StopGuard {
   private _msgId = '';
   private _outcome: StopOutcome = 'waiting';
   private _disposed = false;
+}
+
+/** What a click on Stop would stop now; null where it stops nothing (no live view of a widget). */
+export interface IStopTarget {
+  kernel: Kernel.IKernelConnection | null;
+  /** The widget's comm. */
+  modelId: string;
+  /** The live display. */
+  displayId: string;
+}
+
+/**
+ * The live view's Stop button (the widget's, or the reattached view's) inside `node`, seen before
+ * the view's own handler: a subshell for our copy of the message is asked for as soon as the
+ * pointer is on the button (a click may come), and each click is followed by a `StopGuard`.
+ * `node` gets `data-stop`: `waiting`, then the guard's outcome.
+ */
+export class StopClicks {
+  constructor(
+    private _node: HTMLElement,
+    private _target: () => IStopTarget | null
+  ) {
+    _node.addEventListener('pointerover', this._onHover, true);
+    _node.addEventListener('click', this._onClick, true);
+  }
+
+  /** Forget the click being followed and the subshell (a new display, or the renderer goes). */
+  reset(): void {
+    this._guard?.dispose();
+    this._guard = null;
+    this._dropShell();
+  }
+
+  /** The target of a Stop click at `ev` with a usable kernel, or null. */
+  private _stopping(ev: Event): (IStopTarget & { kernel: Kernel.IKernelConnection }) | null {
+    const btn = (ev.target as Element | null)?.closest?.('.nbs-Stop') as HTMLButtonElement | null;
+    if (!btn || btn.disabled) {
+      return null;
+    }
+    const target = this._target();
+    if (!target?.modelId || btn.closest('.nbs-Run:not(.nbs-mod-live)')) {
+      return null;
+    }
+    const kernel = target.kernel;
+    return usable(kernel) ? { ...target, kernel } : null;
+  }
+
+  private _shell(kernel: Kernel.IKernelConnection): Promise<string | null> {
+    if (this._shellKernel !== kernel || this._shellId === null) {
+      this._dropShell();
+      this._shellKernel = kernel;
+      this._shellId = createSubshell(kernel);
+    }
+    return this._shellId;
+  }
+
+  private _dropShell(): void {
+    const kernel = this._shellKernel;
+    const pending = this._shellId;
+    this._shellKernel = null;
+    this._shellId = null;
+    if (kernel && pending) {
+      void pending.then(id => deleteSubshell(kernel, id));
+    }
+  }
+
+  private _onHover = (ev: Event): void => {
+    const target = this._stopping(ev);
+    if (target) {
+      void this._shell(target.kernel);
+    }
+  };
+
+  private _onClick = (ev: Event): void => {
+    const target = this._stopping(ev);
+    if (!target || this._guard) {
+      return;
+    }
+    this._node.setAttribute('data-stop', 'waiting');
+    const guard: StopGuard = new StopGuard(
+      target.kernel,
+      target.modelId,
+      target.displayId,
+      this._shell(target.kernel),
+      outcome => {
+        if (this._guard === guard) {
+          this._guard = null;
+        }
+        this._node.setAttribute('data-stop', outcome);
+      }
+    );
+    this._guard = guard;
+  };
+
+  private _guard: StopGuard | null = null;
+  private _shellId: Promise<string | null> | null = null;
+  private _shellKernel: Kernel.IKernelConnection | null = null;
 }

@@ -3,7 +3,7 @@
  * file (`nbspawn/_static/widget.js`), so it runs in every frontend anywidget supports
  * (JupyterLab, Notebook 7, VS Code, Colab), with or without this package's labextension.
  *
- * Kernel side: `nbspawn/views/_widget.py`.  Protocol:
+ * Kernel side: `nbspawn/views/_widget.py`.  Protocol (typed in `messages.ts`):
  *
  * - synced traits: `header` (the run record of docs/run-bundle.md without `ranks`, plus `elapsed`
  *   seconds and `stopping`), `ranks` (rank records without `output`), `error`;
@@ -18,8 +18,9 @@
  * (`application/vnd.nbspawn.run+json`), drawn by `render.ts`, as this view is.
  */
 
-import { IRunBundle, parseBundle, record } from './bundle';
-import { ILiveSource, LiveOutput, LiveView } from './live';
+import { IRunBundle, WidgetRequest, parseBundle, record } from './messages';
+import { ILiveSource, LiveOutput, applyWidgetMessage } from './output';
+import { LiveView } from './view';
 
 /** The part of anywidget's model API used here (AFM). */
 interface IAnyModel {
@@ -69,22 +70,13 @@ class LiveRun implements ILiveSource {
 
   stop(): void {
     this.stopRequested = true;
-    this._model.send({ type: 'stop' });
+    const stop: WidgetRequest = { type: 'stop' };
+    this._model.send(stop);
     this.refresh();
   }
 
   onMessage(msg: unknown): void {
-    const m = record(msg);
-    if (m.type === 'output' && Array.isArray(m.chunks)) {
-      // [rank, stream, text] and [rank, "display", item]; LiveOutput skips malformed ones
-      // only queued here: parsed in animation frames, a budget at a time
-      this.output.feed(m.chunks as [number, string, unknown][], record(m.elided) as Record<string, number>);
-    } else if (m.type === 'replay') {
-      this.output.reset(
-        record(m.tails) as Record<string, [string, unknown][]>,
-        record(m.elided) as Record<string, number>
-      );
-    }
+    applyWidgetMessage(this.output, msg);
   }
 
   /** Redraw the views' chrome once, however many traits changed together. */
@@ -131,7 +123,8 @@ function initialize({ model }: { model: IAnyModel }): Cleanup {
   model.on('change:ranks', onChange);
   model.on('change:error', onChange);
   // whatever was sent before this model existed (a late view, a reloaded page): the kernel's tail
-  model.send({ type: 'replay' });
+  const replay: WidgetRequest = { type: 'replay' };
+  model.send(replay);
   return () => {
     model.off('msg:custom', onMessage);
     model.off('change:header', onHeader);

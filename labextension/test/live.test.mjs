@@ -1,8 +1,9 @@
-// Unit tests of the live view's output model (src/live.ts bundled by esbuild into lib/live.bundle.mjs; no DOM needed): node --test test/
+// Unit tests of the live view's output model (src/output.ts bundled by esbuild into lib/bundled/output.mjs; no DOM needed): node --test test/
 import assert from 'node:assert/strict';
 import test from 'node:test';
 
-import { LiveOutput, entryText, formatElapsed } from '../lib/live.bundle.mjs';
+import { formatElapsed } from '../lib/bundled/format.mjs';
+import { LiveOutput, entryText } from '../lib/bundled/output.mjs';
 
 const text = e => entryText(e);
 const bar = (value, style = '') => ({

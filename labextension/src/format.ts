@@ -1,0 +1,31 @@
+/** Durations as the views write them (no DOM). */
+
+/** `0.84 s`, `12.3 s`, `2 min 05 s`, `1 h 02 min`: how long a rank or a run took. */
+export function formatDuration(seconds: number | null): string {
+  if (seconds === null) {
+    return '';
+  }
+  if (seconds < 10) {
+    return `${seconds.toFixed(2)} s`;
+  }
+  if (seconds < 60) {
+    return `${seconds.toFixed(1)} s`;
+  }
+  const s = Math.round(seconds);
+  if (s < 3600) {
+    return `${Math.floor(s / 60)} min ${String(s % 60).padStart(2, '0')} s`;
+  }
+  return `${Math.floor(s / 3600)} h ${String(Math.floor((s % 3600) / 60)).padStart(2, '0')} min`;
+}
+
+/** `7 s`, `1 min 05 s`, `1 h 02 min`: a clock that ticks once a second. */
+export function formatElapsed(seconds: number): string {
+  const s = Math.max(0, Math.floor(seconds));
+  if (s < 60) {
+    return `${s} s`;
+  }
+  if (s < 3600) {
+    return `${Math.floor(s / 60)} min ${String(s % 60).padStart(2, '0')} s`;
+  }
+  return `${Math.floor(s / 3600)} h ${String(Math.floor((s % 3600) / 60)).padStart(2, '0')} min`;
+}

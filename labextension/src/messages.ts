@@ -1,0 +1,421 @@
+/**
+ * The wire: every message and record the kernel side sends or receives (docs/run-bundle.md), as
+ * TypeScript types, and their tolerant decoding.  No DOM, no JupyterLab: the widget bundle, the
+ * JupyterLab extension and the unit tests all read the kernel through this one module.
+ *
+ * Kernel side: `nbspawn/views/_bundle.py` (the run and rank records, the frozen bundle),
+ * `nbspawn/views/_widget.py` (the live widget's traits and messages, the live display's info),
+ * `nbspawn/views/_status.py` (the `nbspawn.status` comm), `nbspawn/events/_display.py` (display
+ * items).  Everything that arrives is untrusted JSON: decoders coerce wrong or missing fields to
+ * neutral values and never throw.
+ */
+
+// -- names ------------------------------------------------------------------------------------------
+
+/** The frozen run (`_bundle.MIME`). */
+export const RUN_MIME_TYPE = 'application/vnd.nbspawn.run+json';
+/** The live display's facts, beside the widget view (`_widget.LIVE_MIME`). */
+export const LIVE_MIME_TYPE = 'application/vnd.nbspawn.live+json';
+/** ipywidgets' view of a widget model (anywidget's too). */
+export const WIDGET_VIEW_MIME_TYPE = 'application/vnd.jupyter.widget-view+json';
+/** A widget tree a rank built, reduced by the kernel (`events._display.WIDGET_MIME`). */
+export const WIDGET_MIME = 'application/vnd.nbspawn.widget+json';
+/** The toolbar item's comm target (`_status.TARGET`). */
+export const STATUS_COMM_TARGET = 'nbspawn.status';
+
+// -- records, as the kernel sends them (`_bundle.run_record`, `_bundle.rank_record`) ----------------
+
+export type RunStatus = 'starting' | 'running' | 'succeeded' | 'failed' | 'timeout' | 'interrupted' | 'stopped';
+export type RankStatus = 'starting' | 'running' | 'done' | 'failed' | 'stopped';
+
+/** A display item (docs §2): `data`, an `update` of earlier items with its id, or a `clear`. */
+export interface IDisplayItemRecord {
+  kind?: 'data' | 'update' | 'clear';
+  id?: string | null;
+  mime?: string;
+  /** A string; an object for `application/vnd.nbspawn.widget+json` (an `IWidgetTree`). */
+  value?: unknown;
+  /** The item's text/plain repr. */
+  text?: string;
+  meta?: { width?: number; height?: number; unconfined?: boolean; alt?: string };
+  /** `clear`: when the rank's next output arrives. */
+  wait?: boolean;
+}
+
+/** A widget tree (docs §2), drawn without a widget manager. */
+export type IWidgetTree =
+  | { type: 'box'; dir: 'row' | 'column'; children: IWidgetTree[] }
+  | {
+      type: 'progress';
+      value: number;
+      min: number;
+      max: number;
+      bar_style: '' | 'success' | 'info' | 'warning' | 'danger';
+      description?: string;
+    }
+  | { type: 'text'; value: string }
+  | { type: 'other'; text: string };
+
+/** One piece of a rank's output: text of a stream, or a display item. */
+export type OutputChunk = [stream: 'stdout' | 'stderr', text: string] | [stream: 'display', item: IDisplayItemRecord];
+/** The same, in a live message that carries every rank's output. */
+export type RankChunk =
+  | [rank: number, stream: 'stdout' | 'stderr', text: string]
+  | [rank: number, stream: 'display', item: IDisplayItemRecord];
+
+export interface IRunErrorRecord {
+  /** The root cause's rank, if a rank failed first. */
+  rank: number | null;
+  summary: string;
+}
+
+export interface IRankRecord {
+  rank: number;
+  pid: number | null;
+  status: RankStatus;
+  exit_code: number | null;
+  signal: string | null;
+  duration: number | null;
+  summary: string | null;
+  traceback: string | null;
+  elided_lines: number;
+  stdout_path: string | null;
+  stderr_path: string | null;
+  display_path: string | null;
+  /** A cluster run's rank: its node, e.g. "node 1 (hostb)"; its log paths are then `host:path`. */
+  node: string | null;
+  /** Version 1 bundles only: the kept output (version 2 keeps it in the bundle's `text/html`). */
+  output?: OutputChunk[];
+}
+
+export interface IRunRecord {
+  version: number;
+  run_id: string;
+  nprocs: number;
+  start_method: string;
+  backend: string;
+  /** Where the logs are; a cluster run's node directories, `host:path; host:path`. */
+  log_dir: string;
+  /** Seconds since the epoch (the kernel's clock). */
+  started_at: number;
+  duration: number | null;
+  status: RunStatus;
+  /** The kept world this cell ran on, and which of its cells it is (from 1). */
+  world: string | null;
+  world_cell: number | null;
+  error: IRunErrorRecord | null;
+  /** `text/html`: each rank's output is in the bundle's HTML (version 2); `""`: in `ranks[].output`. */
+  output_in: 'text/html' | '';
+  ranks: IRankRecord[];
+}
+
+// -- the live widget (`_widget.py`; browser: widget.ts, follow.ts) ---------------------------------
+
+/** The synced traits. */
+export interface IWidgetState {
+  /** The run record without `ranks`, plus the seconds since it started and whether Stop was heard. */
+  header: Omit<IRunRecord, 'ranks'> & { elapsed: number; stopping: boolean };
+  ranks: IRankRecord[];
+  error: IRunErrorRecord | null;
+}
+
+/** Kernel → browser, at most ten a second: new output, and lines of a rank the kernel skipped. */
+export interface IOutputMessage {
+  type: 'output';
+  chunks: RankChunk[];
+  elided: Record<string, number>;
+}
+
+/** Kernel → browser: everything the kernel kept (`update` and `clear` applied), for a `replay`. */
+export interface IReplayMessage {
+  type: 'replay';
+  tails: Record<string, OutputChunk[]>;
+  elided: Record<string, number>;
+}
+
+/** Browser → kernel (a widget custom message): catch up on what was kept, or stop the run. */
+export type WidgetRequest = { type: 'replay' } | { type: 'stop' };
+
+/** The data of a widget comm message, as this front end sends it (ipywidgets' protocol). */
+export type WidgetCommData = { method: 'custom'; content: WidgetRequest } | { method: 'request_state' };
+
+/** A live display's `application/vnd.nbspawn.live+json` (docs §3). */
+export interface ILiveInfo {
+  run_id: string;
+  /** The widget's model (its comm id). */
+  model_id: string;
+  /** The live display's id: its `update_display_data` is the run's end. */
+  display_id: string;
+  started_at: number | null;
+  nprocs: number | null;
+  log_dir?: string;
+}
+
+// -- the status comm (`_status.status_data`; browser: status.ts) -----------------------------------
+
+/** `comm_open` and `comm_msg` data of `nbspawn.status`. */
+export interface IRunStatus {
+  run_id: string;
+  /** `running` while the run is active, then its final status. */
+  status: string;
+  nprocs: number;
+  /** Ranks still running; null when the kernel did not say (then all `nprocs` count). */
+  running: number[] | null;
+}
+
+// -- decoding ---------------------------------------------------------------------------------------
+
+/** `value` as an object to read fields from; `{}` for anything that is not a plain object. */
+export function record(value: unknown): Record<string, unknown> {
+  return value && typeof value === 'object' && !Array.isArray(value) ? (value as Record<string, unknown>) : {};
+}
+
+function str(v: unknown, dflt = ''): string {
+  return typeof v === 'string' ? v : dflt;
+}
+
+function strOrNull(v: unknown): string | null {
+  return typeof v === 'string' ? v : null;
+}
+
+function num(v: unknown): number | null {
+  return typeof v === 'number' && Number.isFinite(v) ? v : null;
+}
+
+/** A run as the views read it: a run record with every field present (`parseBundle`). */
+export interface IRunError {
+  rank: number | null;
+  summary: string;
+  /** Not sent by the kernel today (the rank's record has it); `""` then. */
+  traceback: string;
+}
+
+/** A rank record with every field present; `output` is `[]` unless a version 1 bundle has it. */
+export interface IRankInfo extends Omit<IRankRecord, 'output'> {
+  output: [string, unknown][];
+}
+
+export interface IRunBundle extends Omit<IRunRecord, 'status' | 'error' | 'output_in' | 'ranks' | 'started_at'> {
+  started_at: number | null;
+  /** A `RunStatus`, or whatever a newer kernel sends. */
+  status: RunStatus | string;
+  error: IRunError | null;
+  output_in: string;
+  ranks: IRankInfo[];
+}
+
+/** Coerce untrusted JSON to a bundle: wrong or missing fields get neutral values, never throw. */
+export function parseBundle(data: unknown): IRunBundle {
+  const d = record(data);
+  const ranks: IRankInfo[] = (Array.isArray(d.ranks) ? (d.ranks as unknown[]) : [])
+    .filter(r => r && typeof r === 'object')
+    .map((v, i) => {
+      const r = record(v);
+      return {
+        rank: num(r.rank) ?? i,
+        pid: num(r.pid),
+        status: (str(r.status, 'running') as RankStatus) || 'running',
+        exit_code: num(r.exit_code),
+        signal: strOrNull(r.signal),
+        duration: num(r.duration),
+        summary: strOrNull(r.summary),
+        traceback: strOrNull(r.traceback),
+        output: (Array.isArray(r.output) ? (r.output as unknown[]) : [])
+          .filter((c): c is unknown[] => Array.isArray(c) && c.length >= 2)
+          .map(c => (c[0] === 'display' ? ['display', c[1]] : [str(c[0], 'stdout'), str(c[1])]) as [string, unknown]),
+        elided_lines: num(r.elided_lines) ?? 0,
+        stdout_path: strOrNull(r.stdout_path),
+        stderr_path: strOrNull(r.stderr_path),
+        display_path: strOrNull(r.display_path),
+        node: strOrNull(r.node)
+      };
+    });
+  const e = d.error && typeof d.error === 'object' ? record(d.error) : null;
+  return {
+    version: num(d.version) ?? 1,
+    run_id: str(d.run_id),
+    world: strOrNull(d.world),
+    world_cell: num(d.world_cell),
+    nprocs: num(d.nprocs) ?? ranks.length,
+    start_method: str(d.start_method),
+    backend: str(d.backend),
+    log_dir: str(d.log_dir),
+    started_at: num(d.started_at),
+    duration: num(d.duration),
+    status: str(d.status, 'running'),
+    error: e ? { rank: num(e.rank), summary: str(e.summary), traceback: str(e.traceback) } : null,
+    output_in: str(d.output_in),
+    ranks
+  };
+}
+
+/** One display item, as the views read it (`kind` is `data` once updates are applied). */
+export interface IDisplayItem {
+  kind: string;
+  id: string | null;
+  mime: string;
+  value: unknown;
+  text: string;
+  meta: Record<string, unknown>;
+  wait?: boolean;
+}
+
+/** Coerce one untrusted display item; null if it is not one. */
+export function parseItem(v: unknown): IDisplayItem | null {
+  if (!v || typeof v !== 'object' || Array.isArray(v)) {
+    return null;
+  }
+  const d = record(v);
+  const kind = typeof d.kind === 'string' ? d.kind : 'data';
+  if (kind !== 'data' && kind !== 'update' && kind !== 'clear') {
+    return null;
+  }
+  return {
+    kind,
+    id: typeof d.id === 'string' ? d.id : null,
+    mime: typeof d.mime === 'string' ? d.mime : 'text/plain',
+    value: d.value ?? '',
+    text: typeof d.text === 'string' ? d.text : '',
+    meta: record(d.meta),
+    wait: d.wait === true
+  };
+}
+
+/** Chunks of rank output as `LiveOutput` takes them: checked there, chunk by chunk. */
+export type Chunks = ReadonlyArray<readonly [number, string, unknown]>;
+/** Each rank's kept chunks (`[stream, text]` or `["display", item]`), by rank. */
+export type Tails = Record<string, ReadonlyArray<readonly [string, unknown]>>;
+
+/** A widget custom message from the kernel, decoded; the chunks themselves are checked by `LiveOutput`. */
+export type WidgetMessage =
+  | { type: 'output'; chunks: Chunks; elided: Record<string, number> }
+  | { type: 'replay'; tails: Tails; elided: Record<string, number> };
+
+/** A kernel → browser custom message of the live widget (`IOutputMessage`, `IReplayMessage`); null if neither. */
+export function decodeWidgetMessage(msg: unknown): WidgetMessage | null {
+  const m = record(msg);
+  if (m.type === 'output' && Array.isArray(m.chunks)) {
+    // [rank, stream, text] and [rank, "display", item]; LiveOutput skips malformed ones
+    return { type: 'output', chunks: m.chunks as Chunks, elided: record(m.elided) as Record<string, number> };
+  }
+  if (m.type === 'replay') {
+    return { type: 'replay', tails: record(m.tails) as Tails, elided: record(m.elided) as Record<string, number> };
+  }
+  return null;
+}
+
+/** The traits a widget state update (`{method: "update", state}`) sets; absent: not in it. */
+export interface IStateUpdate {
+  header?: Record<string, unknown>;
+  ranks?: unknown[];
+  error?: unknown;
+}
+
+/** The widget traits of a state update, each only if it is there in a usable form. */
+export function decodeState(state: unknown): IStateUpdate {
+  const s = record(state);
+  const u: IStateUpdate = {};
+  if ('header' in s && s.header && typeof s.header === 'object') {
+    u.header = record(s.header);
+  }
+  if ('ranks' in s && Array.isArray(s.ranks)) {
+    u.ranks = s.ranks as unknown[];
+  }
+  if ('error' in s) {
+    u.error = s.error ?? null;
+  }
+  return u;
+}
+
+/** A widget comm message's data as seen on iopub: a state update, or a custom message. */
+export type WidgetComm = { method: 'update'; state: Record<string, unknown> } | { method: 'custom'; content: unknown };
+
+export function decodeWidgetComm(data: unknown): WidgetComm | null {
+  const d = record(data);
+  if (d.method === 'update') {
+    return { method: 'update', state: record(d.state) };
+  }
+  if (d.method === 'custom') {
+    return { method: 'custom', content: d.content };
+  }
+  return null;
+}
+
+/** The live display's info; null without a model id or a display id. */
+export function parseLiveInfo(data: unknown): ILiveInfo | null {
+  const d = record(data);
+  if (!str(d.model_id) && !str(d.display_id)) {
+    return null;
+  }
+  return {
+    run_id: str(d.run_id),
+    model_id: str(d.model_id),
+    display_id: str(d.display_id),
+    started_at: num(d.started_at),
+    nprocs: num(d.nprocs),
+    log_dir: str(d.log_dir) || undefined
+  };
+}
+
+/** A status comm's data over the run's last known status (`prev`): what is missing is kept. */
+export function parseStatus(data: unknown, prev?: IRunStatus): IRunStatus {
+  const d = record(data);
+  const running = Array.isArray(d.running)
+    ? (d.running.filter(r => typeof r === 'number') as number[])
+    : (prev?.running ?? null);
+  return {
+    run_id: typeof d.run_id === 'string' ? d.run_id : (prev?.run_id ?? ''),
+    status: typeof d.status === 'string' ? d.status : (prev?.status ?? 'running'),
+    nprocs: typeof d.nprocs === 'number' ? d.nprocs : (prev?.nprocs ?? running?.length ?? 0),
+    running
+  };
+}
+
+// -- iopub messages about a run (reattach.ts, follow.ts, stopguard.ts) -------------------------------
+
+/** The fields of a Jupyter iopub message read here. */
+export interface IIOPub {
+  header: { msg_type: string };
+  parent_header?: unknown;
+  content: unknown;
+}
+
+/** The data and metadata of an `update_display_data` for the display `displayId`; else null. */
+export function displayUpdate(
+  msg: IIOPub,
+  displayId: string | undefined
+): { data: Record<string, unknown>; metadata: Record<string, unknown> } | null {
+  if (msg.header.msg_type !== 'update_display_data' || !displayId) {
+    return null;
+  }
+  const content = record(msg.content);
+  if (record(content.transient).display_id !== displayId) {
+    return null;
+  }
+  return { data: record(content.data), metadata: record(content.metadata) };
+}
+
+/**
+ * Whether an iopub message shows that the kernel heard a Stop: our copy (`stopMsgId`) was
+ * handled, the widget (`modelId`) says it is stopping or closed, or the live display
+ * (`displayId`) was replaced by the frozen run.
+ */
+export function stopHeard(msg: IIOPub, modelId: string, displayId: string, stopMsgId: string): boolean {
+  const type = msg.header.msg_type;
+  const content = record(msg.content);
+  if (type === 'status') {
+    // our copy was handled (the handler only sets the flag the supervision loop reads)
+    return content.execution_state === 'idle' && stopMsgId !== '' && record(msg.parent_header).msg_id === stopMsgId;
+  }
+  if (type === 'comm_msg' && content.comm_id === modelId) {
+    const data = record(content.data);
+    return data.method === 'update' && record(record(data.state).header).stopping === true;
+  }
+  if (type === 'comm_close') {
+    return content.comm_id === modelId;
+  }
+  if (type === 'update_display_data') {
+    return displayId !== '' && record(content.transient).display_id === displayId;
+  }
+  return false;
+}

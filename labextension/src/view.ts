@@ -1,0 +1,374 @@
+/**
+ * The run view: the same DOM for a live run and a saved one, updated in place as output and rank
+ * statuses arrive, with an elapsed-time counter and a Stop button in the header while it runs.
+ * Header, banner and chips are rebuilt only where they changed; the selected tab's output is a
+ * `Pane` (pane.ts).
+ */
+
+import { formatElapsed } from './format';
+import { IRunBundle } from './messages';
+import { ILiveSource, ILiveUpdate, LiveOutput } from './output';
+import { Pane, Sel, rankKey } from './pane';
+import {
+  attachTabKeys,
+  buildBanner,
+  buildChip,
+  buildHeader,
+  buildMergedTab,
+  h,
+  markSelected,
+  metaEntry
+} from './render';
+
+export type { Sel } from './pane';
+
+const ACTIVE = new Set(['starting', 'running']);
+/** How long Stop may go unanswered before the view says the frontend may be holding it back. */
+const STOP_UNANSWERED_MS = 4000;
+
+/** The rank whose pane is selected first: the root cause, else the first failed rank. */
+export function defaultSelection(run: IRunBundle): number | 'merged' {
+  const ranks = run.ranks.map(r => r.rank);
+  if (run.error && run.error.rank !== null && ranks.includes(run.error.rank)) {
+    return run.error.rank;
+  }
+  const failed = run.ranks.find(r => r.status === 'failed');
+  if (failed) {
+    return failed.rank;
+  }
+  return run.ranks.length === 1 ? run.ranks[0].rank : 'merged';
+}
+
+/** Options of a view. */
+export interface ILiveViewOptions {
+  /** Tab to show instead of the default (kept across re-renders of one output). */
+  selected?: number | 'merged' | null;
+  /** Called when the user picks a tab. */
+  onSelect?: (sel: number | 'merged') => void;
+  /** A live run (the default): elapsed time and Stop while it is active. False for a saved run. */
+  live?: boolean;
+}
+
+/** Seconds since the kernel started the run are not known to a saved run: nothing to stop. */
+class StaticSource implements ILiveSource {
+  readonly output = new LiveOutput(Number.POSITIVE_INFINITY);
+  readonly stopRequested = false;
+  readonly stopAcknowledged = false;
+  constructor(private _run: IRunBundle) {}
+  run(): IRunBundle {
+    return this._run;
+  }
+  startedAt(): number | null {
+    return null;
+  }
+  stop(): void {
+    // a saved run is over
+  }
+}
+
+/**
+ * A saved run into `host`: the same view as the live one, over the run's kept output.
+ * `tails` are each rank's chunks (`[stream, text]` or `["display", item]`); without them, a
+ * version 1 bundle's per-rank `output`.  Returns the view (dispose it with its host).
+ */
+export function renderRun(
+  host: HTMLElement,
+  run: IRunBundle,
+  options: ILiveViewOptions & { tails?: Record<string, ReadonlyArray<readonly [string, unknown]>> } = {}
+): LiveView {
+  const src = new StaticSource(run);
+  const tails: Record<string, ReadonlyArray<readonly [string, unknown]>> = options.tails ?? {};
+  if (!options.tails) {
+    for (const r of run.ranks) {
+      tails[String(r.rank)] = r.output;
+    }
+  }
+  const elided: Record<string, number> = {};
+  for (const r of run.ranks) {
+    elided[String(r.rank)] = r.elided_lines;
+  }
+  src.output.reset(tails, elided);
+  src.output.interleave();
+  return new LiveView(host, src, { ...options, live: false });
+}
+
+
+/**
+ * One view of a run, drawn into `host`: header, banner, tabs (a chip per rank), and the selected
+ * tab's `Pane`.  `refresh` redraws what changed of the run's records; output goes to the pane.
+ */
+export class LiveView {
+  constructor(host: HTMLElement, src: ILiveSource, options: ILiveViewOptions = {}) {
+    this._src = src;
+    this._live = options.live !== false;
+    this._onSelect = options.onSelect;
+    this._root = h('div', { class: this._live ? 'nbs-Run nbs-mod-live' : 'nbs-Run' });
+    this._tabs = h('div', { class: 'nbs-Tabs', role: 'tablist', 'aria-label': 'Ranks' });
+    this._host = h('div', { class: 'nbs-Pane-host', role: 'tabpanel' });
+    this._clock = h('span', { class: 'nbs-Meta-value nbs-Clock' });
+    this._stopBtn = h(
+      'button',
+      { class: 'nbs-Stop', type: 'button', title: 'Stop every rank (as an interrupt would)' },
+      h('span', { class: 'nbs-Stop-icon', 'aria-hidden': 'true' }),
+      h('span', { class: 'nbs-Stop-label' }, 'Stop')
+    ) as HTMLButtonElement;
+    this._stopBtn.addEventListener('click', () => {
+      // again if the kernel has not answered (a frontend may have held the first one back)
+      if (!this._src.stopAcknowledged) {
+        this._src.stop(); // first, before any drawing: the message leaves now
+        this._stopClickedAt = Date.now();
+        this._stopHintShown = false;
+        this.refresh();
+      }
+    });
+    this._root.append(this._tabs, this._host);
+    host.textContent = '';
+    host.appendChild(this._root);
+    attachTabKeys(this._tabs, sel => this._pick(sel));
+    this._unsubscribe = src.output.subscribe((u: ILiveUpdate) => this._pane?.update(u));
+    if (options.selected !== undefined && options.selected !== null) {
+      this._wanted = options.selected;
+    }
+    this.refresh();
+  }
+
+  /** Redraw what changed of everything but the output: header, banner, chips, the pane's head. */
+  refresh(): void {
+    if (this._disposed) {
+      return;
+    }
+    const run = this._src.run();
+    this._run = run;
+    this._pane?.setRun(run);
+    this._root.setAttribute('data-status', run.status);
+    const active = this._live && ACTIVE.has(run.status);
+    if (active && this._timer === null) {
+      this._timer = window.setInterval(() => this._tick(), 1000);
+    } else if (!active && this._timer !== null) {
+      window.clearInterval(this._timer);
+      this._timer = null;
+    }
+    this._updateClock();
+    this._refreshHeader(run, active);
+    this._refreshTabs(run);
+
+    // the selection: the default first, the failed rank's pane as soon as one fails
+    const failed = run.ranks.some(r => r.status === 'failed');
+    let sel = this._selected;
+    if (sel === null && this._wanted !== null && this._valid(this._wanted)) {
+      sel = this._wanted;
+      this._failureShown = failed;
+    }
+    if (sel === null || !this._valid(sel)) {
+      sel = run.ranks.length ? defaultSelection(run) : null;
+    }
+    if (failed && !this._failureShown) {
+      this._failureShown = true;
+      if (this._live) {
+        sel = defaultSelection(run);
+      }
+    }
+    if (sel === null) {
+      if (this._selected === null && !this._host.firstChild) {
+        this._host.appendChild(h('div', { class: 'nbs-Empty' }, 'no rank has started'));
+      }
+    } else if (sel !== this._selected) {
+      this._select(sel);
+    } else {
+      this._pane?.refreshHead();
+    }
+  }
+
+  dispose(): void {
+    this._disposed = true;
+    this._unsubscribe();
+    if (this._timer !== null) {
+      window.clearInterval(this._timer);
+    }
+    this._pane?.dispose();
+  }
+
+  /** Select a tab (a rank or `'merged'`), as a click on it would. */
+  select(sel: Sel): void {
+    this._pick(sel);
+  }
+
+  // -- chrome ----------------------------------------------------------------------------------
+
+  private _refreshHeader(run: IRunBundle, active: boolean): void {
+    const unanswered = this._stopUnanswered();
+    const counts = run.ranks.map(r => r.status).sort();
+    const key = JSON.stringify([
+      run.status,
+      run.nprocs,
+      counts,
+      run.start_method,
+      run.backend,
+      run.duration,
+      run.run_id,
+      run.log_dir,
+      active,
+      this._src.stopRequested,
+      this._src.stopAcknowledged,
+      unanswered
+    ]);
+    if (key !== this._headerKey) {
+      this._headerKey = key;
+      const header = buildHeader(run, {
+        meta: active ? [metaEntry('elapsed', this._clock)] : [],
+        actions: active ? [this._stopButton(unanswered)] : []
+      });
+      if (this._header) {
+        this._header.replaceWith(header);
+      } else {
+        this._root.prepend(header);
+      }
+      this._header = header;
+    }
+    const bannerKey = JSON.stringify([run.status, run.error, run.ranks.map(r => r.rank)]);
+    if (bannerKey !== this._bannerKey) {
+      this._bannerKey = bannerKey;
+      for (const node of this._banner) {
+        node.remove();
+      }
+      this._banner = buildBanner(run, rank => this._pick(rank));
+      this._header!.after(...this._banner);
+    }
+  }
+
+  private _refreshTabs(run: IRunBundle): void {
+    const ranks = run.ranks.map(r => r.rank);
+    const layout = JSON.stringify(ranks);
+    if (layout !== this._tabsLayout) {
+      this._tabsLayout = layout;
+      this._chips.clear();
+      this._tabs.textContent = '';
+      this._tabs.classList.toggle('nbs-mod-compact', ranks.length > 16);
+      if (ranks.length > 1) {
+        const merged = buildMergedTab();
+        merged.addEventListener('click', () => this._pick('merged'));
+        this._tabs.appendChild(merged);
+      }
+    }
+    for (const r of run.ranks) {
+      const key = rankKey(r, run);
+      const had = this._chips.get(r.rank);
+      if (had?.key === key) {
+        continue;
+      }
+      const chip = buildChip(r, run);
+      chip.addEventListener('click', () => this._pick(r.rank));
+      if (had) {
+        had.el.replaceWith(chip);
+      } else {
+        this._tabs.appendChild(chip);
+      }
+      this._chips.set(r.rank, { key, el: chip });
+      if (this._selected !== null) {
+        markSelected(this._tabs, this._selected);
+      }
+    }
+  }
+
+  // -- selection -------------------------------------------------------------------------------
+
+  private _valid(sel: Sel): boolean {
+    const ranks = this._run?.ranks ?? [];
+    return sel === 'merged' ? ranks.length > 1 : ranks.some(r => r.rank === sel);
+  }
+
+  private _pick(sel: Sel): void {
+    if (this._valid(sel)) {
+      this._select(sel);
+      this._onSelect?.(sel);
+    }
+  }
+
+  /** Show the pane of `sel`, built from what is kept. */
+  private _select(sel: Sel): void {
+    this._selected = sel;
+    markSelected(this._tabs, sel);
+    this._pane?.dispose();
+    this._pane = new Pane(this._host, this._src.output, sel, this._run!, this._live);
+  }
+
+  // -- header controls -------------------------------------------------------------------------
+
+  private _stopUnanswered(): boolean {
+    return (
+      this._src.stopRequested &&
+      !this._src.stopAcknowledged &&
+      this._stopClickedAt !== null &&
+      Date.now() - this._stopClickedAt > STOP_UNANSWERED_MS
+    );
+  }
+
+  private _stopButton(unanswered: boolean): HTMLElement {
+    const btn = this._stopBtn;
+    const requested = this._src.stopRequested;
+    btn.disabled = requested;
+    btn.classList.toggle('nbs-mod-stopping', requested);
+    btn.querySelector('.nbs-Stop-label')!.textContent = requested ? 'Stopping\u2026' : 'Stop';
+    this._stopHintShown = unanswered;
+    if (unanswered) {
+      btn.disabled = false; // let it be tried again
+      btn.querySelector('.nbs-Stop-label')!.textContent = 'Stop';
+      return h(
+        'span',
+        { class: 'nbs-Stop-wrap' },
+        h(
+          'span',
+          { class: 'nbs-Stop-hint', role: 'note' },
+          'the kernel has not received Stop (this frontend may hold widget messages while a cell runs): use Interrupt'
+        ),
+        btn
+      );
+    }
+    return btn;
+  }
+
+  private _updateClock(): void {
+    const start = this._src.startedAt();
+    const run = this._run;
+    if (start !== null && run && ACTIVE.has(run.status)) {
+      const text = formatElapsed((performance.now() - start) / 1000);
+      if (this._clock.textContent !== text) {
+        this._clock.textContent = text;
+      }
+    }
+  }
+
+  private _tick(): void {
+    this._updateClock();
+    const run = this._run;
+    // Stop unanswered for a while: say so (once)
+    if (run && ACTIVE.has(run.status) && !this._stopHintShown && this._stopUnanswered()) {
+      this.refresh();
+    }
+  }
+
+  private _src: ILiveSource;
+  private _live: boolean;
+  private _onSelect?: (sel: Sel) => void;
+  private _root: HTMLElement;
+  private _header: HTMLElement | null = null;
+  private _headerKey = '';
+  private _banner: HTMLElement[] = [];
+  private _bannerKey = '';
+  private _tabs: HTMLElement;
+  private _tabsLayout = '';
+  private _chips = new Map<number, { key: string; el: HTMLElement }>();
+  private _host: HTMLElement;
+  private _pane: Pane | null = null;
+  private _clock: HTMLElement;
+  private _stopBtn: HTMLButtonElement;
+  private _stopClickedAt: number | null = null;
+  private _stopHintShown = false;
+  private _run: IRunBundle | null = null;
+  private _selected: Sel | null = null;
+  private _wanted: Sel | null = null;
+  private _failureShown = false;
+  private _unsubscribe: () => void;
+  private _timer: number | null = null;
+  private _disposed = false;
+}
