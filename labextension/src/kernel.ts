@@ -77,6 +77,6 @@ export function commMessage(
     username: kernel.username,
     session: kernel.clientId,
     subshellId,
-    content: { comm_id: commId, data: data as unknown as KernelMessage.ICommMsgMsg['content']['data'] }
+    content: { comm_id: commId, data }
   });
 }

@@ -198,7 +198,7 @@ export interface IRankInfo extends Omit<IRankRecord, 'output'> {
 export interface IRunBundle extends Omit<IRunRecord, 'status' | 'error' | 'output_in' | 'ranks' | 'started_at'> {
   started_at: number | null;
   /** A `RunStatus`, or whatever a newer kernel sends. */
-  status: RunStatus | string;
+  status: string;
   error: IRunError | null;
   output_in: string;
   ranks: IRankInfo[];
@@ -222,7 +222,7 @@ export function parseBundle(data: unknown): IRunBundle {
         traceback: strOrNull(r.traceback),
         output: (Array.isArray(r.output) ? (r.output as unknown[]) : [])
           .filter((c): c is unknown[] => Array.isArray(c) && c.length >= 2)
-          .map(c => (c[0] === 'display' ? ['display', c[1]] : [str(c[0], 'stdout'), str(c[1])]) as [string, unknown]),
+          .map((c): [string, unknown] => (c[0] === 'display' ? ['display', c[1]] : [str(c[0], 'stdout'), str(c[1])])),
         elided_lines: num(r.elided_lines) ?? 0,
         stdout_path: strOrNull(r.stdout_path),
         stderr_path: strOrNull(r.stderr_path),
@@ -361,7 +361,7 @@ export function parseLiveInfo(data: unknown): ILiveInfo | null {
 export function parseStatus(data: unknown, prev?: IRunStatus): IRunStatus {
   const d = record(data);
   const running = Array.isArray(d.running)
-    ? (d.running.filter(r => typeof r === 'number') as number[])
+    ? d.running.filter((r): r is number => typeof r === 'number')
     : (prev?.running ?? null);
   return {
     run_id: typeof d.run_id === 'string' ? d.run_id : (prev?.run_id ?? ''),

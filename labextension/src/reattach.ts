@@ -295,7 +295,7 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
       `nbspawn run ${info.run_id} — ${ranks}running` +
       (secs !== null ? ` for ${formatElapsed(secs)}` : '') +
       '; reattaching…';
-    let box = this._own.node.querySelector('.nbs-Reattach-placeholder') as HTMLElement | null;
+    let box = this._own.node.querySelector<HTMLElement>('.nbs-Reattach-placeholder');
     if (!box) {
       this._own.node.textContent = '';
       box = document.createElement('div');
@@ -314,6 +314,9 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
 
   /** The run ended: draw its snapshot and put it in the output, so the notebook saves it. */
   private _freeze(data: Record<string, unknown>, metadata: Record<string, unknown>): void {
+    // the kernel's update_display_data: JSON, as a mime model holds it
+    const bundle = data as IRenderMime.IMimeModel['data'];
+    const meta = metadata as IRenderMime.IMimeModel['metadata'];
     if (this._mode === 'frozen' || this._mode === 'delegate') {
       return; // a page showing the widget gets the update from its own cell's execution
     }
@@ -329,16 +332,17 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
         this._own.node.appendChild(renderer.node);
         void renderer.renderModel({
           trusted: true,
-          data: data as any,
-          metadata: metadata as any,
+          data: bundle,
+          metadata: meta,
           setData: () => undefined
         });
       } catch {
-        this._own.node.textContent = String(data['text/plain'] ?? '');
+        const plain = data['text/plain'];
+        this._own.node.textContent = typeof plain === 'string' ? plain : '';
       }
     }
     // the output area draws the frozen bundle in this output's place (this renderer goes)
-    this._model?.setData({ data: data as any, metadata: metadata as any });
+    this._model?.setData({ data: bundle, metadata: meta });
   }
 
   private _lose(why: string): void {

@@ -333,7 +333,7 @@ export function buildBanner(run: IRunBundle, pick?: (rank: number) => void): HTM
   if (errRankKnown && pick) {
     banner.classList.add('nbs-mod-link');
     banner.title = `Show rank ${errRank} and its traceback`;
-    banner.addEventListener('click', () => pick(errRank!));
+    banner.addEventListener('click', () => pick(errRank));
   }
   const nodes = [banner];
   if (!errRankKnown && err.traceback) {

@@ -7,11 +7,7 @@
  * as its source text (no Markdown library is bundled).
  */
 
-import { IDisplayItem, WIDGET_MIME } from './messages';
-
-function rec(v: unknown): Record<string, any> {
-  return v && typeof v === 'object' && !Array.isArray(v) ? (v as Record<string, any>) : {};
-}
+import { IDisplayItem, WIDGET_MIME, record } from './messages';
 
 const IMAGES = new Set(['image/png', 'image/jpeg', 'image/gif']);
 const BAR_STYLES = new Set(['success', 'info', 'warning', 'danger']);
@@ -92,9 +88,14 @@ function percent(v: number, lo: number, hi: number): string {
   return hi > lo ? `${Math.round(((v - lo) / (hi - lo)) * 100)}%` : '';
 }
 
+/** A tree node's text: the kernel sends strings; a number is shown, anything else is not. */
+function scalarText(v: unknown): string {
+  return typeof v === 'string' || typeof v === 'number' || typeof v === 'boolean' ? String(v) : '';
+}
+
 /** A widget tree (`application/vnd.nbspawn.widget+json`) as plain elements. */
 export function widgetNode(tree: unknown, depth = 0): HTMLElement {
-  const t = rec(tree);
+  const t = record(tree);
   if (depth > 20) {
     return el('span', 'nbs-W-other', '\u2026');
   }
@@ -119,16 +120,16 @@ export function widgetNode(tree: unknown, depth = 0): HTMLElement {
     bar.max = Math.max(0, hi - lo);
     bar.value = v - lo;
     bar.title = percent(v, lo, hi);
-    if (BAR_STYLES.has(t.bar_style)) {
+    if (typeof t.bar_style === 'string' && BAR_STYLES.has(t.bar_style)) {
       bar.classList.add(`nbs-mod-${t.bar_style}`);
     }
     wrap.appendChild(bar);
     return wrap;
   }
   if (t.type === 'text') {
-    return el('span', 'nbs-W-text', String(t.value ?? ''));
+    return el('span', 'nbs-W-text', scalarText(t.value));
   }
-  return el('span', 'nbs-W-other', String(t.text ?? t.value ?? ''));
+  return el('span', 'nbs-W-other', scalarText(t.text ?? t.value));
 }
 
 /** Draw one display item. */

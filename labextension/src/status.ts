@@ -15,7 +15,8 @@ import { IRunStatus, STATUS_COMM_TARGET, parseStatus } from './messages';
 export type { IRunStatus } from './messages';
 
 type Listener = {
-  update(commId: string, data: Partial<IRunStatus> | null): void;
+  /** `data`: a comm message's (`IRunStatus`, maybe partial); null: the comm closed. */
+  update(commId: string, data: unknown): void;
   clear(): void;
 };
 
@@ -33,8 +34,8 @@ function subscribe(kernel: Kernel.IKernelConnection, listener: Listener): () => 
     listeners.set(kernel, subs);
     const onOpen = (comm: Kernel.IComm, msg: KernelMessage.ICommOpenMsg) => {
       const id = comm.commId;
-      subs.forEach(l => l.update(id, msg.content.data as Partial<IRunStatus>));
-      comm.onMsg = m => subs.forEach(l => l.update(id, m.content.data as Partial<IRunStatus>));
+      subs.forEach(l => l.update(id, msg.content.data));
+      comm.onMsg = m => subs.forEach(l => l.update(id, m.content.data));
       comm.onClose = () => subs.forEach(l => l.update(id, null));
     };
     if (kernel.handleComms) {
@@ -42,7 +43,7 @@ function subscribe(kernel: Kernel.IKernelConnection, listener: Listener): () => 
     }
   }
   set.add(listener);
-  return () => set!.delete(listener);
+  return () => set.delete(listener);
 }
 
 /** The toolbar item of one notebook. Hidden unless a run is active in its kernel. */

@@ -25,8 +25,8 @@ import { LiveView } from './view';
 /** The part of anywidget's model API used here (AFM). */
 interface IAnyModel {
   get(name: string): unknown;
-  on(event: string, callback: (...args: any[]) => void): void;
-  off(event?: string | null, callback?: ((...args: any[]) => void) | null): void;
+  on(event: string, callback: (...args: unknown[]) => void): void;
+  off(event?: string | null, callback?: ((...args: unknown[]) => void) | null): void;
   send(content: unknown, callbacks?: unknown, buffers?: unknown[]): void;
 }
 

@@ -1,0 +1,217 @@
+// Unit tests of the wire (src/messages.ts, bundled into lib/bundled/messages.mjs): decoding of
+// what the kernel sends, never throwing on what it should not have sent.  node --test test/
+import assert from 'node:assert/strict';
+import test from 'node:test';
+
+import { formatDuration } from '../lib/bundled/format.mjs';
+import {
+  decodeState,
+  decodeWidgetComm,
+  decodeWidgetMessage,
+  displayUpdate,
+  parseBundle,
+  parseItem,
+  parseLiveInfo,
+  parseStatus,
+  record,
+  stopHeard
+} from '../lib/bundled/messages.mjs';
+import { LiveOutput, applyWidgetMessage, entryText } from '../lib/bundled/output.mjs';
+import { ChunkQueue } from '../lib/bundled/queue.mjs';
+
+// a run record as nbspawn/views/_bundle.py's run_record writes it
+const RUN = {
+  version: 2, run_id: 'r1', nprocs: 2, start_method: 'spawn', backend: 'gloo', log_dir: '/tmp/logs/r1',
+  started_at: 1700000000.5, duration: 3.25, status: 'failed', world: null, world_cell: null,
+  error: { rank: 1, summary: 'ValueError: boom' }, output_in: 'text/html',
+  ranks: [
+    { rank: 0, pid: 11, status: 'done', exit_code: 0, signal: null, duration: 3.2, summary: null, traceback: null,
+      elided_lines: 0, stdout_path: '/tmp/logs/r1/0/stdout.log', stderr_path: '/tmp/logs/r1/0/stderr.log',
+      display_path: '/tmp/logs/r1/0/display.jsonl', node: null },
+    { rank: 1, pid: 12, status: 'failed', exit_code: 1, signal: null, duration: 3.1, summary: 'ValueError: boom',
+      traceback: 'Traceback ...', elided_lines: 5, stdout_path: 'hostb:/l/1/stdout.log', stderr_path: null,
+      display_path: null, node: 'node 1 (hostb)' },
+  ],
+};
+
+test('record: plain objects only', () => {
+  assert.deepEqual(record(null), {});
+  assert.deepEqual(record([1, 2]), {});
+  assert.deepEqual(record('x'), {});
+  const o = { a: 1 };
+  assert.equal(record(o), o);
+});
+
+test('parseBundle keeps a well-formed run record as it is', () => {
+  const run = parseBundle(RUN);
+  assert.equal(run.run_id, 'r1');
+  assert.equal(run.status, 'failed');
+  assert.equal(run.started_at, 1700000000.5);
+  // the kernel sends no error traceback (the rank record has it): neutral value
+  assert.deepEqual(run.error, { rank: 1, summary: 'ValueError: boom', traceback: '' });
+  assert.equal(run.ranks.length, 2);
+  assert.deepEqual(run.ranks[1], { ...RUN.ranks[1], output: [] });
+  assert.equal(run.output_in, 'text/html');
+});
+
+test('parseBundle: anything malformed gets a neutral value, never a throw', () => {
+  for (const junk of [null, undefined, 42, 'run', [], [1, 2]]) {
+    const run = parseBundle(junk);
+    assert.equal(run.version, 1);
+    assert.equal(run.status, 'running');
+    assert.deepEqual(run.ranks, []);
+    assert.equal(run.error, null);
+    assert.equal(run.nprocs, 0);
+  }
+  const run = parseBundle({
+    nprocs: 'four', duration: Infinity, started_at: NaN, error: 'x',
+    ranks: [null, 'x', { pid: '12', status: 7, elided_lines: -1 }, { rank: 5 }],
+  });
+  // non-objects dropped; a rank without a number is numbered by its position among the kept ones
+  assert.deepEqual(run.ranks.map(r => r.rank), [0, 5]);
+  assert.equal(run.ranks[0].pid, null);
+  assert.equal(run.ranks[0].status, 'running');
+  assert.equal(run.ranks[0].elided_lines, -1);
+  assert.equal(run.nprocs, 2); // from the ranks
+  assert.equal(run.duration, null);
+  assert.equal(run.started_at, null);
+  assert.equal(run.error, null);
+});
+
+test('parseBundle: a version 1 bundle carries each rank output as chunks', () => {
+  const img = { kind: 'data', mime: 'image/png', value: 'iVBOR' };
+  const run = parseBundle({ version: 1, ranks: [{ rank: 0, output: [['stdout', 'a\n'], ['display', img], ['x'], 'y', [3, 4]] }] });
+  assert.deepEqual(run.ranks[0].output, [['stdout', 'a\n'], ['display', img], ['stdout', '']]);
+});
+
+test('parseItem: the three kinds, coerced; anything else is not an item', () => {
+  assert.deepEqual(parseItem({ mime: 'image/png', value: 'iVBOR', meta: { width: 64 } }), {
+    kind: 'data', id: null, mime: 'image/png', value: 'iVBOR', text: '', meta: { width: 64 }, wait: false,
+  });
+  assert.equal(parseItem({ kind: 'update', id: 'fig' }).id, 'fig');
+  assert.equal(parseItem({ kind: 'clear', wait: true }).wait, true);
+  assert.equal(parseItem({ kind: 'other' }), null);
+  assert.equal(parseItem([]), null);
+  assert.equal(parseItem('x'), null);
+  assert.equal(parseItem({ id: 3, mime: {}, meta: [] }).mime, 'text/plain');
+});
+
+test('decodeWidgetMessage: output and replay, else nothing', () => {
+  const out = decodeWidgetMessage({ type: 'output', chunks: [[0, 'stdout', 'a\n']], elided: { 0: 3 } });
+  assert.deepEqual(out, { type: 'output', chunks: [[0, 'stdout', 'a\n']], elided: { 0: 3 } });
+  assert.deepEqual(decodeWidgetMessage({ type: 'output', chunks: 'x' }), null);
+  assert.deepEqual(decodeWidgetMessage({ type: 'replay', tails: { 0: [['stdout', 'b\n']] } }), {
+    type: 'replay', tails: { 0: [['stdout', 'b\n']] }, elided: {},
+  });
+  assert.deepEqual(decodeWidgetMessage({ type: 'replay', tails: [1], elided: null }), { type: 'replay', tails: {}, elided: {} });
+  assert.equal(decodeWidgetMessage({ type: 'stop' }), null);
+  assert.equal(decodeWidgetMessage(null), null);
+});
+
+test('applyWidgetMessage: output is queued and drawn later, a replay replaces everything at once', () => {
+  const out = new LiveOutput();
+  applyWidgetMessage(out, { type: 'output', chunks: [[0, 'stdout', 'queued\n']], elided: {} });
+  assert.equal(out.queued, 1);
+  assert.deepEqual(out.entries(0), []);
+  applyWidgetMessage(out, { type: 'replay', tails: { 1: [['stdout', 'kept\n']] }, elided: { 1: 7 } });
+  assert.equal(out.queued, 0); // what was queued is older than the tails
+  assert.deepEqual(out.ranks(), [1]);
+  assert.deepEqual(out.entries(1).map(entryText), ['kept']);
+  assert.equal(out.elided(1), 7);
+  applyWidgetMessage(out, 'junk');
+  assert.deepEqual(out.entries(1).map(entryText), ['kept']);
+});
+
+test('decodeState: only the traits a state update has, in a usable form', () => {
+  assert.deepEqual(decodeState({ header: { run_id: 'r' }, ranks: [], error: null }), {
+    header: { run_id: 'r' }, ranks: [], error: null,
+  });
+  assert.deepEqual(decodeState({ header: null, ranks: {} }), {});
+  assert.deepEqual(decodeState({ error: undefined }), { error: null });
+  assert.deepEqual(decodeState('x'), {});
+});
+
+test('decodeWidgetComm: a state update or a custom message', () => {
+  assert.deepEqual(decodeWidgetComm({ method: 'update', state: { ranks: [] } }), { method: 'update', state: { ranks: [] } });
+  assert.deepEqual(decodeWidgetComm({ method: 'update' }), { method: 'update', state: {} });
+  assert.deepEqual(decodeWidgetComm({ method: 'custom', content: { type: 'output' } }), {
+    method: 'custom', content: { type: 'output' },
+  });
+  assert.equal(decodeWidgetComm({ method: 'echo_update' }), null);
+});
+
+test('parseLiveInfo: needs a model id or a display id', () => {
+  const info = { run_id: 'r', model_id: 'm', display_id: 'd', started_at: 1.5, nprocs: 4, log_dir: '/l' };
+  assert.deepEqual(parseLiveInfo(info), info);
+  assert.deepEqual(parseLiveInfo({ display_id: 'd', nprocs: 'x' }), {
+    run_id: '', model_id: '', display_id: 'd', started_at: null, nprocs: null, log_dir: undefined,
+  });
+  assert.equal(parseLiveInfo({ run_id: 'r' }), null);
+  assert.equal(parseLiveInfo(null), null);
+});
+
+test('parseStatus: a status message over the last one', () => {
+  const first = parseStatus({ run_id: 'r', status: 'running', nprocs: 4, running: [0, 1, 2, 3] });
+  assert.deepEqual(first, { run_id: 'r', status: 'running', nprocs: 4, running: [0, 1, 2, 3] });
+  assert.deepEqual(parseStatus({ running: [1, 'x', 3] }, first), { run_id: 'r', status: 'running', nprocs: 4, running: [1, 3] });
+  assert.deepEqual(parseStatus({ status: 'failed' }, first).running, [0, 1, 2, 3]);
+  assert.deepEqual(parseStatus(null), { run_id: '', status: 'running', nprocs: 0, running: null });
+  assert.equal(parseStatus({ running: [0, 1] }).nprocs, 2);
+});
+
+const iopub = (msg_type, content, parent_header = {}) => ({ header: { msg_type }, parent_header, content });
+
+test('displayUpdate: the live display replaced, and only that display', () => {
+  const msg = iopub('update_display_data', { data: { 'text/plain': 'x' }, metadata: {}, transient: { display_id: 'd' } });
+  assert.deepEqual(displayUpdate(msg, 'd'), { data: { 'text/plain': 'x' }, metadata: {} });
+  assert.equal(displayUpdate(msg, 'other'), null);
+  assert.equal(displayUpdate(msg, ''), null);
+  assert.equal(displayUpdate(msg, undefined), null);
+  assert.equal(displayUpdate(iopub('display_data', msg.content), 'd'), null);
+});
+
+test('stopHeard: what shows that the kernel heard Stop', () => {
+  const heard = msg => stopHeard(msg, 'model', 'disp', 'stop-msg');
+  assert.ok(heard(iopub('status', { execution_state: 'idle' }, { msg_id: 'stop-msg' })));
+  assert.ok(!heard(iopub('status', { execution_state: 'busy' }, { msg_id: 'stop-msg' })));
+  assert.ok(!heard(iopub('status', { execution_state: 'idle' }, { msg_id: 'other' })));
+  assert.ok(!stopHeard(iopub('status', { execution_state: 'idle' }, { msg_id: '' }), 'model', 'disp', ''));
+  const update = stopping => iopub('comm_msg', { comm_id: 'model', data: { method: 'update', state: { header: { stopping } } } });
+  assert.ok(heard(update(true)));
+  assert.ok(!heard(update(false)));
+  assert.ok(heard(iopub('comm_close', { comm_id: 'model' })));
+  assert.ok(!heard(iopub('comm_close', { comm_id: 'other' })));
+  assert.ok(heard(iopub('update_display_data', { transient: { display_id: 'disp' } })));
+  assert.ok(!stopHeard(iopub('update_display_data', { transient: { display_id: '' } }), 'model', '', ''));
+  assert.ok(!heard(iopub('stream', { name: 'stdout', text: 'x' })));
+});
+
+test('ChunkQueue: taken in order within a budget; text beyond a rank keeps is elided, displays stay', () => {
+  const q = new ChunkQueue(2);
+  q.push([[0, 'stdout', 'a\n'], [0, 'display', { kind: 'clear' }], [1, 'stdout', 'b\n'], 'junk', [0, 'stdout']], { 0: 4, 1: 0 });
+  assert.equal(q.length, 3);
+  assert.deepEqual(q.takeElided(), { 0: 4 });
+  assert.deepEqual(q.takeElided(), {});
+  const seen = [];
+  assert.equal(q.take(Infinity, c => seen.push(c[2])), 3);
+  assert.deepEqual(seen, ['a\n', { kind: 'clear' }, 'b\n']);
+  assert.equal(q.length, 0);
+  // over 4 limits of queued lines: each rank's older text goes, counted as elided
+  q.push([[0, 'stdout', 'old 1\nold 2\n'], [0, 'display', { kind: 'data' }], [0, 'stdout', 'x\ny\n'], [1, 'stdout', '1\n2\n3\n4\n5\n']]);
+  const kept = [];
+  q.take(Infinity, c => kept.push([c[0], c[2]]));
+  assert.deepEqual(kept, [[0, { kind: 'data' }], [0, 'x\ny\n'], [1, '1\n2\n3\n4\n5\n']]);
+  assert.deepEqual(q.takeElided(), { 0: 2 });
+  q.push([[0, 'stdout', 'z\n']], { 0: 1 });
+  q.clear();
+  assert.equal(q.length, 0);
+  assert.deepEqual(q.takeElided(), {});
+});
+
+test('formatDuration', () => {
+  assert.equal(formatDuration(null), '');
+  assert.equal(formatDuration(0.844), '0.84 s');
+  assert.equal(formatDuration(12.34), '12.3 s');
+  assert.equal(formatDuration(125), '2 min 05 s');
+  assert.equal(formatDuration(3720), '1 h 02 min');
+});
