@@ -12,18 +12,24 @@ import queue
 import re
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 from ipykernel.kernelspec import write_kernel_spec
 from jupyter_client import BlockingKernelClient, KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 KERNEL_NAME = "python3"
+# `import nbspawn` too, so cells can call nbspawn.last_run() as they would after the README's setup.
+# Runs show as `[rank{r}]: ` text lines, which tests read from stdout (rank_lines); in a Jupyter kernel
+# the default is the live widget (tests/test_view_widget.py covers it, asking for it with --view widget).
+LOAD = "%load_ext nbspawn\nimport nbspawn\n%config SpawnMagics.view = 'text'"
 _spec_dir: tempfile.TemporaryDirectory | None = None
 
 
@@ -211,3 +217,101 @@ def shm_entries(prefix: str = "") -> set[str]:
         return {name for name in os.listdir("/dev/shm") if name.startswith(prefix)}
     except FileNotFoundError:
         return set()
+
+
+# -- cells, as the tests run them -----------------------------------------------------------------
+
+
+def run(kernel: Kernel, code: str, timeout: float = 120) -> ExecResult:
+    """`code` run in `kernel`, whatever its outcome."""
+    return execute(kernel.client, code, timeout=timeout)
+
+
+def ok(kernel: Kernel, code: str, timeout: float = 120) -> ExecResult:
+    """`code` run in `kernel`, asserted to have succeeded (the failure shows its traceback and stderr)."""
+    result = execute(kernel.client, code, timeout=timeout)
+    assert result.status == "ok", (result.error_text, result.stderr)
+    return result
+
+
+def rank_lines(text: str, rank: int) -> list[str]:
+    """The text view's lines of `rank` (``[rank{rank}]: text``), prefix removed, in order."""
+    prefix = re.compile(rf"^\[rank{rank}\]: ?")
+    return [prefix.sub("", line) for line in text.splitlines() if prefix.match(line)]
+
+
+def load_nbspawn(kernel: Kernel, timeout: float = 120) -> Kernel:
+    """Run LOAD in `kernel`; on failure stop it and fail the test (the first import of torch is slow
+    on a cold disk, hence the long timeout)."""
+    result = execute(kernel.client, LOAD, timeout=timeout)
+    if result.status != "ok":
+        stop_kernel(kernel)
+        pytest.fail(f"{LOAD!r} failed in the kernel:\n{result.error_text}{result.stderr}", pytrace=False)
+    return kernel
+
+
+def loaded_kernel(**start: Any) -> Kernel:
+    """A new kernel (start_kernel's arguments) with nbspawn loaded; the caller stops it."""
+    kernel = start_kernel(**start)
+    try:
+        return load_nbspawn(kernel)
+    except BaseException:
+        if kernel.manager.has_kernel:
+            stop_kernel(kernel)
+        raise
+
+
+# -- a run's processes ----------------------------------------------------------------------------
+
+
+def run_processes(pid: int) -> list[psutil.Process]:
+    """Live descendants of `pid`, forkserver excluded: it is multiprocessing's, shared by every run."""
+    found = []
+    for kid in descendants(pid):
+        try:
+            if "forkserver" not in " ".join(kid.cmdline()):
+                found.append(kid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def wait_for_ranks(pid: int, count: int, timeout: float = 60) -> list[psutil.Process]:
+    """At least `count` run processes under `pid` (the kernel), or AssertionError after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kids = run_processes(pid)
+        if len(kids) >= count:
+            return kids
+        time.sleep(0.05)
+    raise AssertionError(f"expected {count} ranks under {pid}, found {run_processes(pid)}")
+
+
+def interrupt_later(kernel: Kernel, pid: int, ranks: int) -> threading.Thread:
+    """Interrupt `kernel` once `ranks` ranks run under `pid` and have had a second to reach the cell."""
+
+    def go() -> None:
+        wait_for_ranks(pid, ranks)
+        time.sleep(1.0)  # let every rank reach the cell
+        kernel.manager.interrupt_kernel()
+
+    thread = threading.Thread(target=go, daemon=True)
+    thread.start()
+    return thread
+
+
+def leak_snapshot(pid: int, tmp_dir: str) -> dict:
+    """What a run could leak in kernel `pid`: descriptors, threads, processes, zombies, shared memory
+    segments and files under `tmp_dir`; two snapshots around runs must be equal."""
+    proc = psutil.Process(pid)
+    fds = sorted(os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
+    tmp = sorted(os.path.relpath(os.path.join(d, n), tmp_dir) for d, dirs, files in os.walk(tmp_dir) for n in dirs + files)
+    return {
+        "fds": fds,
+        "threads": proc.num_threads(),
+        "children": [c.pid for c in run_processes(pid)],
+        "zombies": [c.pid for c in proc.children(recursive=True) if c.status() == psutil.STATUS_ZOMBIE],
+        # this kernel's segments, and any not named by nbspawn (other kernels may be running)
+        "shm": sorted(e for e in os.listdir("/dev/shm") if e.startswith(f"nbspawn.{pid}.") or not e.startswith("nbspawn.")),
+        "tmp": tmp,
+    }

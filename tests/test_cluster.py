@@ -24,29 +24,9 @@ import time
 import psutil
 import pytest
 from cluster_nodes import LocalNodes, NetnsNodes, netns_skip_reason
-from kernel_harness import execute, shm_entries, start_kernel, stop_kernel
+from kernel_harness import execute, loaded_kernel, ok, shm_entries, stop_kernel
 
 pytestmark = pytest.mark.timeout(300)
-
-LOAD = "%load_ext nbspawn\nimport nbspawn\n%config SpawnMagics.view = 'text'"
-
-
-def ok(kernel, code: str, timeout: float = 90):
-    result = execute(kernel.client, code, timeout=timeout)
-    assert result.status == "ok", (result.error and result.error.traceback_text, result.stderr)
-    return result
-
-
-def loaded_kernel():
-    """A new kernel with nbspawn loaded (conftest's helper is not importable by name here: the
-    browser tests' conftest shares its module name)."""
-    kernel = start_kernel()
-    try:
-        ok(kernel, LOAD, timeout=120)
-    except BaseException:
-        stop_kernel(kernel)
-        raise
-    return kernel
 
 
 @contextlib.contextmanager

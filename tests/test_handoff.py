@@ -6,16 +6,10 @@ import os
 import time
 
 import pytest
-from kernel_harness import execute, shm_entries
+from kernel_harness import execute, ok, shm_entries
 
 pytestmark = pytest.mark.timeout(240)
 METHODS = ["fork", "spawn", "forkserver"]
-
-
-def ok(kernel, code: str, timeout: float = 120):
-    result = execute(kernel.client, code, timeout=timeout)
-    assert result.status == "ok", (result.error_text, result.stderr)
-    return result
 
 
 def fail(kernel, code: str, timeout: float = 120):

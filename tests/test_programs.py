@@ -4,15 +4,13 @@ with the cell's environment, logs and failure policy; runs that leave the kernel
 from __future__ import annotations
 
 import os
-import re
 import signal
 import textwrap
 import time
 
 import psutil
 import pytest
-from kernel_harness import execute
-from test_spawn_lifecycle import descendants, interrupt_later
+from kernel_harness import interrupt_later, ok, rank_lines, run, run_processes
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -62,21 +60,6 @@ def scripts(kernel, tmp_path):
     ok(kernel, f"os.chdir({str(tmp_path)!r})")
     yield tmp_path
     ok(kernel, f"os.chdir({cwd!r})")
-
-
-def run(kernel, code: str, timeout: float = 120):
-    return execute(kernel.client, code, timeout=timeout)
-
-
-def ok(kernel, code: str, timeout: float = 120):
-    result = run(kernel, code, timeout)
-    assert result.status == "ok", (result.error_text, result.stderr)
-    return result
-
-
-def rank_lines(text: str, rank: int) -> list[str]:
-    prefix = re.compile(rf"^\[rank{rank}\]: ?")
-    return [prefix.sub("", line) for line in text.splitlines() if prefix.match(line)]
 
 
 def test_an_unmodified_ddp_script_on_n_ranks(kernel, scripts):
@@ -142,10 +125,10 @@ def test_interrupt_and_timeout_leave_no_process_children_included(fresh_kernel, 
     result = run(fresh_kernel, "%spawn -n 2 -- spawner.py")
     thread.join()
     assert result.error.ename == "SpawnInterrupted" and "time.sleep(300)" in result.error.traceback_text
-    assert descendants(pid) == []
+    assert run_processes(pid) == []
     timed = run(fresh_kernel, "%spawn -n 2 --timeout 2 --grace-period 1 -- spawner.py")
     assert timed.error.ename == "SpawnTimeoutError"
-    assert descendants(pid) == []
+    assert run_processes(pid) == []
 
 
 def test_program_ranks_die_with_the_kernel(fresh_kernel, tmp_path):
@@ -153,9 +136,9 @@ def test_program_ranks_die_with_the_kernel(fresh_kernel, tmp_path):
     ok(fresh_kernel, f"import os; os.chdir({str(tmp_path)!r})")
     ok(fresh_kernel, "run = %spawn --bg -n 2 -- spawner.py")
     deadline = time.monotonic() + 30
-    while len(descendants(fresh_kernel.pid)) < 4 and time.monotonic() < deadline:
+    while len(run_processes(fresh_kernel.pid)) < 4 and time.monotonic() < deadline:
         time.sleep(0.1)
-    ranks = [p for p in descendants(fresh_kernel.pid) if "spawner.py" in " ".join(p.cmdline())]
+    ranks = [p for p in run_processes(fresh_kernel.pid) if "spawner.py" in " ".join(p.cmdline())]
     assert len(ranks) == 2
     os.kill(fresh_kernel.pid, signal.SIGKILL)
     _gone, alive = psutil.wait_procs(ranks, timeout=10)
@@ -218,7 +201,7 @@ def test_what_a_rank_started_dies_with_a_sigkilled_kernel(fresh_kernel, tmp_path
     deadline = time.monotonic() + 60
     kids: list[psutil.Process] = []
     while time.monotonic() < deadline:
-        kids = [p for p in descendants(fresh_kernel.pid) if p.name() == "sleep"]
+        kids = [p for p in run_processes(fresh_kernel.pid) if p.name() == "sleep"]
         if len(kids) == 3:
             break
         time.sleep(0.1)

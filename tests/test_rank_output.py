@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from bundle_reader import rank_outputs
 from kernel_harness import execute, start_kernel, stop_kernel
-from test_view_widget import _create_subshell, _delete_subshell, _send_comm_msg, spawn_widget
+from widget_harness import create_subshell, delete_subshell, send_comm_msg, spawn_widget
 
 from nbspawn.views._bundle import MIME
 
@@ -201,7 +201,7 @@ def test_the_kernel_stays_busy_while_a_run_goes(kernel):
     info = client.kernel_info(reply=True, timeout=30)["content"]
     if "kernel subshells" not in info.get("supported_features", []):
         pytest.skip("this ipykernel has no subshells (ipykernel >= 7 has)")
-    subshell = _create_subshell(client)
+    subshell = create_subshell(client)
     msg_id = client.execute("%%spawn -n 2 --view widget\nimport time\nprint('up', flush=True)\ntime.sleep(4)\n")
     statuses: list[tuple[str, str | None]] = []  # (state, parent msg_id), in the order published
     comm_id = None
@@ -221,10 +221,10 @@ def test_the_kernel_stays_busy_while_a_run_goes(kernel):
             elif msg["msg_type"] == "comm_open" and msg["content"]["data"].get("state", {}).get("_anywidget_id"):
                 comm_id = msg["content"]["comm_id"]  # the live view's own comm
             elif msg["msg_type"] == "comm_msg" and comm_id and sent < 3:
-                _send_comm_msg(client, comm_id, {"type": "replay"}, subshell)  # as a browser would
+                send_comm_msg(client, comm_id, {"type": "replay"}, subshell)  # as a browser would
                 sent += 1
     finally:
-        _delete_subshell(client, subshell)
+        delete_subshell(client, subshell)
     assert sent, "the run sent no output message"
     # cut at the cell's own idle: before it, every idle of another request is followed by busy
     run_part = statuses[statuses.index(("busy", msg_id)) : statuses.index(("idle", msg_id))]

@@ -7,29 +7,14 @@ import os
 import re
 
 import pytest
-from kernel_harness import execute
+from kernel_harness import ok, rank_lines, run
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def run(kernel, code: str, timeout: float = 90):
-    return execute(kernel.client, code, timeout=timeout)
-
-
-def ok(kernel, code: str, timeout: float = 90):
-    result = run(kernel, code, timeout)
-    assert result.status == "ok", (result.error, result.stderr)
-    return result
 
 
 def cell_number(kernel) -> int:
     """In[N] of the next cell."""
     return ok(kernel, "pass").execution_count + 1
-
-
-def rank_lines(text: str, rank: int) -> list[str]:
-    prefix = f"[rank{rank}]: "
-    return [line[len(prefix) :] for line in text.splitlines() if line.startswith(prefix)]
 
 
 # -- output ---------------------------------------------------------------------------------------

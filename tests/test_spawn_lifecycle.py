@@ -4,55 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from kernel_harness import descendants as harness_descendants
-from kernel_harness import execute, start_kernel, stop_kernel
+from kernel_harness import execute, interrupt_later, leak_snapshot, ok, run_processes, start_kernel, stop_kernel, wait_for_ranks
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def ok(kernel, code: str, timeout: float = 90):
-    result = execute(kernel.client, code, timeout=timeout)
-    assert result.status == "ok", (result.error, result.stderr)
-    return result
-
-
-def descendants(pid: int) -> list[psutil.Process]:
-    """Live descendants, forkserver excluded: it is multiprocessing's, shared by every run."""
-    found = []
-    for kid in harness_descendants(pid):
-        try:
-            if "forkserver" not in " ".join(kid.cmdline()):
-                found.append(kid)
-        except psutil.NoSuchProcess:
-            pass
-    return found
-
-
-def wait_for_ranks(pid: int, count: int, timeout: float = 60) -> list[psutil.Process]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        kids = descendants(pid)
-        if len(kids) >= count:
-            return kids
-        time.sleep(0.05)
-    raise AssertionError(f"expected {count} ranks under {pid}, found {descendants(pid)}")
-
-
-def interrupt_later(kernel, pid: int, ranks: int, started_marker: str | None = None) -> threading.Thread:
-    def go() -> None:
-        wait_for_ranks(pid, ranks)
-        time.sleep(1.0)  # let every rank reach the cell
-        kernel.manager.interrupt_kernel()
-
-    thread = threading.Thread(target=go, daemon=True)
-    thread.start()
-    return thread
 
 
 def test_interrupt_reaches_every_rank_first_and_the_cell_raises_keyboardinterrupt(fresh_kernel):
@@ -68,7 +27,7 @@ def test_interrupt_reaches_every_rank_first_and_the_cell_raises_keyboardinterrup
     assert "ranks 0-2 were stopped the same way: KeyboardInterrupt" in text
     assert "in train" in text and "time.sleep(100)" in text  # where each rank was
     assert time.monotonic() - started < 30
-    assert descendants(pid) == []
+    assert run_processes(pid) == []
     assert (
         ok(fresh_kernel, "import nbspawn\nprint(isinstance(nbspawn.last_run().error, KeyboardInterrupt))", timeout=30).stdout
         == "True\n"
@@ -84,7 +43,7 @@ def test_interrupt_escalates_to_sigterm_when_a_rank_ignores_sigint(fresh_kernel)
     assert result.error.ename == "SpawnInterrupted"
     assert "killed by SIGTERM" in result.error.traceback_text
     assert "time.sleep(100)" in result.error.traceback_text
-    assert descendants(pid) == []
+    assert run_processes(pid) == []
 
 
 def test_ranks_die_with_the_kernel_even_when_it_is_sigkilled(fresh_kernel):
@@ -109,21 +68,6 @@ def test_processes_a_rank_started_are_stopped_with_it(kernel):
         pids = [int(Path(tmp, str(r)).read_text()) for r in range(2)]
     time.sleep(0.2)
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-
-
-def _snapshot(pid: int, tmp_dir: str) -> dict:
-    proc = psutil.Process(pid)
-    fds = sorted(os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
-    tmp = sorted(os.path.relpath(os.path.join(d, n), tmp_dir) for d, dirs, files in os.walk(tmp_dir) for n in dirs + files)
-    return {
-        "fds": fds,
-        "threads": proc.num_threads(),
-        "children": [c.pid for c in descendants(pid)],
-        "zombies": [c.pid for c in proc.children(recursive=True) if c.status() == psutil.STATUS_ZOMBIE],
-        # this kernel's segments, and any not named by nbspawn (other kernels may be running)
-        "shm": sorted(e for e in os.listdir("/dev/shm") if e.startswith(f"nbspawn.{pid}.") or not e.startswith("nbspawn.")),
-        "tmp": tmp,
-    }
 
 
 @pytest.fixture
@@ -151,10 +95,10 @@ def test_fifty_cells_leave_no_process_fd_thread_segment_or_file_behind(private_t
     ]
     for cell in cells:  # warm up: imports, thread pools, the first gloo group
         execute(fresh_kernel.client, cell, timeout=60)
-    before = _snapshot(pid, tmp)
+    before = leak_snapshot(pid, tmp)
     for i in range(50):
         execute(fresh_kernel.client, cells[i % len(cells)], timeout=60)
     time.sleep(0.3)
-    after = _snapshot(pid, tmp)
+    after = leak_snapshot(pid, tmp)
     assert after == before
     assert len(list(logs.iterdir())) == 55  # one log directory per run, nothing else

@@ -16,105 +16,20 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 from bundle_reader import rank_outputs
 from kernel_harness import execute, strip_ansi
+from widget_harness import WIDGET_ID, create_subshell, delete_subshell, send_comm_msg, sort_out, spawn_widget
 
 from nbspawn.views._bundle import MIME, TAIL_LINES
 from nbspawn.views._widget import MAX_BYTES_PER_MESSAGE, widget_available
-
-WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-WIDGET_ID = "nbspawn.views._widget.RunWidget"
 
 pytestmark = pytest.mark.skipif(
     not widget_available(),
     reason="nbspawn/_static/widget.js is not built (pip install -e '.[test,lab]' or npm run build:prod in labextension/)",
 )
-
-
-@dataclass
-class WidgetRun:
-    """A `%%spawn` cell's messages, sorted out."""
-
-    comm_id: str
-    state: dict[str, Any]
-    display_id: str
-    custom: list[dict[str, Any]] = field(default_factory=list)  # the widget's custom messages, in order
-    comm_msgs: list[dict[str, Any]] = field(default_factory=list)  # every comm_msg of the run
-    updates: list[dict[str, Any]] = field(default_factory=list)  # trait syncs
-    frozen: dict[str, Any] | None = None  # update_display_data's data
-    status: list[dict[str, Any]] = field(default_factory=list)  # nbspawn.status: open, msgs
-    status_closed: bool = False
-    widget_closed: bool = False
-
-    def synced(self) -> dict[str, Any]:
-        """The widget's traits after the last sync (each sync sends only what changed)."""
-        state = dict(self.state)
-        for update in self.updates:
-            state.update(update)
-        return state
-
-    def live_text(self) -> dict[int, str]:
-        """Each rank's output as the browser received it (replays start over)."""
-        text: dict[int, str] = {}
-        for msg in self.custom:
-            if msg["type"] == "replay":
-                text = {int(r): "".join(t for s, t in chunks if s != "display") for r, chunks in msg["tails"].items()}
-            elif msg["type"] == "output":
-                for rank, stream, chunk in msg["chunks"]:
-                    if stream != "display":
-                        text[rank] = text.get(rank, "") + chunk
-        return text
-
-    def live_elided(self) -> dict[int, int]:
-        elided: dict[int, int] = {}
-        for msg in self.custom:
-            if msg["type"] == "replay":
-                elided = {}
-            for rank, n in msg.get("elided", {}).items():
-                elided[int(rank)] = elided.get(int(rank), 0) + n
-        return elided
-
-
-def sort_out(outputs: list[dict[str, Any]]) -> WidgetRun:
-    opens = [o for o in outputs if o["msg_type"] == "comm_open" and o["target_name"] == "jupyter.widget"]
-    widget = next(o for o in opens if o["data"]["state"].get("_anywidget_id") == WIDGET_ID)
-    shown = [o for o in outputs if o["msg_type"] == "display_data" and WIDGET_MIME in o["data"]]
-    assert len(shown) == 1, shown
-    assert shown[0]["data"][WIDGET_MIME]["model_id"] == widget["comm_id"]
-    run = WidgetRun(widget["comm_id"], widget["data"]["state"], shown[0]["transient"]["display_id"])
-    status_id = None
-    for o in outputs:
-        kind = o["msg_type"]
-        if kind == "comm_open" and o["target_name"] == "nbspawn.status":
-            status_id = o["comm_id"]
-            run.status.append(o["data"])
-        elif kind == "comm_msg":
-            run.comm_msgs.append(o)
-            if o["comm_id"] == run.comm_id:
-                data = o["data"]
-                if data["method"] == "custom":
-                    run.custom.append(data["content"])
-                elif data["method"] == "update":
-                    run.updates.append(data["state"])
-            elif o["comm_id"] == status_id:
-                run.status.append(o["data"])
-        elif kind == "comm_close":
-            run.widget_closed |= o["comm_id"] == run.comm_id
-            run.status_closed |= o["comm_id"] == status_id
-        elif kind == "update_display_data":
-            assert o["transient"]["display_id"] == run.display_id
-            run.frozen = o["data"]
-    return run
-
-
-def spawn_widget(kernel, body: str, options: str = "-n 4", timeout: float = 120):
-    result = execute(kernel.client, f"%%spawn {options} --view widget\n{body}", timeout=timeout)
-    return result, sort_out(result.outputs)
 
 
 def rank_output(frozen: dict, rank: int) -> str:
@@ -295,47 +210,12 @@ def test_failed_rank_in_the_widget_and_the_bundle(kernel):
     assert "ZeroDivisionError" in page and page.count("line 2, in divide") == 1
 
 
-# -- what the browser sends ------------------------------------------------------------------------
-
-
-def _send_comm_msg(client, comm_id: str, content: dict, subshell_id: str | None) -> None:
-    msg = client.session.msg("comm_msg", {"comm_id": comm_id, "data": {"method": "custom", "content": content}})
-    if subshell_id is not None:
-        msg["header"]["subshell_id"] = subshell_id
-    client.shell_channel.send(msg)
-
-
-def _create_subshell(client) -> str:
-    msg = client.session.msg("create_subshell_request", {})
-    client.control_channel.send(msg)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        reply = client.get_control_msg(timeout=30)
-        if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
-            assert reply["content"]["status"] == "ok", reply["content"]
-            return reply["content"]["subshell_id"]
-    raise TimeoutError("no create_subshell_reply")
-
-
-def _delete_subshell(client, subshell_id: str) -> None:
-    msg = client.session.msg("delete_subshell_request", {"subshell_id": subshell_id})
-    client.control_channel.send(msg)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            reply = client.get_control_msg(timeout=1)
-        except queue.Empty:
-            continue
-        if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
-            return
-
-
 def test_stop_and_replay_reach_the_kernel_while_the_cell_runs(kernel):
     client = kernel.client
     info = client.kernel_info(reply=True, timeout=30)["content"]
     if "kernel subshells" not in info.get("supported_features", []):
         pytest.skip("this ipykernel has no subshells (ipykernel >= 7 has)")
-    subshell = _create_subshell(client)
+    subshell = create_subshell(client)
     code = (
         "%%spawn -n 4 --view widget\nimport os, time\nprint('rank', os.environ['RANK'], 'is up', flush=True)\ntime.sleep(120)\n"
     )
@@ -376,7 +256,7 @@ def test_stop_and_replay_reach_the_kernel_while_the_cell_runs(kernel):
         pump(every_rank_up, 60)
         n_before = len(outputs)
         # a view that opened late asks for what it missed: answered while the cell runs
-        _send_comm_msg(client, comm_id, {"type": "replay"}, subshell)
+        send_comm_msg(client, comm_id, {"type": "replay"}, subshell)
         pump(lambda: any(o["msg_type"] == "comm_msg" and o["data"].get("content", {}).get("type") == "replay"
                          for o in outputs[n_before:]), 10)  # fmt: skip
         replay = next(o["data"]["content"] for o in outputs[n_before:] if o["msg_type"] == "comm_msg"
@@ -387,11 +267,11 @@ def test_stop_and_replay_reach_the_kernel_while_the_cell_runs(kernel):
 
         # Stop, mid-run
         stopped_at = time.monotonic()
-        _send_comm_msg(client, comm_id, {"type": "stop"}, subshell)
+        send_comm_msg(client, comm_id, {"type": "stop"}, subshell)
         pump(lambda: outputs[-1]["msg_type"] == "idle", 30)
         took = time.monotonic() - stopped_at
     finally:
-        _delete_subshell(client, subshell)
+        delete_subshell(client, subshell)
 
     assert took < 5, took  # SIGINT: every rank stops at once, no grace period spent
     errors = [o for o in outputs if o["msg_type"] == "error"]

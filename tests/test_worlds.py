@@ -11,25 +11,10 @@ import time
 
 import psutil
 import pytest
-from kernel_harness import execute, start_kernel, stop_kernel
-from test_spawn_lifecycle import _snapshot, descendants, interrupt_later
+from kernel_harness import execute, interrupt_later, leak_snapshot, ok, rank_lines, run, run_processes, start_kernel, stop_kernel
+from widget_harness import create_subshell, delete_subshell, send_comm_msg
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def run(kernel, code: str, timeout: float = 120):
-    return execute(kernel.client, code, timeout=timeout)
-
-
-def ok(kernel, code: str, timeout: float = 120):
-    result = run(kernel, code, timeout)
-    assert result.status == "ok", (result.error_text, result.stderr)
-    return result
-
-
-def rank_lines(text: str, rank: int) -> list[str]:
-    prefix = f"[rank{rank}]: "
-    return [line[len(prefix) :] for line in text.splitlines() if line.startswith(prefix)]
 
 
 def pids_of(result, ranks: int) -> list[int]:
@@ -143,7 +128,7 @@ def test_interrupt_stops_the_cell_and_keeps_the_world(fresh_kernel):
     after = ok(fresh_kernel, "%%spawn --world w\nprint('pid', os.getpid(), x + 1)")
     assert pids_of(after, 2) == pids_of(first, 2) and rank_lines(after.stdout, 0)[0].endswith(" 42")
     ok(fresh_kernel, "%spawn stop w")
-    assert descendants(pid) == []
+    assert run_processes(pid) == []
 
 
 def test_options_that_contradict_the_world_are_refused_before_anything_runs(kernel, world):
@@ -226,10 +211,10 @@ def test_fifty_cells_on_a_world_and_its_stop_leave_nothing_behind(tmp_path):
 
         a_world_of(len(cells))  # warm up: imports, thread pools, the first gloo group
         time.sleep(0.3)
-        before = _snapshot(kernel.pid, str(tmp))
+        before = leak_snapshot(kernel.pid, str(tmp))
         a_world_of(50)
         time.sleep(0.3)
-        after = _snapshot(kernel.pid, str(tmp))
+        after = leak_snapshot(kernel.pid, str(tmp))
         assert after == before
         assert after["children"] == []
         assert len(list((tmp_path / "logs").iterdir())) == 4 + 1 + 50 + 1  # a directory per cell and per world
@@ -241,13 +226,11 @@ def test_the_views_stop_interrupts_a_world_cell_and_keeps_the_world(kernel, worl
     """Stop in the live view (a comm message on a subshell, as JupyterLab sends it) acts as an interrupt."""
     import queue
 
-    from test_view_widget import _create_subshell, _delete_subshell, _send_comm_msg
-
     client = kernel.client
     if "kernel subshells" not in client.kernel_info(reply=True, timeout=30)["content"].get("supported_features", []):
         pytest.skip("this ipykernel has no subshells (ipykernel >= 7 has)")
     first = ok(kernel, f"%%spawn --world {world} -n 2\nimport os, time\nprint('pid', os.getpid())")
-    subshell = _create_subshell(client)
+    subshell = create_subshell(client)
     msg_id = client.execute(f"%%spawn --world {world} --view widget\nprint('up', flush=True)\ntime.sleep(60)\n")
     comm_id, sent, error, started = None, None, None, time.monotonic()
     try:
@@ -260,7 +243,7 @@ def test_the_views_stop_interrupts_a_world_cell_and_keeps_the_world(kernel, worl
             if msg["msg_type"] == "comm_open" and content["data"].get("state", {}).get("_anywidget_id"):
                 comm_id = content["comm_id"]
             elif msg["msg_type"] == "comm_msg" and comm_id and sent is None and "up" in str(content["data"]):
-                _send_comm_msg(client, comm_id, {"type": "stop"}, subshell)
+                send_comm_msg(client, comm_id, {"type": "stop"}, subshell)
                 sent = time.monotonic()
             elif msg["msg_type"] == "error" and msg["parent_header"].get("msg_id") == msg_id:
                 error = content
@@ -271,7 +254,7 @@ def test_the_views_stop_interrupts_a_world_cell_and_keeps_the_world(kernel, worl
             ):
                 break
     finally:
-        _delete_subshell(client, subshell)
+        delete_subshell(client, subshell)
     assert sent is not None and error is not None and error["ename"] == "SpawnInterrupted", error
     assert time.monotonic() - sent < 5
     after = ok(kernel, f"%%spawn --world {world}\nprint('pid', os.getpid())")

@@ -5,6 +5,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+from pathlib import Path
+
+import pytest
 
 # Locally a missing Chromium or Playwright skips these tests with a reason; in CI they must run.
 if os.environ.get("CI"):
@@ -21,8 +24,36 @@ if os.environ.get("CI"):
         raise RuntimeError(f"CI must run the browser tests, but {' and '.join(_missing)} is missing")
 
 
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "browser: drives a real Chromium against a jupyter server (needs /usr/bin/chromium and playwright)",
-    )
+# The fixtures of every browser test; the helpers they use are tests/browser/lab_harness.py's, imported
+# here only when a fixture runs: importing lab_harness skips a test module without playwright or
+# jupyterlab, which a conftest must not do.
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> Path:
+    """Where screenshots go: test-artifacts/browser/ (NBSPAWN_TEST_ARTIFACTS overrides test-artifacts/)."""
+    from lab_harness import ARTIFACTS
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Chromium (NBSPAWN_CHROMIUM, default /usr/bin/chromium) driven by Playwright, one per test module."""
+    from lab_harness import CHROMIUM, CHROMIUM_ARGS, sync_api
+
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page that records dialogs and console errors (lab_harness.Page)."""
+    from lab_harness import Page
+
+    p = Page(browser)
+    yield p
+    p.close()

@@ -19,10 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_lab_renderer import (  # the servers, browser pages, fixtures and helpers of the renderer's tests
+from lab_harness import (  # the servers, browser pages and helpers (the fixtures: tests/browser/conftest.py)
     Page,
-    artifacts,  # noqa: F401 - a fixture
-    browser,  # noqa: F401 - a fixture
     code_cell,
     lab_url,
     notebook,
