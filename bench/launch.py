@@ -16,6 +16,10 @@ has torch imported, so forks copy a realistic process:
 Each row is warmed up once, then timed --reps times; the table shows the median and the minimum.
 
     .venv/bin/python bench/launch.py [--quick] [--full] [--reps K]
+    .venv/bin/python bench/launch.py --n 4 --rows pass,bare,torch,px,fork,world   # the goal's rows only
+
+After the table, the ratios the launch goals are stated in (world text or widget / %%px, fresh fork /
+torch start_processes(fork), fresh fork / bare forks), for every N that has both rows.
 """
 
 from __future__ import annotations
@@ -204,17 +208,45 @@ class Bench:
             )
         return "\n".join(lines)
 
+    def ratios(self) -> str:
+        """The ratios the launch goals are stated in, for each N that has both rows."""
+
+        def find(method: str, n: int | None) -> Row | None:
+            return next((r for r in self.rows if r.method == method and r.n == n), None)
+
+        pairs = [
+            ("%%spawn --world (text)", PX),
+            ("%%spawn --world (widget)", PX),
+            ("%%spawn fork", TORCH),
+            ("%%spawn fork", BARE),
+        ]
+        lines = []
+        for n in sorted({r.n for r in self.rows if r.n is not None}):
+            for top, base in pairs:
+                a, b = find(top, n), find(base, n)
+                if a and b:
+                    lines.append(
+                        f"N={n:<3} {top} / {base}: median {a.median_ms / b.median_ms:.2f}x, min {a.min_ms / b.min_ms:.2f}x"
+                    )
+        return "\n".join(lines)
+
+
+ROWS = ("pass", "bare", "torch", "px", "fork", "forkserver", "spawn", "world")
+
 
 def run_all(bench: Bench, kernel: Kernel, args: argparse.Namespace) -> None:
-    ns = [1, 4, 16] if args.quick else [1, 4, 16, 64]
+    ns = args.n or ([1, 4, 16] if args.quick else [1, 4, 16, 64])
+    rows = set(args.rows)
     kernel.run(KERNEL_SETUP)
-    bench.measure(PASS, None, "pass")
-    for n in ns:
+    if "pass" in rows:
+        bench.measure(PASS, None, "pass")
+    for n in ns if "bare" in rows else []:
         bench.measure(BARE, n, f"_bench_bare_fork({n})")
-    for n in ns:
+    for n in ns if "torch" in rows else []:
         bench.measure(TORCH, n, f"_bench_tmp.start_processes(_bench_noop, nprocs={n}, start_method='fork')")
 
-    for n in [1, 4, 16] if args.full else [1, 4]:
+    px_ns = args.n or ([1, 4, 16] if args.full else [1, 4])
+    for n in px_ns if "px" in rows else []:
         print(f"starting an ipyparallel cluster of {n} engine(s)", file=sys.stderr)
         kernel.run(CLUSTER_START.format(n=n), timeout=max(args.timeout, 300))
         try:
@@ -222,17 +254,18 @@ def run_all(bench: Bench, kernel: Kernel, args: argparse.Namespace) -> None:
         finally:
             kernel.run(CLUSTER_STOP, timeout=120)
 
-    if args.no_nbspawn:
+    methods = [m for m in args.methods.split(",") if m in rows]
+    if args.no_nbspawn or not (methods or "world" in rows):
         return
     try:
         kernel.run("%load_ext nbspawn")
     except CellError as e:
         print(f"skipping the %%spawn rows: `%load_ext nbspawn` failed in the kernel: {e}", file=sys.stderr)
         return
-    for method in args.methods.split(","):
+    for method in methods:
         for n in ns:
             bench.measure(f"%%spawn {method}", n, f"%%spawn -n {n} --start-method {method}\npass")
-    for n in ns:  # a kept world: the warm-up cell starts it, the timed cells reuse its ranks
+    for n in ns if "world" in rows else []:  # a kept world: the warm-up cell starts it, the timed cells reuse its ranks
         for view in args.world_views.split(","):
             bench.measure(f"%%spawn --world ({view})", n, f"%%spawn --world bench{n} -n {n} --view {view}\npass")
         kernel.run(f"%spawn stop bench{n}")
@@ -270,8 +303,20 @@ def main() -> int:
     parser.add_argument("--methods", default="fork,forkserver,spawn", help="%%%%spawn start methods to time (default: all three)")
     parser.add_argument("--reps", type=int, default=7, help="timed repetitions per row (default 7)")
     parser.add_argument("--world-views", default="widget,text", help="views to time kept-world cells with (default: widget,text)")
+    parser.add_argument(
+        "--n", type=lambda v: [int(x) for x in v.split(",")], default=None, metavar="N[,N...]",
+        help="rank/engine counts to time, e.g. 4 (default: 1,4,16,64; --quick 1,4,16; %%%%px 1,4)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--rows", type=lambda v: [x.strip() for x in v.split(",") if x.strip()], default=list(ROWS), metavar="ROWS",
+        help=f"which rows to time, comma-separated, from {','.join(ROWS)} (default: all); "
+        "fork/forkserver/spawn pick %%%%spawn start methods (with --methods)",
+    )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=600, help="seconds one cell may take (default 600)")
     args = parser.parse_args()
+    unknown = sorted(set(args.rows) - set(ROWS))
+    if unknown:
+        parser.error(f"--rows: unknown {', '.join(unknown)} (choose from {', '.join(ROWS)})")
 
     print(
         f"python {platform.python_version()}, {len(os.sched_getaffinity(0))} cores, reps {args.reps}; "
@@ -289,6 +334,8 @@ def main() -> int:
     if bench is not None:
         print(f"\nper-cell wall time, execute_request -> execute_reply; {kernel_versions()}")
         print(bench.table())
+        if ratios := bench.ratios():
+            print(f"\ngoal ratios (medians; the goals: world text and widget <= 0.3x %%px, fresh fork <= 1.05x torch)\n{ratios}")
     return status
 
 
