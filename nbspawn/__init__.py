@@ -26,7 +26,7 @@ from .errors import (
     SpawnTimeoutError,
     SpawnUsageError,
 )
-from .executors._supervisor import last_run
+from .executors._registry import last_run
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell

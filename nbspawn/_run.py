@@ -6,13 +6,15 @@ code or signal, duration, log paths and error.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from . import _errorfile
+from ._errorfile import ErrorRecord
+from ._rankdir import RankDir
 from ._spec import RunSpec
 from .errors import RankFailure, SpawnError
 from .events._display import DisplayItems
@@ -36,28 +38,33 @@ class RankState:
     remote_dir: str | None = None
 
     def log_path(self, name: str) -> str:
-        """Where the user finds the rank's ``name`` log: here, or ``host:path`` on its node."""
+        """Where the user finds the rank's ``name`` log (a ``nbspawn._rankdir`` name): here, or
+        ``host:path`` on its node."""
         return f"{self.remote_dir}/{name}" if self.remote_dir else os.path.join(self.dir, name)
 
     @property
+    def files(self) -> RankDir:
+        return RankDir(self.dir)
+
+    @property
     def stdout_path(self) -> str:
-        return os.path.join(self.dir, "stdout.log")
+        return self.files.stdout
 
     @property
     def stderr_path(self) -> str:
-        return os.path.join(self.dir, "stderr.log")
+        return self.files.stderr
 
     @property
     def error_path(self) -> str:
-        return os.path.join(self.dir, "error.json")
+        return self.files.error
 
     @property
     def display_path(self) -> str:
-        return os.path.join(self.dir, "display.jsonl")
+        return self.files.display
 
     @property
     def stacks_path(self) -> str:
-        return os.path.join(self.dir, "stacks.log")
+        return self.files.stacks
 
     @property
     def duration(self) -> float | None:
@@ -65,13 +72,9 @@ class RankState:
             return None
         return self.ended_at - self.started_at
 
-    def read_error(self) -> dict | None:
+    def read_error(self) -> ErrorRecord | None:
         """The rank's error.json (torch elastic's layout, plus nbspawn's structured fields)."""
-        try:
-            with open(self.error_path, encoding="utf-8") as fh:
-                return json.load(fh)
-        except (OSError, ValueError):
-            return None
+        return _errorfile.read(self.error_path)
 
 
 @dataclass

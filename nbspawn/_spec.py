@@ -1,35 +1,43 @@
-"""What a run is asked to do, validated before any process starts.
+"""What a run is asked to do, validated and frozen before any process starts.
 
-The magic and the Python API both build a :class:`RunSpec` through :func:`build_spec`, so bad input
-gets the same short error whichever door it came through.  A spec is plain data: under spawn and
-forkserver it is pickled into every rank.
+A :class:`RunSpec` is made once, by the dispatch (``nbspawn._launch``), and never changed after: the
+supervisor, the executors, the views and the ranks only read it.  It is plain data: under spawn and
+forkserver it is pickled into every rank.  What differs per rank (its directory, its environment) is
+computed from it.
+
+The helpers below decide what depends on this machine (the start method once CUDA is initialized,
+the backend given the GPUs, OpenMP threads per rank, ``-n auto``); each is asked only when needed.
 """
 
 from __future__ import annotations
 
-import math
 import multiprocessing
 import os
 import secrets
 import socket
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import CodeType
-from typing import Any
+from typing import TYPE_CHECKING
 
+from ._options import parse_backend, parse_env, parse_kb, parse_nprocs, parse_ranks, parse_seconds, parse_start_method
+from ._program import Program
+from ._rankdir import RankDir
+from ._request import Settings
 from ._source import CellSource
 from .errors import SpawnUsageError
 
-START_METHODS = ("fork", "spawn", "forkserver")
-BACKENDS = ("none", "gloo", "nccl", "auto")
+if TYPE_CHECKING:
+    from .handoff._shm import Payload
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunSpec:
     run_id: str
-    nprocs: int
+    nprocs: int  # ranks on this machine (a cluster run's kernel: every node's)
     start_method: str
     backend: str  # resolved: none | gloo | nccl
     cell: CellSource
@@ -38,36 +46,32 @@ class RunSpec:
     timeout: float | None = None
     grace_period: float = 5.0
     shown_ranks: frozenset[int] | None = None  # None: all
-    master_port: int = 0
     parent_pid: int = 0  # the kernel; a rank whose parent is gone exits at once
     omp_threads: int | None = None  # None: the user set OMP_NUM_THREADS
     # fork: the kernel's namespace itself (the child gets a copy-on-write copy); spawn/forkserver:
     # the names the cell uses, pickled by value.
-    namespace: dict[str, Any] | None = None
-    namespace_payload: Any = None  # an _shm.Payload, pickled into each rank as it starts
+    namespace: dict[str, object] | None = None
+    namespace_payload: Payload | None = None  # pickled into each rank as it starts
     out_names: tuple[str, ...] = ()  # --out
     shm_prefix: str | None = None  # /dev/shm names of this run's --out tensors, swept after the run
-    notes: list[str] = field(default_factory=list)  # said to the user before the run
+    notes: tuple[str, ...] = ()  # said to the user before the run
     # IPython's compiled cell files -> In[N], so frames in functions from earlier cells read
     # "Cell In[3], line 2, in f" wherever a rank's traceback is shown
     cell_numbers: dict[str, int] = field(default_factory=dict)
-    # Set by the launcher for fork only, where ranks inherit them instead of redoing the work in
-    # every child (each page a child writes to is a copy-on-write fault).
-    compiled: tuple[CodeType, CodeType | None] | None = None
-    shared_env_inherited: bool = False
     rich: bool = False  # the view draws rich output: ranks look like a notebook (nbspawn.ranks._capture)
     max_image_bytes: int = 2 << 20  # images kept per run, live and saved
     max_saved_bytes: int = 256 << 10  # a saved run's size, images aside
-    program: Any = None  # a _program.Program: the ranks run it instead of a cell
-    # One node of a cluster run (nbspawn.cluster): this node's ranks are RANK rank_offset.., of
-    # world_size in all; node 0's agent hosts the TCPStore at master_addr:master_port.
+    program: Program | None = None  # the ranks run it instead of a cell
+    # Where these ranks sit in the world.  One node of a cluster run (nbspawn.cluster): this node's
+    # ranks are RANK rank_offset.., of world_size in all; node 0's agent hosts the TCPStore at
+    # master_addr:master_port.
+    master_port: int = 0
+    master_addr: str = "127.0.0.1"
     rank_offset: int = 0
     world_size: int = 0  # 0: nprocs (one node)
     node_rank: int = 0
     nnodes: int = 1
-    master_addr: str = "127.0.0.1"
     agent_store: bool = False  # TORCHELASTIC_USE_AGENT_STORE: ranks join the store, none hosts it
-    cluster: Any = None  # in the kernel, a cluster run's nbspawn.cluster._plan.ClusterPlan
 
     def rank_dir(self, rank: int) -> str:
         """``rank`` is the rank's index on this node; its directory is named by its global rank."""
@@ -105,7 +109,7 @@ class RunSpec:
             "RANK": str(self.rank_offset + rank),
             "LOCAL_RANK": str(rank),
             "ROLE_RANK": str(self.rank_offset + rank),
-            "TORCHELASTIC_ERROR_FILE": os.path.join(self.rank_dir(rank), "error.json"),
+            "TORCHELASTIC_ERROR_FILE": RankDir(self.rank_dir(rank)).error,
         }
         return {k: v for k, v in env.items() if k not in self.env}
 
@@ -128,18 +132,6 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def parse_nprocs(value: Any) -> int | str:
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        return "auto"
-    try:
-        n = int(str(value).strip()) if not isinstance(value, int) else value
-    except ValueError:
-        raise SpawnUsageError(f"--nprocs must be a positive integer or 'auto', not {value!r}") from None
-    if isinstance(n, bool) or n <= 0:
-        raise SpawnUsageError(f"--nprocs must be a positive integer or 'auto', not {value!r}")
-    return n
-
-
 def cuda_device_count() -> int:
     """GPUs visible, asked without poisoning fork.
 
@@ -157,73 +149,11 @@ def auto_nprocs(gpus: int, cpus: int) -> int:
     return gpus if gpus else max(1, min(4, cpus))
 
 
-def resolve_nprocs(value: Any) -> int:
+def resolve_nprocs(value: object) -> int:
     n = parse_nprocs(value)
     if n != "auto":
         return int(n)
     return auto_nprocs(cuda_device_count(), usable_cpus())
-
-
-def parse_env(items: list[str] | dict[str, str] | None) -> dict[str, str]:
-    if not items:
-        return {}
-    if isinstance(items, dict):
-        pairs = list(items.items())
-    else:
-        pairs = []
-        for item in items:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise SpawnUsageError(f"--env expects KEY=VALUE, got {item!r}")
-            pairs.append((key, value))
-    env = {}
-    for key, value in pairs:
-        if not key.isidentifier() and not all(c.isalnum() or c == "_" for c in key):
-            raise SpawnUsageError(f"--env: {key!r} is not a valid environment variable name")
-        env[str(key)] = str(value)
-    return env
-
-
-def parse_ranks(value: str | list[int] | None, nprocs: int) -> frozenset[int] | None:
-    """``0,2`` or ``0-3,7``: the ranks whose output is shown (all are logged)."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, str):
-        ranks: set[int] = set()
-        for part in value.replace(" ", "").split(","):
-            lo, dash, hi = part.partition("-")
-            try:
-                ranks.update(range(int(lo), int(hi) + 1) if dash else [int(lo)])
-            except ValueError:
-                raise SpawnUsageError(f"--ranks expects a list like 0,2 or 0-3, not {value!r}") from None
-    else:
-        ranks = {int(r) for r in value}
-    bad = sorted(r for r in ranks if not 0 <= r < nprocs)
-    if bad:
-        raise SpawnUsageError(f"--ranks: rank {bad[0]} does not exist in a run of {nprocs} ranks (0-{nprocs - 1})")
-    return frozenset(ranks)
-
-
-def parse_seconds(value: Any, option: str, *, allow_zero: bool) -> float | None:
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise SpawnUsageError(f"{option} must be a number of seconds, not {value!r}") from None
-    if seconds < 0 or (seconds == 0 and not allow_zero) or math.isnan(seconds):
-        raise SpawnUsageError(f"{option} must be {'zero or more' if allow_zero else 'more than zero'} seconds, not {value!r}")
-    return seconds
-
-
-def parse_kb(value: Any, option: str) -> int:
-    try:
-        kb = int(value)
-    except (TypeError, ValueError):
-        raise SpawnUsageError(f"{option} must be a whole number of KB, not {value!r}") from None
-    if kb < 0 or isinstance(value, bool):
-        raise SpawnUsageError(f"{option} must be zero or more KB, not {value!r}")
-    return kb
 
 
 def openmp_pool_started() -> bool:
@@ -279,22 +209,6 @@ def cuda_initialized() -> bool:
     return bool(torch.cuda.is_initialized() or torch.cuda._is_in_bad_fork())
 
 
-def parse_start_method(requested: str | None) -> str:
-    """The name checked: fork, spawn, forkserver or auto (what this machine offers is not asked)."""
-    method = (requested or "auto").strip().lower()
-    if method not in (*START_METHODS, "auto"):
-        raise SpawnUsageError(f"--start-method must be one of fork, spawn, forkserver, not {requested!r}")
-    return method
-
-
-def parse_backend(backend: str | None) -> str:
-    """The name checked: none, gloo, nccl or auto (whether GPUs are there is not asked)."""
-    name = (backend or "none").strip().lower()
-    if name not in BACKENDS:
-        raise SpawnUsageError(f"--backend must be one of none, gloo, nccl, auto, not {backend!r}")
-    return name
-
-
 def choose_start_method(requested: str | None) -> tuple[str, list[str]]:
     """Fork where it is safe (fast, and the cell sees the kernel's names), else forkserver."""
     notes: list[str] = []
@@ -336,50 +250,94 @@ def resolve_backend(backend: str | None, nprocs: int) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class Handoff:
+    """What a rank gets of the kernel's names, and where its ``--out`` values go (``nbspawn.handoff``)."""
+
+    namespace: dict[str, object] | None = None  # fork: the kernel's own namespace
+    namespace_payload: Payload | None = None  # spawn, forkserver, a world: the names the cell uses
+    out_names: tuple[str, ...] = ()
+    shm_prefix: str | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one machine's ranks sit in a world of several nodes (a cluster run's node)."""
+
+    master_addr: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    node_rank: int
+    nnodes: int
+    agent_store: bool = True
+
+
 def build_spec(
     cell: CellSource,
+    settings: Settings,
     *,
-    nprocs: Any = "auto",
-    start_method: str | None = None,
-    backend: str | None = None,
-    env: list[str] | dict[str, str] | None = None,
-    timeout: Any = None,
-    grace_period: Any = 5.0,
-    log_dir: str | None = None,
-    ranks: str | list[int] | None = None,
-    max_saved_kb: Any = 256,
-    max_image_kb: Any = 2048,
+    rich: bool,
+    handoff: Callable[[str], Handoff] | None = None,
+    program: Program | None = None,
+    cell_numbers: Mapping[str, int] | None = None,
+    run_id: str | None = None,
+    placement: Placement | None = None,
 ) -> RunSpec:
-    """Validate everything, cheapest checks first; nothing is created on disk here."""
-    parse_nprocs(nprocs)
-    method, notes = choose_start_method(start_method)
-    user_env = parse_env(env)
-    seconds = parse_seconds(timeout, "--timeout", allow_zero=False)
-    grace = parse_seconds(grace_period, "--grace-period", allow_zero=True)
-    saved_kb = parse_kb(max_saved_kb, "SpawnMagics.max_saved_kb")
-    image_kb = parse_kb(max_image_kb, "SpawnMagics.max_image_kb")
+    """Check every setting, cheapest first, then decide what depends on this machine; the one way a
+    spec of ranks on this machine is made (a fresh cell, a program, a new world, a cluster node's ranks).
+
+    ``handoff(start_method)`` gives the ranks the kernel's names, once everything else is known to be
+    right.  Nothing is created on disk here but the temporary log directory, made last.
+    """
+    parse_nprocs(settings.nprocs)
+    method, notes = choose_start_method("spawn" if program is not None else settings.start_method)
+    user_env = parse_env(settings.env)
+    seconds = parse_seconds(settings.timeout, "--timeout", allow_zero=False)
+    grace = parse_seconds(settings.grace_period, "--grace-period", allow_zero=True)
+    saved_kb = parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb")
+    image_kb = parse_kb(settings.max_image_kb, "SpawnMagics.max_image_kb")
     cell.parse()
-    n = resolve_nprocs(nprocs)
-    shown = parse_ranks(ranks, n)
-    resolved_backend = resolve_backend(backend, n)
-    run_id = new_run_id()
-    base = os.path.abspath(os.path.expanduser(log_dir)) if log_dir else None
+    n = resolve_nprocs(settings.nprocs)
+    shown = parse_ranks(settings.ranks, n)
+    backend = "none" if program is not None else resolve_backend(settings.backend, n)  # a program sets up its own group
     omp = rank_threads(method, n, user_env, notes)
+    given = handoff(method) if handoff is not None else Handoff()
+    run_id = run_id or new_run_id()
     return RunSpec(
         run_id=run_id,
         nprocs=n,
         start_method=method,
-        backend=resolved_backend,
+        backend=backend,
         cell=cell,
-        run_dir=os.path.join(base, run_id) if base else "",  # "" : a fresh temporary directory
+        run_dir=run_directory(settings.log_dir, run_id),
         env=user_env,
         timeout=seconds,
         grace_period=5.0 if grace is None else grace,
         shown_ranks=shown,
-        master_port=free_port(),
         parent_pid=os.getpid(),
         omp_threads=omp,
-        notes=notes,
+        namespace=given.namespace,
+        namespace_payload=given.namespace_payload,
+        out_names=given.out_names,
+        shm_prefix=given.shm_prefix,
+        notes=tuple(notes),
+        cell_numbers=dict(cell_numbers or {}),
+        rich=rich,
         max_saved_bytes=saved_kb * 1024,
         max_image_bytes=image_kb * 1024,
+        program=program,
+        master_port=placement.master_port if placement else free_port(),
+        master_addr=placement.master_addr if placement else "127.0.0.1",
+        rank_offset=placement.rank_offset if placement else 0,
+        world_size=placement.world_size if placement else 0,
+        node_rank=placement.node_rank if placement else 0,
+        nnodes=placement.nnodes if placement else 1,
+        agent_store=placement.agent_store if placement else False,
     )
+
+
+def run_directory(log_dir: str | None, run_id: str) -> str:
+    """``<log-dir>/<run-id>``: under the user's directory, else under a new temporary one."""
+    base = os.path.abspath(os.path.expanduser(log_dir)) if log_dir else tempfile.mkdtemp(prefix="nbspawn-")
+    return os.path.join(base, run_id)

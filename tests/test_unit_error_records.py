@@ -1,7 +1,6 @@
 """Unit tests of the error.json records a rank leaves, in nbspawn's format and in torch elastic's (a
-program's ``@record``), as the supervisor reads them (nbspawn.executors._supervisor._error_record), and
-of a log's last lines (_last_lines), what a failed program with no record is described by. No kernel,
-no processes."""
+program's ``@record``), written and read by their one owner (nbspawn._errorfile), and of a log's last
+lines (_last_lines), what a failed program with no record is described by. No kernel, no processes."""
 
 from __future__ import annotations
 
@@ -10,12 +9,54 @@ import json
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-from nbspawn.executors._supervisor import _error_record, _last_lines
+from nbspawn import _errorfile
+from nbspawn._errorfile import ErrorRecord
+from nbspawn.executors._supervisor import _last_lines
+
+
+def _fields(record: ErrorRecord | None) -> dict | None:
+    """The fields the supervisor uses, as a dict (None: no usable record)."""
+    if record is None:
+        return None
+    return {"exc_type": record.exc_type, "message": record.message, "traceback": record.traceback}
+
+
+def _error_record(data: object) -> dict | None:
+    return _fields(ErrorRecord.from_json(data))
 
 
 def test_nbspawns_own_record_is_taken_as_it_is():
     own = {"exc_type": "ValueError", "exc_module": "builtins", "message": "x", "traceback": "tb", "time": 1.0}
-    assert _error_record({"message": {"message": "ignored"}, "nbspawn": own}) == own
+    assert ErrorRecord.from_json({"message": {"message": "ignored"}, "nbspawn": own}) == ErrorRecord(
+        "ValueError", "x", "tb", 1.0, "builtins"
+    )
+
+
+def test_written_then_read_back_whole(tmp_path):
+    """What a rank writes is what the kernel reads, and torch elastic's own fields are there too."""
+    try:
+        raise KeyError("k")
+    except KeyError as exc:
+        record = ErrorRecord.of(exc, "Traceback ...\nKeyError: 'k'")
+    path = str(tmp_path / "error.json")
+    _errorfile.write(path, record)
+    assert _errorfile.read(path) == record
+    on_disk = json.loads((tmp_path / "error.json").read_text())
+    assert on_disk["message"]["message"] == "KeyError: 'k'"
+    assert on_disk["message"]["extraInfo"]["py_callstack"] == "Traceback ...\nKeyError: 'k'"
+    assert not (tmp_path / "error.json.tmp").exists()
+
+
+def test_a_record_of_elastic_alone_is_never_first(tmp_path):
+    """Among ranks that ended together the earliest record is the root cause: one without nbspawn's
+    time sorts last."""
+    assert ErrorRecord.from_json({"message": {"message": "E: m", "extraInfo": {"timestamp": "1"}}}).time == float("inf")
+
+
+def test_unreadable_file_is_no_record(tmp_path):
+    (tmp_path / "error.json").write_text("{half")
+    assert _errorfile.read(str(tmp_path / "error.json")) is None
+    assert _errorfile.read(str(tmp_path / "missing.json")) is None
 
 
 def test_torch_elastics_record_from_its_own_error_handler(tmp_path, monkeypatch):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import os
 import platform
 import signal
@@ -34,10 +35,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from .._options import parse_env
 from .._run import RankState, Run
+from .._spec import RunSpec
+from ..errors import SpawnOutputError
+from ..executors._fresh import FreshRanks
 from ..executors._program import ProgramRanks
-from ..executors._supervisor import FreshRanks
-from . import _net
+from ..views._protocol import RunView
+from . import _net, _wire
 
 STOP_SIGNAL = signal.SIGUSR2
 HEARTBEAT_SIGNAL = signal.SIGWINCH
@@ -113,7 +118,7 @@ def probe(kernel_cwd: str, program: list[str] | None, start_method: str | None, 
     except SpawnUsageError as err:
         method, problem = "", str(err)
     if program is not None and problem is None:
-        from ..executors._program import parse_program
+        from .._program import parse_program
 
         with _working_directory(cwd):
             try:
@@ -152,7 +157,7 @@ def _working_directory(path: str) -> Iterator[None]:
         os.chdir(before)
 
 
-class RelayView:
+class RelayView(RunView):
     """The view of a node's run: batches what its ranks report and sends it to the kernel.
 
     Ranks are renumbered to their global ranks here.  A rank's failure is sent at once (the kernel
@@ -168,12 +173,12 @@ class RelayView:
         self.rich = rich
         self.publish_every = publish_every
         self._publish_data = publish
-        self.batch: list[tuple] = []
+        self.batch: _wire.Batch = []
         self.chars: dict[int, int] = {}
         self.seq = 0
         self.last = 0.0
         self.pids_sent = False
-        self.final: list[tuple] = []
+        self.final: _wire.Batch = []
 
     # -- RunView ----------------------------------------------------------------------------------
 
@@ -210,7 +215,7 @@ class RelayView:
         self._send_pids(run)
         self.final, self.batch = self.batch, []
 
-    def wants_stop(self) -> str | bool:
+    def wants_stop(self) -> bool | str:
         if _stop_asked:
             return "the kernel stopped this node's ranks"
         if time.monotonic() - _last_beat > HEARTBEAT_LOST:
@@ -227,7 +232,7 @@ class RelayView:
 
     def _cut(self, rank: int) -> None:
         """Keep this rank's newest text in the batch; count the lines of what is dropped, where it was."""
-        kept: list[tuple] = []
+        kept: _wire.Batch = []
         dropped_lines, at = 0, None
         excess = self.chars[rank] - BATCH_CHARS // 2
         for entry in self.batch:
@@ -244,20 +249,21 @@ class RelayView:
 
     def _publish(self) -> None:
         if self.batch:
-            self._publish_data({f"nbspawn{self.seq:09d}": self.batch})
+            self._publish_data({_wire.batch_key(self.seq): self.batch})
             self.seq += 1
         self.batch, self.chars, self.last = [], {}, time.monotonic()
 
 
-def _end_record(state: RankState) -> dict:
+def _end_record(state: RankState) -> _wire.EndRecord:
     """How a rank ended, with its error record and stack dump: what the kernel's supervisor reads."""
     failure = state.failure
     stacks = ""
     with contextlib.suppress(OSError), open(state.stacks_path, encoding="utf-8", errors="replace") as fh:
         stacks = fh.read(STACKS_SENT)
+    error = state.read_error()
     return {
         "exit_code": state.exit_code or 0,
-        "error": state.read_error(),
+        "error": error.to_json() if error else None,
         "stacks": stacks,
         # a program's last words when it left no error record (the node's path, as it will be shown)
         "tail": failure.traceback if failure and not failure.exc_type and not failure.stopped else None,
@@ -265,58 +271,61 @@ def _end_record(state: RankState) -> dict:
     }
 
 
-def run_node(job: dict, node: dict) -> dict:
+def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
     """Start this node's ranks and supervise them to the end; what they report goes to the kernel.
 
     Returns the last batch, how many were published before it, and the node's ``--out`` values.
     """
-    global _stop_asked, _last_beat
+    global _stop_asked, _last_beat, _store
     import cloudpickle
 
-    from .._spec import build_spec
-    from ..executors._program import parse_program
+    from .._program import parse_program
+    from .._spec import Handoff, Placement, build_spec
     from ..executors._supervisor import execute
     from ..handoff._shm import Payload, new_run_prefix
 
     _install_handlers()
     _stop_asked, _last_beat = False, time.monotonic()
     view = RelayView(node["offset"], job["rich"], job["publish_every"], _publisher())
+    out_names = tuple(job["out_names"])
+
+    def handoff(method: str) -> Handoff:
+        names = cloudpickle.loads(job["names"]) if job["names"] else {}
+        prefix = new_run_prefix() if out_names else None
+        if method == "fork":
+            return Handoff({"__name__": "__main__", "__builtins__": builtins, **names}, None, out_names, prefix)
+        return Handoff(None, Payload(names), out_names, prefix)
+
+    settings = job["settings"]
+    user_env = parse_env(settings.env)
+    settings = dataclasses.replace(settings, env={**_socket_interface(node["master_addr"], user_env), **user_env})
+    placement = Placement(
+        master_addr=node["master_addr"],
+        master_port=node["master_port"],
+        rank_offset=node["offset"],
+        world_size=node["world_size"],
+        node_rank=node["index"],
+        nnodes=node["nnodes"],
+    )
     with _working_directory(job["cwd"]):
         program = parse_program(job["program"]) if job["program"] is not None else None
-        spec = build_spec(job["cell"], **job["options"])
-        spec.run_id = job["run_id"]
-        if spec.run_dir:
-            spec.run_dir = os.path.join(os.path.dirname(spec.run_dir), job["run_id"])
-        spec.rank_offset, spec.world_size = node["offset"], node["world_size"]
-        spec.node_rank, spec.nnodes = node["index"], node["nnodes"]
-        spec.master_addr, spec.master_port, spec.agent_store = node["master_addr"], node["master_port"], True
-        spec.env.update(_socket_interface(node["master_addr"], spec.env))
-        executor: Any
-        if program is not None:
-            spec.program = program
-            executor = _NodeProgramRanks(spec, program)
-        else:
-            names = cloudpickle.loads(job["names"]) if job["names"] else {}
-            if spec.start_method == "fork":
-                spec.namespace = {"__name__": "__main__", "__builtins__": builtins, **names}
-            else:
-                spec.namespace_payload = Payload(names)
-            spec.out_names = tuple(job["out_names"])
-            spec.shm_prefix = new_run_prefix() if spec.out_names else None
-            executor = _NodeCellRanks(spec)
-        global _store
+        spec = build_spec(
+            job["cell"], settings, rich=job["rich"], handoff=None if program else handoff, program=program,
+            run_id=job["run_id"], placement=placement,
+        )  # fmt: skip
+        executor = _NodeProgramRanks(spec) if program is not None else _NodeCellRanks(spec)
         _store = None  # the previous run's: every node's ranks of it had ended before this run began
         _store = _host_store(spec) if node["index"] == 0 else None
         run = execute(spec, view, executor)
         # The store stays up until the next run: other nodes' ranks may still be leaving the group
         # (a store that vanishes under a rank's exit aborts it).
         next_port = _reserve(spec.master_addr) if node["index"] == 0 else None
-    missing = [(rank + node["offset"], name) for rank, name in getattr(run.error, "missing", [])]
+    missing = run.error.missing if isinstance(run.error, SpawnOutputError) else []
     return {
         "last_seq": view.seq,
         "final": view.final,
         "outputs": run.outputs,
-        "missing": missing,
+        "missing": [(rank + node["offset"], name) for rank, name in missing],
         "run_dir": run.run_dir,
         "status": run.status,
         "next_port": next_port,  # held for the next run: it needs no probe to know node 0's port
@@ -333,7 +342,7 @@ class _NodeProgramRanks(ProgramRanks):
     poll_max = 0.05
 
 
-def _host_store(spec: Any) -> Any:
+def _host_store(spec: RunSpec) -> Any:
     """Node 0's agent hosts the run's TCPStore, as torchrun's agent does; ranks join it as clients."""
     from datetime import timedelta
 

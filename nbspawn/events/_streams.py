@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..ranks._capture import DISPLAY, FILES, ORDER_FILE, ORDER_RECORD, STREAMS
+from .._rankdir import DISPLAY, FILES, ORDER, ORDER_RECORD, STREAMS
 
 
 @dataclass
@@ -64,7 +64,7 @@ class RankStreams:
         if self.fds[DISPLAY] < 0:
             self.fds[DISPLAY] = _open_if_there(os.path.join(self.dir, FILES[DISPLAY]))
         if self.order_fd < 0:
-            self.order_fd = _open_if_there(os.path.join(self.dir, ORDER_FILE))
+            self.order_fd = _open_if_there(os.path.join(self.dir, ORDER))
 
     def read(self, budget: int | None = None) -> list[Event]:
         """Everything new, in written order; with ``budget``, at most about that many bytes per text stream."""

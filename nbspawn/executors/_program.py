@@ -3,95 +3,30 @@
 Each rank is a new process (``subprocess.Popen``, torch elastic's SubprocessContext way) with the
 torchrun environment of a cell, its stdout and stderr written straight to the rank's log files, its
 own process group, and ``nbspawn.ranks._program`` in front of the program to tie its life to the
-kernel's.  What the user wrote after ``--`` decides how it runs:
-
-* ``train.py ARGS`` or ``python train.py ARGS``: the script, with the kernel's own interpreter (so the
-  kernel's environment is used, as torchrun does); its uncaught exception is the root cause, in the
-  script's own file names and lines, without ``@record``;
-* ``-m package.module ARGS`` (or ``python -m ...``): the module, likewise;
-* anything else: an executable, found on PATH or by its path; its exit code or signal and the last
-  lines of its stderr say how it failed.
-
-The supervisor, failure policy, views and logs are the ones a cell has; only the executor differs.
+kernel's (``nbspawn._program`` says what forms a program takes).  The supervisor, failure policy,
+views and logs are the ones a cell has; only the executor differs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shlex
-import shutil
-import signal
 import subprocess
-import sys
-from dataclasses import dataclass
 from typing import Any
 
+from .._program import Program
+from .._rankdir import RankDir
 from .._run import Run
 from .._spec import RunSpec
-from ..errors import SpawnUsageError
-
-PYTHONS = {"python", "python3", os.path.basename(sys.executable)}
-
-
-@dataclass(frozen=True)
-class Program:
-    """What runs in every rank: the launcher's command line, and the words the user gave."""
-
-    argv: tuple[str, ...]
-    words: tuple[str, ...]
-    python: bool  # a script or module: its exceptions are reported, its stacks can be dumped
-
-    def __str__(self) -> str:
-        return shlex.join(self.words)
+from . import _reaper
+from ._base import Executor
+from ._procs import end_popens
 
 
-def parse_program(words: list[str] | str) -> Program:
-    """What follows ``--``, checked before anything starts: the script, module or executable exists."""
-    if isinstance(words, str):
-        try:
-            words = shlex.split(words)
-        except ValueError as err:
-            raise SpawnUsageError(f"cannot read the program's command line: {err}") from None
-    words = list(words)
-    if not words:
-        raise SpawnUsageError("no program after --: write e.g. %spawn -n 2 -- train.py --lr 0.1")
-    # by path, not -m: importing the nbspawn package would import torch (seconds) before the program
-    launcher = (sys.executable, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ranks", "_program.py"))
-    rest = words[1:] if os.path.basename(words[0]) in PYTHONS else words
-    if not rest:
-        raise SpawnUsageError("python needs a script or -m MODULE after it")
-    if rest[0] == "-m":
-        if len(rest) < 2:
-            raise SpawnUsageError("-m needs a module name, e.g. -- -m mypackage.train")
-        import importlib.util
-
-        try:
-            found = importlib.util.find_spec(rest[1])
-        except (ImportError, ValueError):
-            found = None
-        if found is None:
-            raise SpawnUsageError(f"no module named {rest[1]!r} for this kernel's Python ({sys.executable})")
-        return Program((*launcher, "module", rest[1], *rest[2:]), tuple(words), python=True)
-    target = rest[0]
-    if target.endswith(".py") or rest is not words:
-        if not os.path.isfile(target):
-            raise SpawnUsageError(f"no such script: {target} (from {os.getcwd()})")
-        return Program((*launcher, "script", target, *rest[1:]), tuple(words), python=True)
-    found_exe = shutil.which(target) if os.sep not in target else (target if os.access(target, os.X_OK) else None)
-    if found_exe is None:
-        raise SpawnUsageError(f"no such program: {target} (not a file here, nor on PATH)")
-    return Program((*launcher, "exec", target, *rest[1:]), tuple(words), python=False)
-
-
-class ProgramRanks:
-    """The executor of a program run (see ``nbspawn.executors._supervisor.Executor``)."""
-
-    keeps_ranks = False
-
-    def __init__(self, spec: RunSpec, program: Program) -> None:
+class ProgramRanks(Executor):
+    def __init__(self, spec: RunSpec) -> None:
+        assert spec.program is not None  # a program's run
         self.spec = spec
-        self.program = program
+        self.program: Program = spec.program
         self.procs: list[subprocess.Popen] = []
         self.pidfds: list[int] = []
 
@@ -99,15 +34,15 @@ class ProgramRanks:
         spec = self.spec
         try:
             for rank in range(spec.nprocs):
-                rank_dir = spec.rank_dir(rank)
+                files = RankDir(spec.rank_dir(rank))
                 env = {**os.environ, **spec.rank_env(rank), "NBSPAWN_PARENT_PID": str(os.getpid())}
                 env.pop("MPLBACKEND", None)  # the kernel's inline backend means nothing to a script
                 if self.program.python:
                     # made by the rank once faulthandler listens: only then may it be sent SIGUSR1
-                    env["NBSPAWN_STACKS_FILE"] = os.path.join(rank_dir, "stacks.log")
+                    env["NBSPAWN_STACKS_FILE"] = files.stacks
                 with (
-                    open(os.path.join(rank_dir, "stdout.log"), "ab") as out,
-                    open(os.path.join(rank_dir, "stderr.log"), "ab") as err,
+                    open(files.stdout, "ab") as out,
+                    open(files.stderr, "ab") as err,
                 ):
                     proc = subprocess.Popen(
                         self.program.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, start_new_session=True
@@ -117,7 +52,9 @@ class ProgramRanks:
         except BaseException:
             self.cleanup(lose=True)
             raise
-        return [p.pid for p in self.procs]
+        pids = [p.pid for p in self.procs]
+        _reaper.watch(pids)
+        return pids
 
     def waitables(self, rank: int) -> list[Any]:
         return [self.pidfds[rank]]
@@ -126,13 +63,8 @@ class ProgramRanks:
         return self.procs[rank].wait(), True
 
     def cleanup(self, lose: bool) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)  # what the program left in its group
+        end_popens(self.procs)
+        _reaper.forget([p.pid for p in self.procs])
         for fd in self.pidfds:
             os.close(fd)
         self.pidfds = []

@@ -25,16 +25,32 @@ import contextlib
 import multiprocessing
 import os
 import signal
-import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
+from .._options import (
+    parse_backend,
+    parse_env,
+    parse_kb,
+    parse_ranks,
+    parse_seconds,
+    parse_start_method,
+    parse_world_name,
+)
+from .._request import RunRequest, Settings
 from .._run import Run
-from .._spec import RunSpec, new_run_id
+from .._spec import RunSpec, build_spec, new_run_id, resolve_backend, resolve_nprocs
 from ..errors import SpawnUsageError
+from ..handoff._names import pack_namespace, parse_names, pick_shared
+from ..handoff._shm import new_run_prefix, share_
+from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
 from ..ranks._world import EXITED, INTERRUPTED, OK, RAISED, STARTED, WorldJob, run_world_rank
 from . import _reaper
+from ._base import Executor
+from ._procs import end_processes, interrupts_deferred, pid_of, prepare_forkserver, signal_group
 
 STOP_WAIT = 5.0  # how long ``stop`` waits for ranks to leave on their own before killing them
 
@@ -46,8 +62,8 @@ class World:
     name: str
     spec: RunSpec  # how it was started: nprocs, start method, backend, env, ports, the between-cells logs
     base_dir: str  # where its cells' <run-id>/ directories go
-    processes: list[Any] = field(default_factory=list)
-    conns: list[Any] = field(default_factory=list)
+    processes: list[BaseProcess] = field(default_factory=list)
+    conns: list[Connection] = field(default_factory=list)
     cells: int = 0
     state: str = "starting"  # starting | idle | running | lost | stopped
     started_at: float = field(default_factory=time.time)
@@ -56,7 +72,7 @@ class World:
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self.processes]
+        return [pid_of(p) for p in self.processes]
 
     @property
     def log_dir(self) -> str:
@@ -72,16 +88,14 @@ class World:
     def start(self) -> None:
         from torch.multiprocessing import start_processes
 
-        from ._supervisor import _interrupts_deferred, _prepare_forkserver
-
         spec = self.spec
         os.makedirs(spec.run_dir, exist_ok=True)
         for rank in range(spec.nprocs):
             os.makedirs(spec.rank_dir(rank), exist_ok=True)
         pipes = [multiprocessing.Pipe() for _ in range(spec.nprocs)]
         if spec.start_method == "forkserver":
-            _prepare_forkserver()
-        with _interrupts_deferred():
+            prepare_forkserver()
+        with interrupts_deferred():
             context = start_processes(
                 run_world_rank,
                 args=(spec, [child for _parent, child in pipes]),
@@ -113,21 +127,11 @@ class World:
 
     def kill(self) -> None:
         """Every rank and whatever it started, killed and reaped; pipes closed."""
-        from ._supervisor import _signal_group
-
         if self.killed:
             return
         self.killed = True
-        pids = [process.pid for process in self.processes if process.pid is not None]
-        for process in self.processes:
-            if process.exitcode is None:
-                _signal_group(process.pid, signal.SIGKILL)
-        for process in self.processes:
-            process.join()
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            with contextlib.suppress(ValueError):
-                process.close()
+        pids = self.pids
+        end_processes(self.processes)
         for conn in self.conns:
             conn.close()
         self.conns = []
@@ -147,8 +151,8 @@ class World:
         }
 
 
-class WorldCell:
-    """The executor of one cell on a kept world (see ``nbspawn.executors._supervisor.Executor``)."""
+class WorldCell(Executor):
+    """The executor of one cell on a kept world: its ranks live on after it."""
 
     keeps_ranks = True
 
@@ -158,14 +162,16 @@ class WorldCell:
         self.started: set[int] = set()  # ranks that said they run the cell (and can be interrupted)
         self.held: dict[int, int] = {}  # rank -> SIGINT held until it has started the cell
 
-    def signal(self, rank: int, sig: int) -> None:
-        """A rank that has not begun the cell would ignore SIGINT (idle ranks do): hold it until it has."""
-        from ._supervisor import _signal_group
+    def signal_ranks(self, ranks: list[int], pids: list[int], sig: int) -> None:
+        for rank in ranks:
+            self._signal(rank, sig)
 
+    def _signal(self, rank: int, sig: int) -> None:
+        """A rank that has not begun the cell would ignore SIGINT (idle ranks do): hold it until it has."""
         if sig == signal.SIGINT and rank not in self.started:
             self.held[rank] = sig
             return
-        _signal_group(self.world.pids[rank], sig)
+        signal_group(self.world.pids[rank], sig)
 
     def start(self, run: Run) -> list[int]:
         self.world.state = "running"
@@ -179,8 +185,6 @@ class WorldCell:
         return [self.world.conns[rank], self.world.processes[rank].sentinel]
 
     def ended(self, rank: int, ready: Any) -> tuple[int, bool] | None:
-        from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
-
         conn = self.world.conns[rank]
         if ready is conn:
             try:
@@ -191,7 +195,7 @@ class WorldCell:
                 if outcome == STARTED:
                     self.started.add(rank)
                     if rank in self.held:
-                        self.signal(rank, self.held.pop(rank))
+                        self._signal(rank, self.held.pop(rank))
                     return None
                 return {OK: 0, RAISED: EXIT_RAISED, INTERRUPTED: EXIT_INTERRUPTED, EXITED: code}.get(outcome, 1), False
         process = self.world.processes[rank]
@@ -216,94 +220,89 @@ def worlds() -> dict[str, World]:
     return dict(_worlds)
 
 
-def get_or_start(name: str, spec: RunSpec, given: set[str]) -> tuple[World, bool]:
-    """The world ``name``, checked against the options the cell gave; started with ``spec`` if new."""
-    if not name.strip() or any(c.isspace() for c in name):
-        raise SpawnUsageError(f"--world needs a name without spaces, not {name!r}")
+def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
+    """A cell on the world ``request.world``: everything checked first (options, names, what the cell
+    uses), then the world started if it is new.
+
+    A cell on a world that exists builds no spec of its own: it takes the world's (ranks, start method,
+    backend, ports, environment) and checks only what is the cell's (timeout, shown ranks, names).
+    """
+    assert request.cell is not None and request.world is not None  # the dispatch sends only cells here
+    name = parse_world_name(request.world)
+    cell, settings = request.cell, request.settings
+    share_names, out_names = parse_names(request.share, "--share"), parse_names(request.out, "--out")
     world = _worlds.get(name)
-    if world is not None:
-        clash = [
-            f"{option} {mine}"
-            for option, mine, theirs in (
-                ("-n", spec.nprocs, world.spec.nprocs),
-                ("--start-method", spec.start_method, world.spec.start_method),
-                ("--backend", spec.backend, world.spec.backend),
-                ("--env", spec.env, world.spec.env),
-            )
-            if option in given and mine != theirs
-        ]
-        if clash:
-            raise SpawnUsageError(
-                f"world {name!r} runs with {world.settings()}; this cell asks for {', '.join(clash)}. "
-                f"Leave those options out, or %spawn stop {name} first."
-            )
-        return world, False
-    world_id = f"{spec.run_id}-world-{name}"
-    base = os.path.dirname(spec.run_dir) if spec.run_dir else tempfile.mkdtemp(prefix="nbspawn-")
-    wspec = _world_spec(spec, world_id, base)
-    world = World(name=name, spec=wspec, base_dir=base)
-    world.start()
-    _worlds[name] = world
-    return world, True
-
-
-def _world_spec(spec: RunSpec, world_id: str, base: str) -> RunSpec:
-    from dataclasses import replace
-
-    return replace(spec, run_id=world_id, run_dir=os.path.join(base, world_id), namespace=None, namespace_payload=None)
-
-
-def cell_spec(world: World, spec: RunSpec) -> RunSpec:
-    """The spec of one cell on ``world``: its own run id and logs, the world's processes and settings."""
-    from dataclasses import replace
-
+    if world is None:
+        spec = build_spec(cell, settings, rich=rich, cell_numbers=request.cell_numbers)
+        method, notes = spec.start_method, spec.notes
+        timeout, grace, shown = spec.timeout, spec.grace_period, spec.shown_ranks
+        saved, images = spec.max_saved_bytes, spec.max_image_bytes
+    else:
+        _check_settings(world, settings)
+        method, notes = world.spec.start_method, ()
+        timeout = parse_seconds(settings.timeout, "--timeout", allow_zero=False)
+        grace_given = parse_seconds(settings.grace_period, "--grace-period", allow_zero=True)
+        grace = 5.0 if grace_given is None else grace_given
+        shown = parse_ranks(settings.ranks, world.spec.nprocs)
+        saved = parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb") * 1024
+        images = parse_kb(settings.max_image_kb, "SpawnMagics.max_image_kb") * 1024
+    tree = cell.parse()
+    shared = pick_shared(share_names, request.namespace, method)
+    payload = pack_namespace(tree, request.namespace, request.hidden, shared)
+    if world is None:
+        world = _start(name, spec)
     run_id = new_run_id()
-    return replace(
-        spec,
+    cspec = replace(
+        world.spec,
         run_id=run_id,
         run_dir=os.path.join(world.base_dir, run_id),
-        nprocs=world.spec.nprocs,
-        start_method=world.spec.start_method,
-        backend=world.spec.backend,
-        env=world.spec.env,
-        master_port=world.spec.master_port,
-        rich=world.spec.rich,
+        cell=cell,
+        timeout=timeout,
+        grace_period=grace,
+        shown_ranks=shown,
+        max_saved_bytes=saved,
+        max_image_bytes=images,
+        out_names=out_names,
+        shm_prefix=new_run_prefix() if out_names else None,
+        notes=notes,
+        cell_numbers=dict(request.cell_numbers),
     )
-
-
-def prepare_cell(
-    name: str,
-    cell: Any,
-    namespace: dict[str, Any],
-    *,
-    hidden: dict[str, Any] | None,
-    share: Any,
-    out: Any,
-    given: set[str],
-    rich: bool,
-    **options: Any,
-) -> tuple[RunSpec, WorldCell]:
-    """Everything checked first (options, names, what the cell uses), then the world found or started."""
-    from .._spec import build_spec
-    from ..handoff._names import pack_namespace, parse_names, pick_shared
-    from ..handoff._shm import new_run_prefix, share_
-
-    share_names, out_names = parse_names(share, "--share"), parse_names(out, "--out")
-    existing = _worlds.get(name)
-    if existing is not None and "-n" not in given:
-        options["nprocs"] = existing.spec.nprocs  # nothing to resolve: the world has its ranks
-    spec = build_spec(cell, **options)
-    method = existing.spec.start_method if existing is not None else spec.start_method
-    shared = pick_shared(share_names, namespace, method)
-    payload = pack_namespace(cell.parse(), namespace, hidden, shared)
-    spec.rich = rich
-    world, _new = get_or_start(name, spec, given)
-    cspec = cell_spec(world, spec)
-    cspec.out_names = out_names
-    cspec.shm_prefix = new_run_prefix() if out_names else None
     share_(list(shared.values()))
     job = WorldJob(cell, cspec.run_dir, cspec.run_id, payload, out_names, cspec.shm_prefix)
     return cspec, WorldCell(world, job)
+
+
+def _check_settings(world: World, settings: Settings) -> None:
+    """The options this cell gave must be the world's own: it cannot change a world that runs."""
+    given, spec = settings.given, world.spec
+    clash = []
+    if "-n" in given and resolve_nprocs(settings.nprocs) != spec.nprocs:
+        clash.append(f"-n {settings.nprocs}")
+    if "--start-method" in given and parse_start_method(settings.start_method) not in ("auto", spec.start_method):
+        clash.append(f"--start-method {parse_start_method(settings.start_method)}")
+    if "--backend" in given and parse_backend(settings.backend) != spec.backend:
+        backend = resolve_backend(settings.backend, spec.nprocs)
+        if backend != spec.backend:
+            clash.append(f"--backend {backend}")
+    if "--env" in given and parse_env(settings.env) != spec.env:
+        clash.append(f"--env {parse_env(settings.env)}")
+    if clash:
+        raise SpawnUsageError(
+            f"world {world.name!r} runs with {world.settings()}; this cell asks for {', '.join(clash)}. "
+            f"Leave those options out, or %spawn stop {world.name} first."
+        )
+
+
+def _start(name: str, spec: RunSpec) -> World:
+    """A new world, started with the settings of ``spec`` (its first cell's); its ranks print
+    between cells to ``<log-dir>/<run-id>-world-<name>/``."""
+    base = os.path.dirname(spec.run_dir)
+    world_id = f"{spec.run_id}-world-{name}"
+    wspec = replace(spec, run_id=world_id, run_dir=os.path.join(base, world_id), namespace=None, namespace_payload=None)
+    world = World(name=name, spec=wspec, base_dir=base)
+    world.start()
+    _worlds[name] = world
+    return world
 
 
 def stop(names: list[str] | None = None) -> list[str]:

@@ -17,11 +17,13 @@ import io
 import os
 import types
 from collections import ChainMap
+from collections.abc import Mapping
 from typing import Any
 
 import cloudpickle
 import torch
 
+from .._rankdir import OUT
 from ..errors import SpawnUsageError
 from . import _shm
 
@@ -44,7 +46,7 @@ def names_used(tree: ast.Module) -> set[str]:
     return loaded
 
 
-def _shippable(name: str, value: Any, hidden: dict[str, Any]) -> bool:
+def _shippable(name: str, value: Any, hidden: Mapping[str, Any]) -> bool:
     if name in _IPYTHON_NAMES or name.startswith("__") or name in vars(builtins):
         return False
     if name in hidden and hidden[name] is value:  # IPython's own _i1, _oh... unless the user rebound it
@@ -82,7 +84,7 @@ def _check_picklable(wanted: dict[str, Any], where: str = "spawned ranks", inste
         raise SpawnUsageError(f"cannot send {name!r} (a {kind}) to {where}: {err}. Create it inside the cell{instead}.")
 
 
-def _wanted(tree: ast.Module, user_ns: dict[str, Any], hidden: dict[str, Any]) -> dict[str, Any]:
+def _wanted(tree: ast.Module, user_ns: Mapping[str, Any], hidden: Mapping[str, Any]) -> dict[str, Any]:
     """The kernel names the cell uses that can and should travel."""
     return {
         name: user_ns[name] for name in sorted(names_used(tree)) if name in user_ns and _shippable(name, user_ns[name], hidden)
@@ -90,7 +92,7 @@ def _wanted(tree: ast.Module, user_ns: dict[str, Any], hidden: dict[str, Any]) -
 
 
 def pack_namespace(
-    tree: ast.Module, user_ns: dict[str, Any], hidden: dict[str, Any] | None = None, shared: dict[str, Any] | None = None
+    tree: ast.Module, user_ns: dict[str, Any], hidden: Mapping[str, Any] | None = None, shared: dict[str, Any] | None = None
 ) -> _shm.Payload:
     """The kernel names a spawned cell uses (and the ``--share`` ones), ready to travel."""
     shared = shared or {}
@@ -99,7 +101,7 @@ def pack_namespace(
     return _shm.Payload(wanted, shared=list(shared.values()))
 
 
-def pickle_names(tree: ast.Module, user_ns: dict[str, Any], hidden: dict[str, Any] | None = None) -> bytes:
+def pickle_names(tree: ast.Module, user_ns: dict[str, Any], hidden: Mapping[str, Any] | None = None) -> bytes:
     """The kernel names a cell uses, pickled once by value (tensors with their data), for other
     machines: what a cluster run sends, the same bytes, to every node."""
     wanted = _wanted(tree, user_ns, hidden or {})
@@ -167,9 +169,6 @@ def pick_shared(names: tuple[str, ...], user_ns: dict[str, Any], start_method: s
     return shared
 
 
-OUT_FILE = "out.pickle"
-
-
 def send_outputs(namespace: dict[str, Any], names: tuple[str, ...], prefix: str, rank_dir: str) -> None:
     """In a rank, after the cell: its values of ``--out`` names, tensors into /dev/shm under ``prefix``."""
     values = {name: namespace[name] for name in names if name in namespace}
@@ -179,7 +178,7 @@ def send_outputs(namespace: dict[str, Any], names: tuple[str, ...], prefix: str,
     except Exception as err:
         name, kind, _why = _unpicklable(values) or ("?", "value", err)
         raise RuntimeError(f"--out: cannot send {name!r} (a {kind}) back to the kernel: {err}") from None
-    path = os.path.join(rank_dir, OUT_FILE)
+    path = os.path.join(rank_dir, OUT)
     with open(path + ".tmp", "wb") as fh:
         fh.write(data)
     os.replace(path + ".tmp", path)
@@ -190,7 +189,7 @@ def receive_outputs(rank_dirs: list[str], names: tuple[str, ...]) -> tuple[dict[
     outputs: dict[str, list[Any]] = {name: [] for name in names}
     missing: list[tuple[int, str]] = []
     for rank, rank_dir in enumerate(rank_dirs):
-        path = os.path.join(rank_dir, OUT_FILE)
+        path = os.path.join(rank_dir, OUT)
         with open(path, "rb") as fh:
             record = _shm.loads(fh.read())  # maps each tensor file and unlinks it
         os.unlink(path)
@@ -206,7 +205,7 @@ def receive_outputs(rank_dirs: list[str], names: tuple[str, ...]) -> tuple[dict[
 def discard_outputs(rank_dirs: list[str]) -> None:
     """Remove the handles of a run whose values were not brought home (the data is swept separately)."""
     for rank_dir in rank_dirs:
-        for name in (OUT_FILE, OUT_FILE + ".tmp"):
+        for name in (OUT, OUT + ".tmp"):
             try:
                 os.unlink(os.path.join(rank_dir, name))
             except FileNotFoundError:

@@ -24,16 +24,11 @@ import functools
 import io
 import json
 import os
-import struct
 import sys
 import threading
 from typing import Any
 
-STREAMS = ("stdout", "stderr", "display")
-FILES = ("stdout.log", "stderr.log", "display.jsonl")
-ORDER_FILE = "order.bin"
-ORDER_RECORD = struct.Struct("<B3Q")  # the stream written next, then the three files' sizes
-DISPLAY = 2
+from .._rankdir import DISPLAY, FILES, ORDER, ORDER_RECORD
 
 
 class _Ordered:
@@ -57,7 +52,7 @@ class _Ordered:
         with self.lock:
             if stream != self.last:
                 if self.order_fd < 0:
-                    self.order_fd = self._open(ORDER_FILE)
+                    self.order_fd = self._open(ORDER)
                 sizes = [os.fstat(fd).st_size if fd >= 0 else 0 for fd in self.fds]
                 os.write(self.order_fd, ORDER_RECORD.pack(stream, *sizes))
                 self.last = stream

@@ -12,14 +12,16 @@ from __future__ import annotations
 import builtins
 import faulthandler
 import getpass
-import json
 import os
 import signal
 import sys
-import time
 import traceback
+from dataclasses import dataclass
 from types import CodeType
 
+from .. import _errorfile
+from .._errorfile import ErrorRecord
+from .._rankdir import RankDir
 from .._source import CellSource, rewrite_cell_frames
 from .._spec import RunSpec
 from ._capture import capture_output, finished, flush_figures
@@ -30,17 +32,26 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT
 _stack_file = None  # kept open: faulthandler writes to its descriptor from a signal handler
 
 
-def run_rank(rank: int, spec: RunSpec) -> None:
+@dataclass(frozen=True)
+class Inherited:
+    """Made in the kernel just before it forks, so forked ranks inherit it instead of each redoing the
+    work (every page a child writes to is a copy-on-write fault): the compiled cell; and the shared
+    part of the environment is already set (``RunSpec.shared_env``)."""
+
+    compiled: tuple[CodeType, CodeType | None]
+
+
+def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> None:
     """Entry point given to ``torch.multiprocessing.start_processes``; never returns an exception."""
     _die_with_parent(spec)
     rank_dir = spec.rank_dir(rank)
-    os.environ.update(spec.own_env(rank) if spec.shared_env_inherited else spec.rank_env(rank))
+    os.environ.update(spec.own_env(rank) if inherited is not None else spec.rank_env(rank))
     capture_output(rank_dir, spec.rich)
     _install_signal_handlers(rank_dir)
     _forbid_input()
     code = 0
     try:
-        _run_cell(spec, rank)
+        _run_cell(spec, rank, inherited)
     except SystemExit as exc:  # sys.exit() in the cell: keep Python's meaning of the code
         code = _exit_code(exc)
     except BaseException as exc:
@@ -72,7 +83,7 @@ def _install_signal_handlers(rank_dir: str) -> None:
     global _stack_file
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _stack_file = open(os.path.join(rank_dir, "stacks.log"), "w")  # noqa: SIM115
+    _stack_file = open(RankDir(rank_dir).stacks, "w")  # noqa: SIM115
     faulthandler.enable(file=_stack_file, all_threads=True)
     # faulthandler gives SIGUSR1 back to what was there when Python shuts down: ignore it then, so a
     # stack request that comes as the rank exits does not kill it
@@ -103,16 +114,16 @@ def _namespace(spec: RunSpec) -> dict:
     return namespace
 
 
-def _run_cell(spec: RunSpec, rank: int) -> None:
+def _run_cell(spec: RunSpec, rank: int, inherited: Inherited | None) -> None:
     prepare_rank(rank)
     namespace = _namespace(spec)
-    code, last = spec.compiled or spec.cell.compile()
+    code, last = inherited.compiled if inherited is not None else spec.cell.compile()
     dist = init_process_group(spec.backend, rank)
     execute_cell(code, last, namespace)
     if spec.out_names:
         from ..handoff._names import send_outputs
 
-        assert spec.shm_prefix is not None  # _api.prepare gives every run with --out names a prefix
+        assert spec.shm_prefix is not None  # every run with --out names has a prefix
         send_outputs(namespace, spec.out_names, spec.shm_prefix, spec.rank_dir(rank))
     _flush()
     dist = dist or sys.modules.get("torch.distributed")
@@ -194,24 +205,7 @@ def write_error(rank_dir: str, cell: CellSource, exc: BaseException) -> None:
     while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
         tb = tb.tb_next  # start at the cell, not at nbspawn
     text = rewrite_cell_frames("".join(traceback.format_exception(type(exc), exc, tb)), cell)
-    message = str(exc)
-    record = {
-        "message": {
-            "message": f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
-            "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))},
-        },
-        "nbspawn": {
-            "exc_type": type(exc).__name__,
-            "exc_module": type(exc).__module__,
-            "message": message,
-            "traceback": text,
-            "time": time.time(),
-        },
-    }
-    path = os.path.join(rank_dir, "error.json")
-    with open(path + ".tmp", "w", encoding="utf-8") as fh:
-        json.dump(record, fh)
-    os.replace(path + ".tmp", path)  # the kernel never reads half a file
+    _errorfile.write(RankDir(rank_dir).error, ErrorRecord.of(exc, text))
 
 
 def _flush() -> None:

@@ -6,18 +6,18 @@ rank's root cause with the script's own file names and lines, written to ``TORCH
 as torch elastic's ``@record`` would (a script that uses ``@record`` itself writes the same file
 first), and SIGUSR1 dumps its stacks when nbspawn stops it.  Anything else is ``exec``-ed.
 
-    MODE: script (TARGET is a .py file) | module (TARGET is a module name) | exec (TARGET is a program)
+    MODE: script (TARGET is a .py file) | module (TARGET is a module name) | code (TARGET is python -c's
+    code) | exec (TARGET is a program)
 """
 
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import signal
 import sys
-import time
 import traceback
+import types
 
 EXIT_RAISED = 1
 EXIT_INTERRUPTED = 128 + signal.SIGINT
@@ -41,17 +41,21 @@ def _write_error(exc: BaseException) -> None:
     while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, _runpy_file(), "<frozen runpy>"):
         tb = tb.tb_next  # start at the program, not at this launcher
     text = "".join(traceback.format_exception(type(exc), exc, tb))
-    message = str(exc)
-    record = {
-        "message": {
-            "message": f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
-            "extraInfo": {"py_callstack": text, "timestamp": str(int(time.time()))},
-        },
-        "nbspawn": {"exc_type": type(exc).__name__, "message": message, "traceback": text, "time": time.time()},
-    }
-    with open(path + ".tmp", "w", encoding="utf-8") as fh:
-        json.dump(record, fh)
-    os.replace(path + ".tmp", path)
+    errorfile = _errorfile_module()
+    errorfile.write(path, errorfile.ErrorRecord.of(exc, text))
+
+
+def _errorfile_module() -> types.ModuleType:
+    """nbspawn/_errorfile.py, loaded by path: importing the nbspawn package would import torch."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_errorfile.py")
+    spec = importlib.util.spec_from_file_location("_nbspawn_errorfile", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
 
 
 def _runpy_file() -> str:
@@ -78,10 +82,13 @@ def main() -> None:
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         faulthandler.register(signal.SIGUSR1, file=handle, all_threads=True)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    sys.argv = [target, *args]
+    sys.argv = ["-c" if mode == "code" else target, *args]
     code: object = 0
     try:
-        if mode == "module":
+        if mode == "code":  # as python -c runs it: __main__, the working directory first on the path
+            sys.path.insert(0, "")
+            exec(compile(target, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})  # noqa: S102
+        elif mode == "module":
             sys.path.insert(0, os.getcwd())  # as python -m does
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:

@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._rankdir import RankDir
 from .._source import CellSource
 from . import _cell as _rank
 from ._capture import finished, redirect_output
@@ -82,7 +83,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any]) -> None:
         redirect_output(rank_dir)
         stacks = _stacks_to(rank_dir, stacks)
         os.environ.update(job.env)
-        os.environ["TORCHELASTIC_ERROR_FILE"] = os.path.join(rank_dir, "error.json")
+        os.environ["TORCHELASTIC_ERROR_FILE"] = RankDir(rank_dir).error
         try:
             outcome = _serve(job, rank, spec, namespace, own, group, conn)
         except KeyboardInterrupt:  # an interrupt that came as the cell was ending
@@ -173,7 +174,7 @@ def assigned_names(tree: ast.Module) -> set[str]:
 
 def _stacks_to(rank_dir: str, previous: Any) -> Any:
     """faulthandler's dumps (SIGUSR1, fatal signals) go to this directory's stacks.log."""
-    stack_file = open(os.path.join(rank_dir, "stacks.log"), "a")  # noqa: SIM115 - kept open for the handler
+    stack_file = open(RankDir(rank_dir).stacks, "a")  # noqa: SIM115 - kept open for the handler
     faulthandler.enable(file=stack_file, all_threads=True)
     if previous is None:  # what faulthandler restores at shutdown: nothing that kills a leaving rank
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)

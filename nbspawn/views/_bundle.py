@@ -22,6 +22,7 @@ import json
 from html.parser import HTMLParser
 from typing import Any, ClassVar
 
+from .._rankdir import DISPLAY_FILE, STDERR, STDOUT
 from .._run import RankState, Run
 from ..errors import rank_spans
 from ..events._display import WIDGET_MIME
@@ -71,9 +72,9 @@ def rank_record(state: RankState, elided_lines: int = 0) -> dict:
         "summary": failure.summary if failure else None,
         "traceback": (failure.traceback or failure.stack) if failure else None,
         "elided_lines": elided_lines,
-        "stdout_path": state.log_path("stdout.log"),
-        "stderr_path": state.log_path("stderr.log"),
-        "display_path": state.log_path("display.jsonl"),
+        "stdout_path": state.log_path(STDOUT),
+        "stderr_path": state.log_path(STDERR),
+        "display_path": state.log_path(DISPLAY_FILE),
         "node": state.node,
     }
 

@@ -39,6 +39,7 @@ import unicodedata
 from typing import Any, TextIO
 
 from .._run import RankState, Run
+from ._protocol import RunView
 from ._status import StatusComm
 
 MAX_PENDING = 1 << 16  # a "line" longer than this is shown in pieces
@@ -46,7 +47,8 @@ REDRAW_EVERY = 0.1  # seconds: a live footer is redrawn at most ten times a seco
 WIDGET_MIME = "application/vnd.nbspawn.widget+json"
 _BAR_WIDTH = 10
 _BLOCKS = "▏▎▍▌▋▊▉"
-_CSI = re.compile(r"\x1b\[[0-9;:?<=>]*[ -/]*[@-~]|\x1b[@-Z\\-_]?")
+# CSI sequences, OSC strings (a window title: ESC ] ... BEL or ESC \), then any other escape
+_CSI = re.compile(r"\x1b\[[0-9;:?<=>]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]?")
 _TAG = re.compile(r"<[^>]*>")
 _ERASE_LINE, _UP = "\x1b[K", "\x1b[A"
 
@@ -228,7 +230,7 @@ def _terminal_size(stream: TextIO) -> os.terminal_size:
     return shutil.get_terminal_size()
 
 
-class TextView:
+class TextView(RunView):
     """Prefix every line with its rank, as torchrun's ``--tee`` does; bars live at the bottom on a terminal.
 
     ``live``: draw open bars in a footer (None: when the stderr stream is a terminal).

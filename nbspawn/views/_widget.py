@@ -33,6 +33,7 @@ import traitlets
 from .._run import RankState, Run
 from ._bundle import FrozenRun, json_size, rank_record, run_record, tail_within
 from ._busy import kept_busy
+from ._protocol import RunView
 from ._status import StatusComm
 from ._tail import OutputTail
 
@@ -67,7 +68,7 @@ def _widget_class() -> type[anywidget.AnyWidget]:
     return RunWidget
 
 
-class WidgetView:
+class WidgetView(RunView):
     """The live widget: a RunView for the launcher (see ``nbspawn.executors._supervisor.RunView``)."""
 
     rich = True
@@ -154,7 +155,7 @@ class WidgetView:
         if time.monotonic() - self.last_flush >= FLUSH_SECONDS:
             self._flush(run)
 
-    def wants_stop(self) -> bool:
+    def wants_stop(self) -> bool | str:
         return self._stop.is_set()
 
     def finished(self, run: Run) -> None:

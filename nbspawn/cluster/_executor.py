@@ -18,83 +18,68 @@ errors are the ones a local run has.  What differs is how ranks are seen and rea
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import threading
 import time
 from typing import Any
 
-from .._run import Run
-from .._source import CellSource
-from .._spec import (
-    RunSpec,
-    new_run_id,
+from .. import _errorfile
+from .._errorfile import ErrorRecord
+from .._options import (
     parse_backend,
     parse_env,
     parse_kb,
+    parse_nodes,
     parse_nprocs,
     parse_ranks,
     parse_seconds,
     parse_start_method,
 )
-from ..cluster import _agent
-from ..cluster._plan import ClusterPlan, plan, remember_port, resolve_client
+from .._request import RunRequest, Settings
+from .._run import Run
+from .._source import CellSource
+from .._spec import RunSpec, new_run_id, run_directory
 from ..errors import SpawnUsageError
 from ..events._streams import Event
+from ..executors._base import Executor
+from . import _agent, _wire
+from ._plan import ClusterPlan, plan, remember_port, resolve_client
 
 FINAL_WAIT = 10.0  # after its ranks ended, how long a node's agent may take to clean up and answer
 PUBLISH_EVERY = 0.1  # the whole cluster sends at most 10 batches a second: each node 1 / (0.1 x nodes)
 
 
-def prepare_cluster(
-    cluster: str,
-    namespace: dict[str, Any],
-    source: CellSource | None,
-    *,
-    program: list[str] | None = None,
-    nodes: Any = None,
-    hidden: dict[str, Any] | None = None,
-    share: Any = None,
-    out: Any = None,
-    rich: bool = False,
-    **options: Any,
-) -> tuple[RunSpec, ClusterRanks]:
+def plan_cluster(request: RunRequest, rich: bool) -> tuple[RunSpec, ClusterRanks]:
     """Everything checked, cheapest first, then the nodes asked (one round trip); starts nothing."""
     from ..handoff._names import parse_names, pickle_names
 
-    if share:
+    assert request.cluster is not None  # the dispatch sends only cluster runs here
+    if request.share:
         raise SpawnUsageError(
             "--share does not work on a cluster: memory cannot be shared across machines. "
             "The names the cell uses are sent to every node by value; use --out to bring values back."
         )
-    out_names = parse_names(out, "--out")
-    n_nodes = None
-    if nodes is not None:
-        try:
-            n_nodes = int(nodes)
-        except (TypeError, ValueError):
-            n_nodes = 0
-        if n_nodes <= 0:
-            raise SpawnUsageError(f"--nodes must be a positive integer, not {nodes!r}")
-    nprocs = parse_nprocs(options.get("nprocs", "auto"))
-    method: str | None = parse_start_method(options.get("start_method"))
+    settings = request.settings
+    out_names = parse_names(request.out, "--out")
+    n_nodes = parse_nodes(request.nodes)
+    nprocs = parse_nprocs(settings.nprocs)
+    method: str | None = parse_start_method(settings.start_method)
     method = None if method == "auto" else method  # each node chooses, as on one machine
-    backend = parse_backend(options.get("backend"))
-    env = parse_env(options.get("env"))
-    timeout = parse_seconds(options.get("timeout"), "--timeout", allow_zero=False)
-    grace = parse_seconds(options.get("grace_period", 5.0), "--grace-period", allow_zero=True)
-    saved_kb = parse_kb(options.get("max_saved_kb", 256), "SpawnMagics.max_saved_kb")
-    image_kb = parse_kb(options.get("max_image_kb", 2048), "SpawnMagics.max_image_kb")
-    cell = source or CellSource("", label=" ".join(program or []))
+    backend = parse_backend(settings.backend)
+    env = parse_env(settings.env)
+    timeout = parse_seconds(settings.timeout, "--timeout", allow_zero=False)
+    grace = parse_seconds(settings.grace_period, "--grace-period", allow_zero=True)
+    saved_kb = parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb")
+    image_kb = parse_kb(settings.max_image_kb, "SpawnMagics.max_image_kb")
+    program = list(request.program) if request.program is not None else None
+    cell = request.cell or CellSource("", label=" ".join(program or []))
     names = b""
     if program is None:
-        tree = cell.parse()
-        names = pickle_names(tree, namespace, hidden)
-    client, ids = resolve_client(cluster, namespace)
+        names = pickle_names(cell.parse(), request.namespace, request.hidden)
+    client, ids = resolve_client(request.cluster, request.namespace)
     found, chosen_backend = plan(client, ids, nodes=n_nodes, nprocs=nprocs, backend=backend, start_method=method, program=program)
     world = found.world_size
-    log_dir = options.get("log_dir")
     run_id = new_run_id()
     spec = RunSpec(
         run_id=run_id,
@@ -102,54 +87,54 @@ def prepare_cluster(
         start_method=found.start_method,
         backend=chosen_backend,
         cell=cell,
-        run_dir="",
+        run_dir=run_directory(None, run_id),  # the kernel's copy of what the agents report
         env=env,
         timeout=timeout,
         grace_period=5.0 if grace is None else grace,
-        shown_ranks=parse_ranks(options.get("ranks"), world),
-        master_port=found.master_port,
+        shown_ranks=parse_ranks(settings.ranks, world),
         parent_pid=os.getpid(),
         omp_threads=None,
+        out_names=out_names,
+        cell_numbers=dict(request.cell_numbers),
+        rich=rich,
         max_saved_bytes=saved_kb * 1024,
         max_image_bytes=image_kb * 1024,
+        master_port=found.master_port,
+        master_addr=found.master_addr,
         world_size=world,
         nnodes=len(found.nodes),
-        master_addr=found.master_addr,
-        cluster=found,
-        out_names=out_names,
     )
-    per_node_options = {
-        "nprocs": found.ranks_per_node,
-        "start_method": "spawn" if program is not None else method,
-        "backend": chosen_backend,
-        "env": env,
-        "grace_period": spec.grace_period,
-        "log_dir": log_dir,
-        "max_saved_kb": saved_kb,
-        "max_image_kb": image_kb // len(found.nodes),  # the run's image budget, shared by its nodes
-    }
-    job = {
-        "run_id": run_id,
-        "cell": cell,
-        "program": program,
-        "names": names,
-        "out_names": list(out_names),
-        "options": per_node_options,
-        "rich": rich,
-        "cwd": os.getcwd(),
-        "publish_every": PUBLISH_EVERY * len(found.nodes),
-    }
+    node_settings = Settings(
+        nprocs=found.ranks_per_node,
+        start_method="spawn" if program is not None else method,
+        backend=chosen_backend,
+        env=env,
+        grace_period=spec.grace_period,
+        log_dir=settings.log_dir,
+        max_saved_kb=saved_kb,
+        max_image_kb=image_kb // len(found.nodes),  # the run's image budget, shared by its nodes
+    )
+    job = _wire.Job(
+        run_id=run_id,
+        cell=cell,
+        program=program,
+        names=names,
+        out_names=list(out_names),
+        settings=node_settings,
+        rich=rich,
+        cwd=os.getcwd(),
+        publish_every=PUBLISH_EVERY * len(found.nodes),
+    )
     return spec, ClusterRanks(spec, found, job)
 
 
-class ClusterRanks:
-    """The executor of a cluster run (see ``nbspawn.executors._supervisor.Executor``)."""
+class ClusterRanks(Executor):
+    """The executor of a cluster run: every node's ranks, started and reported by the nodes' agents."""
 
-    keeps_ranks = False
     remote = True
     poll_max = 0.05  # how soon a node's news (a failure above all) is acted on
 
-    def __init__(self, spec: RunSpec, cluster: ClusterPlan, job: dict) -> None:
+    def __init__(self, spec: RunSpec, cluster: ClusterPlan, job: _wire.Job) -> None:
         self.spec = spec
         self.cluster = cluster
         self.job = job
@@ -157,7 +142,7 @@ class ClusterRanks:
         self.results: dict[int, Any] = {}  # node index -> its agent's AsyncResult
         self.inboxes: dict[int, dict] = {}  # node index -> the data dict ipyparallel fills
         self.next_seq: dict[int, int] = {}
-        self.answered: dict[int, dict] = {}  # node index -> run_node's result, once handled
+        self.answered: dict[int, _wire.Answer | None] = {}  # node index -> run_node's result (None: lost), once handled
         self.asked: set[int] = set()  # nodes told to stop
         self.ends: dict[int, tuple[int, bool]] = {}  # rank -> (exit code, died), reported, not yet reaped
         self.reported: set[int] = set()
@@ -176,7 +161,7 @@ class ClusterRanks:
         client = self.cluster.client
         try:
             for node in self.cluster.nodes:
-                spot = {
+                spot: _wire.Spot = {
                     "index": node.index,
                     "nnodes": len(self.cluster.nodes),
                     "offset": self.cluster.ranks_of(node.index).start,
@@ -190,7 +175,7 @@ class ClusterRanks:
                 self.inboxes[node.index] = result.metadata["data"]
                 self.next_seq[node.index] = 0
         except BaseException:
-            self.signal_ranks(list(range(len(run.ranks))), signal.SIGINT)
+            self.signal_ranks(list(range(len(run.ranks))), [], signal.SIGINT)
             raise
         self.last_beat = time.monotonic()
         return [0] * len(run.ranks)
@@ -203,7 +188,10 @@ class ClusterRanks:
             os.read(self.pipes[rank][0], 64)
         return self.ends.pop(rank, None)  # None: woken because its node answered, read next
 
-    def signal_ranks(self, ranks: list[int], sig: int) -> None:
+    def announcement(self) -> str:
+        return self.cluster.describe()
+
+    def signal_ranks(self, ranks: list[int], pids: list[int], sig: int) -> None:
         """One request per node: SIGINT interrupts (a second one kills), SIGTERM stops as a failure does."""
         if sig == signal.SIGUSR1:
             return  # each agent asks its own ranks for their stacks before stopping them
@@ -214,7 +202,11 @@ class ClusterRanks:
             targets = [self.cluster.nodes[i].agent for i in nodes]
             self.cluster.client.send_signal(int(wanted), targets=targets, block=False)
 
-    def read_output(self, final: bool = False) -> list[Event]:
+    def read_output(self, run: Run, final: bool = False, budget: int | None = None) -> list[Event]:
+        """What the agents sent (each read its ranks within the view's budget, as a local run does)."""
+        return self._read(final)
+
+    def _read(self, final: bool) -> list[Event]:
         events: list[Event] = []
         self._heartbeat()
         deadline = time.monotonic() + FINAL_WAIT
@@ -229,26 +221,28 @@ class ClusterRanks:
             if time.monotonic() > deadline:
                 for index in set(range(len(self.cluster.nodes))) - set(self.answered):
                     self._lost(index, f"its agent did not finish within {FINAL_WAIT:g} s of its ranks")
-                    self.answered[index] = {}
+                    self.answered[index] = None
                 return events
             self._heartbeat()
             time.sleep(0.01)
 
-    def outputs(self) -> tuple[dict[str, list], list[tuple[int, str]]]:
-        values: dict[str, list] = {name: [] for name in self.spec.out_names}
+    def outputs(self, run: Run) -> tuple[dict[str, list[Any]], list[tuple[int, str]]]:
+        values: dict[str, list[Any]] = {name: [] for name in self.spec.out_names}
         missing: list[tuple[int, str]] = []
         for node in self.cluster.nodes:
-            answer = self.answered.get(node.index) or {}
-            missing.extend((int(rank), str(name)) for rank, name in answer.get("missing", []))
+            answer = self.answered.get(node.index)
+            if answer is None:
+                continue
+            missing.extend((int(rank), str(name)) for rank, name in answer["missing"])
             for name, kept in values.items():
-                kept.extend((answer.get("outputs") or {}).get(name, [None] * self.cluster.ranks_per_node))
+                kept.extend(answer["outputs"].get(name, [None] * self.cluster.ranks_per_node))
         return values, missing
 
     def cleanup(self, lose: bool) -> None:
         """Every agent has answered (its ranks reaped, its engine idle again); close what is ours."""
         if len(self.answered) < len(self.cluster.nodes):
-            self.signal_ranks(list(range(self.cluster.world_size)), signal.SIGINT)
-            self.read_output(final=True)
+            self.signal_ranks(list(range(self.cluster.world_size)), [], signal.SIGINT)
+            self._read(final=True)
         with self.pipes_lock:
             for read, write in self.pipes:
                 os.close(read)
@@ -282,8 +276,7 @@ class ClusterRanks:
         inbox = self.inboxes[index]
         waited_until = time.monotonic() + 2.0
         while True:
-            key = f"nbspawn{self.next_seq[index]:09d}"
-            batch = inbox.pop(key, None)
+            batch: _wire.Batch | None = inbox.pop(_wire.batch_key(self.next_seq[index]), None)
             if batch is not None:
                 self.next_seq[index] += 1
                 self.cluster.batches[index] += 1
@@ -293,53 +286,51 @@ class ClusterRanks:
                 return
             time.sleep(0.005)  # the result came before the last data message: both are on their way
 
-    def _apply(self, index: int, batch: list, events: list[Event]) -> None:
+    def _apply(self, index: int, batch: _wire.Batch, events: list[Event]) -> None:
         assert self.run is not None  # started
         node = self.cluster.nodes[index]
         for entry in batch:
-            kind = entry[0]
-            if kind == "o":
+            if entry[0] == "o":
                 events.append(Event(entry[1], entry[2], entry[3]))
-            elif kind == "i":
+            elif entry[0] == "i":
                 events.append(Event(entry[1], "item", entry[2]))
-            elif kind == "s":
+            elif entry[0] == "s":
                 events.append(Event(entry[1], "skipped", entry[2]))
-            elif kind == "e":
+            elif entry[0] == "e":
                 self._ended(entry[1], entry[2])
-            elif kind == "started":
+            elif entry[0] == "started":
                 _, pids, run_dir = entry
                 for rank, pid in pids:
                     state = self.run.ranks[rank]
                     state.pid = pid
                     state.remote_dir = f"{node.hostname}:{run_dir}/{rank}"
 
-    def _ended(self, rank: int, record: dict) -> None:
+    def _ended(self, rank: int, record: _wire.EndRecord) -> None:
         """The kernel's copy of the rank's end, where the supervisor reads a local rank's."""
         if rank in self.reported:
             return
         assert self.run is not None  # started
         state = self.run.ranks[rank]
-        error = record.get("error")
-        if not error and record.get("tail"):
-            error = {"nbspawn": {"exc_type": None, "message": None, "traceback": record["tail"], "time": time.time()}}
-        if error:
-            with open(state.error_path, "w", encoding="utf-8") as fh:
-                json.dump(error, fh)
-        if record.get("stacks"):
+        error = ErrorRecord.from_json(record["error"])
+        if error is None and record["tail"]:
+            error = ErrorRecord(exc_type=None, message=None, traceback=record["tail"])
+        if error is not None:
+            _errorfile.write(state.error_path, error)
+        if record["stacks"]:
             with open(state.stacks_path, "w", encoding="utf-8") as fh:
                 fh.write(record["stacks"])
         self.reported.add(rank)
-        self.ends[rank] = (int(record.get("exit_code") or 0), True)
+        self.ends[rank] = (int(record["exit_code"] or 0), True)
         os.write(self.pipes[rank][1], b"x")
 
     def _answered(self, index: int, events: list[Event]) -> None:
         """The node's agent returned: its last batches, its ``--out`` values; or it was lost."""
         result = self.results[index]
         try:
-            answer = result.get(0)
+            answer: _wire.Answer = result.get(0)
         except Exception as err:  # EngineError, RemoteError, ...: the node is lost
             self._drain(index, events)
-            self.answered[index] = {}
+            self.answered[index] = None
             if index == 0:
                 remember_port(self.cluster.client, self.cluster.nodes[0].agent, None)
             why = getattr(err, "ename", type(err).__name__)
@@ -352,11 +343,11 @@ class ClusterRanks:
             else:
                 self._lost(index, f"its agent failed: {why}: {text}".rstrip(": "))
             return
-        self._drain(index, events, until=int(answer.get("last_seq", 0)))
-        self._apply(index, answer.get("final", []), events)
+        self._drain(index, events, until=int(answer["last_seq"]))
+        self._apply(index, answer["final"], events)
         self.answered[index] = answer
         if index == 0:
-            remember_port(self.cluster.client, self.cluster.nodes[0].agent, answer.get("next_port"))
+            remember_port(self.cluster.client, self.cluster.nodes[0].agent, answer["next_port"])
         self._lost(index, "its agent ended without reporting every rank")
 
     def _lost(self, index: int, why: str) -> None:
@@ -366,14 +357,12 @@ class ClusterRanks:
         for rank in self.cluster.ranks_of(index):
             if rank in self.reported:
                 continue
-            record: dict[str, Any] = {"exit_code": -signal.SIGKILL}
-            if index not in self.asked:
-                record["error"] = {
-                    "nbspawn": {
-                        "exc_type": "NodeLost",
-                        "message": f"{node.label} was lost: {why}",
-                        "traceback": None,
-                        "time": time.time(),
-                    }
-                }
+            error = None if index in self.asked else ErrorRecord("NodeLost", f"{node.label} was lost: {why}", None)
+            record: _wire.EndRecord = {
+                "exit_code": -signal.SIGKILL,
+                "error": error.to_json() if error else None,
+                "stacks": "",
+                "tail": None,
+                "ended_at": time.time(),
+            }
             self._ended(rank, record)

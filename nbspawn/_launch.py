@@ -1,0 +1,106 @@
+"""The one dispatch: a :class:`~nbspawn._request.RunRequest` becomes a frozen spec and an executor,
+then a run.
+
+    request (the magic, launch())  ->  start()  ->  (RunSpec, Executor)  ->  execute()  ->  Run
+                                         |
+                 fresh cell  FreshRanks  |  program  ProgramRanks  |  --world  WorldCell  |  --cluster  ClusterRanks
+
+Everything is checked before anything starts: what cannot be combined, then each option, then the
+cell's syntax and the names it sends, and only then the one costly step (moving ``--share`` tensors
+into shared memory).  A bad request is one :class:`~nbspawn.errors.SpawnUsageError` line, whichever
+door it came through.  The notes a spec carries (a start method changed for the user's sake, ...)
+and the executor's announcement (a cluster's node order) are said here, once, before the ranks start.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ._options import OPTIONS
+from ._program import parse_program
+from ._request import RunRequest
+from ._run import Run
+from ._source import CellSource
+from ._spec import Handoff, RunSpec, build_spec
+from .errors import SpawnUsageError
+from .executors._base import Executor
+from .executors._fresh import FreshRanks
+from .executors._program import ProgramRanks
+from .executors._supervisor import execute
+from .handoff._names import pack_namespace, parse_names, pick_shared
+from .handoff._shm import new_run_prefix, share_
+from .views._protocol import RunView
+
+
+def start(request: RunRequest, view: RunView | None = None) -> Run:
+    """Check ``request``, start its ranks, and supervise them: to the end, or (``background``) in a
+    thread of the run's own.  Raises ``SpawnUsageError`` (nothing started) for a bad request."""
+    view = view or RunView()
+    spec, executor = plan(request, view.rich)
+    for note in spec.notes:
+        print(note, file=sys.stderr)
+    announcement = executor.announcement()
+    if announcement:
+        print(announcement)
+    return execute(spec, view, executor, background=request.background)
+
+
+def plan(request: RunRequest, rich: bool) -> tuple[RunSpec, Executor]:
+    """The spec and executor of ``request``; starts nothing (but a kept world that is new)."""
+    refuse_combinations(request)
+    if request.cluster is not None:
+        from .cluster._executor import plan_cluster  # ipyparallel is needed only here
+
+        return plan_cluster(request, rich)
+    if request.program is not None:
+        program = parse_program(list(request.program))
+        spec = build_spec(CellSource("", label=str(program)), request.settings, rich=rich, program=program)
+        return spec, ProgramRanks(spec)
+    if request.world is not None:
+        from .executors._world import plan_cell
+
+        return plan_cell(request, rich)
+    return _fresh_cell(request, rich)
+
+
+def refuse_combinations(request: RunRequest) -> None:
+    """What the request asks for together that cannot be done, each said in one line."""
+    if request.program is not None:
+        given = {
+            "start_method": request.settings.start_method is not None,
+            "backend": request.settings.backend is not None,
+            "share": bool(request.share),
+            "out": bool(request.out),
+            "world": request.world is not None,
+        }
+        for option in OPTIONS:
+            if option.not_for_programs and given.get(option.param):
+                raise SpawnUsageError(f"{option.flags[-1]} does not apply to a program: {option.not_for_programs}")
+    if request.nodes is not None and request.cluster is None:
+        raise SpawnUsageError("--nodes needs --cluster NAME (or %config SpawnMagics.cluster)")
+    if request.cluster is not None and request.world is not None:
+        raise SpawnUsageError("--world does not work with --cluster yet: a cluster runs each cell on fresh ranks")
+    if request.cluster is not None and request.background:
+        raise SpawnUsageError("--bg does not work with --cluster yet: a cluster run holds the kernel until it ends")
+    if request.world is not None and request.background:
+        raise SpawnUsageError("--bg runs on fresh ranks: a kept world runs one cell at a time (use --fresh with --bg)")
+
+
+def _fresh_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, Executor]:
+    """Fresh ranks for one cell: under fork they get the kernel's namespace as it is (copy-on-write),
+    under spawn and forkserver the names the cell uses, pickled by value."""
+    assert request.cell is not None  # not a program
+    cell = request.cell
+    share_names, out_names = parse_names(request.share, "--share"), parse_names(request.out, "--out")
+    shared: dict[str, object] = {}
+
+    def handoff(method: str) -> Handoff:
+        shared.update(pick_shared(share_names, request.namespace, method))
+        prefix = new_run_prefix() if out_names else None
+        if method == "fork":
+            return Handoff(request.namespace, None, out_names, prefix)
+        return Handoff(None, pack_namespace(cell.parse(), request.namespace, request.hidden, shared), out_names, prefix)
+
+    spec = build_spec(cell, request.settings, rich=rich, handoff=handoff, cell_numbers=request.cell_numbers)
+    share_(list(shared.values()))  # the costly step, once everything is known to be right
+    return spec, FreshRanks(spec)

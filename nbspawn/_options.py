@@ -1,0 +1,236 @@
+"""Every option a run takes, described once: ``%%spawn``'s arguments, ``%%spawn?``, and ``launch()``'s
+``Args:`` are all generated from :data:`OPTIONS`, so no door can miss one.
+
+An option belongs to a *group*, as ipyparallel's magics share argument groups:
+
+* ``common``: cells and programs alike (``-n``, ``--env``, ``--timeout``, ...);
+* ``cell``: only a cell can use it (``--share``, ``--out``, ``--world``, ...); given to a program, the
+  parser itself refuses it, saying why;
+* ``magic``: only the magic has it (``--view``, ``--fresh``).
+
+The ``parse_*`` functions check one value each and raise :class:`~nbspawn.errors.SpawnUsageError`
+with a one-line message; they are pure, cheap, and run before anything starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import SpawnUsageError
+
+START_METHODS = ("fork", "spawn", "forkserver")
+BACKENDS = ("none", "gloo", "nccl", "auto")
+
+
+@dataclass(frozen=True)
+class Option:
+    param: str  # launch()'s keyword, and the magic's dest
+    flags: tuple[str, ...]  # the magic's spelling
+    metavar: str | None  # None: a switch
+    help: str
+    group: str  # common | cell | magic
+    not_for_programs: str = ""  # cell options: why a program cannot take it
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "nprocs",
+        ("-n", "--nprocs"),
+        "N|auto",
+        "number of ranks (per node with a cluster); auto: one per GPU the ranks see, else up to 4 CPU ranks (default: SpawnMagics.nprocs)",
+        "common",
+    ),
+    Option("env", ("--env",), "KEY=VALUE", "extra environment variables for every rank", "common"),
+    Option("timeout", ("--timeout",), "SECONDS", "stop every rank after this long, showing each one's stack", "common"),
+    Option(
+        "grace_period",
+        ("--grace-period",),
+        "SECONDS",
+        "time between SIGTERM and SIGKILL when ranks are stopped (default 5)",
+        "common",
+    ),
+    Option("log_dir", ("--log-dir",), "DIR", "keep logs in DIR/<run-id>/<rank>/ (default: a new temporary directory)", "common"),
+    Option("ranks", ("--ranks",), "LIST", "show only these ranks' output, e.g. 0 or 0,2 or 0-3 (all are logged)", "common"),
+    Option(
+        "cluster",
+        ("--cluster",),
+        "NAME",
+        "run on several nodes: NAME is a kernel variable holding a connected ipyparallel Client, Cluster or DirectView; one engine per node starts that node's ranks (-n is then ranks per node)",
+        "common",
+    ),
+    Option("nodes", ("--nodes",), "N", "with --cluster: use the first N nodes (default: all)", "common"),
+    Option(
+        "background",
+        ("--bg",),
+        None,
+        "run in the background: the kernel is free at once; the run is returned (also nbspawn.last_run()), run.wait() joins it and raises its error, run.stop() stops it",
+        "common",
+    ),
+    Option(
+        "start_method",
+        ("--start-method",),
+        "fork|spawn|forkserver",
+        "how ranks start; fork sees the kernel's names as they are, spawn and forkserver get the names the cell uses pickled by value (default: fork unless CUDA is initialized)",
+        "cell",
+        "a program is always started as a new process",
+    ),
+    Option(
+        "backend",
+        ("--backend",),
+        "none|gloo|nccl|auto",
+        "initialize the default process group before the cell and destroy it after",
+        "cell",
+        "a program sets up its own process group (init_process_group())",
+    ),
+    Option(
+        "share",
+        ("--share",),
+        "NAMES",
+        "comma-separated kernel tensors, nn.Modules or dicts/lists/tuples of tensors that every rank sees in the same (shared) memory; in-place writes by ranks are seen by the kernel",
+        "cell",
+        "a program's ranks cannot map the kernel's tensors; pass it files, or run a cell",
+    ),
+    Option(
+        "out",
+        ("--out",),
+        "NAMES",
+        "comma-separated names each rank defines; after the cell each is bound in the kernel as a list indexed by rank (tensors come back through shared memory)",
+        "cell",
+        "a program has no names to bring back; have it write files, or run a cell",
+    ),
+    Option(
+        "world",
+        ("--world",),
+        "NAME",
+        "run on the kept world NAME (ranks that live across cells), started with this cell's options if new",
+        "cell",
+        "a kept world runs cells; a program starts and ends its own processes",
+    ),
+    Option(
+        "fresh",
+        ("--fresh",),
+        None,
+        "fresh ranks for this cell, even if SpawnMagics.world names a world",
+        "magic",
+        "a program always gets fresh ranks",
+    ),
+    Option("view", ("--view",), "auto|widget|text", "live widget or [rank{r}]: text lines (default: SpawnMagics.view)", "magic"),
+)
+
+
+def options_in(*groups: str) -> tuple[Option, ...]:
+    return tuple(option for option in OPTIONS if option.group in groups)
+
+
+def parse_nprocs(value: Any) -> int | str:
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        n = int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        raise SpawnUsageError(f"--nprocs must be a positive integer or 'auto', not {value!r}") from None
+    if isinstance(n, bool) or n <= 0:
+        raise SpawnUsageError(f"--nprocs must be a positive integer or 'auto', not {value!r}")
+    return n
+
+
+def parse_env(items: list[str] | tuple[str, ...] | Mapping[str, str] | None) -> dict[str, str]:
+    if not items:
+        return {}
+    if isinstance(items, Mapping):
+        pairs = list(items.items())
+    else:
+        pairs = []
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise SpawnUsageError(f"--env expects KEY=VALUE, got {item!r}")
+            pairs.append((key, value))
+    env = {}
+    for key, value in pairs:
+        if not key.isidentifier() and not all(c.isalnum() or c == "_" for c in key):
+            raise SpawnUsageError(f"--env: {key!r} is not a valid environment variable name")
+        env[str(key)] = str(value)
+    return env
+
+
+def parse_ranks(value: str | list[int] | tuple[int, ...] | None, nprocs: int) -> frozenset[int] | None:
+    """``0,2`` or ``0-3,7``: the ranks whose output is shown (all are logged)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        ranks: set[int] = set()
+        for part in value.replace(" ", "").split(","):
+            lo, dash, hi = part.partition("-")
+            try:
+                first, last = int(lo), int(hi) if dash else int(lo)
+            except ValueError:
+                raise SpawnUsageError(f"--ranks expects a list like 0,2 or 0-3, not {value!r}") from None
+            if last < first:
+                raise SpawnUsageError(f"--ranks: {part} counts down; write {last}-{first}")
+            ranks.update(range(first, last + 1))
+    else:
+        ranks = {int(r) for r in value}
+    bad = sorted(r for r in ranks if not 0 <= r < nprocs)
+    if bad:
+        raise SpawnUsageError(f"--ranks: rank {bad[0]} does not exist in a run of {nprocs} ranks (0-{nprocs - 1})")
+    return frozenset(ranks)
+
+
+def parse_seconds(value: Any, option: str, *, allow_zero: bool) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise SpawnUsageError(f"{option} must be a number of seconds, not {value!r}") from None
+    if seconds < 0 or (seconds == 0 and not allow_zero) or math.isnan(seconds):
+        raise SpawnUsageError(f"{option} must be {'zero or more' if allow_zero else 'more than zero'} seconds, not {value!r}")
+    return seconds
+
+
+def parse_kb(value: Any, option: str) -> int:
+    try:
+        kb = int(value)
+    except (TypeError, ValueError):
+        raise SpawnUsageError(f"{option} must be a whole number of KB, not {value!r}") from None
+    if kb < 0 or isinstance(value, bool):
+        raise SpawnUsageError(f"{option} must be zero or more KB, not {value!r}")
+    return kb
+
+
+def parse_nodes(value: Any) -> int | None:
+    if value is None:
+        return None
+    try:
+        nodes = int(value)
+    except (TypeError, ValueError):
+        nodes = 0
+    if nodes <= 0 or isinstance(value, bool):
+        raise SpawnUsageError(f"--nodes must be a positive integer, not {value!r}")
+    return nodes
+
+
+def parse_start_method(requested: str | None) -> str:
+    """The name checked: fork, spawn, forkserver or auto (what this machine offers is not asked)."""
+    method = (requested or "auto").strip().lower()
+    if method not in (*START_METHODS, "auto"):
+        raise SpawnUsageError(f"--start-method must be one of fork, spawn, forkserver, not {requested!r}")
+    return method
+
+
+def parse_backend(backend: str | None) -> str:
+    """The name checked: none, gloo, nccl or auto (whether GPUs are there is not asked)."""
+    name = (backend or "none").strip().lower()
+    if name not in BACKENDS:
+        raise SpawnUsageError(f"--backend must be one of none, gloo, nccl, auto, not {backend!r}")
+    return name
+
+
+def parse_world_name(name: str) -> str:
+    if not name.strip() or any(c.isspace() for c in name):
+        raise SpawnUsageError(f"--world needs a name without spaces, not {name!r}")
+    return name

@@ -1,0 +1,74 @@
+"""What the kernel and a node's agent say to each other, typed: one module owns the wire.
+
+The kernel sends each node's agent a :class:`Job` (the same for every node) and a :class:`Spot` (where
+the node's ranks sit in the world) through ipyparallel's ``apply``.  While the node's ranks run, the
+agent publishes *batches* as ipyparallel data messages, keyed :func:`batch_key` (``nbspawn000000012``)
+so the kernel reads them in order; each batch is a list of entries:
+
+    ("started", [(rank, pid), ...], run_dir)   the node's ranks are up (first entry of the first batch)
+    ("o", rank, stream, text)                   text a rank wrote (stdout or stderr)
+    ("i", rank, item)                           a display item, already converted
+    ("s", rank, lines)                          lines of a rank dropped from the batch (its log has them)
+    ("e", rank, EndRecord)                      a rank ended
+
+Ranks are global.  The agent's ``apply`` returns an :class:`Answer`, with the last batch in it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+from .._request import Settings
+from .._source import CellSource
+
+
+class Job(TypedDict):
+    run_id: str
+    cell: CellSource
+    program: list[str] | None  # the words after --, checked again on the node
+    names: bytes  # the kernel names the cell uses, pickled once (nbspawn.handoff._names.pickle_names)
+    out_names: list[str]
+    settings: Settings  # the node's own: ranks per node, its share of the image budget, ...
+    rich: bool
+    cwd: str  # the kernel's working directory, where the node runs if it has it
+    publish_every: float  # seconds between two batches of this node
+
+
+class Spot(TypedDict):
+    index: int  # the node's rank (GROUP_RANK)
+    nnodes: int
+    offset: int  # its first global rank
+    world_size: int
+    master_addr: str
+    master_port: int
+
+
+class EndRecord(TypedDict):
+    exit_code: int
+    error: dict[str, Any] | None  # error.json's contents (nbspawn._errorfile)
+    stacks: str  # its stacks.log, cut to what is sent
+    tail: str | None  # a program's last words when it left no error record
+    ended_at: float | None
+
+
+Started = tuple[Literal["started"], list[tuple[int, int | None]], str]
+Output = tuple[Literal["o"], int, str, str]
+Item = tuple[Literal["i"], int, dict[str, Any]]
+Skipped = tuple[Literal["s"], int, int]
+Ended = tuple[Literal["e"], int, EndRecord]
+Entry = Started | Output | Item | Skipped | Ended
+Batch = list[Entry]
+
+
+class Answer(TypedDict):
+    last_seq: int  # batches published before the final one
+    final: Batch
+    outputs: dict[str, list[Any]]  # --out values of the node's ranks
+    missing: list[tuple[int, str]]
+    run_dir: str
+    status: str
+    next_port: int | None  # node 0: the port held for the next run's TCPStore
+
+
+def batch_key(seq: int) -> str:
+    return f"nbspawn{seq:09d}"

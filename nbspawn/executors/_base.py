@@ -1,0 +1,65 @@
+"""The executor: how one run's ranks are started, seen to end, reached and cleaned up.
+
+The supervisor (``_supervisor``) does everything else, identically for every executor, as torch
+elastic's ``PContext`` puts ``_start``/``_poll``/``_close`` behind ``start``/``wait``/``close``.
+Four members are each executor's own; the rest have defaults that fit ranks that are processes of
+this machine, writing their output to their rank directories:
+
+* :meth:`start` the ranks (their pids, in rank order; on failure nothing is left running);
+* :meth:`waitables`: what becomes ready when a rank's cell ends or the rank dies;
+* :meth:`ended`: how it ended, ``(exit code, died)``, or None if what woke was news, not its end;
+* :meth:`cleanup`: leave nothing running that should not be (``lose``: a kept world is lost).
+
+Executors: ``_fresh.FreshRanks`` (new processes per cell), ``_world.WorldCell`` (a cell on a kept
+world), ``_program.ProgramRanks`` (a program per rank), ``nbspawn.cluster._executor.ClusterRanks``
+(every node's ranks, reported by the nodes' agents).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..handoff._names import receive_outputs
+from ._procs import signal_group
+
+if TYPE_CHECKING:
+    from .._run import Run
+    from ..events._streams import Event
+
+POLL_MAX = 0.25  # the longest the supervisor waits between looks for new output
+
+
+class Executor(ABC):
+    keeps_ranks: ClassVar[bool] = False  # the ranks outlive the cell: a failure interrupts them instead of ending them
+    remote: ClassVar[bool] = False  # the ranks are not this machine's processes: their agents stop them and dump stacks
+    poll_max: ClassVar[float] = POLL_MAX
+
+    @abstractmethod
+    def start(self, run: Run) -> list[int]: ...
+
+    @abstractmethod
+    def waitables(self, rank: int) -> list[Any]: ...
+
+    @abstractmethod
+    def ended(self, rank: int, ready: Any) -> tuple[int, bool] | None: ...
+
+    @abstractmethod
+    def cleanup(self, lose: bool) -> None: ...
+
+    def announcement(self) -> str | None:
+        """A line printed before the run starts (a cluster's node order), if any."""
+        return None
+
+    def signal_ranks(self, ranks: list[int], pids: list[int], sig: int) -> None:
+        """Deliver ``sig`` to these ranks (each rank's process group)."""
+        for rank in ranks:
+            signal_group(pids[rank], sig)
+
+    def read_output(self, run: Run, final: bool, budget: int | None) -> list[Event]:
+        """What the ranks wrote since the last call (from their log files here)."""
+        return run.read_new_output(final=final, budget=budget)
+
+    def outputs(self, run: Run) -> tuple[dict[str, list[Any]], list[tuple[int, str]]]:
+        """``--out``: each name's values by rank, and the (rank, name) pairs some rank did not define."""
+        return receive_outputs([state.dir for state in run.ranks], run.spec.out_names)

@@ -1,0 +1,76 @@
+"""Fresh ranks: new processes for one cell, through ``torch.multiprocessing.start_processes``.
+
+Under fork the kernel compiles the cell and sets the shared part of the torchrun environment once,
+just before it forks, and every rank inherits both (``ranks._cell.Inherited``); under spawn and
+forkserver each rank gets the spec pickled and does it itself.  The forkserver preloads torch and
+nbspawn once, so its ranks start as fast as forked ones.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from .._run import Run
+from .._spec import RunSpec
+from ..ranks._capture import rank_classes, stdio_streams
+from ..ranks._cell import Inherited, run_rank
+from . import _reaper
+from ._base import Executor
+from ._procs import end_processes, environment, one_flush, pid_of, prepare_forkserver
+
+
+class FreshRanks(Executor):
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.processes: list[BaseProcess] = []
+
+    def start(self, run: Run) -> list[int]:
+        from torch.multiprocessing import start_processes
+
+        spec = self.spec
+        shared_env: dict[str, str] = {}
+        inherited: Inherited | None = None
+        if spec.start_method == "forkserver":
+            prepare_forkserver()
+        elif spec.start_method == "fork":
+            inherited = Inherited(spec.cell.compile())
+            stdio_streams()
+            if "IPython" in sys.modules:
+                rank_classes()  # made once here, inherited by every forked rank
+            shared_env = spec.shared_env()
+        with environment(shared_env), one_flush():
+            try:
+                context = start_processes(
+                    run_rank, args=(spec, inherited), nprocs=spec.nprocs, join=False, daemon=False, start_method=spec.start_method
+                )
+            except BaseException:
+                self._kill_orphans()
+                raise
+        self.processes = list(context.processes)
+        pids = [pid_of(p) for p in self.processes]
+        _reaper.watch(pids)
+        return pids
+
+    def _kill_orphans(self) -> None:
+        """start_processes failed half-way: find the ranks it did start through multiprocessing."""
+        for process in multiprocessing.active_children():
+            args: tuple[Any, ...] = getattr(process, "_args", ())  # multiprocessing keeps no public handle
+            if len(args) > 2 and args[2] and args[2][0] is self.spec:
+                process.kill()
+                process.join()
+
+    def waitables(self, rank: int) -> list[Any]:
+        return [self.processes[rank].sentinel]
+
+    def ended(self, rank: int, ready: Any) -> tuple[int, bool]:
+        process = self.processes[rank]
+        process.join()
+        return process.exitcode or 0, True
+
+    def cleanup(self, lose: bool) -> None:
+        pids = [pid_of(p) for p in self.processes]
+        end_processes(self.processes)
+        _reaper.forget(pids)

@@ -1,0 +1,51 @@
+"""What runs in the background of this kernel, and the last run: what ``%spawn status`` and
+``%spawn stop`` list, ``nbspawn.last_run()`` returns, and the kernel's shutdown stops.
+
+(Kept worlds have their own registry, in ``_world``.)
+"""
+
+from __future__ import annotations
+
+import atexit
+
+from .._run import Run
+
+_last_run: Run | None = None
+_background_runs: dict[str, Run] = {}
+
+
+def last_run() -> Run | None:
+    """The most recent run in this process, finished or not."""
+    return _last_run
+
+
+def began(run: Run) -> None:
+    global _last_run
+    _last_run = run
+
+
+def runs_in_background(run: Run) -> None:
+    _background_runs[run.run_id] = run
+
+
+def background_runs() -> dict[str, Run]:
+    """Background runs of this process, by run id, running or ended and not yet forgotten."""
+    return dict(_background_runs)
+
+
+def unreported_failures() -> list[Run]:
+    """Background runs that failed and were neither waited for nor reported yet (each reported once)."""
+    found = [r for r in _background_runs.values() if r.done and r.error is not None and not r.waited and not r.reported]
+    for run in found:
+        run.reported = True
+    return found
+
+
+@atexit.register
+def _stop_background_runs() -> None:
+    """Kernel shutdown: background runs are stopped and cleaned up (their ranks would die anyway)."""
+    for run in list(_background_runs.values()):
+        if not run.done:
+            run.stop()
+    for run in list(_background_runs.values()):
+        run._done.wait(10)

@@ -1,0 +1,57 @@
+"""What the supervisor tells a view, as a base class whose every hook does nothing.
+
+A view overrides what it draws; the rest stays a no-op, so the supervisor calls every hook on every
+view without asking first.  Every call comes from the thread that supervises the run, and within a
+rank ``output`` and ``display`` come in the order the rank wrote them.
+
+* ``rich``: the view can draw rich output, so ranks look like a notebook to the code they run;
+* ``read_budget``: bytes per text stream per read (None: everything); what is past it is
+  ``skipped`` (counted, and kept in the logs);
+* ``wants_stop()``: a Stop button (True), or a reason to stop as a failure does (a string: a node
+  agent's view, told by the kernel).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .._run import RankState, Run
+
+
+class RunView:
+    """A view that shows nothing: the Python API's default; output is only in the logs."""
+
+    rich: bool = False
+    read_budget: int | None = 0
+
+    def started(self, run: Run) -> None:
+        """The ranks are about to start; ``run.ranks`` exist."""
+
+    def output(self, rank: int, stream: str, text: str) -> None:
+        """Text the rank wrote to ``stream`` (stdout or stderr)."""
+
+    def display(self, rank: int, item: dict[str, Any]) -> None:
+        """Something the rank displayed (``nbspawn.events._display`` says what an item holds).
+
+        The default shows its text form as a line of stdout, for views that draw no rich output."""
+        if item.get("kind") == "data" and item.get("text"):
+            self.output(rank, "stdout", str(item["text"]).rstrip("\n") + "\n")
+
+    def skipped(self, rank: int, lines: int) -> None:
+        """That many lines of the rank were not read (past ``read_budget``)."""
+
+    def rank_ended(self, run: Run, state: RankState) -> None:
+        """The rank ended (``state.status``, ``state.failure``)."""
+
+    def tick(self, run: Run) -> None:
+        """Once per turn of the supervision loop."""
+
+    def finished(self, run: Run) -> None:
+        """The run ended, its error is known, and nothing of it runs any more."""
+
+    def wants_stop(self) -> bool | str:
+        return False
+
+
+SilentView = RunView
