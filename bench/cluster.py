@@ -43,12 +43,14 @@ rc[:].activate()
 # run (agents start their ranks, supervise them and answer)
 BREAKDOWN = """
 from nbspawn._source import CellSource
-from nbspawn.executors._cluster import prepare_cluster
+from nbspawn._request import RunRequest, Settings
+from nbspawn.cluster._executor import plan_cluster
 from nbspawn.executors._supervisor import execute as _execute
+from nbspawn.views._protocol import RunView
 _t0 = time.perf_counter()
-_spec, _ex = prepare_cluster("rc", globals(), CellSource("pass"), nprocs=2)
+_spec, _ex = plan_cluster(RunRequest(CellSource("pass"), cluster="rc", settings=Settings(nprocs=2), namespace=globals()), False)
 _t1 = time.perf_counter()
-_run = _execute(_spec, None, _ex)
+_run = _execute(_spec, RunView(), _ex)
 _t2 = time.perf_counter()
 print(json.dumps({"probe": _t1 - _t0, "run": _t2 - _t1}))
 """

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._api import launch, stop, worlds
 from ._run import RankState, Run
+from ._version import __version__ as __version__
 from .errors import (
     RankExitedError,
     RankFailure,
@@ -31,7 +32,6 @@ from .executors._registry import last_run
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
-__version__ = "0.1.0"
 
 __all__ = [
     "RankExitedError",

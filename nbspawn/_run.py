@@ -16,7 +16,7 @@ from . import _errorfile
 from ._errorfile import ErrorRecord
 from ._rankdir import RankDir
 from ._spec import RunSpec
-from .errors import RankFailure, SpawnError
+from .errors import RankFailure, RunFacts, SpawnError
 from .events._display import DisplayItems
 from .events._streams import Event, RankStreams
 
@@ -92,6 +92,7 @@ class Run:
     world: str | None = None  # the kept world this cell ran on
     world_cell: int | None = None  # which of that world's cells this is, from 1
     world_lost: str | None = None  # why that world could not go on, if it could not
+    node_batches: list[int] = field(default_factory=list)  # a cluster run: data messages received from each node
     display_items: DisplayItems = field(init=False, repr=False)
     _streams: list[RankStreams] = field(default_factory=list, repr=False)
 
@@ -145,6 +146,10 @@ class Run:
     @property
     def ok(self) -> bool:
         return self.status == "succeeded"
+
+    def facts(self) -> RunFacts:
+        """What its error says of it besides its ranks."""
+        return RunFacts(self.run_dir, self.status, self.world, self.world_lost, self.node_log_dirs())
 
     def node_log_dirs(self) -> dict[str, str]:
         """A cluster run's log directories, ``host:path`` by node, as far as its agents told them."""

@@ -9,14 +9,13 @@ rank's traceback in the cell's own lines instead of nbspawn's internals.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Any
 
 from IPython.core.error import UsageError
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
-if TYPE_CHECKING:
-    from ._run import Run
+from ._rankdir import ERROR, STDERR, STDOUT
 
 __all__ = [
     "RankExitedError",
@@ -109,17 +108,29 @@ def _describe(failures: list[RankFailure]) -> list[str]:
     return lines
 
 
-def _logs_lines(run: Run | None, color: bool) -> list[str]:
+@dataclass(frozen=True)
+class RunFacts:
+    """What an error says of its run besides its ranks: where the logs are, and a lost world's fate.
+
+    (The run itself, ``nbspawn.Run``, is the error's ``.run``; the error never reads it.)"""
+
+    run_dir: str = ""
+    status: str = ""
+    world: str | None = None
+    world_lost: str | None = None  # why that world could not go on
+    node_log_dirs: dict[str, str] = field(default_factory=dict)  # a cluster run's: node -> host:path
+
+
+def _logs_lines(facts: RunFacts | None, color: bool) -> list[str]:
     """Where the logs are, and, for a kept world that could not go on, that it is gone and why."""
-    if run is None or not run.run_dir:
+    if facts is None or not facts.run_dir:
         return []
     lines = []
-    lost = getattr(run, "world_lost", None)
-    if lost:
-        note = f"The world {run.world!r} was lost: {lost}; the next cell that names it starts a new one."
+    if facts.world_lost:
+        note = f"The world {facts.world!r} was lost: {facts.world_lost}; the next cell that names it starts a new one."
         lines.append(f"{_RED}{note}{_RESET}" if color else note)
-    line = f"Logs: {run.run_dir}/<rank>/{{stdout.log,stderr.log,error.json}}"
-    nodes = run.node_log_dirs()
+    line = f"Logs: {facts.run_dir}/<rank>/{{{STDOUT},{STDERR},{ERROR}}}"
+    nodes = facts.node_log_dirs
     if nodes:  # a cluster run: each node keeps its own ranks' logs
         line = "Logs, on each node: " + "; ".join(f"{node} {where}/<rank>/" for node, where in nodes.items())
     return [*lines, f"{_DIM}{line}{_RESET}" if color else line]
@@ -128,14 +139,15 @@ def _logs_lines(run: Run | None, color: bool) -> list[str]:
 class SpawnError(Exception):
     """A ``%%spawn`` run that did not succeed; ``.run`` has every rank's state and log paths."""
 
-    run: Run | None = None
+    run: Any = None  # the nbspawn.Run that failed
+    facts: RunFacts | None = None
     failures: list[RankFailure]
 
     def _report(self, color: bool) -> list[str]:
         raise NotImplementedError
 
     def _logs_line(self, color: bool) -> list[str]:
-        return _logs_lines(self.run, color)
+        return _logs_lines(self.facts, color)
 
     def _others(self, color: bool) -> list[str]:
         lines = _describe(self.failures[1:])
@@ -151,10 +163,10 @@ class SpawnError(Exception):
 
 
 class _RootCause(SpawnError):
-    def __init__(self, failures: list[RankFailure], run: Run | None = None) -> None:
+    def __init__(self, failures: list[RankFailure], run: Any = None, facts: RunFacts | None = None) -> None:
         self.failures = failures
         self.root = failures[0]
-        self.run = run
+        self.run, self.facts = run, facts
 
     @property
     def rank(self) -> int:
@@ -175,8 +187,8 @@ class _RootCause(SpawnError):
 class RankRaisedError(_RootCause, ProcessRaisedException):
     """The root-cause rank raised an exception from the cell."""
 
-    def __init__(self, failures: list[RankFailure], run: Run | None = None) -> None:
-        _RootCause.__init__(self, failures, run)
+    def __init__(self, failures: list[RankFailure], run: Any = None, facts: RunFacts | None = None) -> None:
+        _RootCause.__init__(self, failures, run, facts)
         ProcessRaisedException.__init__(self, str(self), failures[0].rank, failures[0].pid or 0)
 
     @property
@@ -193,8 +205,8 @@ class RankRaisedError(_RootCause, ProcessRaisedException):
 class RankExitedError(_RootCause, ProcessExitedException):
     """The root-cause rank exited with a non-zero code or was killed by a signal (SIGSEGV, OOM...)."""
 
-    def __init__(self, failures: list[RankFailure], run: Run | None = None) -> None:
-        _RootCause.__init__(self, failures, run)
+    def __init__(self, failures: list[RankFailure], run: Any = None, facts: RunFacts | None = None) -> None:
+        _RootCause.__init__(self, failures, run, facts)
         root = failures[0]
         ProcessExitedException.__init__(self, str(self), root.rank, root.pid or 0, root.exit_code or 0, root.signal_name)
 
@@ -208,10 +220,10 @@ class RankExitedError(_RootCause, ProcessExitedException):
 class SpawnTimeoutError(SpawnError, TimeoutError):
     """``--timeout`` expired; each rank still running says where it was."""
 
-    def __init__(self, seconds: float, failures: list[RankFailure], run: Run | None = None) -> None:
+    def __init__(self, seconds: float, failures: list[RankFailure], run: Any = None, facts: RunFacts | None = None) -> None:
         self.seconds = seconds
         self.failures = failures
-        self.run = run
+        self.run, self.facts = run, facts
 
     def _report(self, color: bool) -> list[str]:
         running = [f for f in self.failures if f.stopped]
@@ -228,9 +240,11 @@ class SpawnInterrupted(KeyboardInterrupt):
     supervisor sets it before raising) was stopped by its Stop button, any other was interrupted.
     """
 
-    def __init__(self, failures: list[RankFailure], run: Run | None = None, stopped_by: str | None = None) -> None:
+    def __init__(
+        self, failures: list[RankFailure], run: Any = None, stopped_by: str | None = None, facts: RunFacts | None = None
+    ) -> None:
         self.failures = failures
-        self.run = run
+        self.run, self.facts = run, facts
         self._stopped_by = stopped_by
         how = self.stopped_by
         super().__init__(f"the run was stopped ({how})" if how else "the run was interrupted")
@@ -240,13 +254,13 @@ class SpawnInterrupted(KeyboardInterrupt):
         """What stopped the run, or None when the kernel was interrupted."""
         if self._stopped_by is not None:
             return self._stopped_by
-        return "Stop button" if getattr(self.run, "status", None) == "stopped" else None
+        return "Stop button" if self.facts is not None and self.facts.status == "stopped" else None
 
     def __reduce__(self):
         return type(self), (self.failures, None, self.stopped_by)
 
     def _logs_line(self, color: bool) -> list[str]:
-        return _logs_lines(self.run, color)
+        return _logs_lines(self.facts, color)
 
     def _report(self, color: bool) -> list[str]:
         if self.stopped_by:
@@ -266,10 +280,10 @@ class SpawnInterrupted(KeyboardInterrupt):
 class SpawnOutputError(SpawnError, LookupError):
     """``--out`` named a value that some rank did not define."""
 
-    def __init__(self, missing: list[tuple[int, str]], run: Run | None = None) -> None:
+    def __init__(self, missing: list[tuple[int, str]], run: Any = None, facts: RunFacts | None = None) -> None:
         self.missing = missing
         self.failures = []
-        self.run = run
+        self.run, self.facts = run, facts
 
     def _report(self, color: bool) -> list[str]:
         by_name: dict[str, list[int]] = {}

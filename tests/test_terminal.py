@@ -23,7 +23,8 @@ import pytest
 
 import nbspawn
 from nbspawn import SpawnInterrupted
-from nbspawn.views._text import TextView, clip, item_text, widget_text
+from nbspawn.events._widgetbar import widget_text
+from nbspawn.views._text import TextView, clip, item_text
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pickle
 import re
-from types import SimpleNamespace
 
 import pytest
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
@@ -14,6 +13,7 @@ from nbspawn.errors import (
     RankExitedError,
     RankFailure,
     RankRaisedError,
+    RunFacts,
     SpawnError,
     SpawnInterrupted,
     SpawnOutputError,
@@ -178,9 +178,9 @@ def test_an_interrupt_and_a_stop():
     assert by_api.args == ("the run was stopped (run.stop())",)
     assert str(by_api) == "SpawnInterrupted: the run was stopped (run.stop()); the ranks were stopped"
     # not said: a run whose status is "stopped" was stopped by its Stop button
-    by_button = SpawnInterrupted([], run=SimpleNamespace(status="stopped", run_dir=""))
+    by_button = SpawnInterrupted([], facts=RunFacts(status="stopped"))
     assert by_button.stopped_by == "Stop button"
-    assert SpawnInterrupted([], run=SimpleNamespace(status="failed", run_dir="")).stopped_by is None
+    assert SpawnInterrupted([], facts=RunFacts(status="failed")).stopped_by is None
 
 
 def test_a_missing_out_name_is_reported_per_name():
@@ -192,30 +192,30 @@ def test_a_missing_out_name_is_reported_per_name():
     assert isinstance(error, LookupError) and error.failures == []
 
 
-def run_stub(run_dir: str = "/logs/20260101-000000-abcd", nodes: dict | None = None, lost: str | None = None):
-    """What the reports read of a Run: its log directory, its nodes' log directories, a kept world lost."""
-    return SimpleNamespace(run_dir=run_dir, node_log_dirs=lambda: nodes or {}, world_lost=lost, world="w", status="failed")
+def run_stub(run_dir: str = "/logs/20260101-000000-abcd", nodes: dict | None = None, lost: str | None = None) -> RunFacts:
+    """What the reports say of a run: its log directory, its nodes' log directories, a kept world lost."""
+    return RunFacts(run_dir=run_dir, status="failed", world="w", world_lost=lost, node_log_dirs=nodes or {})
 
 
 def test_the_logs_line_names_where_each_ranks_logs_are():
-    error = RankExitedError([RankFailure(0, 9, exit_code=1)], run=run_stub())
+    error = RankExitedError([RankFailure(0, 9, exit_code=1)], facts=run_stub())
     assert str(error).splitlines()[-1] == "Logs: /logs/20260101-000000-abcd/<rank>/{stdout.log,stderr.log,error.json}"
     assert (
         error._render_traceback_()[-1]
         == "\x1b[2mLogs: /logs/20260101-000000-abcd/<rank>/{stdout.log,stderr.log,error.json}\x1b[0m"
     )
-    assert "Logs" not in str(RankExitedError([RankFailure(0, 9, exit_code=1)], run=run_stub(run_dir="")))
+    assert "Logs" not in str(RankExitedError([RankFailure(0, 9, exit_code=1)], facts=run_stub(run_dir="")))
 
 
 def test_a_cluster_runs_logs_are_on_each_node():
     run = run_stub(nodes={"node 0 (hosta)": "hosta:/l/r", "node 1 (hostb)": "hostb:/l/r"})
-    assert str(SpawnTimeoutError(1.0, [], run=run)).splitlines()[-1] == (
+    assert str(SpawnTimeoutError(1.0, [], facts=run)).splitlines()[-1] == (
         "Logs, on each node: node 0 (hosta) hosta:/l/r/<rank>/; node 1 (hostb) hostb:/l/r/<rank>/"
     )
 
 
 def test_a_lost_world_is_said_before_the_logs():
     run = run_stub(lost="rank 1 died")
-    lines = str(SpawnInterrupted([], run=run)).splitlines()
+    lines = str(SpawnInterrupted([], facts=run)).splitlines()
     assert lines[-2] == "The world 'w' was lost: rank 1 died; the next cell that names it starts a new one."
     assert lines[-1].startswith("Logs: ")

@@ -10,7 +10,8 @@ import struct
 
 import pytest
 
-from nbspawn.views._text import WIDGET_MIME, clip, erase_backspaces, item_text, settle_line, widget_text
+from nbspawn.events._widgetbar import widget_text
+from nbspawn.views._text import WIDGET_MIME, clip, erase_backspaces, item_text, settle_line
 
 # -- settle_line, erase_backspaces ----------------------------------------------------------------
 

@@ -98,9 +98,9 @@ def versions() -> dict[str, str]:
     """What must be the same on every node and in the kernel."""
     import torch
 
-    import nbspawn
+    from .._version import __version__
 
-    return {"python": platform.python_version(), "torch": torch.__version__, "nbspawn": nbspawn.__version__}
+    return {"python": platform.python_version(), "torch": torch.__version__, "nbspawn": __version__}
 
 
 def probe(kernel_cwd: str, program: list[str] | None, start_method: str | None, controller_hint: str | None) -> dict:

@@ -157,7 +157,7 @@ class ClusterRanks(Executor):
         for state in run.ranks:
             state.node = self.cluster.node_of(state.rank).label
         self.pipes = [os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC) for _ in run.ranks]
-        self.cluster.batches = [0] * len(self.cluster.nodes)
+        run.node_batches = [0] * len(self.cluster.nodes)
         client = self.cluster.client
         try:
             for node in self.cluster.nodes:
@@ -279,7 +279,8 @@ class ClusterRanks(Executor):
             batch: _wire.Batch | None = inbox.pop(_wire.batch_key(self.next_seq[index]), None)
             if batch is not None:
                 self.next_seq[index] += 1
-                self.cluster.batches[index] += 1
+                assert self.run is not None  # started
+                self.run.node_batches[index] += 1
                 self._apply(index, batch, events)
                 continue
             if until is None or self.next_seq[index] >= until or time.monotonic() > waited_until:

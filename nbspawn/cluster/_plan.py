@@ -50,7 +50,6 @@ class ClusterPlan:
     master_addr: str
     master_port: int
     start_method: str
-    batches: list[int] = field(default_factory=list)  # data messages received from each node, in order
 
     @property
     def world_size(self) -> int:

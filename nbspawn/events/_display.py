@@ -17,6 +17,8 @@ import html
 import re
 from typing import Any
 
+from ._widgetbar import widget_text
+
 WIDGET_MIME = "application/vnd.nbspawn.widget+json"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 PREFERENCE = (
@@ -124,7 +126,7 @@ class DisplayItems:
     def _widget_item(self, rank: int, model: str, kind: str) -> dict[str, Any]:
         states = self.widgets.get(rank, {})
         tree = widget_tree(states, model)
-        return {"kind": kind, "id": f"widget:{model}", "mime": WIDGET_MIME, "value": tree, "text": tree_text(tree)}
+        return {"kind": kind, "id": f"widget:{model}", "mime": WIDGET_MIME, "value": tree, "text": widget_text(tree)}
 
     def _contains(self, states: dict[str, dict[str, Any]], root: str, model: str, depth: int = 0) -> bool:
         if root == model:
@@ -182,27 +184,3 @@ def widget_tree(states: dict[str, dict[str, Any]], model: str, depth: int = 0) -
 
 def _number(value: Any, default: float) -> float:
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
-
-
-def tree_text(tree: dict[str, Any], width: int = 10, labelled: bool = False) -> str:
-    """A widget tree as one line of text: ``Epoch 1:  45%|████▌     | 45/100``.
-
-    ``labelled``: the bar has text beside it (tqdm's HBox: "Epoch 1: 45%", the bar, "45/100 ..."),
-    which already says how far it is, so the bar alone is drawn.
-    """
-    kind = tree.get("type")
-    if kind == "box":
-        sep = " " if tree.get("dir") == "row" else "\n"
-        children = tree.get("children", [])
-        has_text = any(c.get("type") == "text" and c.get("value") for c in children)
-        return sep.join(t for t in (tree_text(c, width, has_text) for c in children) if t)
-    if kind == "progress":
-        low, high, value = tree["min"], tree["max"], tree["value"]
-        frac = 0.0 if high <= low else min(1.0, max(0.0, (value - low) / (high - low)))
-        eighths = int(frac * width * 8)
-        bar = "█" * (eighths // 8) + ("▏▎▍▌▋▊▉"[eighths % 8 - 1] if eighths % 8 else "")
-        text = f"|{bar.ljust(width)}|" if labelled else f"{frac * 100:3.0f}%|{bar.ljust(width)}|"
-        return f"{tree['description']} {text}".strip() if tree.get("description") else text
-    if kind == "text":
-        return str(tree.get("value", "")).replace("\u2007", " ").strip()  # tqdm pads with figure spaces
-    return str(tree.get("text", ""))

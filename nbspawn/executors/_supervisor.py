@@ -111,7 +111,7 @@ def _bring_outputs_home(run: Run, executor: Executor) -> None:
     if missing:
         run.outputs = {}
         run.status = "failed"
-        run.error = SpawnOutputError(missing, run)
+        run.error = SpawnOutputError(missing, run, run.facts())
 
 
 class _Supervisor:
@@ -374,13 +374,13 @@ class _Supervisor:
             root = ranks[self.root].failure
             assert root is not None  # the root cause is chosen once its failure is recorded
             kind = RankRaisedError if root.exc_type else RankExitedError
-            return kind([root, *stopped], run)
+            return kind([root, *stopped], run, run.facts())
         if self.stop_reason == "timeout":
             run.status = "timeout"
-            return SpawnTimeoutError(self.spec.timeout or 0, stopped, run)
+            return SpawnTimeoutError(self.spec.timeout or 0, stopped, run, run.facts())
         # interrupt, Stop, or (a node agent's run) stopped for the kernel's reasons
         run.status = "interrupted" if self.stop_reason == "interrupt" else "stopped"
-        return SpawnInterrupted(stopped, run, stopped_by=self.stopped_by)
+        return SpawnInterrupted(stopped, run, stopped_by=self.stopped_by, facts=run.facts())
 
 
 def _last_lines(path: str, count: int) -> str:
