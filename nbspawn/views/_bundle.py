@@ -24,8 +24,9 @@ from typing import Any, ClassVar
 
 from .._rankdir import DISPLAY_FILE, STDERR, STDOUT
 from .._run import RankState, Run
-from ..errors import rank_spans
+from ..errors import RankExitedError, RankRaisedError, rank_spans
 from ..events._display import WIDGET_MIME
+from ._messages import RankRecord, RunRecord
 from ._tail import ANSI, TAIL_LINES, Display, Entry, Line, OutputTail
 from ._text import erase_backspaces
 
@@ -60,7 +61,7 @@ def tail_within(text: str, max_bytes: int, whole_lines: bool) -> str:
 # -- the record ---------------------------------------------------------------------------------------
 
 
-def rank_record(state: RankState, elided_lines: int = 0) -> dict:
+def rank_record(state: RankState, elided_lines: int = 0) -> RankRecord:
     failure = state.failure
     return {
         "rank": state.rank,
@@ -79,10 +80,10 @@ def rank_record(state: RankState, elided_lines: int = 0) -> dict:
     }
 
 
-def run_record(run: Run, elided: dict[int, int] | None = None) -> dict:
+def run_record(run: Run, elided: dict[int, int] | None = None) -> RunRecord:
     """The run's facts; each rank's output tail lives in the bundle's text/html."""
     error = run.error
-    root = getattr(error, "root", None)
+    root = error.root if isinstance(error, (RankRaisedError, RankExitedError)) else None
     summary = None
     if error is not None:
         report = str(error)
@@ -325,7 +326,7 @@ def entries_html(entries: list[Entry]) -> str:
     return "".join(line_html(e) if isinstance(e, Line) else display_html(e.item) for e in entries)
 
 
-def to_html(record: dict, outputs: dict[int, list[Entry]]) -> str:
+def to_html(record: RunRecord, outputs: dict[int, list[Entry]]) -> str:
     """Static HTML: inline styles only (nbconvert and GitHub drop stylesheets), no script."""
     e = html.escape
     took = f" in {record['duration']:.2f} s" if record["duration"] is not None else ""
@@ -333,7 +334,7 @@ def to_html(record: dict, outputs: dict[int, list[Entry]]) -> str:
         f'<div class="nbspawn-run" data-nbspawn="{VERSION}" style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">',
         f"<div><b>nbspawn</b> run <code>{e(record['run_id'])}</code> &middot; {record['nprocs']} ranks &middot; "
         f"{e(record['start_method'])} &middot; backend {e(record['backend'])} &middot; "
-        + (f"world <code>{e(record['world'])}</code>, cell {record['world_cell']} &middot; " if record.get("world") else "")
+        + (f"world <code>{e(record['world'] or '')}</code>, cell {record['world_cell']} &middot; " if record["world"] else "")
         + f"<b>{e(_status_label(record))}</b>"
         f"{took} &middot; logs <code>{e(record['log_dir'])}</code></div>",
     ]
@@ -350,7 +351,7 @@ def to_html(record: dict, outputs: dict[int, list[Entry]]) -> str:
         open_attr = " open" if rank["status"] == "failed" or record["nprocs"] <= 4 else ""
         parts.append(
             f'<details data-rank="{rank["rank"]}"{open_attr}><summary><b>rank {rank["rank"]}</b> '
-            + (f'<span style="color:#57606a">{e(rank["node"])}</span> ' if rank.get("node") else "")
+            + (f'<span style="color:#57606a">{e(rank["node"] or "")}</span> ' if rank["node"] else "")
             + f'<span style="color:{colour}">{e(status)}</span></summary>'
         )
         if rank["traceback"]:
@@ -373,11 +374,11 @@ def to_html(record: dict, outputs: dict[int, list[Entry]]) -> str:
     return "".join(parts)
 
 
-def _status_label(record: dict) -> str:
+def _status_label(record: RunRecord) -> str:
     return "stopped (Stop button)" if record["status"] == "stopped" else record["status"]
 
 
-def to_text(record: dict) -> str:
+def to_text(record: RunRecord) -> str:
     """A short summary; the output itself is in the text/html and the logs."""
     took = f" in {record['duration']:.2f} s" if record["duration"] is not None else ""
     lines = [
@@ -423,7 +424,7 @@ class FrozenRun:
 SAVED_ENVELOPE = 1024  # the output's own keys in the notebook, and the text/plain's line breaks
 
 
-def _saved_size(record: dict) -> int:
+def _saved_size(record: RunRecord) -> int:
     """The record's bytes as nbformat writes it: indented one space a level, about six levels deep."""
     text = json.dumps(record, indent=1, ensure_ascii=False)
     return len(text.encode("utf-8", "surrogatepass")) + 6 * text.count("\n")

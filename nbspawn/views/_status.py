@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from .._run import Run
+from ._messages import RunStatus
 
 TARGET = "nbspawn.status"
 _ACTIVE = ("starting", "running")
@@ -32,7 +33,7 @@ def in_kernel() -> bool:
     return getattr(shell, "kernel", None) is not None
 
 
-def status_data(run: Run) -> dict[str, Any]:
+def status_data(run: Run) -> RunStatus:
     return {
         "run_id": run.run_id,
         "status": "running" if run.status in _ACTIVE else run.status,
@@ -46,7 +47,7 @@ class StatusComm:
 
     def __init__(self) -> None:
         self.comm: Any = None
-        self.last: dict[str, Any] | None = None
+        self.last: RunStatus | None = None
 
     def open(self, run: Run) -> None:
         if not in_kernel():
@@ -78,7 +79,7 @@ class StatusComm:
             log.debug("nbspawn.status comm close failed: %s", err)
         self.comm = None
 
-    def _send(self, data: dict[str, Any]) -> None:
+    def _send(self, data: RunStatus) -> None:
         self.last = data
         try:
             self.comm.send(data)

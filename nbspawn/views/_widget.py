@@ -31,8 +31,9 @@ import anywidget
 import traitlets
 
 from .._run import RankState, Run
-from ._bundle import FrozenRun, json_size, rank_record, run_record, tail_within
+from ._bundle import FrozenRun, json_size, run_record, tail_within
 from ._busy import kept_busy
+from ._messages import LiveHeader, OutputMessage, ReplayMessage, WidgetState, widget_request
 from ._protocol import RunView
 from ._status import StatusComm
 from ._tail import OutputTail
@@ -225,7 +226,8 @@ class WidgetView(RunView):
         chunks = [c for c in self.pending if c[2]]
         elided = {str(rank): n for rank, n in self.elided.items() if n}
         self.pending, self.pending_chars, self.elided = [], {}, {}
-        self.widget.send({"type": "output", "chunks": chunks, "elided": elided})
+        message: OutputMessage = {"type": "output", "chunks": chunks, "elided": elided}
+        self.widget.send(message)
 
     def _send_replay(self) -> None:
         """Everything kept, which already holds whatever was pending: every view starts over from it."""
@@ -249,7 +251,8 @@ class WidgetView(RunView):
         self.pending, self.pending_chars, self.elided = [], {}, {}
         self.gaps.clear()
         self.mid_line.clear()
-        self.widget.send({"type": "replay", "tails": tails, "elided": elided})
+        message: ReplayMessage = {"type": "replay", "tails": tails, "elided": elided}
+        self.widget.send(message)
 
     def _shares(self, budget: int) -> dict[int, int]:
         """Split ``budget`` bytes among the ranks with pending output: the quiet ones get all they
@@ -315,14 +318,15 @@ class WidgetView(RunView):
             self.pending_chars[rank] = sum(len(c[2]) for c in mine)
         self.pending = [c for c in self.pending if c[2]]
 
-    def _state(self, run: Run) -> dict[str, Any]:
+    def _state(self, run: Run) -> WidgetState:
         """The synced traits: the run record without output, split as the front end reads it."""
-        header = run_record(run)
-        del header["ranks"]
-        header["elapsed"] = time.time() - run.started_at
-        header["stopping"] = self._stop_seen
-        ranks = [rank_record(state) for state in run.ranks]
-        return {"header": header, "ranks": ranks, "error": header["error"]}
+        record = run_record(run)
+        header: LiveHeader = {
+            **{key: value for key, value in record.items() if key != "ranks"},  # type: ignore[typeddict-item]
+            "elapsed": time.time() - run.started_at,
+            "stopping": self._stop_seen,
+        }
+        return {"header": header, "ranks": record["ranks"], "error": record["error"]}
 
     def _sync(self, run: Run) -> None:
         assert self.widget is not None  # called by _flush, only once the widget exists
@@ -334,7 +338,7 @@ class WidgetView(RunView):
 
     def _on_message(self, _widget: Any, content: Any, _buffers: list) -> None:
         """From the browser, maybe on a subshell's thread: only flags, answered from the cell's thread."""
-        kind = content.get("type") if isinstance(content, dict) else None
+        kind = widget_request(content)
         if kind == "stop":
             self._stop.set()
         elif kind == "replay":

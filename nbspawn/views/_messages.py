@@ -1,0 +1,104 @@
+"""What the kernel and the browser say to each other, typed: the run record (docs/run-bundle.md),
+the live widget's traits and messages, and the status comm's data.
+
+The TypeScript side's twin is ``labextension/src/messages.ts`` (``IRunRecord``, ``IWidgetState``,
+``IOutputMessage``, ``IReplayMessage``, ``WidgetRequest``, ``IRunStatus``): a field changed here is
+changed there too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+# a display item (nbspawn.events._display): {"kind", "id", "mime", "value", "text", "meta", "wait"}
+DisplayItem = dict[str, Any]
+OutputChunk = list[Any]  # [stream, text] or ["display", item]
+RankChunk = list[Any]  # [rank, stream, text] or [rank, "display", item]: a list, cut in place while batched
+
+
+class RankRecord(TypedDict):
+    rank: int
+    pid: int | None
+    status: str  # starting | running | done | failed | stopped
+    exit_code: int | None
+    signal: str | None
+    duration: float | None
+    summary: str | None
+    traceback: str | None
+    elided_lines: int
+    stdout_path: str | None
+    stderr_path: str | None
+    display_path: str | None
+    node: str | None  # a cluster run's rank: "node 1 (hostb)"; its log paths are then host:path
+
+
+class RunErrorRecord(TypedDict):
+    rank: int | None  # the root cause's rank, if a rank failed first
+    summary: str
+
+
+class RunHeader(TypedDict):
+    version: int
+    run_id: str
+    nprocs: int
+    start_method: str
+    backend: str
+    log_dir: str
+    started_at: float
+    duration: float | None
+    status: str  # starting | running | succeeded | failed | timeout | interrupted | stopped
+    world: str | None
+    world_cell: int | None
+    error: RunErrorRecord | None
+    output_in: Literal["text/html", ""]
+
+
+class RunRecord(RunHeader):
+    ranks: list[RankRecord]
+
+
+class LiveHeader(RunHeader):
+    elapsed: float  # seconds since the run started
+    stopping: bool  # Stop was heard
+
+
+class WidgetState(TypedDict):
+    """The live widget's synced traits."""
+
+    header: LiveHeader
+    ranks: list[RankRecord]
+    error: RunErrorRecord | None
+
+
+class OutputMessage(TypedDict):
+    """Kernel -> browser, at most ten a second: new output, and lines of a rank the kernel skipped."""
+
+    type: Literal["output"]
+    chunks: list[RankChunk]
+    elided: dict[str, int]
+
+
+class ReplayMessage(TypedDict):
+    """Kernel -> browser: everything the kernel kept, for a ``replay`` request."""
+
+    type: Literal["replay"]
+    tails: dict[str, list[OutputChunk]]
+    elided: dict[str, int]
+
+
+Request = Literal["replay", "stop"]
+
+
+def widget_request(content: object) -> Request | None:
+    """Browser -> kernel (a widget custom message ``{"type": "replay" | "stop"}``); None: not ours."""
+    kind = content.get("type") if isinstance(content, dict) else None
+    return kind if kind in ("replay", "stop") else None
+
+
+class RunStatus(TypedDict):
+    """``nbspawn.status`` comm data (the JupyterLab toolbar item)."""
+
+    run_id: str
+    status: str  # running while the run is active, then its final status
+    nprocs: int
+    running: list[int]
