@@ -42,7 +42,7 @@ FORMS = """\
                                         only their logs remain"""
 
 _ARGPARSE: dict[str, dict[str, Any]] = {"env": {"nargs": "+", "action": "extend"}}
-_GROUP_TITLES = {"common": "options for cells and programs", "cell": "options for cells", "magic": "how the run is shown"}
+_GROUP_TITLES = {"common": "options for cells and programs", "cell": "options for cells only", "magic": "how the run is shown"}
 
 
 class _NotForPrograms(argparse.Action):
@@ -65,7 +65,7 @@ def _argument(option: Option, for_program: bool = False) -> argument:
     else:
         kwargs.update(default=None, metavar=option.metavar, **_ARGPARSE.get(option.param, {}))
     if for_program and option.not_for_programs:
-        kwargs = {"dest": option.param, "help": "(not for programs)", "action": _NotForPrograms, "why": option.not_for_programs}
+        kwargs = {"dest": option.param, "help": argparse.SUPPRESS, "action": _NotForPrograms, "why": option.not_for_programs}
         if option.metavar is None:
             kwargs["nargs"] = 0
     return argument(*option.flags, **kwargs)
@@ -166,7 +166,7 @@ class SpawnMagics(Magics):
         args = parse_argstring(self.spawn, line)
         return self._start(args, CellSource(cell, line_offset=1, label=f"Cell In[{self._cell_number()}]"), None)
 
-    @magic_arguments(name="%spawn [options] -- PROGRAM [ARGS...]")
+    @magic_arguments(name="spawn")
     @run_arguments("common", "cell", "magic", for_program=True)
     def _program_form(self, line: str) -> None:
         """The options a program takes: a cell option is refused by the parser itself."""

@@ -6,7 +6,7 @@ An option belongs to a *group*, as ipyparallel's magics share argument groups:
 * ``common``: cells and programs alike (``-n``, ``--env``, ``--timeout``, ...);
 * ``cell``: only a cell can use it (``--share``, ``--out``, ``--world``, ...); given to a program, the
   parser itself refuses it, saying why;
-* ``magic``: only the magic has it (``--view``, ``--fresh``).
+* ``magic``: only the magic has it (``--view``).
 
 The ``parse_*`` functions check one value each and raise :class:`~nbspawn.errors.SpawnUsageError`
 with a one-line message; they are pure, cheap, and run before anything starts.
@@ -114,7 +114,7 @@ OPTIONS: tuple[Option, ...] = (
         ("--fresh",),
         None,
         "fresh ranks for this cell, even if SpawnMagics.world names a world",
-        "magic",
+        "cell",
         "a program always gets fresh ranks",
     ),
     Option("view", ("--view",), "auto|widget|text", "live widget or [rank{r}]: text lines (default: SpawnMagics.view)", "magic"),

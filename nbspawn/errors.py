@@ -198,7 +198,7 @@ class RankRaisedError(_RootCause, ProcessRaisedException):
     def __str__(self) -> str:
         return _RootCause.__str__(self)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.failures,)
 
 
@@ -213,7 +213,7 @@ class RankExitedError(_RootCause, ProcessExitedException):
     def __str__(self) -> str:
         return _RootCause.__str__(self)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.failures,)
 
 
@@ -256,7 +256,7 @@ class SpawnInterrupted(KeyboardInterrupt):
             return self._stopped_by
         return "Stop button" if self.facts is not None and self.facts.status == "stopped" else None
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return type(self), (self.failures, None, self.stopped_by)
 
     def _logs_line(self, color: bool) -> list[str]:

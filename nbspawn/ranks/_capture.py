@@ -181,7 +181,16 @@ def rank_classes() -> tuple[type, type | None]:
     class RankDisplayPublisher(DisplayPublisher):
         """display() in a rank: a record in display.jsonl, never a message to the kernel's frontend."""
 
-        def publish(self, data, metadata=None, source=None, *, transient=None, update=False, **kwargs):
+        def publish(
+            self,
+            data: Any,
+            metadata: Any = None,
+            source: Any = None,
+            *,
+            transient: Any = None,
+            update: bool = False,
+            **kwargs: Any,
+        ) -> None:
             write_display({"data": data, "metadata": metadata or {}, "transient": transient or {}, "update": update})
 
         def clear_output(self, wait: bool = False) -> None:
@@ -195,7 +204,7 @@ def rank_classes() -> tuple[type, type | None]:
     class RankComm(BaseComm):
         """A widget's comm in a rank: its state goes to display.jsonl, nothing to a frontend."""
 
-        def publish_msg(self, msg_type: str, data=None, metadata=None, buffers=None, **keys: Any) -> None:
+        def publish_msg(self, msg_type: str, data: Any = None, metadata: Any = None, buffers: Any = None, **keys: Any) -> None:
             if msg_type == "comm_open":
                 if keys.get("target_name") == "jupyter.widget" and isinstance(data, dict):
                     write_display({"widget": self.comm_id, "state": data.get("state", {}), "open": True})

@@ -17,7 +17,7 @@ import signal
 import sys
 import traceback
 from dataclasses import dataclass
-from types import CodeType
+from types import CodeType, ModuleType
 
 from .. import _errorfile
 from .._errorfile import ErrorRecord
@@ -176,7 +176,7 @@ def _use_local_gpu(rank: int) -> None:
         torch.cuda.set_device(rank % count)
 
 
-def init_process_group(backend: str, rank: int):
+def init_process_group(backend: str, rank: int) -> ModuleType | None:
     if backend == "none":
         return None
     import torch

@@ -417,7 +417,7 @@ class FrozenRun:
         self.html = to_html(record, outputs)
         self.text = to_text(record)
 
-    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:
         return {MIME: self.record, "text/html": self.html, "text/plain": self.text}
 
 

@@ -1,0 +1,118 @@
+"""``%%spawn?`` and ``launch()``'s docstring are made from one table (nbspawn._options.OPTIONS): every
+option, and every form of the magic, is in the help; a program's parser refuses a cell's options
+itself; and the checks a request gets before anything starts say one line each, whichever door it
+came through. No kernel, no processes."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import parse_argstring
+
+from nbspawn._api import _API_ONLY, launch
+from nbspawn._launch import plan, refuse_combinations
+from nbspawn._magic import FORMS, SpawnMagics
+from nbspawn._options import OPTIONS
+from nbspawn._request import RunRequest, Settings
+from nbspawn._source import CellSource
+from nbspawn.errors import SpawnUsageError
+
+HELP = SpawnMagics.spawn.__doc__ or ""
+
+
+@pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.flags[-1])
+def test_every_option_is_in_the_magics_help(option):
+    assert option.flags[-1] in HELP
+    assert option.help.split()[0] in HELP
+
+
+@pytest.mark.parametrize(
+    "form", ["%%spawn [options]", "%spawn [options] -- PROGRAM", "%spawn status", "%spawn stop [NAME|RUN-ID"]
+)
+def test_every_form_is_in_the_magics_help(form):
+    assert form in FORMS
+    assert form in HELP
+
+
+def test_every_parameter_of_launch_is_documented():
+    doc = launch.__doc__ or ""
+    for name in inspect.signature(launch).parameters:
+        assert f"\n    {name}: " in doc, name
+
+
+def test_launch_documents_each_option_as_the_magic_does():
+    doc = launch.__doc__ or ""
+    for option in OPTIONS:
+        if option.param in inspect.signature(launch).parameters and option.param not in _API_ONLY:
+            assert f"{option.param}: {option.help}" in doc
+
+
+@pytest.mark.parametrize(
+    ("line", "refused"),
+    [
+        ("--share x", "--share does not apply to a program: a program's ranks cannot map"),
+        ("--out y", "--out does not apply to a program"),
+        ("--world w", "--world does not apply to a program"),
+        ("--backend gloo", "--backend does not apply to a program: a program sets up its own process group"),
+        ("--start-method fork", "--start-method does not apply to a program"),
+        ("--fresh", "--fresh does not apply to a program"),
+    ],
+)
+def test_a_programs_parser_refuses_cell_options(line, refused):
+    with pytest.raises(UsageError, match=refused):
+        parse_argstring(SpawnMagics._program_form, f"-n 2 {line}")
+
+
+def test_a_programs_parser_takes_the_common_options():
+    args = parse_argstring(SpawnMagics._program_form, "-n 2 --env A=1 B=2 --timeout 3 --bg")
+    assert (args.nprocs, args.env, args.timeout, args.background) == ("2", ["A=1", "B=2"], "3", True)
+
+
+def cell(**fields):
+    return RunRequest(CellSource("pass"), **fields)
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (RunRequest(None, program=("x.py",), share="t"), "--share does not apply to a program"),
+        (RunRequest(None, program=("x.py",), settings=Settings(backend="gloo")), "--backend does not apply to a program"),
+        (cell(nodes=2), "--nodes needs --cluster"),
+        (cell(cluster="rc", world="w"), "--world does not work with --cluster"),
+        (cell(cluster="rc", background=True), "--bg does not work with --cluster"),
+        (cell(world="w", background=True), "--bg runs on fresh ranks"),
+    ],
+)
+def test_what_cannot_be_combined_is_refused_in_one_line(request_, message):
+    with pytest.raises(SpawnUsageError, match=message) as caught:
+        refuse_combinations(request_)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (Settings(nprocs=0), "--nprocs must be a positive integer"),
+        (Settings(start_method="thread"), "--start-method must be one of"),
+        (Settings(backend="mpi"), "--backend must be one of"),
+        (Settings(env=("NOEQUALS",)), "--env expects KEY=VALUE"),
+        (Settings(timeout="-1"), "--timeout must be more than zero"),
+        (Settings(nprocs=2, ranks="5"), "--ranks: rank 5 does not exist"),
+    ],
+)
+def test_a_bad_option_is_refused_before_anything_starts(settings, message, tmp_path):
+    log_dir = tmp_path / "logs"
+    with pytest.raises(SpawnUsageError, match=message):
+        plan(cell(settings=Settings(**{**settings.__dict__, "log_dir": str(log_dir)})), rich=False)
+    assert not log_dir.exists()  # nothing was made on disk
+
+
+def test_a_good_request_is_a_frozen_spec(tmp_path):
+    spec, executor = plan(cell(settings=Settings(nprocs=2, start_method="spawn", log_dir=str(tmp_path))), rich=True)
+    assert (spec.nprocs, spec.start_method, spec.rich) == (2, "spawn", True)
+    assert spec.run_dir.startswith(str(tmp_path))
+    with pytest.raises(AttributeError):
+        spec.nprocs = 3  # type: ignore[misc]
+    assert type(executor).__name__ == "FreshRanks"
