@@ -78,6 +78,19 @@ def test_a_module_and_an_executable(kernel, scripts):
         assert rank_lines(exe.stdout, r) == [f"hello from {r} of 3"] and rank_lines(exe.stderr, r) == ["to stderr"]
 
 
+def test_python_dash_c_runs_as_python_runs_it(kernel, scripts):
+    """``-- python -c CODE ARGS``: the code as __main__, sys.argv as python gives it, its exception the root cause."""
+    code = "import os, sys; print(__name__, sys.argv[1:], 'rank', os.environ['RANK'])"
+    result = ok(kernel, f'%spawn -n 2 -- python -c "{code}" a b')
+    for r in range(2):
+        assert rank_lines(result.stdout, r) == [f"__main__ ['a', 'b'] rank {r}"]
+    failed = run(kernel, "%spawn -n 2 -- python -c 'import os; 1 / (int(os.environ[\"RANK\"]) - 1)'")
+    assert failed.status == "error" and failed.error.ename == "RankRaisedError"
+    assert "rank 1" in failed.error.traceback_text and "ZeroDivisionError" in failed.error.traceback_text
+    refused = run(kernel, "%spawn -n 2 -- python -c")
+    assert refused.error.ename == "UsageError" and "-c needs the code to run" in refused.error.evalue
+
+
 def test_a_scripts_exception_is_the_root_cause_in_its_own_lines(kernel, scripts):
     result = run(kernel, "%spawn -n 2 -- train.py --fail")
     assert result.status == "error" and result.error.ename == "RankRaisedError"
