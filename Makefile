@@ -1,7 +1,8 @@
 # Targets, all working from a fresh clone:
 #   make lab    set everything up, then open notebooks/quickstart.ipynb in JupyterLab
 #   make test   set everything up, lint and type-check, then run the whole test suite (extra pytest args: PYTEST_ARGS=...)
-#   make lint   ruff and mypy only (the venv's, as pinned in the `test` extra)
+#   make lint   the checks only: ruff (lint and format) and mypy, as pinned in the `test` extra; the
+#               extension's ESLint, type check and unit tests (npm)
 # Setup is scripts/setup.sh (a no-op when nothing changed); NBSPAWN_VENV and NBSPAWN_TORCH_SPEC pass through.
 
 SHELL := /bin/bash
@@ -18,10 +19,13 @@ lab:
 	bash scripts/setup.sh
 	"$(NBSPAWN_VENV)/bin/jupyter" lab $(ALLOW_ROOT) notebooks/quickstart.ipynb
 
-# ruff's rules and mypy's files are in pyproject.toml; both run from the repository root.
+# ruff's rules and mypy's files are in pyproject.toml; both run from the repository root. The
+# extension's node_modules come with setup (pip's build of the extension runs npm install).
 lint:
 	"$(NBSPAWN_VENV)/bin/ruff" check nbspawn tests bench
+	"$(NBSPAWN_VENV)/bin/ruff" format --check nbspawn tests bench
 	"$(NBSPAWN_VENV)/bin/mypy"
+	cd labextension && { [[ -d node_modules ]] || npm ci --no-audit --no-fund; } && npm run --silent lint && npm run --silent typecheck && npm test --silent
 
 # pytest exits 5 when it collected nothing: that is a failure too, said out loud.
 test:
