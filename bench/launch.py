@@ -9,6 +9,8 @@ has torch imported, so forks copy a realistic process:
   os.fork + waitpid               N bare forks that _exit(0): the floor for a fork-based launcher
   torch start_processes(fork)     torch.multiprocessing.start_processes of a no-op, what nbspawn wraps
   ipyparallel %%px                a `%%px pass` cell on N already-running (warm) engines
+  pipe ping (N idle children)     one message to each of N idle forked children and one back: the floor
+                                  for any kept world of N processes (each must wake, and answer)
   %%spawn <method>                nbspawn, if `%load_ext nbspawn` works in the kernel (else skipped)
   %%spawn --world (view)          a cell on a kept world of N ranks (started by the warm-up cell),
                                   with the live widget or with text lines
@@ -16,7 +18,7 @@ has torch imported, so forks copy a realistic process:
 Each row is warmed up once, then timed --reps times; the table shows the median and the minimum.
 
     .venv/bin/python bench/launch.py [--quick] [--full] [--reps K]
-    .venv/bin/python bench/launch.py --n 4 --rows pass,bare,torch,px,fork,world   # the goal's rows only
+    .venv/bin/python bench/launch.py --n 4 --rows pass,ping,bare,torch,px,fork,world   # the goal's rows only
 
 After the table, the ratios the launch goals are stated in (world text or widget / %%px, fresh fork /
 torch start_processes(fork), fresh fork / bare forks), for every N that has both rows.
@@ -44,6 +46,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 
 REPO = Path(__file__).resolve().parents[1]
 BARE, TORCH, PX, PASS = "os.fork + waitpid", "torch start_processes(fork)", "ipyparallel %%px", "cell: pass"
+PING = "pipe ping (idle children)"
 
 KERNEL_SETUP = """
 import os, torch, torch.multiprocessing as _bench_tmp
@@ -60,6 +63,30 @@ def _bench_bare_fork(n):
         pids.append(pid)
     for pid in pids:
         os.waitpid(pid, 0)
+
+_bench_pingers = {}
+
+def _bench_ping(n):  # one message to each of n idle forked children, one back from each (made once)
+    from multiprocessing.connection import wait
+    if n not in _bench_pingers:
+        pipes = []
+        for _ in range(n):
+            parent, child = os.pipe(), os.pipe()  # kernel -> child, child -> kernel
+            pid = os.fork()
+            if pid == 0:
+                while os.read(parent[0], 1) == b"j":
+                    os.write(child[1], b"o")
+                os._exit(0)
+            pipes.append((parent[1], child[0], pid))
+        _bench_pingers[n] = pipes
+    pipes = _bench_pingers[n]
+    for out, _, _ in pipes:
+        os.write(out, b"j")
+    left = {inp for _, inp, _ in pipes}
+    while left:
+        for fd in wait(list(left)):
+            os.read(fd, 1)
+            left.discard(fd)
 """
 
 CLUSTER_START = """
@@ -74,6 +101,13 @@ _bench_view.activate()  # registers %px / %%px for this view
 """
 
 CLUSTER_STOP = """
+for _bench_pipes in globals().get("_bench_pingers", {}).values():  # the ping rows' children leave
+    for _bench_out, _bench_in, _bench_pid in _bench_pipes:
+        os.write(_bench_out, b"q")
+        os.waitpid(_bench_pid, 0)
+        os.close(_bench_out)
+        os.close(_bench_in)
+globals().get("_bench_pingers", {}).clear()
 if globals().get("_bench_cluster") is not None:
     if _bench_rc is not None:
         _bench_rc.close()
@@ -217,6 +251,7 @@ class Bench:
         pairs = [
             ("%%spawn --world (text)", PX),
             ("%%spawn --world (widget)", PX),
+            (PING, PX),
             ("%%spawn fork", TORCH),
             ("%%spawn fork", BARE),
         ]
@@ -231,7 +266,7 @@ class Bench:
         return "\n".join(lines)
 
 
-ROWS = ("pass", "bare", "torch", "px", "fork", "forkserver", "spawn", "world")
+ROWS = ("pass", "ping", "bare", "torch", "px", "fork", "forkserver", "spawn", "world")
 
 
 def run_all(bench: Bench, kernel: Kernel, args: argparse.Namespace) -> None:
@@ -240,6 +275,8 @@ def run_all(bench: Bench, kernel: Kernel, args: argparse.Namespace) -> None:
     kernel.run(KERNEL_SETUP)
     if "pass" in rows:
         bench.measure(PASS, None, "pass")
+    for n in ns if "ping" in rows else []:
+        bench.measure(PING, n, f"_bench_ping({n})")
     for n in ns if "bare" in rows else []:
         bench.measure(BARE, n, f"_bench_bare_fork({n})")
     for n in ns if "torch" in rows else []:
