@@ -150,6 +150,11 @@ class SpawnMagics(Magics):
     cluster = Unicode(
         "", help="Run every %%spawn cell on this kernel variable's ipyparallel Client or Cluster ('' : this machine)."
     ).tag(config=True)
+    live_after = Float(
+        0.2,
+        help="Seconds a run goes on before its live view (and the toolbar's status) appears; a quicker run "
+        "shows only its result. 0: at once.",
+    ).tag(config=True)
     view = Unicode(
         "auto",
         help="How a run is shown: widget (live panes, frozen into a static view at the end), text "
@@ -273,7 +278,7 @@ class SpawnMagics(Magics):
             from .views._widget import WidgetView, widget_available
 
             if widget_available():
-                return WidgetView()
+                return WidgetView(live_after=self.live_after)
             if choice == "widget":
                 raise ValueError("--view widget: the widget's front end was not built (run `make lab` or `pip install .`)")
         return TextView()

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from bundle_reader import rank_outputs
 from kernel_harness import execute, strip_ansi
-from widget_harness import WIDGET_ID, create_subshell, delete_subshell, send_comm_msg, sort_out, spawn_widget
+from widget_harness import WIDGET_ID, create_subshell, delete_subshell, live_at_once, send_comm_msg, sort_out, spawn_widget
 
 from nbspawn.views._bundle import MIME, TAIL_LINES
 from nbspawn.views._widget import MAX_BYTES_PER_MESSAGE, widget_available
@@ -89,6 +89,7 @@ def test_widget_then_frozen_bundle(kernel):
 
 
 def test_auto_view_is_the_widget_in_a_kernel(kernel):
+    live_at_once(kernel)
     result = execute(kernel.client, "%config SpawnMagics.view = 'auto'", timeout=30)
     assert result.status == "ok"
     try:
@@ -298,9 +299,33 @@ def test_ranks_option_limits_what_is_shown(kernel):
 
 
 def test_widget_text_fallback_names_the_run(kernel):
+    live_at_once(kernel)
     result = execute(kernel.client, "%%spawn -n 2 --view widget\npass", timeout=120)
     shown = next(o for o in result.outputs if o["msg_type"] == "display_data")
     assert re.fullmatch(r"nbspawn run \S+: 2 ranks, \w+", shown["data"]["text/plain"])
+
+
+def test_a_quick_cell_shows_its_result_and_a_slower_one_its_live_view(kernel):
+    """By default (SpawnMagics.live_after = 0.2) a run that ends sooner shows only its frozen view: no
+    widget, no toolbar status that would flash and cost more than the cell; one that goes on longer
+    gets both, and its frozen view replaces the live one."""
+    assert execute(kernel.client, "%config SpawnMagics.live_after = 0.2", timeout=30).status == "ok"
+    try:
+        quick = execute(kernel.client, "%%spawn -n 2 --view widget\nprint('hi')", timeout=120)
+        assert quick.status == "ok", quick.error_text
+        kinds = [(o["msg_type"], o.get("target_name")) for o in quick.outputs]
+        assert ("comm_open", "jupyter.widget") not in kinds and ("comm_open", "nbspawn.status") not in kinds
+        shown = [o for o in quick.outputs if o["msg_type"] == "display_data"]
+        assert len(shown) == 1 and MIME in shown[0]["data"]
+        assert rank_outputs(shown[0]["data"]["text/html"])[1].lines == [("stdout", "hi\n")]
+
+        slow = execute(kernel.client, "%%spawn -n 2 --view widget\nimport time\nprint('hi')\ntime.sleep(0.6)", timeout=120)
+        assert slow.status == "ok", slow.error_text
+        run = sort_out(slow.outputs)
+        assert run.frozen is not None and run.status and run.status[0]["status"] == "running" and run.status_closed
+        assert rank_outputs(run.frozen["text/html"])[1].lines == [("stdout", "hi\n")]
+    finally:
+        live_at_once(kernel)
 
 
 # -- pieces, without a kernel ----------------------------------------------------------------------

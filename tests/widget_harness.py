@@ -91,8 +91,19 @@ def sort_out(outputs: list[dict[str, Any]]) -> WidgetRun:
     return run
 
 
+LIVE_AT_ONCE = "%config SpawnMagics.live_after = 0"
+
+
+def live_at_once(kernel) -> None:
+    """Quick cells get their live widget too (by default a run shorter than 0.2 s shows only its
+    frozen view): what these tests look at is the widget's messages."""
+    assert execute(kernel.client, LIVE_AT_ONCE, timeout=30).status == "ok"
+
+
 def spawn_widget(kernel, body: str, options: str = "-n 4", timeout: float = 120) -> tuple[ExecResult, WidgetRun]:
-    """Run `body` in a `%%spawn {options} --view widget` cell: its result and its messages sorted out."""
+    """Run `body` in a `%%spawn {options} --view widget` cell, its live widget shown at once: its
+    result and its messages sorted out."""
+    live_at_once(kernel)
     result = execute(kernel.client, f"%%spawn {options} --view widget\n{body}", timeout=timeout)
     return result, sort_out(result.outputs)
 

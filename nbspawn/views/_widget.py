@@ -40,6 +40,10 @@ from ._tail import OutputTail
 
 STATIC = Path(__file__).parents[1] / "_static"  # built by npm into the package's root
 FLUSH_SECONDS = 0.1  # at most 10 output messages a second
+# A run that ends sooner than this shows only its frozen view: a live widget that would flash for a
+# quick cell (a kept world's cell takes ~5 ms) costs more than the cell, and shows nothing live
+# (as tqdm's ``delay``). SpawnMagics.live_after sets it.
+LIVE_AFTER = 0.2
 MAX_BYTES_PER_MESSAGE = 64 * 1024  # the chunks' JSON in one output message
 MAX_REPLAY_BYTES = 1024 * 1024  # the tails' JSON in one replay message
 READ_BUDGET = 32 * 1024  # bytes of each text stream of each rank read per poll; the rest is skipped
@@ -75,7 +79,8 @@ class WidgetView(RunView):
     rich = True
     read_budget: int | None = READ_BUDGET  # RunView's type: a view may read everything (None)
 
-    def __init__(self) -> None:
+    def __init__(self, live_after: float = LIVE_AFTER) -> None:
+        self.live_after = live_after
         self.tails: dict[int, OutputTail] = {}
         self.pending: list[list[Any]] = []  # [rank, stream, text], in arrival order
         self.pending_chars: dict[int, int] = {}
@@ -88,7 +93,7 @@ class WidgetView(RunView):
         self.widget: anywidget.AnyWidget | None = None
         self.handle: Any = None
         self.shown: frozenset[int] | None = None
-        self.status = StatusComm()
+        self.status = StatusComm(open_after=live_after)
         self.broken = False
         # set by the browser, possibly from another thread
         self._lock = threading.Lock()
@@ -100,10 +105,19 @@ class WidgetView(RunView):
     # -- RunView ----------------------------------------------------------------------------------
 
     def started(self, run: Run) -> None:
-        from IPython.display import display
-
         self.shown = run.spec.shown_ranks
         self.tails = {state.rank: OutputTail() for state in run.ranks}
+        self.last_flush = time.monotonic()
+        self.status.open(run)
+        if not run.background:  # a background run leaves the kernel free, and says so
+            self._busy.enter_context(kept_busy())
+        if run.background or self.live_after <= 0:  # a background run's thread could not say which cell it is in
+            self._show(run)
+
+    def _show(self, run: Run) -> None:
+        """The live widget, displayed where the run's output goes (its pending output follows)."""
+        from IPython.display import display
+
         self.dirty = False
         self.widget = _widget_class()(**self._state(run))  # in comm_open: the view has it from the start
         self.widget.on_msg(self._on_message)
@@ -122,10 +136,6 @@ class WidgetView(RunView):
             "log_dir": run.run_dir,
         }
         self.handle = display(bundle, raw=True, display_id=display_id)
-        self.last_flush = time.monotonic()
-        self.status.open(run)
-        if not run.background:  # a background run leaves the kernel free, and says so
-            self._busy.enter_context(kept_busy())
 
     def output(self, rank: int, stream: str, text: str) -> None:
         if self.shown is not None and rank not in self.shown:
@@ -153,6 +163,12 @@ class WidgetView(RunView):
         self.dirty = True
 
     def tick(self, run: Run) -> None:
+        if self.widget is None and not self.broken and time.time() - run.started_at >= self.live_after:
+            try:
+                self._show(run)
+            except Exception as err:  # a broken live view must not break the run: the logs have it all
+                self.broken = True
+                log.warning("nbspawn: live view not shown: %s", err)
         if time.monotonic() - self.last_flush >= FLUSH_SECONDS:
             self._flush(run)
 
@@ -164,11 +180,15 @@ class WidgetView(RunView):
         self._flush(run)
         self.status.close(run)
         frozen = FrozenRun(run, self.tails)
-        if self.handle is not None:
-            try:
+        try:
+            if self.handle is not None:
                 self.handle.update(frozen)
-            except Exception as err:  # the frozen view must not hide the run's own error
-                log.warning("nbspawn: could not replace the live view: %s", err)
+            else:  # a quick run: its frozen view is all it shows
+                from IPython.display import display
+
+                display(frozen)
+        except Exception as err:  # the frozen view must not hide the run's own error
+            log.warning("nbspawn: could not show the frozen view: %s", err)
         if self.widget is not None:
             layout = getattr(self.widget, "layout", None)  # ipywidgets made one; it goes too
             self.widget.close()
