@@ -196,7 +196,10 @@ class _Supervisor:
             budget = min(budget, STOPPING_READ_BUDGET)  # ending: only the newest lines, and fast
         events = self.executor.read_output(self.run, final, budget)
         items = self.run.display_items
+        shown = self.spec.shown_ranks  # --ranks: the one place the others' output is left out
         for event in events:
+            if shown is not None and event.rank not in shown:
+                continue
             if event.kind == "display":
                 for item in items.convert(event.rank, event.value):
                     view.display(event.rank, item)

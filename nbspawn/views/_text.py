@@ -206,7 +206,6 @@ class TextView(RunView):
         self._dirty = False  # a bar changed since the footer was drawn
         self._footer = 0  # footer lines on the terminal now
         self._drawn_at = 0.0
-        self._shown: frozenset[int] | None = None
         self._prefix_width = len("[rank0]:")
         self._status = StatusComm()  # the labextension's toolbar item; a no-op outside a kernel
 
@@ -220,15 +219,12 @@ class TextView(RunView):
     # -- the view protocol (nbspawn.executors._supervisor.RunView) --------------------------------------------
 
     def started(self, run: Run) -> None:
-        self._shown = run.spec.shown_ranks
         self._prefix_width = len(f"[rank{max(run.nprocs - 1, 0)}]:")
         choice = self._live_choice
         self._live = _isatty(self._stream("stderr")) if choice is None else choice
         self._status.open(run)
 
     def output(self, rank: int, stream: str, text: str) -> None:
-        if self._shown is not None and rank not in self._shown:
-            return
         key = (rank, stream)
         pending = self._pending.get(key, "") + text
         *lines, pending = pending.split("\n")
@@ -248,8 +244,6 @@ class TextView(RunView):
 
     def display(self, rank: int, item: dict) -> None:
         """A rank's display item, in text: a line (or lines) of stdout; an updated one is a bar."""
-        if self._shown is not None and rank not in self._shown:
-            return
         kind = item.get("kind")
         if kind not in ("data", "update"):
             return  # clear_output() has nothing to clear in text

@@ -92,7 +92,6 @@ class WidgetView(RunView):
         self.dirty = True
         self.widget: anywidget.AnyWidget | None = None
         self.handle: Any = None
-        self.shown: frozenset[int] | None = None
         self.status = StatusComm(open_after=live_after)
         self.broken = False
         # set by the browser, possibly from another thread
@@ -105,7 +104,6 @@ class WidgetView(RunView):
     # -- RunView ----------------------------------------------------------------------------------
 
     def started(self, run: Run) -> None:
-        self.shown = run.spec.shown_ranks
         self.tails = {state.rank: OutputTail() for state in run.ranks}
         self.last_flush = time.monotonic()
         self.status.open(run)
@@ -138,8 +136,6 @@ class WidgetView(RunView):
         self.handle = display(bundle, raw=True, display_id=display_id)
 
     def output(self, rank: int, stream: str, text: str) -> None:
-        if self.shown is not None and rank not in self.shown:
-            return
         self.tails[rank].add(stream, text)
         self.pending.append([rank, stream, text])
         self.pending_chars[rank] = self.pending_chars.get(rank, 0) + len(text)
@@ -148,14 +144,10 @@ class WidgetView(RunView):
             self._cut_pending({rank: 2 * MAX_BYTES_PER_MESSAGE})
 
     def display(self, rank: int, item: dict) -> None:
-        if self.shown is not None and rank not in self.shown:
-            return
         self.tails[rank].display(item)
         self.pending.append([rank, "display", item])
 
     def skipped(self, rank: int, lines: int) -> None:
-        if self.shown is not None and rank not in self.shown:
-            return
         self.tails[rank].skipped(lines)
         self.elided[rank] = self.elided.get(rank, 0) + lines
 
