@@ -93,6 +93,8 @@ export interface IRunRecord {
   run_id: string;
   nprocs: number;
   start_method: string;
+  /** A program's run: its command line (its start method and backend are the program's own). */
+  program: string | null;
   backend: string;
   /** Where the logs are; a cluster run's node directories, `host:path; host:path`. */
   log_dir: string;
@@ -238,6 +240,7 @@ export function parseBundle(data: unknown): IRunBundle {
     world_cell: num(d.world_cell),
     nprocs: num(d.nprocs) ?? ranks.length,
     start_method: str(d.start_method),
+    program: strOrNull(d.program),
     backend: str(d.backend),
     log_dir: str(d.log_dir),
     started_at: num(d.started_at),

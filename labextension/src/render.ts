@@ -261,8 +261,12 @@ export function buildHeader(run: IRunBundle, extras: IHeaderExtras = {}): HTMLEl
   if (run.world) {
     addMeta('world', run.world_cell ? `${run.world} · cell ${run.world_cell}` : run.world, 'nbs-mod-mono');
   }
-  addMeta('start', run.start_method);
-  addMeta('backend', run.backend);
+  if (run.program) {
+    addMeta('program', run.program, 'nbs-mod-mono');
+  } else {
+    addMeta('start', run.start_method);
+    addMeta('backend', run.backend);
+  }
   for (const node of extras.meta ?? []) {
     meta.appendChild(node);
   }

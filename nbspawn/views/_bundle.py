@@ -94,6 +94,7 @@ def run_record(run: Run, elided: dict[int, int] | None = None) -> RunRecord:
         "run_id": run.run_id,
         "nprocs": run.nprocs,
         "start_method": run.spec.start_method,
+        "program": str(run.spec.program) if run.spec.program is not None else None,
         "backend": run.spec.backend,
         # a cluster run: where each node keeps its ranks' logs (the kernel's directory has only copies of their errors)
         "log_dir": "; ".join(dict.fromkeys(run.node_log_dirs().values())) or run.run_dir,
@@ -333,7 +334,11 @@ def to_html(record: RunRecord, outputs: dict[int, list[Entry]]) -> str:
     parts = [
         f'<div class="nbspawn-run" data-nbspawn="{VERSION}" style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">',
         f"<div><b>nbspawn</b> run <code>{e(record['run_id'])}</code> &middot; {record['nprocs']} ranks &middot; "
-        f"{e(record['start_method'])} &middot; backend {e(record['backend'])} &middot; "
+        + (
+            f"program <code>{e(record['program'])}</code> &middot; "
+            if record["program"]
+            else f"{e(record['start_method'])} &middot; backend {e(record['backend'])} &middot; "
+        )
         + (f"world <code>{e(record['world'] or '')}</code>, cell {record['world_cell']} &middot; " if record["world"] else "")
         + f"<b>{e(_status_label(record))}</b>"
         f"{took} &middot; logs <code>{e(record['log_dir'])}</code></div>",
@@ -383,7 +388,7 @@ def to_text(record: RunRecord) -> str:
     took = f" in {record['duration']:.2f} s" if record["duration"] is not None else ""
     lines = [
         f"nbspawn run {record['run_id']}: {_status_label(record)}{took}, {record['nprocs']} ranks "
-        f"({record['start_method']}); logs: {record['log_dir']}"
+        f"({record['program'] or record['start_method']}); logs: {record['log_dir']}"
     ]
     if record["error"]:
         lines.append(record["error"]["summary"])

@@ -42,6 +42,7 @@ class RunHeader(TypedDict):
     run_id: str
     nprocs: int
     start_method: str
+    program: str | None  # a program's run: its command line (start method and backend are the program's own)
     backend: str
     log_dir: str
     started_at: float
