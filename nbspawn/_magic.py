@@ -329,7 +329,7 @@ def _stop(names: list[str]) -> list[str]:
     chosen = [runs[n] for n in names if n in runs] if names else [r for r in runs.values() if not r.done]
     stopped = _world.stop(worlds or None) if worlds or not names else []
     for run in chosen:
-        run.stop()
+        run.stop(by="%spawn stop")
     for run in chosen:
         run._done.wait()
         stopped.append(run.run_id)

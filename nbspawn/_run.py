@@ -98,7 +98,7 @@ class Run:
 
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
-    _stop_requested: bool = field(default=False, repr=False)
+    _stop_requested: str | None = field(default=None, repr=False)  # who asked: "run.stop()", "%spawn stop"
     _on_wait: list[Callable[[Run], None]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -123,9 +123,9 @@ class Run:
         self.raise_for_status()
         return True
 
-    def stop(self) -> None:
+    def stop(self, by: str = "run.stop()") -> None:
         """Stop every rank, as the view's Stop button does; returns at once (``wait()`` to join)."""
-        self._stop_requested = True
+        self._stop_requested = by
 
     @property
     def run_id(self) -> str:

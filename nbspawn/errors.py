@@ -129,6 +129,9 @@ def _logs_lines(facts: RunFacts | None, color: bool) -> list[str]:
     if facts.world_lost:
         note = f"The world {facts.world!r} was lost: {facts.world_lost}; the next cell that names it starts a new one."
         lines.append(f"{_RED}{note}{_RESET}" if color else note)
+    elif facts.world:
+        note = f"World {facts.world!r} is intact: its ranks are back at the prompt, with the names they had."
+        lines.append(f"{_GREEN}{note}{_RESET}" if color else note)
     line = f"Logs: {facts.run_dir}/<rank>/{{{STDOUT},{STDERR},{ERROR}}}"
     nodes = facts.node_log_dirs
     if nodes:  # a cluster run: each node keeps its own ranks' logs

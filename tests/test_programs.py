@@ -202,6 +202,7 @@ def test_stop_a_background_run(kernel, scripts):
     again = ok(kernel, "again = %spawn --bg -n 1 -- sh -c 'sleep 300'\n%spawn stop " + "{again.run_id}")
     assert "stopped" in again.stdout
     assert ok(kernel, "print(again.done, again.status)").stdout.split() == ["True", "stopped"]
+    assert ok(kernel, "print(again.error.stopped_by)").stdout.strip() == "%spawn stop"  # said as it was asked
 
 
 def test_what_a_rank_started_dies_with_a_sigkilled_kernel(fresh_kernel, tmp_path):

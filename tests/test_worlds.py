@@ -73,6 +73,7 @@ def test_a_failed_cell_interrupts_the_others_and_the_world_survives(kernel, worl
     assert "ranks 0,2 were stopped the same way: KeyboardInterrupt" in text, text
     assert "time.sleep(30)" in text  # where the stopped ranks were
     assert "was lost" not in text
+    assert f"World {world!r} is intact: its ranks are back at the prompt" in text  # its fate, said either way
     after = ok(kernel, f"%%spawn --world {world}\nprint('pid', os.getpid(), model)")
     assert pids_of(after, 3) == pids_of(first, 3)
     assert all(rank_lines(after.stdout, r)[0].endswith("loaded") for r in range(3))

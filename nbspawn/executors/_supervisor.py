@@ -181,7 +181,7 @@ class _Supervisor:
             self.stopped_by = request
             self._begin_stop("peer")
         elif request or self.run._stop_requested:
-            self.stopped_by = "run.stop()" if self.run._stop_requested else "Stop button"
+            self.stopped_by = self.run._stop_requested or "Stop button"
             self._begin_stop("stop")
 
     def _error_time(self, waitable: Any) -> float:
