@@ -103,7 +103,7 @@ Forms:
 {FORMS}
 
 Defaults are configurable, e.g. %config SpawnMagics.nprocs = 8 (also start_method, backend,
-timeout, grace_period, log_dir, view, world, cluster, max_saved_kb, max_image_kb).
+timeout, grace_period, log_dir, view, live_after, world, cluster, max_saved_kb, max_image_kb).
 """
 
 
