@@ -39,7 +39,9 @@ FORMS = """\
                                         python train.py ARGS, -m module ARGS, python -c CODE, or any executable
   %spawn status                         kept worlds and background runs: name or run id, ranks, state, pids, logs
   %spawn stop [NAME|RUN-ID ...]         stop these kept worlds and background runs (all of them if none is named);
-                                        only their logs remain"""
+                                        only their logs remain
+  %spawn where [NAME|RUN-ID ...]        where every rank of these background runs and kept worlds is right now
+                                        (all of them if none is named): ranks at the same line grouped"""
 
 _ARGPARSE: dict[str, dict[str, Any]] = {"env": {"nargs": "+", "action": "extend"}}
 _GROUP_TITLES = {"common": "options for cells and programs", "cell": "options for cells only", "magic": "how the run is shown"}
@@ -182,6 +184,12 @@ class SpawnMagics(Magics):
         if words[:1] == ["status"] and len(words) == 1:
             print(_status_table())
             return None
+        if words[:1] == ["where"]:
+            try:
+                print(_where(words[1:]))
+            except SpawnUsageError as err:
+                raise UsageError(str(err)) from None
+            return None
         if words[:1] == ["stop"]:
             try:
                 stopped = _stop(words[1:])
@@ -284,11 +292,27 @@ class SpawnMagics(Magics):
         return TextView()
 
     def _cell_number(self) -> int:
-        """The ``In[N]`` of the running cell: the last one IPython compiled (IPython 9 has already
-        advanced ``execution_count`` by the time a magic runs; IPython 8 has not)."""
+        """The ``In[N]`` of the running cell, the number IPython's own tracebacks give it.
+
+        IPython caches each cell under a file name (``shell.compile._filename_map``: name -> number)
+        just before running it, and ipykernel names that file by a hash of the source alone, so a
+        re-run cell keeps its name (and its place in the map) and only its number changes.  The
+        running cell is the outermost frame on this stack whose file is a cached cell: the magic is
+        called from that cell's code.  ``execution_count`` cannot say it: IPython 9 advances it
+        before the cell runs when the cell is stored in history, and not otherwise.
+        """
         shell = self.shell
         assert shell is not None  # a magic runs in a shell
         cells = _cell_files(shell)
+        number = None
+        frame = sys._getframe(1)
+        while frame is not None:
+            found = cells.get(frame.f_code.co_filename)
+            if found is not None:
+                number = found  # keep going: a function from an earlier cell may have called the magic
+            frame = frame.f_back
+        if number is not None:
+            return number
         return next(reversed(cells.values())) if cells else shell.execution_count
 
 
@@ -334,6 +358,36 @@ def _stop(names: list[str]) -> list[str]:
         run._done.wait()
         stopped.append(run.run_id)
     return stopped
+
+
+def _where(names: list[str]) -> str:
+    """Every rank's stack now, of these background runs and worlds (all running ones if none is named)."""
+    from ._rankdir import RankDir
+    from .executors import _world
+    from .executors._registry import background_runs
+    from .executors._where import RankToAsk, describe, rank_stacks
+
+    runs, worlds = background_runs(), _world.worlds()
+    unknown = [n for n in names if n not in runs and n not in worlds]
+    if unknown:
+        known = ", ".join([*worlds, *(r for r, run in runs.items() if not run.done)]) or "none"
+        raise SpawnUsageError(f"no background run or kept world named {unknown[0]!r} (running: {known})")
+    chosen_runs = [runs[n] for n in names if n in runs] if names else [r for r in runs.values() if not r.done]
+    chosen_worlds = [worlds[n] for n in names if n in worlds] if names else list(worlds.values())
+    parts = []
+    for run in chosen_runs:
+        if run.done:
+            parts.append(f"run {run.run_id}: {run.status}, nothing runs (its logs: {run.run_dir})")
+            continue
+        asked = [RankToAsk(s.rank, s.pid, s.stacks_path, s.node) for s in run.ranks if s.status == "running"]
+        elapsed = time.time() - run.started_at
+        text = describe(asked, rank_stacks(asked), run.spec.cell, run.spec.program, run.spec.cell_numbers)
+        parts.append(f"run {run.run_id} (background, {elapsed:.0f} s):\n{text or '  (no rank is running)'}")
+    for world in chosen_worlds:
+        asked = [RankToAsk(r, pid, RankDir(world.spec.rank_dir(r)).stacks) for r, pid in enumerate(world.pids)]
+        text = describe(asked, rank_stacks(asked), None, idle="idle: waiting for the next cell")
+        parts.append(f"world {world.name!r} ({world.state}, {world.cells} cells):\n{text}")
+    return "\n\n".join(parts) or "nothing is running in the background, and there is no kept world"
 
 
 def _status_table() -> str:

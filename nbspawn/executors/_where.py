@@ -1,0 +1,128 @@
+"""Where is every rank right now: ``%spawn where [RUN-ID|WORLD]``.
+
+Each rank installed faulthandler at its start (``ranks._cell``, ``ranks._world``, ``ranks/_program.py``)
+for SIGUSR1: the dump is written by the signal handler itself, in C, so a rank blocked in C — a
+collective, with the GIL released or not — still gives its stack.  Asking is: note how long each
+rank's ``stacks.log`` is, signal the rank (its pid only, never its group: a DataLoader worker has no
+handler and would die of it), wait until every file stops growing, read what was appended.
+
+The main thread's frames are cut below the cell and written in its own lines (``Cell In[5], line 6``);
+ranks at the same place are grouped, one line each: ``ranks 0,1,3: Cell In[5], line 6: dist.barrier()``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from .._program import Program
+from .._source import STILL_STARTING, CellSource, main_thread_stack, program_stack, rewrite_notebook_frames
+from ..errors import rank_spans
+
+ANSWER_WAIT = 2.0  # seconds for every rank's dump to arrive
+SETTLED = 0.05  # a dump that has not grown for this long is whole
+
+
+@dataclass(frozen=True)
+class RankToAsk:
+    rank: int
+    pid: int | None
+    stacks_path: str  # where its faulthandler writes (it exists once the handler is installed)
+    node: str | None = None
+
+
+def rank_stacks(ranks: list[RankToAsk]) -> dict[int, str | None]:
+    """Each rank's new dump (None: it could not be asked: not started, gone, or no handler yet)."""
+    sizes: dict[int, int] = {}
+    for asked in ranks:
+        if asked.pid is None or not os.path.exists(asked.stacks_path):
+            continue  # still starting: SIGUSR1 would kill it
+        try:
+            sizes[asked.rank] = os.path.getsize(asked.stacks_path)
+            os.kill(asked.pid, signal.SIGUSR1)
+        except (ProcessLookupError, PermissionError, OSError):
+            sizes.pop(asked.rank, None)
+    paths = {asked.rank: asked.stacks_path for asked in ranks}
+    grown: dict[int, tuple[int, float]] = {}
+    until = time.monotonic() + ANSWER_WAIT
+    while time.monotonic() < until:
+        now = time.monotonic()
+        for rank, before in sizes.items():
+            size = _size(paths[rank])
+            if size > before and grown.get(rank, (0, 0.0))[0] != size:
+                grown[rank] = (size, now)
+        if len(grown) == len(sizes) and all(now - at >= SETTLED for _size_, at in grown.values()):
+            break
+        time.sleep(0.01)
+    found: dict[int, str | None] = {asked.rank: None for asked in ranks}
+    for rank, before in sizes.items():
+        if rank in grown:
+            with open(paths[rank], "rb") as fh:
+                fh.seek(before)
+                found[rank] = fh.read().decode("utf-8", "replace")
+    return found
+
+
+def describe(
+    ranks: list[RankToAsk],
+    dumps: dict[int, str | None],
+    cell: CellSource | None,
+    program: Program | None = None,
+    cell_numbers: dict[str, int] | None = None,
+    idle: str = "",
+) -> str:
+    """Ranks at the same place grouped, each group's place on one line, then its stack.
+
+    ``idle``: what a rank whose main thread is in no cell is doing (a kept world between cells)."""
+    where: dict[str, list[int]] = {}
+    for asked in ranks:
+        dump = dumps.get(asked.rank)
+        if dump is None:
+            stack = "  (no answer: it is not running, or not yet listening)"
+        elif program is not None:
+            stack = program_stack(dump) or "  (no Python frames)"
+        else:
+            stack = main_thread_stack(dump, cell or CellSource(""))
+            if stack == STILL_STARTING or not stack:
+                stack = f"  ({idle})" if idle else STILL_STARTING
+        stack = rewrite_notebook_frames(stack, cell_numbers or {})
+        where.setdefault(stack, []).append(asked.rank)
+    lines = []
+    for stack, members in sorted(where.items(), key=lambda item: item[1][0]):
+        head = f"rank {members[0]}" if len(members) == 1 else f"ranks {rank_spans(sorted(members))}"
+        headline = _innermost(stack)
+        lines.append(f"{head}: {headline}")
+        if stack.strip().strip("()") != headline:
+            lines.extend(stack.splitlines())
+    return "\n".join(lines)
+
+
+def _innermost(stack: str) -> str:
+    """Where the user's code is, in one line: its innermost cell frame and source line, and the library
+    call it is in: ``Cell In[5], line 6: dist.barrier()  (in barrier, distributed_c10d.py)``."""
+    rows = [row.strip() for row in stack.splitlines() if row.strip()]
+    if not rows:
+        return "?"
+    if rows[-1].startswith("("):
+        return rows[-1].strip("()")
+    frames = [i for i, row in enumerate(rows) if row.startswith(("File ", "Cell "))]
+    ours = [i for i in frames if rows[i].startswith("Cell ")]
+    at = ours[-1] if ours else frames[-1] if frames else len(rows) - 1
+    source = rows[at + 1] if at + 1 < len(rows) and at + 1 not in frames else ""
+    place = f"{rows[at]}: {source}" if source else rows[at]
+    deeper = [rows[i] for i in frames if i > at]
+    if deeper:  # faulthandler's form: File "/.../distributed_c10d.py", line 5356 in barrier
+        last = deeper[-1]
+        name = last.rsplit(" in ", 1)[-1] if " in " in last else ""
+        file = last.split('"')[1].rsplit("/", 1)[-1] if '"' in last else ""
+        place += f"  (in {name}, {file})" if name and file else ""
+    return place
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
