@@ -139,6 +139,14 @@ def _logs_lines(facts: RunFacts | None, color: bool) -> list[str]:
     return [*lines, f"{_DIM}{line}{_RESET}" if color else line]
 
 
+def _verdict(verdict: str | None, color: bool) -> list[str]:
+    """The one line that says why a stopped run was stuck, right under the error's head."""
+    if not verdict:
+        return []
+    line = f"Hang: {verdict}"
+    return [f"{_BOLD}{line}{_RESET}" if color else line]
+
+
 class SpawnError(Exception):
     """A ``%%spawn`` run that did not succeed; ``.run`` has every rank's state and log paths."""
 
@@ -223,15 +231,23 @@ class RankExitedError(_RootCause, ProcessExitedException):
 class SpawnTimeoutError(SpawnError, TimeoutError):
     """``--timeout`` expired; each rank still running says where it was."""
 
-    def __init__(self, seconds: float, failures: list[RankFailure], run: Any = None, facts: RunFacts | None = None) -> None:
+    def __init__(
+        self,
+        seconds: float,
+        failures: list[RankFailure],
+        run: Any = None,
+        facts: RunFacts | None = None,
+        verdict: str | None = None,
+    ) -> None:
         self.seconds = seconds
         self.failures = failures
         self.run, self.facts = run, facts
+        self.verdict = verdict  # why the ranks were stuck, when their places say it (a hang)
 
     def _report(self, color: bool) -> list[str]:
         running = [f for f in self.failures if f.stopped]
         head = f"SpawnTimeoutError: the run timed out after {self.seconds:g} s with {len(running)} rank(s) still running"
-        lines = [f"{_RED}{_BOLD}{head}{_RESET}" if color else head]
+        lines = [f"{_RED}{_BOLD}{head}{_RESET}" if color else head, *_verdict(self.verdict, color)]
         return lines + _describe(self.failures) + self._logs_line(color)
 
 
@@ -244,10 +260,16 @@ class SpawnInterrupted(KeyboardInterrupt):
     """
 
     def __init__(
-        self, failures: list[RankFailure], run: Any = None, stopped_by: str | None = None, facts: RunFacts | None = None
+        self,
+        failures: list[RankFailure],
+        run: Any = None,
+        stopped_by: str | None = None,
+        facts: RunFacts | None = None,
+        verdict: str | None = None,
     ) -> None:
         self.failures = failures
         self.run, self.facts = run, facts
+        self.verdict = verdict
         self._stopped_by = stopped_by
         how = self.stopped_by
         super().__init__(f"the run was stopped ({how})" if how else "the run was interrupted")
@@ -270,7 +292,7 @@ class SpawnInterrupted(KeyboardInterrupt):
             head = f"SpawnInterrupted: the run was stopped ({self.stopped_by}); the ranks were stopped"
         else:
             head = "KeyboardInterrupt: %%spawn was interrupted; the ranks were stopped"
-        lines = [f"{_RED}{_BOLD}{head}{_RESET}" if color else head]
+        lines = [f"{_RED}{_BOLD}{head}{_RESET}" if color else head, *_verdict(self.verdict, color)]
         return lines + _describe(self.failures) + self._logs_line(color)
 
     def _render_traceback_(self) -> list[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import time
 
-from kernel_harness import ok, run
+from kernel_harness import interrupt_later, ok, run
 
 HANG = (
     "%%spawn --bg -n 4 --backend gloo\n"
@@ -64,3 +64,64 @@ def test_where_names_what_it_does_not_know(kernel):
     assert result.status == "error" and result.error.ename == "UsageError"
     assert "no background run or kept world named 'nosuch'" in result.error.evalue
     assert ok(kernel, "%spawn where").stdout.strip().startswith(("nothing is running", "run ", "world "))
+
+
+# -- the hang verdict: why a stopped run was stuck, in one line ----------------------------------------
+
+VERDICT = re.compile(
+    r"^Hang: rank 2 never entered barrier \(it is at Cell In\[\d+\], line 6: time\.sleep\(300\)\); "
+    r"ranks 0-1,3 waited in it at Cell In\[\d+\], line 4: dist\.barrier\(\)$",
+    re.M,
+)
+
+
+def test_a_timeout_says_which_rank_never_entered_the_barrier(kernel):
+    result = run(kernel, HANG.replace("--bg ", "--timeout 4 "))
+    assert result.status == "error" and result.error.ename == "SpawnTimeoutError"
+    text = result.error.traceback_text
+    assert VERDICT.search(text), text
+    lines = text.splitlines()
+    assert lines[1].startswith("Hang: ")  # first, before the detail
+    assert "ranks 0-1,3 were stopped the same way" in text  # one group: they were all in the barrier
+    assert "Connection closed" not in text and "GLHF" not in text
+
+
+def test_an_interrupt_and_a_stop_give_the_verdict_too(fresh_kernel):
+    ok(fresh_kernel, "import nbspawn")
+    thread = interrupt_later(fresh_kernel, fresh_kernel.pid, 4)
+    result = run(fresh_kernel, HANG.replace("--bg ", ""))
+    thread.join()
+    assert result.status == "error" and result.error.ename == "SpawnInterrupted", result.error_text
+    text = result.error.traceback_text
+    assert VERDICT.search(text), text
+    # the barrier ranks are stopped where they were, not as the interrupt unwound them in torch's logging
+    assert "ranks 0-1,3 were stopped the same way: KeyboardInterrupt" in text and "c10d_logger" in text
+    assert "Connection closed" not in text and "_get_msg_dict" not in text
+
+    ok(fresh_kernel, HANG)
+    ok(fresh_kernel, "hung = nbspawn.last_run()")
+    wait_for(fresh_kernel, "all(r.status == 'running' for r in hung.ranks)")
+    time.sleep(2)
+    ok(fresh_kernel, "hung.stop(); hung._done.wait(30)")
+    verdict = ok(fresh_kernel, "print(hung.status, hung.error.verdict)").stdout
+    assert verdict.startswith("stopped rank 2 never entered barrier"), verdict
+
+
+def test_ranks_in_different_collectives_are_named_as_such(kernel):
+    result = run(
+        kernel,
+        "%%spawn -n 2 --backend gloo --timeout 4\n"
+        "import torch, torch.distributed as dist\n"
+        "t = torch.ones(4)\n"
+        "if dist.get_rank() == 0:\n"
+        "    dist.all_reduce(t)\n"
+        "else:\n"
+        "    dist.broadcast(t, src=0)\n",
+    )
+    assert result.status == "error" and result.error.ename == "SpawnTimeoutError"
+    assert re.search(
+        r"^Hang: the ranks were in different collectives: rank 0 in all_reduce \(Cell In\[\d+\], line 5: "
+        r"dist\.all_reduce\(t\)\); rank 1 in broadcast \(Cell In\[\d+\], line 7: dist\.broadcast\(t, src=0\)\)$",
+        result.error.traceback_text,
+        re.M,
+    ), result.error.traceback_text

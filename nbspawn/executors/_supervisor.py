@@ -44,6 +44,7 @@ from ..views._protocol import RunView
 from . import _registry
 from ._base import Executor
 from ._procs import interrupts_deferred, signal_group
+from ._where import RankToAsk, hang_verdict, rank_stacks
 
 # How often new output is looked for: soon after output arrived, then backing off while ranks are
 # quiet (up to the executor's poll_max), so a long silent run costs the kernel almost nothing.
@@ -133,6 +134,7 @@ class _Supervisor:
         self.stopped_by: str | None = None  # "Stop button" | "run.stop()" | why a node agent was told to stop
         self.remote = executor.remote
         self.interrupted_after_stop = False
+        self.seen_at_stop: dict[int, str] = {}  # where each rank was when the run was stopped
 
     # -- starting ---------------------------------------------------------------------------------
 
@@ -257,7 +259,12 @@ class _Supervisor:
             failure.traceback = traceback or None
         interrupted = failure.exc_type == "KeyboardInterrupt" or code == EXIT_INTERRUPTED
         failure.stopped = state.rank in self.signalled and (record is None or interrupted)
-        if (failure.stopped or failure.signal_name) and not failure.traceback:
+        seen = self.seen_at_stop.get(state.rank)
+        if failure.stopped and interrupted and seen and seen != STILL_STARTING:
+            # where it was, not how the interrupt unwound it (inside torch's logging, a peer's
+            # "Connection closed"): ranks stopped at the same place then read as one
+            failure.traceback, failure.stack = None, seen
+        if (failure.stopped or failure.signal_name) and not failure.traceback and not failure.stack:
             failure.stack = self._stack(state)  # no traceback of its own: say where it was
         if not failure.stopped and not failure.traceback and not failure.stack:
             tail = _last_lines(state.stderr_path, 10)  # a program's own last words
@@ -305,7 +312,21 @@ class _Supervisor:
             self._send(signal.SIGKILL)
             self.stage, self.escalate_at = "sigkill", float("inf")
 
+    def _look_before_stopping(self) -> None:
+        """Where each running rank is, asked before it is interrupted (an interrupt unwinds it, and
+        a rank in a collective then reports its peers' noise): what the hang verdict is made of."""
+        if self.remote:  # a node's agent looks at its own ranks
+            return
+        asked = [RankToAsk(r, self.pids[r], self.run.ranks[r].stacks_path) for r in sorted(set(self.alive.values()))]
+        for rank, dump in rank_stacks(asked, wait=STACK_DUMP_WAIT).items():
+            if dump:
+                stack = program_stack(dump) if self.spec.program is not None else main_thread_stack(dump, self.spec.cell)
+                if stack:
+                    self.seen_at_stop[rank] = stack
+
     def _begin_stop(self, reason: str) -> None:
+        if reason in ("interrupt", "stop", "timeout"):
+            self._look_before_stopping()
         self.stop_reason = reason
         # ranks that live on are interrupted first, so they can come back and the world survives
         if reason in ("interrupt", "stop") or (self.executor.keeps_ranks and self.lost is None):
@@ -378,12 +399,13 @@ class _Supervisor:
             assert root is not None  # the root cause is chosen once its failure is recorded
             kind = RankRaisedError if root.exc_type else RankExitedError
             return kind([root, *stopped], run, run.facts())
+        verdict = hang_verdict(self.seen_at_stop)
         if self.stop_reason == "timeout":
             run.status = "timeout"
-            return SpawnTimeoutError(self.spec.timeout or 0, stopped, run, run.facts())
+            return SpawnTimeoutError(self.spec.timeout or 0, stopped, run, run.facts(), verdict=verdict)
         # interrupt, Stop, or (a node agent's run) stopped for the kernel's reasons
         run.status = "interrupted" if self.stop_reason == "interrupt" else "stopped"
-        return SpawnInterrupted(stopped, run, stopped_by=self.stopped_by, facts=run.facts())
+        return SpawnInterrupted(stopped, run, stopped_by=self.stopped_by, facts=run.facts(), verdict=verdict)
 
 
 def _last_lines(path: str, count: int) -> str:

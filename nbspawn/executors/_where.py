@@ -33,7 +33,7 @@ class RankToAsk:
     node: str | None = None
 
 
-def rank_stacks(ranks: list[RankToAsk]) -> dict[int, str | None]:
+def rank_stacks(ranks: list[RankToAsk], wait: float = ANSWER_WAIT) -> dict[int, str | None]:
     """Each rank's new dump (None: it could not be asked: not started, gone, or no handler yet)."""
     sizes: dict[int, int] = {}
     for asked in ranks:
@@ -46,7 +46,7 @@ def rank_stacks(ranks: list[RankToAsk]) -> dict[int, str | None]:
             sizes.pop(asked.rank, None)
     paths = {asked.rank: asked.stacks_path for asked in ranks}
     grown: dict[int, tuple[int, float]] = {}
-    until = time.monotonic() + ANSWER_WAIT
+    until = time.monotonic() + wait
     while time.monotonic() < until:
         now = time.monotonic()
         for rank, before in sizes.items():
@@ -107,8 +107,8 @@ def _innermost(stack: str) -> str:
         return "?"
     if rows[-1].startswith("("):
         return rows[-1].strip("()")
-    frames = [i for i, row in enumerate(rows) if row.startswith(("File ", "Cell "))]
-    ours = [i for i in frames if rows[i].startswith("Cell ")]
+    frames = [i for i, row in enumerate(rows) if row.startswith(("File ", "Cell ", "Cell,"))]
+    ours = [i for i in frames if rows[i].startswith(("Cell ", "Cell,"))]
     at = ours[-1] if ours else frames[-1] if frames else len(rows) - 1
     source = rows[at + 1] if at + 1 < len(rows) and at + 1 not in frames else ""
     place = f"{rows[at]}: {source}" if source else rows[at]
@@ -126,3 +126,74 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
+
+
+# -- the verdict on a stopped run ---------------------------------------------------------------------
+
+_C10D = "torch/distributed/distributed_c10d.py"
+
+
+def _collective(stack: str) -> str | None:
+    """The torch.distributed call a rank is blocked in (its innermost frame in distributed_c10d.py)."""
+    name = None
+    for row in stack.splitlines():
+        if _C10D in row and " in " in row:
+            name = row.rsplit(" in ", 1)[-1].strip()
+    return name
+
+
+def _place(stack: str) -> str:
+    """The user's line: ``Cell In[5], line 6: time.sleep(300)`` (without the library call it is in)."""
+    return _innermost(stack).split("  (in ", 1)[0]
+
+
+def hang_verdict(stacks: dict[int, str]) -> str | None:
+    """One line saying why ranks that were stopped were stuck, from where each one was, or None.
+
+    ``stacks``: each rank's main-thread stack when it was stopped (``main_thread_stack``'s form).
+    Ranks blocked in a collective while others never entered it are the classic hang; ranks blocked
+    in different collectives are a mismatch.
+    """
+    waiting: dict[int, str] = {}
+    elsewhere: dict[int, str] = {}
+    for rank, stack in sorted(stacks.items()):
+        if not stack.strip() or stack == STILL_STARTING:
+            continue
+        op = _collective(stack)
+        if op is not None:
+            waiting[rank] = op
+        else:
+            elsewhere[rank] = _place(stack)
+    if not waiting:
+        return None
+    ops = sorted(set(waiting.values()))
+    if len(ops) > 1:
+        parts = []
+        for op in ops:
+            ranks = [r for r, o in waiting.items() if o == op]
+            first = ranks[0]
+            parts.append(f"{_ranks(ranks)} in {op} ({_place(stacks[first])})")
+        return "the ranks were in different collectives: " + "; ".join(parts)
+    op = ops[0]
+    if not elsewhere:
+        return None
+    groups = _by_place(elsewhere)
+    if len(groups) == 1:
+        where_they_are = f"{'it is' if len(elsewhere) == 1 else 'they are'} at {next(iter(groups))}"
+    else:
+        where_they_are = "; ".join(f"{_ranks(ranks)} at {place}" for place, ranks in groups.items())
+    return (
+        f"{_ranks(list(elsewhere))} never entered {op} ({where_they_are}); "
+        f"{_ranks(list(waiting))} waited in it at {_place(stacks[next(iter(waiting))])}"
+    )
+
+
+def _by_place(places: dict[int, str]) -> dict[str, list[int]]:
+    grouped: dict[str, list[int]] = {}
+    for rank, place in places.items():
+        grouped.setdefault(place, []).append(rank)
+    return grouped
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_spans(sorted(ranks))}"

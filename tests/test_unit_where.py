@@ -1,0 +1,61 @@
+"""The hang verdict and the grouping of ``%spawn where``, from stacks as faulthandler and the cell-line
+rewriting give them. No kernel, no processes."""
+
+from __future__ import annotations
+
+from nbspawn._source import STILL_STARTING
+from nbspawn.executors._where import RankToAsk, describe, hang_verdict
+
+BARRIER = (
+    "  Cell In[3], line 4\n      dist.barrier()\n"
+    '  File "/x/torch/distributed/c10d_logger.py", line 83 in wrapper\n'
+    '  File "/x/torch/distributed/distributed_c10d.py", line 5356 in barrier'
+)
+SLEEP = "  Cell In[3], line 6\n      time.sleep(300)"
+ALL_REDUCE = (
+    '  Cell In[3], line 8\n      dist.all_reduce(t)\n  File "/x/torch/distributed/distributed_c10d.py", line 3000 in all_reduce'
+)
+
+
+def test_a_rank_that_never_entered_the_collective():
+    assert hang_verdict({0: BARRIER, 1: BARRIER, 2: SLEEP, 3: BARRIER}) == (
+        "rank 2 never entered barrier (it is at Cell In[3], line 6: time.sleep(300)); "
+        "ranks 0-1,3 waited in it at Cell In[3], line 4: dist.barrier()"
+    )
+
+
+def test_ranks_elsewhere_in_several_places_are_each_named():
+    other = "  Cell In[3], line 9\n      load()"
+    verdict = hang_verdict({0: BARRIER, 1: SLEEP, 2: other, 3: SLEEP})
+    assert verdict is not None
+    assert verdict.startswith("ranks 1-3 never entered barrier (ranks 1,3 at Cell In[3], line 6: time.sleep(300); ")
+    assert "rank 2 at Cell In[3], line 9: load()" in verdict
+
+
+def test_different_collectives_are_a_mismatch():
+    assert hang_verdict({0: ALL_REDUCE, 1: BARRIER}) == (
+        "the ranks were in different collectives: rank 0 in all_reduce (Cell In[3], line 8: dist.all_reduce(t)); "
+        "rank 1 in barrier (Cell In[3], line 4: dist.barrier())"
+    )
+
+
+def test_no_verdict_when_the_places_say_nothing():
+    assert hang_verdict({0: BARRIER, 1: BARRIER}) is None  # all in it: stuck for another reason (a dead peer, slowness)
+    assert hang_verdict({0: SLEEP, 1: SLEEP}) is None  # no collective
+    assert hang_verdict({0: STILL_STARTING, 1: BARRIER}) is None  # a rank still starting is not evidence
+    assert hang_verdict({}) is None
+
+
+def test_where_groups_ranks_at_one_place_under_one_headline(tmp_path):
+    asked = [RankToAsk(r, None, str(tmp_path / f"{r}.log")) for r in range(4)]
+    dumps = {
+        0: 'Current thread 0x01 (most recent call first):\n  File "/x/torch/distributed/distributed_c10d.py", line 5356 in barrier\n'
+        '  File "<nbspawn-cell>", line 4 in <module>\n  File "/n/ranks/_cell.py", line 90 in execute_cell\n',
+        1: None,
+    }
+    dumps[2] = dumps[0]
+    dumps[3] = dumps[0]
+    text = describe(asked, dumps, None)
+    lines = text.splitlines()
+    assert lines[0] == "ranks 0,2-3: Cell, line 4  (in barrier, distributed_c10d.py)"
+    assert "rank 1: no answer: it is not running, or not yet listening" in text
