@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._launch import start
-from ._options import OPTIONS
+from ._options import OPTIONS, with_debug_collectives
 from ._request import RunRequest, Settings
 from ._run import Run
 from ._source import CellSource
@@ -48,6 +48,7 @@ def launch(
     cluster: Any = None,
     nodes: int | None = None,
     background: bool = False,
+    debug_collectives: bool = False,
     echo: bool = False,
     view: RunView | None = None,
     check: bool = True,
@@ -55,14 +56,15 @@ def launch(
     names = {} if namespace is None else namespace
     if cluster is not None and not isinstance(cluster, str):
         names, cluster = {**names, "<cluster>": cluster}, "<cluster>"
+    ranks_env = with_debug_collectives(env, debug_collectives)
     given = {
-        o for o, v in (("-n", nprocs), ("--start-method", start_method), ("--backend", backend), ("--env", env)) if v is not None
+        o for o, v in (("-n", nprocs), ("--start-method", start_method), ("--backend", backend), ("--env", ranks_env)) if v is not None
     }
     settings = Settings(
         nprocs="auto" if nprocs is None else nprocs,
         start_method=start_method,
         backend=backend,
-        env=tuple(env) if isinstance(env, list) else env,
+        env=ranks_env,
         timeout=timeout,
         grace_period=grace_period,
         log_dir=log_dir,

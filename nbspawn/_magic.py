@@ -22,7 +22,7 @@ from IPython.core.magic_arguments import argument, argument_group, magic_argumen
 from traitlets import Float, Int, Unicode, Union
 
 from ._launch import start
-from ._options import Option, options_in
+from ._options import Option, options_in, with_debug_collectives
 from ._request import RunRequest, Settings
 from ._run import Run
 from ._source import CellSource, CellSyntaxError
@@ -232,13 +232,14 @@ class SpawnMagics(Magics):
         """The cell's options, each falling back on its SpawnMagics default."""
         shell = self.shell
         assert shell is not None  # a magic runs in a shell
+        env = with_debug_collectives(args.env, args.debug_collectives)
         given = {
             o
             for o, v in (
                 ("-n", args.nprocs),
                 ("--start-method", args.start_method),
                 ("--backend", args.backend),
-                ("--env", args.env),
+                ("--env", env),
             )
             if v is not None
         }
@@ -246,7 +247,7 @@ class SpawnMagics(Magics):
             nprocs=self.nprocs if args.nprocs is None else args.nprocs,
             start_method=args.start_method or (None if program is not None else self.start_method),
             backend=args.backend or (None if program is not None else self.backend),
-            env=tuple(args.env) if args.env else None,
+            env=env,
             timeout=self.timeout if args.timeout is None else args.timeout,
             grace_period=self.grace_period if args.grace_period is None else args.grace_period,
             log_dir=args.log_dir or self.log_dir,

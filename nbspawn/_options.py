@@ -70,6 +70,14 @@ OPTIONS: tuple[Option, ...] = (
         "common",
     ),
     Option(
+        "debug_collectives",
+        ("--debug-collectives",),
+        None,
+        "check every collective across ranks before it runs (torch's TORCH_DISTRIBUTED_DEBUG=DETAIL): a mismatched "
+        "op or shape fails at once, on the rank that found it, with torch's message, instead of hanging",
+        "common",
+    ),
+    Option(
         "start_method",
         ("--start-method",),
         "fork|spawn|forkserver",
@@ -123,6 +131,24 @@ OPTIONS: tuple[Option, ...] = (
 
 def options_in(*groups: str) -> tuple[Option, ...]:
     return tuple(option for option in OPTIONS if option.group in groups)
+
+
+DEBUG_COLLECTIVES = "TORCH_DISTRIBUTED_DEBUG=DETAIL"
+
+
+def with_debug_collectives(
+    env: list[str] | tuple[str, ...] | Mapping[str, str] | None, on: bool
+) -> tuple[str, ...] | Mapping[str, str] | None:
+    """``--debug-collectives`` is torch's own check, set in the ranks' environment (a user's
+    TORCH_DISTRIBUTED_DEBUG wins); a kept world's environment is its own, so it is an ``--env``."""
+    if not on:
+        return tuple(env) if isinstance(env, list) else env
+    if isinstance(env, Mapping):
+        return {"TORCH_DISTRIBUTED_DEBUG": "DETAIL", **env}
+    given = list(env or ())
+    if not any(item.startswith("TORCH_DISTRIBUTED_DEBUG=") for item in given):
+        given.insert(0, DEBUG_COLLECTIVES)
+    return tuple(given)
 
 
 def parse_nprocs(value: Any) -> int | str:

@@ -5,7 +5,8 @@ torch elastic's layout (``stdout.log``, ``stderr.log``, ``error.json``), plus wh
 * ``display.jsonl`` and ``order.bin``: what the rank displayed, and the order in which it wrote to
   its three streams (one :data:`ORDER_RECORD` each time it switches stream; made on first need);
 * ``stacks.log``: faulthandler's dumps (SIGUSR1 when the kernel asks where the rank is, fatal signals);
-* ``out.pickle``: the ``--out`` values the rank sends home.
+* ``out.pickle``: the ``--out`` values the rank sends home;
+* ``collectives.json``: its recent collectives, written when the kernel asked where it is (``ranks._watch``).
 
 Everything that reads or writes one of these files takes its name from here.
 """
@@ -21,6 +22,7 @@ ERROR = "error.json"
 STACKS = "stacks.log"
 ORDER = "order.bin"
 OUT = "out.pickle"
+COLLECTIVES = "collectives.json"
 
 STREAMS = ("stdout", "stderr", "display")  # stream numbers, as order.bin records them
 FILES = (STDOUT, STDERR, DISPLAY_FILE)  # each stream's file
@@ -67,3 +69,7 @@ class RankDir:
     @property
     def out(self) -> str:
         return self.file(OUT)
+
+    @property
+    def collectives(self) -> str:
+        return self.file(COLLECTIVES)

@@ -12,12 +12,15 @@ ranks at the same place are grouped, one line each: ``ranks 0,1,3: Cell In[5], l
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from .._program import Program
+from .._rankdir import COLLECTIVES
 from .._source import STILL_STARTING, CellSource, main_thread_stack, program_stack, rewrite_notebook_frames
 from ..errors import rank_spans
 
@@ -65,6 +68,33 @@ def rank_stacks(ranks: list[RankToAsk], wait: float = ANSWER_WAIT) -> dict[int, 
     return found
 
 
+def rank_collectives(ranks: list[RankToAsk], dumps: dict[int, str | None], wait: float = 0.6) -> dict[int, list[dict[str, Any]]]:
+    """Each answering rank's recent collectives (``ranks._watch`` writes them once it sees the dump),
+    oldest first; a rank with no process group, or none written in time, is left out."""
+    wanted = {
+        asked.rank: (os.path.join(os.path.dirname(asked.stacks_path), COLLECTIVES), _size(asked.stacks_path))
+        for asked in ranks
+        if dumps.get(asked.rank)
+    }
+    found: dict[int, list[dict[str, Any]]] = {}
+    until = time.monotonic() + wait
+    while wanted and time.monotonic() < until:
+        for rank, (path, size) in list(wanted.items()):
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    record = json.load(fh)
+            except (OSError, ValueError):
+                continue
+            if int(record.get("asked", 0)) >= size:  # written after this very dump
+                entries = [e for e in record.get("entries", []) if "op" in e]
+                if entries:
+                    found[rank] = entries
+                del wanted[rank]
+        if wanted:
+            time.sleep(0.02)
+    return found
+
+
 def describe(
     ranks: list[RankToAsk],
     dumps: dict[int, str | None],
@@ -72,6 +102,7 @@ def describe(
     program: Program | None = None,
     cell_numbers: dict[str, int] | None = None,
     idle: str = "",
+    collectives: dict[int, list[dict[str, Any]]] | None = None,
 ) -> str:
     """Ranks at the same place grouped, each group's place on one line, then its stack.
 
@@ -93,10 +124,23 @@ def describe(
     for stack, members in sorted(where.items(), key=lambda item: item[1][0]):
         head = f"rank {members[0]}" if len(members) == 1 else f"ranks {rank_spans(sorted(members))}"
         headline = _innermost(stack)
-        lines.append(f"{head}: {headline}")
+        positions = sorted({_position(collectives, r, stack) for r in members} - {""})
+        lines.append(f"{head}: {headline}" + (f"  [{'; '.join(positions)}]" if positions else ""))
         if stack.strip().strip("()") != headline:
             lines.extend(stack.splitlines())
     return "\n".join(lines)
+
+
+def _position(collectives: dict[int, list[dict[str, Any]]] | None, rank: int, stack: str) -> str:
+    """How far the rank got: ``in barrier #3 for 41 s``, or ``after all_reduce #2``."""
+    entries = (collectives or {}).get(rank)
+    if not entries:
+        return ""
+    last = entries[-1]
+    op = _collective(stack)
+    if op is not None and last["op"] == op:
+        return f"in {op} #{last['seq']} for {max(0.0, time.time() - float(last['issued'])):.0f} s"
+    return f"after {last['op']} #{last['seq']}"
 
 
 def _innermost(stack: str) -> str:
@@ -147,13 +191,18 @@ def _place(stack: str) -> str:
     return _innermost(stack).split("  (in ", 1)[0]
 
 
-def hang_verdict(stacks: dict[int, str]) -> str | None:
+def hang_verdict(
+    stacks: dict[int, str], collectives: dict[int, list[dict[str, Any]]] | None = None, now: float | None = None
+) -> str | None:
     """One line saying why ranks that were stopped were stuck, from where each one was, or None.
 
-    ``stacks``: each rank's main-thread stack when it was stopped (``main_thread_stack``'s form).
-    Ranks blocked in a collective while others never entered it are the classic hang; ranks blocked
-    in different collectives are a mismatch.
+    ``stacks``: each rank's main-thread stack when it was stopped (``main_thread_stack``'s form);
+    ``collectives``: each rank's recent collectives (``rank_collectives``), when it has a process group.
+    Ranks blocked in a collective while others never entered it are the classic hang; ranks blocked in
+    different collectives, or in the same one with different shapes, are a mismatch.
     """
+    collectives = collectives or {}
+    now = time.time() if now is None else now
     waiting: dict[int, str] = {}
     elsewhere: dict[int, str] = {}
     for rank, stack in sorted(stacks.items()):
@@ -166,26 +215,42 @@ def hang_verdict(stacks: dict[int, str]) -> str | None:
             elsewhere[rank] = _place(stack)
     if not waiting:
         return None
+    entry = {r: _current(collectives.get(r), op) for r, op in waiting.items()}
+    named = {r: f"{op} #{e['seq']}" if (e := entry[r]) is not None else op for r, op in waiting.items()}
     ops = sorted(set(waiting.values()))
     if len(ops) > 1:
         parts = []
         for op in ops:
             ranks = [r for r, o in waiting.items() if o == op]
-            first = ranks[0]
-            parts.append(f"{_ranks(ranks)} in {op} ({_place(stacks[first])})")
+            parts.append(f"{_ranks(ranks)} in {named[ranks[0]]} ({_place(stacks[ranks[0]])})")
         return "the ranks were in different collectives: " + "; ".join(parts)
     op = ops[0]
+    shapes = {r: e["sizes"] for r, e in entry.items() if e is not None}
+    if len({json.dumps(v) for v in shapes.values()}) > 1:
+        parts = [f"{_ranks(ranks)} {shape}" for shape, ranks in _by_place({r: str(v) for r, v in shapes.items()}).items()]
+        return f"the ranks called {named[next(iter(waiting))]} with different shapes: " + "; ".join(parts)
     if not elsewhere:
         return None
     groups = _by_place(elsewhere)
+    after = {r: f", after {c[-1]['op']} #{c[-1]['seq']}" if (c := collectives.get(r)) else "" for r in elsewhere}
     if len(groups) == 1:
-        where_they_are = f"{'it is' if len(elsewhere) == 1 else 'they are'} at {next(iter(groups))}"
+        first = next(iter(elsewhere))
+        subject = "it is" if len(elsewhere) == 1 else "they are"
+        where_they_are = f"{subject} at {next(iter(groups))}{after[first] if len(set(after.values())) == 1 else ''}"
     else:
-        where_they_are = "; ".join(f"{_ranks(ranks)} at {place}" for place, ranks in groups.items())
+        where_they_are = "; ".join(f"{_ranks(ranks)} at {place}{after[ranks[0]]}" for place, ranks in groups.items())
+    first = next(iter(waiting))
+    issued = [float(e["issued"]) for e in entry.values() if e is not None and e.get("issued")]
+    waited = f" for {max(0.0, now - min(issued)):.0f} s" if issued else ""
     return (
-        f"{_ranks(list(elsewhere))} never entered {op} ({where_they_are}); "
-        f"{_ranks(list(waiting))} waited in it at {_place(stacks[next(iter(waiting))])}"
+        f"{_ranks(list(elsewhere))} never entered {named[first]} ({where_they_are}); "
+        f"{_ranks(list(waiting))} waited in it{waited} at {_place(stacks[first])}"
     )
+
+
+def _current(entries: list[dict[str, Any]] | None, op: str) -> dict[str, Any] | None:
+    """The flight-recorder entry of the collective a rank is blocked in: its newest, if it is that op."""
+    return entries[-1] if entries and entries[-1].get("op") == op else None
 
 
 def _by_place(places: dict[int, str]) -> dict[str, list[int]]:

@@ -1,0 +1,100 @@
+"""In every rank: where it is in its collectives, written down whenever the kernel asks where it is.
+
+The kernel asks a rank where it is with SIGUSR1, which faulthandler answers from C by appending the
+rank's stacks to ``stacks.log`` (``ranks._cell``).  A daemon thread here notices the file grow (it
+looks four times a second: an ``fstat``) and writes the rank's recent collectives beside it
+(``collectives.json``), from torch's flight recorder: each one's sequence number, op, input sizes and
+when it was issued.  The thread runs while the main thread is blocked in a collective (torch releases
+the GIL there), which is when it matters.  The kernel reads the two together: the stacks say *where*
+each rank is, the sequence numbers *how far* it got (``rank 2 never entered barrier #3``).
+
+torch's flight recorder keeps the last ``TORCH_FR_BUFFER_SIZE`` collectives of every process group;
+ranks get a small buffer unless the user set one.  It costs a few microseconds per collective.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from .._rankdir import COLLECTIVES
+
+FR_ENTRIES = "256"  # TORCH_FR_BUFFER_SIZE unless the user set it
+LOOK_EVERY = 0.25
+KEPT = 8  # the newest collectives written down
+
+_started = False
+
+
+def watch(stack_file: Callable[[], TextIO | None]) -> None:
+    """Start the thread (once per process); ``stack_file()`` is the rank's current stacks.log."""
+    global _started
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_ENTRIES)
+    if _started:
+        return
+    _started = True
+    threading.Thread(target=_loop, args=(stack_file,), name="nbspawn-collectives", daemon=True).start()
+
+
+def _loop(stack_file: Callable[[], TextIO | None]) -> None:
+    seen: dict[tuple[int, int], int] = {}  # the file (device, inode) -> its size when last looked at
+    while True:
+        time.sleep(LOOK_EVERY)
+        handle = stack_file()
+        if handle is None:
+            continue
+        try:
+            fd = handle.fileno()
+            stat = os.fstat(fd)
+        except (OSError, ValueError):
+            continue
+        key = (stat.st_dev, stat.st_ino)
+        if key in seen and stat.st_size > seen[key]:  # a dump was appended: the kernel is asking
+            _write(os.path.dirname(os.path.realpath(f"/proc/self/fd/{fd}")), stat.st_size)
+        seen[key] = stat.st_size
+
+
+def _write(rank_dir: str, asked: int) -> None:
+    try:
+        entries = recent_collectives()
+    except Exception as err:  # never let this thread take the rank down
+        entries = [{"error": f"{type(err).__name__}: {err}"}]
+    record = {"asked": asked, "time": time.time(), "entries": entries}
+    path = os.path.join(rank_dir, COLLECTIVES)
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as fh:
+            json.dump(record, fh)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
+def recent_collectives() -> list[dict[str, Any]]:
+    """The newest collectives of this rank's process groups, from torch's flight recorder."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return []
+    import torch
+
+    raw = torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=True)  # type: ignore[attr-defined]
+    entries = json.loads(raw).get("entries", [])
+    return [summary(entry) for entry in entries[-KEPT:]]
+
+
+def summary(entry: dict[str, Any]) -> dict[str, Any]:
+    """What the kernel needs of one flight-recorder entry."""
+    name = str(entry.get("profiling_name", ""))
+    return {
+        "seq": entry.get("collective_seq_id") or 0,
+        "p2p_seq": entry.get("p2p_seq_id") or 0,
+        "op": name.split(":", 1)[-1],  # "gloo:all_reduce" -> "all_reduce"
+        "group": (entry.get("process_group") or ["", ""])[-1],
+        "sizes": entry.get("input_sizes") or [],
+        "issued": (entry.get("time_created_ns") or 0) / 1e9,
+        "state": entry.get("state"),
+    }
