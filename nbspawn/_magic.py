@@ -366,7 +366,7 @@ def _where(names: list[str]) -> str:
     from ._rankdir import RankDir
     from .executors import _world
     from .executors._registry import background_runs
-    from .executors._where import RankToAsk, describe, rank_stacks
+    from .executors._where import RankToAsk, describe, rank_collectives, rank_stacks
 
     runs, worlds = background_runs(), _world.worlds()
     unknown = [n for n in names if n not in runs and n not in worlds]
@@ -382,11 +382,14 @@ def _where(names: list[str]) -> str:
             continue
         asked = [RankToAsk(s.rank, s.pid, s.stacks_path, s.node) for s in run.ranks if s.status == "running"]
         elapsed = time.time() - run.started_at
-        text = describe(asked, rank_stacks(asked), run.spec.cell, run.spec.program, run.spec.cell_numbers)
+        dumps = rank_stacks(asked)
+        collectives = rank_collectives(asked, dumps) if run.spec.program is None else {}  # a program's ranks keep none
+        text = describe(asked, dumps, run.spec.cell, run.spec.program, run.spec.cell_numbers, collectives=collectives)
         parts.append(f"run {run.run_id} (background, {elapsed:.0f} s):\n{text or '  (no rank is running)'}")
     for world in chosen_worlds:
         asked = [RankToAsk(r, pid, RankDir(world.spec.rank_dir(r)).stacks) for r, pid in enumerate(world.pids)]
-        text = describe(asked, rank_stacks(asked), None, idle="idle: waiting for the next cell")
+        dumps = rank_stacks(asked)
+        text = describe(asked, dumps, None, idle="idle: waiting for the next cell", collectives=rank_collectives(asked, dumps))
         parts.append(f"world {world.name!r} ({world.state}, {world.cells} cells):\n{text}")
     return "\n\n".join(parts) or "nothing is running in the background, and there is no kept world"
 

@@ -44,7 +44,7 @@ from ..views._protocol import RunView
 from . import _registry
 from ._base import Executor
 from ._procs import interrupts_deferred, signal_group
-from ._where import RankToAsk, hang_verdict, rank_stacks
+from ._where import RankToAsk, hang_verdict, rank_collectives, rank_stacks
 
 # How often new output is looked for: soon after output arrived, then backing off while ranks are
 # quiet (up to the executor's poll_max), so a long silent run costs the kernel almost nothing.
@@ -135,6 +135,7 @@ class _Supervisor:
         self.remote = executor.remote
         self.interrupted_after_stop = False
         self.seen_at_stop: dict[int, str] = {}  # where each rank was when the run was stopped
+        self.collectives_at_stop: dict[int, list[dict[str, Any]]] = {}  # and how far in its collectives
 
     # -- starting ---------------------------------------------------------------------------------
 
@@ -318,7 +319,10 @@ class _Supervisor:
         if self.remote:  # a node's agent looks at its own ranks
             return
         asked = [RankToAsk(r, self.pids[r], self.run.ranks[r].stacks_path) for r in sorted(set(self.alive.values()))]
-        for rank, dump in rank_stacks(asked, wait=STACK_DUMP_WAIT).items():
+        dumps = rank_stacks(asked, wait=STACK_DUMP_WAIT)
+        if self.spec.program is None:  # a cell's ranks write them down (ranks._watch); a program's do not
+            self.collectives_at_stop = rank_collectives(asked, dumps)
+        for rank, dump in dumps.items():
             if dump:
                 stack = program_stack(dump) if self.spec.program is not None else main_thread_stack(dump, self.spec.cell)
                 if stack:
@@ -399,7 +403,7 @@ class _Supervisor:
             assert root is not None  # the root cause is chosen once its failure is recorded
             kind = RankRaisedError if root.exc_type else RankExitedError
             return kind([root, *stopped], run, run.facts())
-        verdict = hang_verdict(self.seen_at_stop)
+        verdict = hang_verdict(self.seen_at_stop, self.collectives_at_stop)
         if self.stop_reason == "timeout":
             run.status = "timeout"
             return SpawnTimeoutError(self.spec.timeout or 0, stopped, run, run.facts(), verdict=verdict)
