@@ -23,12 +23,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from . import _cuda
 from ._options import parse_backend, parse_env, parse_kb, parse_nprocs, parse_ranks, parse_seconds, parse_start_method
 from ._program import Program
 from ._rankdir import RankDir
 from ._request import Settings
 from ._source import CellSource
-from .errors import SpawnUsageError
 
 if TYPE_CHECKING:
     from .handoff._shm import Payload
@@ -99,6 +99,7 @@ class RunSpec:
         }
         if self.agent_store:
             env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+        env.update(_cuda.torchrun_env(self.env, os.environ))  # what torchrun's agent sets for NCCL
         env.update(self.env)
         if self.omp_threads is not None:  # after --env: a fork-safety override wins over the user's
             env["OMP_NUM_THREADS"] = str(self.omp_threads)
@@ -132,16 +133,11 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def cuda_device_count() -> int:
-    """GPUs visible, asked without poisoning fork.
-
-    ``torch.cuda.device_count()`` asks NVML and leaves CUDA untouched in the kernel;
-    ``torch.cuda.is_available()`` would run ``cudaGetDeviceCount`` (cuInit), after which forked
-    ranks may be unable to use CUDA at all.
-    """
-    import torch
-
-    return torch.cuda.device_count()
+def cuda_device_count(user_env: Mapping[str, str] | None = None) -> int:
+    """GPUs the ranks will see (their ``CUDA_VISIBLE_DEVICES``: the user's ``--env``, else the
+    kernel's), counted without poisoning fork (``nbspawn._cuda.gpu_count``: never the CUDA runtime
+    in the kernel; ``torch.cuda.device_count()`` falls back on it where NVML cannot answer)."""
+    return _cuda.gpu_count(_cuda.ranks_visible(user_env or {}, os.environ))
 
 
 def auto_nprocs(gpus: int, cpus: int) -> int:
@@ -149,11 +145,11 @@ def auto_nprocs(gpus: int, cpus: int) -> int:
     return gpus if gpus else max(1, min(4, cpus))
 
 
-def resolve_nprocs(value: object) -> int:
+def resolve_nprocs(value: object, gpus: Callable[[], int] | None = None) -> int:
     n = parse_nprocs(value)
     if n != "auto":
         return int(n)
-    return auto_nprocs(cuda_device_count(), usable_cpus())
+    return auto_nprocs((gpus or cuda_device_count)(), usable_cpus())
 
 
 def openmp_pool_started() -> bool:
@@ -204,50 +200,46 @@ def rank_threads(method: str, nprocs: int, user_env: dict[str, str], notes: list
 
 def cuda_initialized() -> bool:
     torch = sys.modules.get("torch")
-    if torch is None:
+    if torch is None or not _cuda.compiled_with_cuda(torch):
         return False
     return bool(torch.cuda.is_initialized() or torch.cuda._is_in_bad_fork())
 
 
-def choose_start_method(requested: str | None) -> tuple[str, list[str]]:
-    """Fork where it is safe (fast, and the cell sees the kernel's names), else forkserver."""
-    notes: list[str] = []
+def choose_start_method(requested: str | None, gpus: Callable[[], int] | None = None) -> tuple[str, list[str]]:
+    """Fork where forked ranks could use everything this machine has (fast, and the cell sees the
+    kernel's names), else forkserver; the facts are gathered only where fork is in question
+    (``nbspawn._cuda.fork_facts``, ``decide_start_method``)."""
     method = parse_start_method(requested)
     available = multiprocessing.get_all_start_methods()
-    if method == "auto":
-        if "fork" not in available:
-            return "spawn", notes
-        if cuda_initialized():
-            notes.append(
-                "nbspawn: CUDA is initialized in this kernel, so this run uses --start-method forkserver "
-                "(forked ranks cannot use CUDA). Pass --start-method to choose."
-            )
-            return "forkserver", notes
-        return "fork", notes
-    if method not in available:
-        raise SpawnUsageError(f"--start-method {method} is not available on this platform ({', '.join(available)} are)")
-    if method == "fork" and cuda_initialized():
-        raise SpawnUsageError(
-            "cannot fork: CUDA is already initialized in this kernel, and forked ranks cannot use it. "
-            "Use --start-method forkserver (or spawn), or restart the kernel and run %%spawn before "
-            "touching CUDA in the kernel."
-        )
-    return method, notes
+    blocker = None
+    if method in ("auto", "fork") and "fork" in available:
+        blocker = _cuda.fork_blocker(_cuda.fork_facts((gpus or cuda_device_count)()))
+    return _cuda.decide_start_method(method, available, blocker)
 
 
-def resolve_backend(backend: str | None, nprocs: int) -> str:
+def resolve_backend(backend: str | None, nprocs: int, gpus: Callable[[], int] | None = None) -> str:
+    return resolve_backend_noted(backend, nprocs, gpus)[0]
+
+
+def resolve_backend_noted(backend: str | None, nprocs: int, gpus: Callable[[], int] | None = None) -> tuple[str, str | None]:
+    """The backend, and a note if ``auto`` passed over the GPUs (``nbspawn._cuda.resolve_backend``)."""
     name = parse_backend(backend)
-    if name == "none":
-        return name
-    gpus = cuda_device_count()
-    if name == "auto":
-        return "nccl" if gpus else "gloo"
-    if name == "nccl":
-        if not gpus:
-            raise SpawnUsageError("--backend nccl needs CUDA GPUs and none is visible; use --backend gloo")
-        if nprocs > gpus:
-            raise SpawnUsageError(f"--backend nccl needs one GPU per rank: {nprocs} ranks, {gpus} GPUs visible")
-    return name
+    if name in ("none", "gloo"):
+        return name, None
+    return _cuda.resolve_backend(name, nprocs, (gpus or cuda_device_count)())
+
+
+class _GpuCount:
+    """The ranks' GPU count, asked once per spec and only if something needs it."""
+
+    def __init__(self, user_env: Mapping[str, str]) -> None:
+        self.user_env = user_env
+        self.value: int | None = None
+
+    def __call__(self) -> int:
+        if self.value is None:
+            self.value = cuda_device_count(self.user_env)
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -291,18 +283,26 @@ def build_spec(
     right.  Nothing is created on disk here but the temporary log directory, made last.
     """
     parse_nprocs(settings.nprocs)
-    method, notes = choose_start_method("spawn" if program is not None else settings.start_method)
     user_env = parse_env(settings.env)
+    gpus = _GpuCount(user_env)
+    method, notes = choose_start_method("spawn" if program is not None else settings.start_method, gpus)
     seconds = parse_seconds(settings.timeout, "--timeout", allow_zero=False)
     grace = parse_seconds(settings.grace_period, "--grace-period", allow_zero=True)
     saved_kb = parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb")
     image_kb = parse_kb(settings.max_image_kb, "SpawnMagics.max_image_kb")
     cell.parse()
-    n = resolve_nprocs(settings.nprocs)
+    n = resolve_nprocs(settings.nprocs, gpus)
     shown = parse_ranks(settings.ranks, n)
-    backend = "none" if program is not None else resolve_backend(settings.backend, n)  # a program sets up its own group
+    backend = "none"  # a program sets up its own group
+    if program is None:
+        backend, note = resolve_backend_noted(settings.backend, n, gpus)
+        notes.extend([note] if note else [])
     omp = rank_threads(method, n, user_env, notes)
     given = handoff(method) if handoff is not None else Handoff()
+    if given.namespace_payload is not None:
+        from .handoff._names import check_shared_devices
+
+        check_shared_devices(getattr(given.namespace_payload, "shared", None) or [], _cuda.ranks_visible(user_env, os.environ))
     run_id = run_id or new_run_id()
     return RunSpec(
         run_id=run_id,

@@ -107,10 +107,13 @@ def probe(kernel_cwd: str, program: list[str] | None, start_method: str | None, 
     """This engine's node and what the kernel must check before the run (one round trip)."""
     import torch
 
+    from .. import _cuda
     from .._spec import choose_start_method, usable_cpus
     from ..errors import SpawnUsageError
 
     _install_handlers()
+    visible = os.environ.get(_cuda.VISIBLE)
+    physical = _cuda.physical_gpus() if _cuda.compiled_with_cuda(torch) else 0
     cwd = kernel_cwd if os.path.isdir(kernel_cwd) else os.getcwd()
     problem = None
     try:
@@ -139,7 +142,9 @@ def probe(kernel_cwd: str, program: list[str] | None, start_method: str | None, 
         **versions(),
         "address": address,
         "port": _reserve(address or "127.0.0.1"),
-        "gpus": torch.cuda.device_count(),
+        "gpus": _cuda.gpu_count(visible),  # this engine's own view (never cuInit here)
+        "physical_gpus": physical,  # the node's, whatever this engine's CUDA_VISIBLE_DEVICES
+        "cuda_visible": visible,
         "cpus": usable_cpus(),
         "cwd": cwd,
         "start_method": method,
@@ -282,7 +287,7 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
     from .._program import parse_program
     from .._spec import Handoff, Placement, build_spec
     from ..executors._supervisor import execute
-    from ..handoff._shm import Payload, new_run_prefix
+    from ..handoff._shm import Payload, forget_arrivals, new_run_prefix
 
     _install_handlers()
     _stop_asked, _last_beat = False, time.monotonic()
@@ -290,6 +295,8 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
     out_names = tuple(job["out_names"])
 
     def handoff(method: str) -> Handoff:
+        forget_arrivals()
+        # CUDA tensors arrive as CPU data (never rebuilt on a GPU in this engine); the ranks place them
         names = cloudpickle.loads(job["names"]) if job["names"] else {}
         prefix = new_run_prefix() if out_names else None
         if method == "fork":
@@ -298,7 +305,10 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
 
     settings = job["settings"]
     user_env = parse_env(settings.env)
-    settings = dataclasses.replace(settings, env={**_socket_interface(node["master_addr"], user_env), **user_env})
+    node_env = _socket_interface(node["master_addr"], user_env)
+    if node.get("cuda_visible") is not None and "CUDA_VISIBLE_DEVICES" not in user_env:
+        node_env["CUDA_VISIBLE_DEVICES"] = str(node["cuda_visible"])  # every GPU of the node, not the agent's one
+    settings = dataclasses.replace(settings, env={**node_env, **user_env})
     placement = Placement(
         master_addr=node["master_addr"],
         master_port=node["master_port"],
@@ -355,12 +365,13 @@ def _host_store(spec: RunSpec) -> Any:
 
 
 def _socket_interface(master_addr: str, user_env: dict[str, str]) -> dict[str, str]:
-    """GLOO/NCCL_SOCKET_IFNAME: the interface this node reaches node 0 through, unless the user chose."""
+    """GLOO/NCCL_SOCKET_IFNAME: the interface this node reaches node 0 through, unless the user chose
+    (NCCL's as ``=name``: NCCL matches a prefix otherwise, and ``eth1`` would also pick ``eth10``)."""
+    from .. import _cuda
+
     source = _net.source_address(master_addr)
     name = _net.interface_of(source) if source else None
-    if not name:
-        return {}
-    return {key: name for key in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if key not in user_env and key not in os.environ}
+    return _cuda.socket_interface_env(name, user_env, os.environ)
 
 
 def _publisher() -> Any:

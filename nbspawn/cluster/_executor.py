@@ -168,6 +168,7 @@ class ClusterRanks(Executor):
                     "world_size": self.cluster.world_size,
                     "master_addr": self.cluster.master_addr,
                     "master_port": self.cluster.master_port,
+                    "cuda_visible": node.cuda_visible,
                 }
                 result = client[node.agent].apply_async(_agent.run_node, self.job, spot)
                 result.add_done_callback(self._wake(node.index))

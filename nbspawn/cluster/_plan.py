@@ -15,6 +15,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import _cuda
 from .._spec import auto_nprocs
 from ..errors import SpawnUsageError
 from . import _agent, _net
@@ -36,6 +37,8 @@ class Node:
     agent: int  # the engine that runs the node's ranks
     engines: list[int]
     facts: dict[str, Any] = field(repr=False, default_factory=dict)
+    gpus: int = 0  # the node's GPUs, from what every engine on it sees
+    cuda_visible: str | None = None  # what its ranks get as CUDA_VISIBLE_DEVICES (None: the agent's own)
 
     @property
     def label(self) -> str:
@@ -176,8 +179,21 @@ def group_nodes(facts: dict[int, dict]) -> list[Node]:
         engines = by_name[name]
         agent = engines[0]
         info = facts[agent]
-        nodes.append(Node(index, name, info["hostname"], info["address"], agent, engines, info))
+        gpus, visible = gpus_of(agent, [facts[engine] for engine in engines])
+        nodes.append(Node(index, name, info["hostname"], info["address"], agent, engines, info, gpus, visible))
     return nodes
+
+
+def gpus_of(agent: int, engine_facts: list[dict]) -> tuple[int, str | None]:
+    """A node's GPU count and its ranks' CUDA_VISIBLE_DEVICES, from all its engines (a scheduler may
+    bind one GPU per engine): never one engine's own view alone.  Engines that could not count the
+    machine's GPUs (no NVML, no driver /proc entries) count as what they see."""
+    physical = engine_facts[0].get("physical_gpus")
+    if physical is None:
+        physical = max(int(f.get("gpus", 0)) for f in engine_facts)
+    gpus, visible = _cuda.node_gpus([f.get("cuda_visible") for f in engine_facts], int(physical))
+    agent_sees = engine_facts[0].get("cuda_visible")
+    return gpus, None if visible == agent_sees else visible
 
 
 def check_nodes(nodes: list[Node]) -> None:
@@ -199,7 +215,7 @@ def ranks_per_node(nodes: list[Node], nprocs: int | str) -> int:
     """``-n M`` is per node; ``auto``: one per GPU of each node, else up to 4 CPU ranks (all equal)."""
     if nprocs != "auto":
         return int(nprocs)
-    counts = {node.label: auto_nprocs(node.facts["gpus"], node.facts["cpus"]) for node in nodes}
+    counts = {node.label: auto_nprocs(node.gpus, node.facts["cpus"]) for node in nodes}
     if len(set(counts.values())) > 1:
         said = ", ".join(f"{label}: {n}" for label, n in counts.items())
         raise SpawnUsageError(f"-n auto: the nodes would run different numbers of ranks ({said}); give -n")
@@ -210,9 +226,9 @@ def resolve_backend(nodes: list[Node], backend: str | None, per_node: int) -> st
     name = (backend or "none").strip().lower()
     if name in ("none", "gloo"):
         return name
-    gpus = {node.label: node.facts["gpus"] for node in nodes}
-    if name == "auto":
-        return "nccl" if all(gpus.values()) else "gloo"
+    gpus = {node.label: node.gpus for node in nodes}
+    if name == "auto":  # nccl only where every rank of every node has a GPU of its own
+        return "nccl" if all(n and per_node <= n for n in gpus.values()) else "gloo"
     short = [f"{label} has {n}" for label, n in gpus.items() if n < per_node]
     if short:
         raise SpawnUsageError(

@@ -41,6 +41,7 @@ class Spot(TypedDict):
     world_size: int
     master_addr: str
     master_port: int
+    cuda_visible: str | None  # the node's GPUs for its ranks (the union of its engines'), None: as the agent has it
 
 
 class EndRecord(TypedDict):

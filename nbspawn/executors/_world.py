@@ -31,6 +31,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from .. import _cuda
 from .._options import (
     parse_backend,
     parse_env,
@@ -42,7 +43,7 @@ from .._options import (
 )
 from .._request import RunRequest, Settings
 from .._run import Run
-from .._spec import RunSpec, build_spec, new_run_id, resolve_backend, resolve_nprocs
+from .._spec import RunSpec, build_spec, cuda_device_count, new_run_id, resolve_backend, resolve_nprocs
 from ..errors import SpawnUsageError
 from ..handoff._names import pack_namespace, parse_names, pick_shared
 from ..handoff._shm import new_run_prefix, share_
@@ -210,6 +211,7 @@ class WorldCell(Executor):
             _worlds.pop(world.name, None)
         else:
             world.state = "idle"
+        _cuda.collect_ipc()  # what the ranks released of this cell's --share tensors
 
 
 _worlds: dict[str, World] = {}
@@ -247,7 +249,10 @@ def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
         saved = parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb") * 1024
         images = parse_kb(settings.max_image_kb, "SpawnMagics.max_image_kb") * 1024
     tree = cell.parse()
-    shared = pick_shared(share_names, request.namespace, method)
+    ranks_visible = _cuda.ranks_visible(world.spec.env if world is not None else spec.env, os.environ)
+    # a kept world's ranks were started before this kernel could poison fork (fork is refused or
+    # avoided then), so CUDA IPC reaches them whatever their start method
+    shared = pick_shared(share_names, request.namespace, method, ranks_started=world is not None, ranks_visible=ranks_visible)
     payload = pack_namespace(tree, request.namespace, request.hidden, shared)
     if world is None:
         world = _start(name, spec)
@@ -268,7 +273,7 @@ def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
         cell_numbers=dict(request.cell_numbers),
     )
     share_(list(shared.values()))
-    job = WorldJob(cell, cspec.run_dir, cspec.run_id, payload, out_names, cspec.shm_prefix)
+    job = WorldJob(cell, cspec.run_dir, cspec.run_id, payload, out_names, cspec.shm_prefix, shared=tuple(shared), grace=grace)
     return cspec, WorldCell(world, job)
 
 
@@ -276,12 +281,12 @@ def _check_settings(world: World, settings: Settings) -> None:
     """The options this cell gave must be the world's own: it cannot change a world that runs."""
     given, spec = settings.given, world.spec
     clash = []
-    if "-n" in given and resolve_nprocs(settings.nprocs) != spec.nprocs:
+    if "-n" in given and resolve_nprocs(settings.nprocs, lambda: cuda_device_count(spec.env)) != spec.nprocs:
         clash.append(f"-n {settings.nprocs}")
     if "--start-method" in given and parse_start_method(settings.start_method) not in ("auto", spec.start_method):
         clash.append(f"--start-method {parse_start_method(settings.start_method)}")
     if "--backend" in given and parse_backend(settings.backend) != spec.backend:
-        backend = resolve_backend(settings.backend, spec.nprocs)
+        backend = resolve_backend(settings.backend, spec.nprocs, lambda: cuda_device_count(spec.env))
         if backend != spec.backend:
             clash.append(f"--backend {backend}")
     if "--env" in given and parse_env(settings.env) != spec.env:

@@ -23,6 +23,7 @@ from typing import Any
 import cloudpickle
 import torch
 
+from .. import _cuda
 from .._rankdir import OUT
 from ..errors import SpawnUsageError
 from . import _shm
@@ -106,11 +107,14 @@ def pickle_names(tree: ast.Module, user_ns: dict[str, Any], hidden: Mapping[str,
     machines: what a cluster run sends, the same bytes, to every node."""
     wanted = _wanted(tree, user_ns, hidden or {})
     _check_picklable(wanted, "other nodes", "")
-    return cloudpickle.dumps(wanted)
+    return _shm.dumps_by_value(wanted)  # CUDA tensors as CPU data: the engines never touch CUDA
 
 
 def unpack_namespace(payload: Any) -> dict[str, Any]:
-    return _shm.Payload.unwrap(payload)
+    """In a rank, once it is set up: the kernel's names, CUDA tensors among them on this rank's GPU."""
+    names = _shm.Payload.unwrap(payload)
+    _shm.place_arrivals()
+    return names
 
 
 # -- --share and --out ----------------------------------------------------------------------------
@@ -144,8 +148,17 @@ def _tensor_leaves(obj: Any) -> list[torch.Tensor] | None:
     return None
 
 
-def pick_shared(names: tuple[str, ...], user_ns: dict[str, Any], start_method: str) -> dict[str, Any]:
-    """The ``--share`` objects, validated; ``_shm.share_`` then moves their storages in place."""
+def pick_shared(
+    names: tuple[str, ...], user_ns: dict[str, Any], start_method: str, *, ranks_started: bool = False,
+    ranks_visible: str | bool | None = False,
+) -> dict[str, Any]:  # fmt: skip
+    """The ``--share`` objects, validated; ``_shm.share_`` then moves their storages in place.
+
+    ``ranks_started``: the ranks exist already (a kept world, started before this kernel could
+    poison fork), so CUDA IPC reaches them whatever their start method.  ``ranks_visible``: the
+    ranks' ``CUDA_VISIBLE_DEVICES`` (False: not known here; checked later by ``build_spec``).
+    """
+    _cuda.collect_ipc()  # what ranks of earlier runs released, freed before this run shares more
     shared: dict[str, Any] = {}
     for name in names:
         if name not in user_ns:
@@ -157,7 +170,7 @@ def pick_shared(names: tuple[str, ...], user_ns: dict[str, Any], start_method: s
                 f"--share: {name!r} is a {type(obj).__module__}.{type(obj).__qualname__}; --share takes a tensor, "
                 "an nn.Module, or a dict/list/tuple of tensors (other values reach the ranks anyway, as copies)"
             )
-        if start_method == "fork" and any(t.device.type == "cuda" for t in leaves):
+        if start_method == "fork" and not ranks_started and any(t.device.type == "cuda" for t in leaves):
             raise SpawnUsageError(
                 f"--share: {name!r} holds CUDA tensors, which forked ranks cannot use; "
                 "use --start-method spawn or forkserver (CUDA IPC)"
@@ -166,7 +179,24 @@ def pick_shared(names: tuple[str, ...], user_ns: dict[str, Any], start_method: s
         if bad is not None:
             raise SpawnUsageError(f"--share: {name!r} holds a {bad.layout} tensor; only dense tensors can be shared")
         shared[name] = obj
+    if ranks_visible is not False:
+        check_shared_devices(list(shared.values()), ranks_visible if isinstance(ranks_visible, str) else None)
     return shared
+
+
+def check_shared_devices(shared: list[Any], ranks_visible: str | None) -> None:
+    """CUDA IPC handles carry the kernel's device numbers: the ranks must number the GPUs alike."""
+    kernel_visible = os.environ.get(_cuda.VISIBLE)
+    if _cuda.same_devices(kernel_visible, ranks_visible):
+        return
+    for obj in shared:
+        if any(t.device.type == "cuda" for t in _tensor_leaves(obj) or []):
+            raise SpawnUsageError(
+                f"--share: CUDA tensors cannot be shared with ranks that see other GPUs than the kernel "
+                f"(CUDA_VISIBLE_DEVICES={ranks_visible!r} in the ranks, {kernel_visible!r} in the kernel): "
+                "a CUDA IPC handle names the kernel's device number. Leave CUDA_VISIBLE_DEVICES out of --env, "
+                "or send the tensor without --share (each rank gets its own copy on its own GPU)."
+            )
 
 
 def send_outputs(namespace: dict[str, Any], names: tuple[str, ...], prefix: str, rank_dir: str) -> None:

@@ -62,6 +62,7 @@ Rules worth knowing:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import io
 import itertools
@@ -69,7 +70,9 @@ import os
 import re
 import secrets
 import stat
+import sys
 import threading
+import weakref
 from collections import ChainMap
 from collections.abc import Collection, Iterator, Mapping
 from multiprocessing.reduction import DupFd, ForkingPickler
@@ -293,9 +296,14 @@ class _Pickler(cloudpickle.Pickler):
     torch did not register fall back to ``Tensor.__reduce_ex__``, whose storage then comes here.
     """
 
-    def __init__(self, file: io.BytesIO, run_prefix: str | None, shared: Collection[Any] | None = None) -> None:
+    def __init__(
+        self, file: io.BytesIO, run_prefix: str | None, shared: Collection[Any] | None = None,
+        copies: dict[int, torch.Tensor] | None = None,
+    ) -> None:  # fmt: skip
         own: dict[type, Any] = {}
         self._shared_cuda: set[int] = set()
+        self._private_cuda = False
+        self._copies = {} if copies is None else copies  # a CUDA tensor's CPU copy, made once per payload
         if run_prefix is None and shared is None:
             own[torch.UntypedStorage] = _reduce_storage_shared
         elif run_prefix is None:
@@ -332,14 +340,13 @@ class _Pickler(cloudpickle.Pickler):
         super().__init__(file)
 
     def reducer_override(self, obj: Any) -> Any:
-        if (
-            getattr(self, "_private_cuda", False)
-            and isinstance(obj, torch.Tensor)
-            and obj.device.type == "cuda"
-            and id(obj) not in self._shared_cuda
-        ):
-            # CUDA IPC always shares: a tensor the user did not --share arrives as the rank's own copy
-            return (_cloned, (_torch_reductions.reduce_tensor(obj),))
+        if self._run_prefix is None and isinstance(obj, torch.Tensor):
+            if self._private_cuda and obj.device.type == "cuda" and id(obj) not in self._shared_cuda:
+                # not --share: the data goes as CPU memory (copy-on-write, like any kernel tensor) and the
+                # rank rebuilds the tensor on its own GPU once it is set up (place_arrivals)
+                return _to_arrive(obj, self._copies)
+            if getattr(obj, _FOR_GPU, False):  # arrived for a GPU and not yet placed (a cluster engine's names)
+                return _to_arrive(obj, self._copies)
         if self._run_prefix is not None and isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
             # a CUDA IPC handle would die with the rank: bring a CPU copy home instead
             cpu = obj.detach().cpu()
@@ -349,6 +356,74 @@ class _Pickler(cloudpickle.Pickler):
                 cpu.requires_grad_()
             return (_same, (cpu,))
         return super().reducer_override(obj)
+
+
+class _ByValue(cloudpickle.Pickler):
+    """cloudpickle, tensors with their bytes, CUDA tensors as CPU data to be placed on the receiving
+    rank's GPU (what goes to other machines: their engines must never touch CUDA)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor) and (obj.device.type == "cuda" or getattr(obj, _FOR_GPU, False)):
+            return _to_arrive(obj, {})
+        return super().reducer_override(obj)
+
+
+def dumps_by_value(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    _ByValue(buf).dump(obj)
+    return buf.getvalue()
+
+
+# -- CUDA tensors that are not shared: sent as CPU data, placed on the rank's own GPU -------------
+
+_FOR_GPU = "_nbspawn_for_gpu"
+_arrivals: list[weakref.ref[torch.Tensor]] = []  # tensors unpickled here that belong on this rank's GPU
+
+
+def _to_arrive(obj: torch.Tensor, copies: dict[int, torch.Tensor]) -> tuple:
+    if obj.layout != torch.strided or obj.is_nested:
+        raise TypeError(f"a {obj.layout} CUDA tensor cannot be sent to ranks without --share; make it in the cell")
+    data = copies.get(id(obj))
+    if data is None:
+        data = obj.detach().to("cpu") if obj.device.type == "cuda" else obj.detach()
+        copies[id(obj)] = data
+    return (_arrive, (data, isinstance(obj, torch.nn.Parameter), obj.requires_grad))
+
+
+def _arrive(data: torch.Tensor, parameter: bool, requires_grad: bool) -> torch.Tensor:
+    """Unpickling: a leaf on CPU (a Parameter stays one), registered to be placed on the GPU."""
+    tensor = torch.nn.Parameter(data, requires_grad=requires_grad) if parameter else data.requires_grad_(requires_grad)
+    setattr(tensor, _FOR_GPU, True)
+    _arrivals.append(weakref.ref(tensor))
+    return tensor
+
+
+def place_arrivals() -> None:
+    """In a rank, once it is set up: move every CUDA tensor that arrived as CPU data onto this rank's
+    current device (cuda:LOCAL_RANK), in place (the same Parameter objects, leaves, no autograd
+    history), so a module and an optimizer made from it keep pointing at the same tensors."""
+    pending = [t for ref in _arrivals if (t := ref()) is not None]
+    _arrivals.clear()
+    if not pending:
+        return
+    if not torch.cuda.is_available():
+        print(
+            f"nbspawn: {len(pending)} CUDA tensor(s) from the kernel stay on CPU: this rank sees no GPU",
+            file=sys.stderr,
+        )
+        device = torch.device("cpu")
+    else:
+        device = torch.device("cuda", torch.cuda.current_device())
+    with torch.no_grad():
+        for tensor in pending:
+            tensor.data = tensor.data.to(device)
+            with contextlib.suppress(AttributeError):
+                delattr(tensor, _FOR_GPU)
+
+
+def forget_arrivals() -> None:
+    """A cluster engine, before a run: names of earlier runs are not this run's to place."""
+    _arrivals.clear()
 
 
 def _same(obj: Any) -> Any:
@@ -387,23 +462,48 @@ class Payload:
     Put it in the arguments given to ``torch.multiprocessing.start_processes``.  Each spawn or
     forkserver child then receives its own copy of ``obj`` whose storages arrive as descriptors
     passed with the process start (no resource_sharer, nothing to leak if a rank dies early), and
-    the child finds ``obj`` itself where the ``Payload`` was.  A fork child is not pickled for: it
-    finds the ``Payload``; use :meth:`unwrap` on both sides.  Share the tensors first
-    (:func:`share_`) if a forked rank's writes must reach the kernel.
+    the child finds ``obj`` itself where the ``Payload`` was, through :meth:`unwrap`: the child
+    unpickles it only then, once it is set up, so a failure to rebuild (a CUDA IPC handle) is the
+    rank's reported error, not a silent exit code.  A fork child is not pickled for: it finds the
+    ``Payload``; use :meth:`unwrap` on both sides.  Share the tensors first (:func:`share_`) if a
+    forked rank's writes must reach the kernel.
     """
 
-    __slots__ = ("obj", "shared")
+    __slots__ = ("copies", "obj", "shared")
 
     def __init__(self, obj: Any, shared: Collection[Any] | None = None) -> None:
         self.obj = obj
         self.shared = shared  # if given: only these objects' tensors are shared, the rest copy-on-write
+        # CPU copies of CUDA tensors that are not shared: made once for every rank, and kept alive
+        # (their descriptors must stay open until the ranks have started)
+        self.copies: dict[int, torch.Tensor] = {}
 
     def __reduce__(self) -> tuple:
-        return (loads, (dumps(self.obj, shared=self.shared),))
+        buf = io.BytesIO()
+        _Pickler(buf, None, self.shared, self.copies).dump(self.obj)
+        return (_Sealed, (buf.getvalue(),))
 
     @staticmethod
     def unwrap(value: Any) -> Any:
+        if isinstance(value, _Sealed):
+            return value.open()
         return value.obj if isinstance(value, Payload) else value
+
+
+class _Sealed:
+    """A :class:`Payload` as the receiving process has it until :meth:`Payload.unwrap` opens it."""
+
+    __slots__ = ("data", "obj", "opened")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.obj: Any = None
+        self.opened = False
+
+    def open(self) -> Any:
+        if not self.opened:  # once: the descriptors it carries are taken by the first load
+            self.obj, self.opened, self.data = loads(self.data), True, b""
+        return self.obj
 
 
 # -- ranks -> kernel ----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ blocks on a pipe), and only then runs user code.  Whatever escapes the cell is w
 from __future__ import annotations
 
 import builtins
+import contextlib
 import faulthandler
 import getpass
 import os
@@ -19,7 +20,7 @@ import traceback
 from dataclasses import dataclass
 from types import CodeType, ModuleType
 
-from .. import _errorfile
+from .. import _cuda, _errorfile
 from .._errorfile import ErrorRecord
 from .._rankdir import RankDir
 from .._source import CellSource, rewrite_cell_frames
@@ -61,6 +62,10 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
         finished()
         _flush()
     if code:
+        if _cuda_in_use():
+            # its NCCL communicators are aborted (_run_cell): leave now, not through an interpreter
+            # shutdown (spawn's) whose CUDA and NCCL teardown could wait on work that never completes
+            os._exit(code)
         sys.exit(code)
 
 
@@ -104,9 +109,13 @@ def _forbid_input() -> None:
 
 
 def _namespace(spec: RunSpec) -> dict:
-    if spec.namespace is not None:  # fork: our own copy-on-write copy of the kernel's namespace
-        return spec.namespace
     from ..handoff._names import unpack_namespace
+
+    if spec.namespace is not None:  # fork: our own copy-on-write copy of the kernel's namespace
+        from ..handoff._shm import place_arrivals
+
+        place_arrivals()  # a cluster engine's names: CUDA tensors that came as CPU data
+        return spec.namespace
 
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     if spec.namespace_payload:
@@ -118,14 +127,24 @@ def _run_cell(spec: RunSpec, rank: int, inherited: Inherited | None) -> None:
     prepare_rank(rank)
     namespace = _namespace(spec)
     code, last = inherited.compiled if inherited is not None else spec.cell.compile()
-    dist = init_process_group(spec.backend, rank)
-    execute_cell(code, last, namespace)
-    if spec.out_names:
-        from ..handoff._names import send_outputs
+    try:
+        dist = init_process_group(spec.backend, rank)
+        execute_cell(code, last, namespace)
+        if spec.out_names:
+            from ..handoff._names import send_outputs
 
-        assert spec.shm_prefix is not None  # every run with --out names has a prefix
-        send_outputs(namespace, spec.out_names, spec.shm_prefix, spec.rank_dir(rank))
+            assert spec.shm_prefix is not None  # every run with --out names has a prefix
+            send_outputs(namespace, spec.out_names, spec.shm_prefix, spec.rank_dir(rank))
+    except BaseException:
+        if _cuda_in_use():
+            abort_groups()  # a collective the others never match must not hold this rank
+            if settle_devices(SETTLE_AFTER_FAILURE):
+                release_names(namespace, spec.start_method)
+        raise
     _flush()
+    if _cuda_in_use():
+        settle_devices(None)  # what the cell queued on the GPU is done (writes to --share tensors included)
+        release_names(namespace, spec.start_method)
     dist = dist or sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()  # also the user's own group, so the rank exits without warnings
@@ -163,29 +182,108 @@ def _show(value: object) -> None:
 
 
 def _use_local_gpu(rank: int) -> None:
-    """With GPUs, ``torch.device("cuda")`` in rank r means cuda:LOCAL_RANK, as torchrun users expect.
+    """``torch.device("cuda")`` in rank r means cuda:LOCAL_RANK, as torchrun users expect; lazily.
 
-    Asked through NVML (``device_count``), so a CPU-only cell on a GPU machine pays nothing until
-    it touches CUDA; the kernel never initialized CUDA if this is a forked rank (fork is refused then).
+    The choice is queued with torch's own lazy-init queue (``torch.cuda._lazy_call``, what
+    ``manual_seed`` uses): it runs when the rank first initializes CUDA, so a rank whose cell never
+    touches CUDA never initializes it (nor asks how many GPUs there are), and a forked rank of a
+    kernel that could not fork CUDA still runs CPU cells.
     """
     torch = sys.modules.get("torch")
-    if torch is None:
+    if torch is None or not _cuda.compiled_with_cuda(torch):
         return
-    count = torch.cuda.device_count()  # 0 on CPU builds
-    if count:
-        torch.cuda.set_device(rank % count)
+
+    def select() -> None:
+        device = _cuda.rank_device(rank, int(torch._C._cuda_getDeviceCount()))
+        if device is not None:
+            torch.cuda.set_device(device)
+
+    torch.cuda._lazy_call(select)
 
 
 def init_process_group(backend: str, rank: int) -> ModuleType | None:
+    """The default group, as torchrun's ranks make it; nccl bound to cuda:LOCAL_RANK (``device_id``:
+    the communicator is made now, so a set-up error surfaces here, ``barrier()`` knows its device,
+    and ``new_group`` can split it)."""
     if backend == "none":
         return None
     import torch
     import torch.distributed as dist
 
     if backend == "nccl":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend)
+        device = _cuda.rank_device(rank, torch.cuda.device_count())
+        assert device is not None  # nccl is refused without GPUs
+        torch.cuda.set_device(device)
+        dist.init_process_group(backend, device_id=torch.device("cuda", device))
+    else:
+        dist.init_process_group(backend)
     return dist
+
+
+SETTLE_AFTER_FAILURE = 2.0  # how long a failed rank waits for its GPU before leaving anyway
+
+
+def _cuda_in_use() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and _cuda.compiled_with_cuda(torch) and bool(torch.cuda.is_initialized())
+
+
+def settle_devices(timeout: float | None, interruptible: bool = False) -> bool:
+    """Wait until the GPU work this rank queued is done, on every device it has a context on (none
+    is created); False if it did not finish within ``timeout`` (an unmatched NCCL collective).
+
+    The wait runs in a helper thread, so the rank's main thread can give up on it, and (with
+    ``interruptible``) still take a KeyboardInterrupt meanwhile.
+    """
+    if not _cuda_in_use():
+        return True
+    import threading
+
+    import torch
+
+    done = threading.Event()
+
+    def wait() -> None:
+        try:
+            with contextlib.suppress(Exception):  # a broken device: nothing more will finish on it
+                for index in range(torch.cuda.device_count()):
+                    if torch._C._cuda_hasPrimaryContext(index):  # type: ignore[attr-defined]  # CUDA builds only
+                        torch.cuda.synchronize(index)
+        finally:
+            done.set()
+
+    threading.Thread(target=wait, name="nbspawn-settle", daemon=True).start()
+    if timeout is not None:
+        return done.wait(timeout)
+    while not done.wait(0.1 if interruptible else None):
+        pass
+    return True
+
+
+def release_names(namespace: dict, start_method: str) -> None:
+    """Drop this rank's references to what it received (after ``settle_devices``), so CUDA IPC
+    reference counts reach the kernel before the rank leaves with ``os._exit`` (the kernel can
+    then free a shared tensor's memory on ``del``).  A forked rank's namespace is the kernel's own
+    objects, received by no IPC: left alone (their finalizers are the kernel's)."""
+    if start_method == "fork":
+        return
+    import gc
+
+    namespace.clear()
+    gc.collect()
+
+
+def abort_groups() -> None:
+    """Abort every NCCL communicator of this rank (torch's ``_abort_process_group``): pending
+    collectives stop, and neither leaving nor anything after waits on them."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    with contextlib.suppress(Exception):  # best effort: the rank is leaving anyway
+        if "nccl" in str(dist.get_backend()).lower():
+            from torch.distributed.distributed_c10d import _abort_process_group
+
+            _abort_process_group()
 
 
 def _exit_code(exc: SystemExit) -> int:

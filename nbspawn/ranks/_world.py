@@ -43,6 +43,8 @@ class WorldJob:
     out_names: tuple[str, ...] = ()
     shm_prefix: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    shared: tuple[str, ...] = ()  # the --share names: released after the cell (CUDA IPC reference counts)
+    grace: float = 5.0  # how long a rank may take to bring its GPU in step once the cell failed or was interrupted
 
     def rank_dir(self, rank: int) -> str:
         return os.path.join(self.run_dir, str(rank))
@@ -114,16 +116,45 @@ def _serve(
         if not group:
             group.append(_rank.init_process_group(spec.backend, rank))
         _run(job, rank, namespace, own)
-        return OK, 0
+        # in step: every collective this rank queued has completed (an interrupt meanwhile is the cell's)
+        _rank.settle_devices(None, interruptible=True)
+        outcome = OK, 0
     except SystemExit as exc:
         code = _rank._exit_code(exc)
-        return (OK, 0) if code == 0 else (EXITED, code)
+        outcome = (OK, 0) if code == 0 else (EXITED, code)
     except BaseException as exc:
         signal.signal(signal.SIGINT, _ignore_interrupt)
         _rank.write_error(rank_dir, job.cell, exc)
-        return (INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RAISED), 1
+        outcome = (INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RAISED), 1
     finally:
         signal.signal(signal.SIGINT, _ignore_interrupt)
+    keep_in_step(rank, job, namespace, own)
+    return outcome
+
+
+def keep_in_step(rank: int, job: WorldJob, namespace: dict[str, Any], own: set[str]) -> None:
+    """A rank that used the GPU answers only once its queued work is done, so a world that goes on
+    is provably in step: NCCL calls return once queued, and an interrupted or failed cell can leave
+    ranks with different numbers of collectives queued; then one of them never completes.  Such a
+    rank leaves (the kernel reports the world lost) rather than pair the next cell's collectives
+    off by one.  Then what ``--share`` sent is released (CUDA IPC reference counts)."""
+    if not _rank._cuda_in_use():
+        return
+    if not _rank.settle_devices(job.grace):
+        print(
+            f"nbspawn: rank {rank}'s GPU work did not finish within {job.grace:g} s of the cell's end: its NCCL "
+            "collectives are out of step with the other ranks', so this world cannot go on; start it again.",
+            file=sys.stderr,
+        )
+        _rank.abort_groups()
+        finished()
+        _rank._flush()
+        os._exit(_rank.EXIT_RAISED)
+    dropped = [name for name in job.shared if name not in own and namespace.pop(name, None) is not None]
+    if dropped:
+        import gc
+
+        gc.collect()
 
 
 def _run(job: WorldJob, rank: int, namespace: dict[str, Any], own: set[str]) -> None:

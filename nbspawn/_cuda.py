@@ -1,0 +1,372 @@
+"""CUDA on this machine: the facts nbspawn decides from, gathered without touching CUDA, and the
+decisions themselves, as pure functions of those facts (so they are tested with facts passed in).
+
+What torch 2.13 does, and why the facts are these (``torch/cuda/__init__.py``,
+``torch/csrc/cuda/Module.cpp``):
+
+* ``torch.cuda.is_available()`` runs ``torch._C._cuda_getDeviceCount()`` (``cudaGetDeviceCount``,
+  which runs ``cuInit``) unless ``PYTORCH_NVML_BASED_CUDA_CHECK=1``; ``_cuda_getDeviceCount`` and
+  ``_cuda_getArchFlags`` (``get_arch_list()``) call ``poison_fork()``, which registers a
+  ``pthread_atfork`` child handler that marks every later forked child "in bad fork".  Neither sets
+  ``torch.cuda._initialized``, and ``_is_in_bad_fork()`` is False in the kernel itself: only a
+  forked child can tell.  ``device_count()`` asks NVML first, but falls back on
+  ``_cuda_getDeviceCount`` (poisoning fork) when NVML fails or ``CUDA_VISIBLE_DEVICES`` names MIG
+  devices.
+* Another library (CuPy, JAX, Numba) may have run ``cuInit`` itself: the driver is then initialized
+  in the kernel, and a forked child's ``cuInit`` fails, whatever torch thinks.
+* ``cuInit`` needs ``libcuda.so`` mapped; every driver call but ``cuInit``/``cuDriverGetVersion``
+  answers ``CUDA_ERROR_NOT_INITIALIZED`` (3) until ``cuInit`` ran, without initializing anything.
+
+So "could a forked rank use CUDA" is asked of: torch's own state, a forked probe child (torch's
+flag), and the driver library (loaded at all, then initialized or not).  Counting GPUs never asks
+the CUDA runtime in the kernel: NVML's raw count (``CUDA_VISIBLE_DEVICES`` ignored), or
+``/proc/driver/nvidia/gpus``, with the ranks' own ``CUDA_VISIBLE_DEVICES`` applied here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import ModuleType
+
+from .errors import SpawnUsageError
+
+CUDA_ERROR_NOT_INITIALIZED = 3
+VISIBLE = "CUDA_VISIBLE_DEVICES"
+ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+
+# -- pure decisions -------------------------------------------------------------------------------
+
+
+def visible_devices(value: str | None) -> list[str] | None:
+    """``CUDA_VISIBLE_DEVICES`` as the CUDA runtime reads it (torch's ``_parse_visible_devices``):
+    None when unset (every GPU); ordinals stop at the first one that is not a number (``-1`` hides
+    everything after it); ``GPU-``/``MIG-`` UUID lists stop at the first entry of another kind; a
+    repeated entry makes the list empty."""
+    if value is None:
+        return None
+    items = [item.strip() for item in value.split(",")]
+    found: list[str] = []
+    for prefix in ("GPU-", "MIG-"):
+        if value.strip().startswith(prefix):
+            for item in items:
+                if item in found:
+                    return []
+                if not item.startswith(prefix):
+                    break
+                found.append(item)
+            return found
+    for item in items:
+        digits = ""
+        for index, char in enumerate(item):
+            if char.isdigit() or (index == 0 and char in "+-"):
+                digits += char
+            else:
+                break
+        try:
+            number = int(digits)
+        except ValueError:
+            break
+        if number < 0:
+            break
+        if str(number) in found:
+            return []
+        found.append(str(number))
+    return found
+
+
+def count_visible(value: str | None, physical: int) -> int:
+    """How many GPUs a process with ``CUDA_VISIBLE_DEVICES=value`` sees on a machine with ``physical``."""
+    devices = visible_devices(value)
+    if devices is None:
+        return physical
+    if devices and devices[0].startswith("MIG-"):
+        return len(devices)  # one GPU can hold several MIG devices
+    if devices and devices[0].startswith("GPU-"):
+        return min(len(devices), physical)
+    for index, ordinal in enumerate(devices):
+        if int(ordinal) >= physical:  # the runtime stops at the first ordinal that does not exist
+            return index
+    return len(devices)
+
+
+def same_devices(kernel_value: str | None, ranks_value: str | None) -> bool:
+    """Whether the kernel and its ranks number the GPUs alike (CUDA IPC handles carry device numbers)."""
+    return visible_devices(kernel_value) == visible_devices(ranks_value)
+
+
+def ranks_visible(user_env: Mapping[str, str], environ: Mapping[str, str]) -> str | None:
+    """The ``CUDA_VISIBLE_DEVICES`` the ranks will have: the user's ``--env``, else the kernel's."""
+    return user_env.get(VISIBLE, environ.get(VISIBLE))
+
+
+@dataclass(frozen=True)
+class ForkFacts:
+    """What decides whether a forked rank could use CUDA."""
+
+    gpus: int  # GPUs the ranks would see
+    torch_initialized: bool = False  # torch.cuda.is_initialized() (or this process is itself a bad fork)
+    torch_poisoned: bool = False  # torch's at-fork handler is registered: a forked child is "in bad fork"
+    driver_initialized: bool | None = False  # cuInit ran here (None: libcuda is loaded, and could not be asked)
+
+
+def fork_blocker(facts: ForkFacts) -> str | None:
+    """Why forked ranks could not use the GPUs, in nbspawn's words; None if they could (or there are none)."""
+    if facts.torch_initialized:
+        return "CUDA is already initialized in this kernel"
+    if facts.gpus <= 0:
+        return None
+    if facts.torch_poisoned:
+        return (
+            "torch has asked the CUDA runtime about this machine in this kernel (torch.cuda.is_available(), "
+            "get_arch_list(), or device_count() where NVML cannot answer), after which forked processes cannot use CUDA"
+        )
+    if facts.driver_initialized:
+        return "the CUDA driver is initialized in this kernel (by a library such as CuPy, JAX or Numba)"
+    if facts.driver_initialized is None:
+        return "the CUDA driver is loaded in this kernel and nbspawn cannot tell whether it was initialized"
+    return None
+
+
+def decide_start_method(requested: str, available: list[str], blocker: str | None) -> tuple[str, list[str]]:
+    """Fork where forked ranks could use everything the machine has, else forkserver (with a note);
+    an explicit fork that could not use the GPUs is refused, with the way out."""
+    notes: list[str] = []
+    if requested == "auto":
+        if "fork" not in available:
+            return "spawn", notes
+        if blocker:
+            notes.append(
+                f"nbspawn: this run uses --start-method forkserver, not fork: {blocker}, so forked ranks could "
+                "not use the GPUs. Pass --start-method to choose."
+            )
+            return "forkserver", notes
+        return "fork", notes
+    if requested not in available:
+        raise SpawnUsageError(f"--start-method {requested} is not available on this platform ({', '.join(available)} are)")
+    if requested == "fork" and blocker:
+        raise SpawnUsageError(
+            f"cannot fork: {blocker}, and forked ranks could not use the GPUs. Use --start-method forkserver "
+            "(or spawn), or restart the kernel and run %%spawn before touching CUDA in the kernel "
+            "(PYTORCH_NVML_BASED_CUDA_CHECK=1 makes torch.cuda.is_available() leave fork usable)."
+        )
+    return requested, notes
+
+
+def resolve_backend(name: str, nprocs: int, gpus: int) -> tuple[str, str | None]:
+    """The process group's backend (none | gloo | nccl) and a note if ``auto`` passed over the GPUs.
+
+    nccl needs a GPU of its own per rank of a node (cuda:LOCAL_RANK): ``auto`` picks it only then.
+    """
+    if name in ("none", "gloo"):
+        return name, None
+    if name == "auto":
+        if gpus and nprocs <= gpus:
+            return "nccl", None
+        if gpus:
+            return "gloo", (
+                f"nbspawn: --backend auto uses gloo: {nprocs} ranks and {gpus} GPU{'s' if gpus > 1 else ''} visible "
+                "(nccl needs a GPU of its own per rank)."
+            )
+        return "gloo", None
+    if name == "nccl":
+        if not gpus:
+            raise SpawnUsageError("--backend nccl needs CUDA GPUs and none is visible; use --backend gloo")
+        if nprocs > gpus:
+            raise SpawnUsageError(f"--backend nccl needs one GPU per rank: {nprocs} ranks, {gpus} GPUs visible")
+    return name, None
+
+
+def rank_device(local_rank: int, gpus: int) -> int | None:
+    """The one rank -> device mapping: cuda:LOCAL_RANK (torchrun's), wrapped round where ranks
+    outnumber GPUs (gloo only: nccl is refused then); None without GPUs."""
+    if gpus <= 0:
+        return None
+    return local_rank % gpus
+
+
+def torchrun_env(user_env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """What torchrun's agent adds to a rank's environment for NCCL, unless the user set it."""
+    if ASYNC_ERROR_HANDLING in user_env or ASYNC_ERROR_HANDLING in environ:
+        return {}
+    return {ASYNC_ERROR_HANDLING: "1"}
+
+
+def socket_interface_env(interface: str | None, user_env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """GLOO/NCCL_SOCKET_IFNAME for the interface a node reaches node 0 through, unless the user set them.
+
+    NCCL reads its value as a prefix (``eth1`` also matches ``eth10``); ``=eth1`` is the exact name.
+    Gloo takes the exact name as it is.
+    """
+    if not interface:
+        return {}
+    wanted = {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": f"={interface}"}
+    return {key: value for key, value in wanted.items() if key not in user_env and key not in environ}
+
+
+def node_gpus(engine_visible: list[str | None], physical: int) -> tuple[int, str | None]:
+    """A node's GPUs from what every engine on it sees, and the ``CUDA_VISIBLE_DEVICES`` its ranks need.
+
+    A scheduler (Slurm) may bind one GPU per engine with ``CUDA_VISIBLE_DEVICES``: the node's ranks
+    get the union of the engines' devices.  An engine without the variable sees every GPU.
+    """
+    if not engine_visible or any(value is None for value in engine_visible):
+        return physical, None
+    union: list[str] = []
+    for value in engine_visible:
+        for device in visible_devices(value) or []:
+            if device not in union:
+                union.append(device)
+    joined = ",".join(union)
+    return count_visible(joined, physical) if union else 0, joined
+
+
+# -- facts of this process ------------------------------------------------------------------------
+
+
+def _torch() -> ModuleType | None:
+    return sys.modules.get("torch")
+
+
+def compiled_with_cuda(torch: ModuleType | None = None) -> bool:
+    torch = torch or _torch()
+    return torch is not None and hasattr(torch._C, "_cuda_getDeviceCount")
+
+
+def physical_gpus() -> int | None:
+    """The machine's GPUs (``CUDA_VISIBLE_DEVICES`` ignored), asked without the CUDA runtime: NVML,
+    else the NVIDIA driver's ``/proc`` entries; 0 without an NVIDIA driver (a CUDA build of torch on
+    a CPU machine); None when the driver is there but neither can say."""
+    torch = _torch()
+    raw = getattr(getattr(torch, "cuda", None), "_raw_device_count_nvml", None)
+    if raw is not None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                count = int(raw())
+        except (OSError, AttributeError):
+            count = -1
+        if count >= 0:
+            return count
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except FileNotFoundError:
+        return None if os.path.isdir("/proc/driver/nvidia") else 0
+    except OSError:
+        return None
+
+
+_child_counts: dict[str | None, int] = {}
+
+
+def _count_in_child(visible: str | None) -> int:
+    """The last resort (no NVML, no /proc entries): a child process asks the CUDA runtime."""
+    if visible not in _child_counts:
+        env = dict(os.environ)
+        env.pop(VISIBLE, None)
+        if visible is not None:
+            env[VISIBLE] = visible
+        try:
+            done = subprocess.run(
+                [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                env=env, capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+            _child_counts[visible] = int(done.stdout.strip().splitlines()[-1])
+        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+            _child_counts[visible] = 0
+    return _child_counts[visible]
+
+
+def gpu_count(visible: str | None) -> int:
+    """GPUs that ranks with ``CUDA_VISIBLE_DEVICES=visible`` see; never poisons this process's fork."""
+    import torch
+
+    if not compiled_with_cuda(torch):
+        return 0
+    if (torch.cuda._initialized and visible == os.environ.get(VISIBLE)) or torch.version.hip:
+        # asked already: nothing left to poison (ROCm: torch asks amdsmi, as it always did)
+        return int(torch.cuda.device_count())
+    physical = physical_gpus()
+    if physical is None:
+        return _count_in_child(visible)
+    return count_visible(visible, physical)
+
+
+def _libcuda() -> str | None:
+    """The path of the CUDA driver library if this process has it mapped."""
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                if "libcuda.so" in line:
+                    return line.split(None, 5)[-1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def driver_initialized() -> bool | None:
+    """Whether ``cuInit`` ran in this process: False when libcuda is not even loaded; asked of the
+    loaded library otherwise (``cuDeviceGetCount`` answers NOT_INITIALIZED before ``cuInit``)."""
+    path = _libcuda()
+    if path is None:
+        return False
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)  # already loaded: nothing runs
+        count = ctypes.c_int(0)
+        rc = lib.cuDeviceGetCount(ctypes.byref(count))
+    except (OSError, AttributeError):
+        return None
+    return rc != CUDA_ERROR_NOT_INITIALIZED
+
+
+_poisoned = False  # once torch registered its at-fork handler it stays registered
+
+
+def torch_poisoned_fork() -> bool:
+    """Whether a child forked now would be "in bad fork" for torch: asked of a forked child."""
+    global _poisoned
+    torch = _torch()
+    if _poisoned or torch is None or not compiled_with_cuda(torch):
+        return _poisoned
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Python 3.12+: fork with threads
+        pid = os.fork()
+    if pid == 0:  # the child reads one flag and leaves, touching nothing else
+        try:
+            bad = bool(torch._C._cuda_isInBadFork())
+        except BaseException:
+            bad = True
+        os._exit(1 if bad else 0)
+    _, status = os.waitpid(pid, 0)
+    _poisoned = os.waitstatus_to_exitcode(status) != 0
+    return _poisoned
+
+
+def fork_facts(gpus: int) -> ForkFacts:
+    """This kernel's facts (the costlier ones asked only where the cheaper did not already say no)."""
+    torch = _torch()
+    if torch is None:
+        return ForkFacts(gpus=gpus)
+    if torch.cuda.is_initialized() or torch.cuda._is_in_bad_fork():
+        return ForkFacts(gpus=gpus, torch_initialized=True)
+    if gpus <= 0 or not compiled_with_cuda(torch):
+        return ForkFacts(gpus=gpus)
+    driver = driver_initialized()
+    if driver is not False:
+        return ForkFacts(gpus=gpus, driver_initialized=driver)
+    return ForkFacts(gpus=gpus, torch_poisoned=torch_poisoned_fork())
+
+
+def collect_ipc() -> None:
+    """In the kernel: free GPU memory the ranks released since (``torch.cuda.ipc_collect``)."""
+    torch = _torch()
+    if torch is not None and compiled_with_cuda(torch) and torch.cuda.is_initialized():
+        try:
+            torch.cuda.ipc_collect()
+        except RuntimeError:
+            pass

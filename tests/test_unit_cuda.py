@@ -1,0 +1,332 @@
+"""The CUDA decisions, as pure functions of facts passed in: they run on CPU-only CI.
+
+What the GPU itself must prove is in tests/test_cuda.py (skipped without a GPU).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+
+from nbspawn import _cuda
+from nbspawn._request import Settings
+from nbspawn._source import CellSource
+from nbspawn.cluster._plan import gpus_of
+from nbspawn.cluster._plan import resolve_backend as cluster_backend
+from nbspawn.errors import SpawnUsageError
+from nbspawn.handoff import _shm
+from nbspawn.handoff._names import pick_shared
+
+# -- CUDA_VISIBLE_DEVICES, read as the CUDA runtime reads it --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, None),
+        ("", []),
+        ("0,1", ["0", "1"]),
+        (" 2, 3 ", ["2", "3"]),
+        ("1gpu2,2ampere", ["1", "2"]),  # strtoul: the leading digits
+        ("0,-1,1", ["0"]),  # a negative ordinal hides the rest
+        ("0,0", []),  # a repeated ordinal: no device at all
+        ("GPU-aa,GPU-bb", ["GPU-aa", "GPU-bb"]),
+        ("MIG-1,MIG-2,0", ["MIG-1", "MIG-2"]),
+    ],
+)
+def test_visible_devices_parse_as_torch_and_the_runtime_do(value, expected):
+    assert _cuda.visible_devices(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "physical", "expected"),
+    [
+        (None, 8, 8),
+        ("0,1", 8, 2),
+        ("0,1", 1, 1),  # the runtime stops at the first ordinal that does not exist
+        ("5,0", 2, 0),
+        ("MIG-a,MIG-b,MIG-c", 1, 3),  # MIG devices outnumber the GPUs holding them
+        ("GPU-a,GPU-b", 1, 1),
+        ("", 4, 0),
+    ],
+)
+def test_count_visible(value, physical, expected):
+    assert _cuda.count_visible(value, physical) == expected
+
+
+def test_gpus_are_counted_with_the_ranks_environment_not_the_kernels(monkeypatch):
+    """`--env CUDA_VISIBLE_DEVICES=0,1` on a 4-GPU machine: -n auto means 2 ranks (defect 9)."""
+    monkeypatch.setattr(_cuda, "compiled_with_cuda", lambda torch=None: True)
+    monkeypatch.setattr(_cuda, "physical_gpus", lambda: 4)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert _cuda.gpu_count(_cuda.ranks_visible({}, os.environ)) == 4
+    assert _cuda.gpu_count(_cuda.ranks_visible({"CUDA_VISIBLE_DEVICES": "0,1"}, os.environ)) == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert _cuda.gpu_count(_cuda.ranks_visible({}, os.environ)) == 1
+
+
+def test_build_spec_counts_auto_ranks_with_the_ranks_environment(monkeypatch, tmp_path):
+    from nbspawn import _spec
+
+    monkeypatch.setattr(_cuda, "compiled_with_cuda", lambda torch=None: True)
+    monkeypatch.setattr(_cuda, "physical_gpus", lambda: 4)
+    monkeypatch.setattr(_cuda, "fork_facts", lambda gpus: _cuda.ForkFacts(gpus=gpus))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    settings = Settings(nprocs="auto", env=("CUDA_VISIBLE_DEVICES=0",), log_dir=str(tmp_path))
+    spec = _spec.build_spec(CellSource("pass"), settings, rich=False)
+    assert spec.nprocs == 1 and spec.start_method == "fork"
+    settings = Settings(nprocs="auto", log_dir=str(tmp_path), backend="auto")
+    spec = _spec.build_spec(CellSource("pass"), settings, rich=False)
+    assert spec.nprocs == 4 and spec.backend == "nccl"
+
+
+def test_cuda_visible_devices_naming_mig_is_counted_without_the_cuda_runtime(monkeypatch):
+    """torch.cuda.device_count() falls back on cudaGetDeviceCount (poisoning fork) for MIG- lists;
+    nbspawn counts the listed devices instead."""
+    monkeypatch.setattr(_cuda, "compiled_with_cuda", lambda torch=None: True)
+    monkeypatch.setattr(_cuda, "physical_gpus", lambda: 1)
+    monkeypatch.setattr(_cuda, "_count_in_child", lambda visible: pytest.fail("asked a child process"))
+    assert _cuda.gpu_count("MIG-1,MIG-2") == 2
+
+
+# -- the start method -----------------------------------------------------------------------------
+
+METHODS = ["fork", "spawn", "forkserver"]
+
+
+@pytest.mark.parametrize(
+    ("facts", "blocked"),
+    [
+        (_cuda.ForkFacts(gpus=0), False),  # no GPU: nothing for a forked rank to lose
+        (_cuda.ForkFacts(gpus=0, torch_poisoned=True), False),
+        (_cuda.ForkFacts(gpus=0, torch_initialized=True), True),
+        (_cuda.ForkFacts(gpus=2), False),
+        (_cuda.ForkFacts(gpus=2, torch_initialized=True), True),
+        (_cuda.ForkFacts(gpus=2, torch_poisoned=True), True),  # is_available() / get_arch_list() ran
+        (_cuda.ForkFacts(gpus=2, driver_initialized=True), True),  # CuPy / JAX ran cuInit
+        (_cuda.ForkFacts(gpus=2, driver_initialized=None), True),  # in doubt: no fork
+    ],
+)
+def test_fork_blocker_asks_whether_a_forked_rank_could_use_cuda(facts, blocked):
+    assert (_cuda.fork_blocker(facts) is not None) is blocked
+
+
+def test_auto_picks_forkserver_with_a_note_when_fork_could_not_use_cuda():
+    reason = _cuda.fork_blocker(_cuda.ForkFacts(gpus=1, torch_poisoned=True))
+    method, notes = _cuda.decide_start_method("auto", METHODS, reason)
+    assert method == "forkserver"
+    assert len(notes) == 1 and "uses --start-method forkserver" in notes[0] and "is_available()" in notes[0]
+    assert _cuda.decide_start_method("auto", METHODS, None) == ("fork", [])
+    assert _cuda.decide_start_method("auto", ["spawn"], reason) == ("spawn", [])
+
+
+def test_explicit_fork_is_refused_in_nbspawns_words():
+    reason = _cuda.fork_blocker(_cuda.ForkFacts(gpus=1, torch_initialized=True))
+    with pytest.raises(SpawnUsageError, match=r"cannot fork: CUDA is already initialized.*forkserver"):
+        _cuda.decide_start_method("fork", METHODS, reason)
+    assert _cuda.decide_start_method("spawn", METHODS, reason) == ("spawn", [])
+    assert _cuda.decide_start_method("fork", METHODS, None) == ("fork", [])
+    with pytest.raises(SpawnUsageError, match="not available"):
+        _cuda.decide_start_method("fork", ["spawn"], None)
+
+
+def test_the_start_method_asks_no_gpu_facts_on_a_cpu_build(monkeypatch):
+    """On CPU-only torch (this CI) nothing is probed: behaviour is what it always was."""
+    from nbspawn import _spec
+
+    monkeypatch.setattr(_cuda, "torch_poisoned_fork", lambda: pytest.fail("forked a probe"))
+    if not _cuda.compiled_with_cuda(torch):
+        assert _spec.choose_start_method(None) == ("fork", [])
+
+
+def test_a_poisoned_kernel_fork_probe_is_what_the_facts_say(monkeypatch):
+    monkeypatch.setattr(_cuda, "compiled_with_cuda", lambda torch=None: True)
+    monkeypatch.setattr(_cuda, "driver_initialized", lambda: False)
+    monkeypatch.setattr(_cuda, "torch_poisoned_fork", lambda: True)
+    facts = _cuda.fork_facts(2)
+    assert facts.torch_poisoned and not facts.torch_initialized
+
+
+def test_driver_facts_without_libcuda_loaded():
+    """This process has no libcuda mapped (CPU torch): the driver cannot have been initialized here."""
+    with open("/proc/self/maps") as fh:
+        if "libcuda.so" in fh.read():
+            pytest.skip("libcuda is loaded in this process")
+    assert _cuda.driver_initialized() is False
+
+
+# -- the backend and the devices ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "nprocs", "gpus", "expected", "noted"),
+    [
+        ("auto", 2, 2, "nccl", False),
+        ("auto", 1, 8, "nccl", False),
+        ("auto", 4, 2, "gloo", True),  # -n 4 --backend auto on 2 GPUs: not nccl (invalid device ordinal)
+        ("auto", 4, 0, "gloo", False),
+        ("gloo", 4, 2, "gloo", False),
+        ("none", 4, 2, "none", False),
+        ("nccl", 2, 2, "nccl", False),
+    ],
+)
+def test_backend_given_gpus_and_ranks(name, nprocs, gpus, expected, noted):
+    backend, note = _cuda.resolve_backend(name, nprocs, gpus)
+    assert backend == expected and (note is not None) is noted
+    if note:
+        assert "gloo" in note and f"{nprocs} ranks" in note
+
+
+@pytest.mark.parametrize(("nprocs", "gpus", "match"), [(3, 2, "one GPU per rank"), (1, 0, "none is visible")])
+def test_nccl_without_a_gpu_per_rank_is_a_usage_error(nprocs, gpus, match):
+    with pytest.raises(SpawnUsageError, match=match):
+        _cuda.resolve_backend("nccl", nprocs, gpus)
+
+
+@pytest.mark.parametrize(
+    ("local_rank", "gpus", "expected"), [(0, 0, None), (3, 0, None), (0, 2, 0), (1, 2, 1), (2, 2, 0), (7, 8, 7)]
+)
+def test_one_rank_to_device_mapping(local_rank, gpus, expected):
+    assert _cuda.rank_device(local_rank, gpus) == expected
+
+
+def test_torchrun_sets_async_error_handling_unless_the_user_did():
+    assert _cuda.torchrun_env({}, {}) == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    assert _cuda.torchrun_env({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}, {}) == {}
+    assert _cuda.torchrun_env({}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}) == {}
+
+
+def test_rank_env_carries_async_error_handling_and_the_users_value_wins():
+    from nbspawn._spec import RunSpec
+
+    spec = RunSpec(run_id="r", nprocs=1, start_method="fork", backend="nccl", cell=CellSource("pass"), run_dir="/tmp/x")
+    if "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in os.environ:
+        assert spec.rank_env(0)["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    spec = RunSpec(
+        run_id="r", nprocs=1, start_method="fork", backend="nccl", cell=CellSource("pass"), run_dir="/tmp/x",
+        env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"},
+    )  # fmt: skip
+    assert spec.rank_env(0)["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
+
+
+# -- clusters -------------------------------------------------------------------------------------
+
+
+def test_nccl_socket_ifname_is_an_exact_match():
+    """NCCL matches NCCL_SOCKET_IFNAME as a prefix: eth1 would also pick eth10."""
+    assert _cuda.socket_interface_env("eth1", {}, {}) == {"GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "=eth1"}
+    assert _cuda.socket_interface_env("eth1", {"NCCL_SOCKET_IFNAME": "ib0"}, {}) == {"GLOO_SOCKET_IFNAME": "eth1"}
+    assert _cuda.socket_interface_env("eth1", {}, {"GLOO_SOCKET_IFNAME": "x"}) == {"NCCL_SOCKET_IFNAME": "=eth1"}
+    assert _cuda.socket_interface_env(None, {}, {}) == {}
+
+
+def test_agent_socket_interface_uses_the_exact_nccl_form(monkeypatch):
+    from nbspawn.cluster import _agent, _net
+
+    monkeypatch.setattr(_net, "source_address", lambda addr: "10.0.0.2")
+    monkeypatch.setattr(_net, "interface_of", lambda addr: "eth1")
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    assert _agent._socket_interface("10.0.0.1", {})["NCCL_SOCKET_IFNAME"] == "=eth1"
+
+
+@pytest.mark.parametrize(
+    ("visible", "physical", "expected"),
+    [
+        ([None, None], 8, (8, None)),  # engines see every GPU
+        (["0", "1", "2", "3"], 4, (4, "0,1,2,3")),  # Slurm: one GPU bound per engine
+        (["3", None], 4, (4, None)),  # one engine sees them all
+        (["0,1", "1,2"], 4, (3, "0,1,2")),
+        ([], 2, (2, None)),
+    ],
+)
+def test_a_nodes_gpus_come_from_every_engine(visible, physical, expected):
+    assert _cuda.node_gpus(visible, physical) == expected
+
+
+def test_cluster_node_gpu_count_is_not_one_engines_view():
+    facts = [{"gpus": 1, "physical_gpus": 4, "cuda_visible": str(i)} for i in range(4)]
+    assert gpus_of(0, facts) == (4, "0,1,2,3")
+    assert gpus_of(0, [{"gpus": 2, "physical_gpus": 2, "cuda_visible": None}]) == (2, None)
+    # no NVML and no /proc entries: what the engines themselves see
+    assert gpus_of(0, [{"gpus": 2, "physical_gpus": None, "cuda_visible": None}]) == (2, None)
+
+
+def test_cluster_backend_auto_needs_a_gpu_per_rank_on_every_node():
+    from nbspawn.cluster._plan import Node
+
+    nodes = [Node(0, "a", "a", None, 0, [0], {}, gpus=2), Node(1, "b", "b", None, 1, [1], {}, gpus=2)]
+    assert cluster_backend(nodes, "auto", 2) == "nccl"
+    assert cluster_backend(nodes, "auto", 4) == "gloo"
+    with pytest.raises(SpawnUsageError, match="one GPU per rank"):
+        cluster_backend(nodes, "nccl", 3)
+
+
+# -- names: CUDA tensors that are not shared ------------------------------------------------------
+
+
+def _for_gpu(t: torch.Tensor) -> torch.Tensor:
+    setattr(t, _shm._FOR_GPU, True)
+    return t
+
+
+def test_tensors_bound_for_a_gpu_arrive_as_cpu_leaves_and_keep_parameterness(capsys):
+    """What a cluster engine (or a rank) unpickles: CPU data, Parameters still Parameters and leaves,
+    placed only by place_arrivals, in place; without a GPU they stay on CPU with a note."""
+    weight = _for_gpu(torch.nn.Parameter(torch.ones(3)))
+    index = _for_gpu(torch.arange(3))
+    data = _shm.dumps_by_value({"w": weight, "i": index, "n": 3})
+    _shm.forget_arrivals()
+    got = _shm.loads(data)
+    w, i = got["w"], got["i"]
+    assert isinstance(w, torch.nn.Parameter) and w.is_leaf and w.requires_grad and w.grad_fn is None
+    assert not isinstance(i, torch.nn.Parameter) and not i.requires_grad
+    assert getattr(w, _shm._FOR_GPU) and len(_shm._arrivals) == 2
+    before = id(w)
+    _shm.place_arrivals()
+    assert id(got["w"]) == before and not hasattr(w, _shm._FOR_GPU) and _shm._arrivals == []
+    if not torch.cuda.is_available():
+        assert w.device.type == "cpu" and "stay on CPU" in capsys.readouterr().err
+    torch.optim.SGD([w], lr=0.1)  # a leaf: an optimizer takes it
+
+
+def test_a_payload_opens_only_when_unwrapped():
+    """A spawned rank gets a sealed payload: it is unpickled once the rank is set up (a failure is
+    the rank's reported error), exactly once (its descriptors are taken by the first load)."""
+    t = torch.arange(4.0)
+    payload = _shm.Payload({"t": t}, shared=[])
+    rebuild, args = payload.__reduce__()
+    sealed = rebuild(*args)
+    assert not isinstance(sealed, dict)
+    first = _shm.Payload.unwrap(sealed)
+    assert first["t"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert _shm.Payload.unwrap(sealed) is first
+
+
+def test_a_kept_world_may_receive_cuda_shares_whatever_its_start_method():
+    """pick_shared refuses CUDA --share only for ranks still to be forked (10b); without a GPU the
+    check is exercised through its condition on a CPU tensor."""
+    ns: dict[str, Any] = {"t": torch.zeros(2)}
+    assert pick_shared(("t",), ns, "fork", ranks_started=True) == {"t": ns["t"]}
+
+
+def test_cuda_share_refused_when_the_ranks_see_other_gpus():
+    assert _cuda.same_devices("0,1", "0,1") and _cuda.same_devices(None, None)
+    assert not _cuda.same_devices(None, "1") and not _cuda.same_devices("0,1", "1,0")
+
+
+def test_a_world_cell_does_not_rechoose_the_start_method(monkeypatch, tmp_path):
+    """A fork world, then CUDA poisons the kernel's fork: repeating --start-method fork on the world
+    is its own setting, not a new fork (10a)."""
+    from nbspawn._spec import RunSpec
+    from nbspawn.executors import _world
+
+    monkeypatch.setattr(_cuda, "fork_blocker", lambda facts: "CUDA is already initialized in this kernel")
+    spec = RunSpec(run_id="w", nprocs=2, start_method="fork", backend="gloo", cell=CellSource("pass"), run_dir=str(tmp_path))
+    world = _world.World(name="w", spec=spec, base_dir=str(tmp_path))
+    _world._check_settings(world, Settings(nprocs=2, start_method="fork", given=frozenset({"--start-method", "-n"})))
+    with pytest.raises(SpawnUsageError, match="--start-method spawn"):
+        _world._check_settings(world, Settings(start_method="spawn", given=frozenset({"--start-method"})))
