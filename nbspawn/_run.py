@@ -36,6 +36,8 @@ class RankState:
     # ``dir`` is then the kernel's copy of what the rank's agent reported (error.json, stacks.log).
     node: str | None = None
     remote_dir: str | None = None
+    # what nbspawn noticed while the rank runs: "waiting in barrier #3 for 25 s; rank 2 has not entered it"
+    note: str | None = None
 
     def log_path(self, name: str) -> str:
         """Where the user finds the rank's ``name`` log (a ``nbspawn._rankdir`` name): here, or

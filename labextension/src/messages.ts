@@ -84,6 +84,8 @@ export interface IRankRecord {
   display_path: string | null;
   /** A cluster run's rank: its node, e.g. "node 1 (hostb)"; its log paths are then `host:path`. */
   node: string | null;
+  /** While it runs and the run looks hung: "waiting in barrier #3 for 25 s; rank 2 has not entered it". */
+  note?: string | null;
   /** Version 1 bundles only: the kept output (version 2 keeps it in the bundle's `text/html`). */
   output?: OutputChunk[];
 }
@@ -229,7 +231,8 @@ export function parseBundle(data: unknown): IRunBundle {
         stdout_path: strOrNull(r.stdout_path),
         stderr_path: strOrNull(r.stderr_path),
         display_path: strOrNull(r.display_path),
-        node: strOrNull(r.node)
+        node: strOrNull(r.node),
+        note: strOrNull(r.note)
       };
     });
   const e = d.error && typeof d.error === 'object' ? record(d.error) : null;

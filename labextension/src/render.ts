@@ -371,6 +371,7 @@ export function buildMergedTab(): HTMLElement {
 
 /** A rank's tab: its status chip (spinner, ✓ with duration, ✕ with the exception, ■ with the signal). */
 export function buildChip(r: IRankInfo, run: IRunBundle): HTMLElement {
+  const note = r.status === 'running' && r.note ? r.note : null;
   const detail =
     r.status === 'failed'
       ? r.summary ?? (r.exit_code !== null ? `exit ${r.exit_code}` : 'failed')
@@ -378,9 +379,12 @@ export function buildChip(r: IRankInfo, run: IRunBundle): HTMLElement {
         ? r.signal ?? 'stopped'
         : r.status === 'done'
           ? formatDuration(r.duration)
-          : 'running';
+          : note
+            ? note.split(/; | \(/)[0] // "waiting in barrier #3 for 25 s", "has not entered barrier #3"
+            : 'running';
   const title = [
     `rank ${r.rank}: ${r.status}`,
+    note,
     r.summary,
     r.duration !== null ? formatDuration(r.duration) : null,
     r.exit_code !== null ? `exit code ${r.exit_code}` : null
@@ -403,6 +407,9 @@ export function buildChip(r: IRankInfo, run: IRunBundle): HTMLElement {
   );
   if (run.error && run.error.rank === r.rank) {
     chip.classList.add('nbs-mod-rootcause');
+  }
+  if (note) {
+    chip.classList.add('nbs-mod-waiting'); // the run looks hung: this rank waits, or others wait for it
   }
   chip.style.setProperty('--nbs-rank-hue', String(rankHue(r.rank)));
   return chip;

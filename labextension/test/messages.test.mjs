@@ -27,10 +27,10 @@ const RUN = {
   ranks: [
     { rank: 0, pid: 11, status: 'done', exit_code: 0, signal: null, duration: 3.2, summary: null, traceback: null,
       elided_lines: 0, stdout_path: '/tmp/logs/r1/0/stdout.log', stderr_path: '/tmp/logs/r1/0/stderr.log',
-      display_path: '/tmp/logs/r1/0/display.jsonl', node: null },
+      display_path: '/tmp/logs/r1/0/display.jsonl', node: null, note: null },
     { rank: 1, pid: 12, status: 'failed', exit_code: 1, signal: null, duration: 3.1, summary: 'ValueError: boom',
       traceback: 'Traceback ...', elided_lines: 5, stdout_path: 'hostb:/l/1/stdout.log', stderr_path: null,
-      display_path: null, node: 'node 1 (hostb)' },
+      display_path: null, node: 'node 1 (hostb)', note: 'waiting in barrier #3 for 25 s; rank 0 has not entered it' },
   ],
 };
 

@@ -44,13 +44,16 @@ from ..views._protocol import RunView
 from . import _registry
 from ._base import Executor
 from ._procs import interrupts_deferred, signal_group
-from ._where import RankToAsk, hang_verdict, rank_collectives, rank_stacks
+from ._where import RankToAsk, hang_verdict, live_notes, rank_collectives, rank_stacks
 
 # How often new output is looked for: soon after output arrived, then backing off while ranks are
 # quiet (up to the executor's poll_max), so a long silent run costs the kernel almost nothing.
 # Exits wake the loop at once anyway.
 POLL_MIN = 0.02
 STACK_DUMP_WAIT = 0.5  # how long to wait for faulthandler dumps before SIGTERM
+HANG_FIRST_LOOK = 3.0  # seconds of silence before the ranks are looked at (then 6, 12, ... while nothing hangs)
+HANG_RELOOK = 10.0  # while they look hung
+HANG_LAST_LOOK = 300.0  # the longest silence between two looks
 STOPPING_READ_BUDGET = 4096  # bytes of each stream of each rank read per poll while a run is being stopped
 
 
@@ -136,6 +139,9 @@ class _Supervisor:
         self.interrupted_after_stop = False
         self.seen_at_stop: dict[int, str] = {}  # where each rank was when the run was stopped
         self.collectives_at_stop: dict[int, list[dict[str, Any]]] = {}  # and how far in its collectives
+        self.quiet_since = time.monotonic()  # when the ranks last wrote anything
+        self.hang_look_after = HANG_FIRST_LOOK
+        self.noticed = False  # the ranks' chips say they look hung
 
     # -- starting ---------------------------------------------------------------------------------
 
@@ -166,7 +172,12 @@ class _Supervisor:
                 # Stop first: under a flood, reading output is most of what this loop does
                 if self.stop_reason is None:
                     self._check_stop()
-                poll = POLL_MIN if self._forward_output() else min(self.executor.poll_max, poll * 2)
+                if self._forward_output():
+                    poll, self.quiet_since = POLL_MIN, time.monotonic()
+                    self._hang_cleared()
+                else:
+                    poll = min(self.executor.poll_max, poll * 2)
+                    self._watch_for_hangs()
                 for waitable in sorted(ready, key=self._error_time):
                     if waitable in self.alive:
                         self._reap(self.alive[waitable], waitable)
@@ -175,6 +186,37 @@ class _Supervisor:
             except KeyboardInterrupt:
                 self._on_interrupt()
         self._forward_output(final=True)
+
+    # -- a run that looks hung ---------------------------------------------------------------------
+
+    def _watch_for_hangs(self) -> None:
+        """Ranks quiet for a while are looked at (their stacks and collectives); if some wait in a
+        collective that another has not entered, their chips say so while it lasts.  Nothing is
+        asked while output flows, and the looks back off while the ranks are merely busy."""
+        now = time.monotonic()
+        if self.remote or self.stop_reason is not None or now < self.quiet_since + self.hang_look_after:
+            return
+        asked = [RankToAsk(r, self.pids[r], self.run.ranks[r].stacks_path) for r in sorted(set(self.alive.values()))]
+        dumps = rank_stacks(asked, wait=STACK_DUMP_WAIT)
+        stacks = {r: main_thread_stack(d, self.spec.cell) for r, d in dumps.items() if d} if self.spec.program is None else {}
+        collectives = rank_collectives(asked, dumps) if stacks else {}
+        notes = live_notes(stacks, collectives)
+        verdict = hang_verdict(stacks, collectives) if notes else None
+        for state in self.run.ranks:
+            state.note = notes.get(state.rank)
+        self.view.hang_noticed(self.run, verdict)
+        self.noticed = verdict is not None
+        # while hung, the chips' "for N s" is kept fresh; else look again later and later
+        self.hang_look_after = HANG_RELOOK if self.noticed else min(HANG_LAST_LOOK, self.hang_look_after * 2)
+        self.quiet_since = time.monotonic()
+
+    def _hang_cleared(self) -> None:
+        self.hang_look_after = HANG_FIRST_LOOK
+        if self.noticed:
+            self.noticed = False
+            for state in self.run.ranks:
+                state.note = None
+            self.view.hang_noticed(self.run, None)
 
     def _check_stop(self) -> None:
         """The view's Stop button or ``run.stop()``; or, from a node agent's view, a reason to stop

@@ -262,3 +262,32 @@ def _by_place(places: dict[int, str]) -> dict[str, list[int]]:
 
 def _ranks(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_spans(sorted(ranks))}"
+
+
+def live_notes(
+    stacks: dict[int, str], collectives: dict[int, list[dict[str, Any]]] | None = None, now: float | None = None
+) -> dict[int, str]:
+    """What each rank's chip says while a run seems hung (empty: nothing to say).
+
+    A rank in a collective that another rank has not entered: ``waiting in barrier #3 for 25 s; rank 2
+    has not entered it``; that other rank: ``has not entered barrier #3 (Cell In[5], line 6)``.
+    """
+    collectives = collectives or {}
+    now = time.time() if now is None else now
+    waiting = {r: op for r, s in stacks.items() if s.strip() and s != STILL_STARTING and (op := _collective(s))}
+    elsewhere = [r for r, s in stacks.items() if s.strip() and s != STILL_STARTING and r not in waiting]
+    if not waiting or not elsewhere or len(set(waiting.values())) > 1:
+        return {}
+    notes: dict[int, str] = {}
+    absent = _ranks(sorted(elsewhere))
+    for rank, op in waiting.items():
+        entry = _current(collectives.get(rank), op)
+        name = f"{op} #{entry['seq']}" if entry else op
+        waited = f" for {max(0.0, now - float(entry['issued'])):.0f} s" if entry and entry.get("issued") else ""
+        notes[rank] = f"waiting in {name}{waited}; {absent} {'has' if len(elsewhere) == 1 else 'have'} not entered it"
+    first = min(waiting)
+    entry = _current(collectives.get(first), waiting[first])
+    name = f"{waiting[first]} #{entry['seq']}" if entry else waiting[first]
+    for rank in elsewhere:
+        notes[rank] = f"has not entered {name} ({_place(stacks[rank])})"
+    return notes

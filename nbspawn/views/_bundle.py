@@ -77,6 +77,7 @@ def rank_record(state: RankState, elided_lines: int = 0) -> RankRecord:
         "stderr_path": state.log_path(STDERR),
         "display_path": state.log_path(DISPLAY_FILE),
         "node": state.node,
+        "note": state.note,
     }
 
 

@@ -30,6 +30,7 @@ class RankRecord(TypedDict):
     stderr_path: str | None
     display_path: str | None
     node: str | None  # a cluster run's rank: "node 1 (hostb)"; its log paths are then host:path
+    note: str | None  # while it runs: "waiting in barrier #3 for 25 s; rank 2 has not entered it"
 
 
 class RunErrorRecord(TypedDict):

@@ -44,6 +44,10 @@ class RunView:
     def rank_ended(self, run: Run, state: RankState) -> None:
         """The rank ended (``state.status``, ``state.failure``)."""
 
+    def hang_noticed(self, run: Run, verdict: str | None) -> None:
+        """The ranks have been quiet and look hung (``verdict``; the ranks' ``note`` say more), or,
+        with None, no longer do."""
+
     def tick(self, run: Run) -> None:
         """Once per turn of the supervision loop."""
 

@@ -208,6 +208,7 @@ class TextView(RunView):
         self._drawn_at = 0.0
         self._prefix_width = len("[rank0]:")
         self._status = StatusComm()  # the labextension's toolbar item; a no-op outside a kernel
+        self._said: str | None = None  # the hang last said
 
     def _stream(self, name: str) -> TextIO:
         return self._out[name] or (sys.stdout if name == "stdout" else sys.stderr)
@@ -267,6 +268,14 @@ class TextView(RunView):
     def rank_ended(self, run: Run, state: RankState) -> None:
         self._flush_rank(state.rank)
         self._render(force=True)
+
+    def hang_noticed(self, run: Run, verdict: str | None) -> None:
+        """Said once per kind of hang, on stderr: ``nbspawn: looks hung: rank 2 never entered ...``."""
+        kind = verdict.split(" for ", 1)[0] if verdict else None  # the same hang, a later look: not again
+        if verdict and kind != self._said:
+            self._emit("stderr", f"nbspawn: looks hung: {verdict}\n")
+            self._render(force=True)
+        self._said = kind
 
     def tick(self, run: Run) -> None:
         self._status.update(run)

@@ -154,6 +154,9 @@ class WidgetView(RunView):
     def rank_ended(self, run: Run, state: RankState) -> None:
         self.dirty = True
 
+    def hang_noticed(self, run: Run, verdict: str | None) -> None:
+        self.dirty = True  # the chips' notes go with the next sync
+
     def tick(self, run: Run) -> None:
         if self.widget is None and not self.broken and time.time() - run.started_at >= self.live_after:
             try:
