@@ -302,11 +302,13 @@ class SpawnMagics(Magics):
         called from that cell's code.  ``execution_count`` cannot say it: IPython 9 advances it
         before the cell runs when the cell is stored in history, and not otherwise.
         """
+        from types import FrameType
+
         shell = self.shell
         assert shell is not None  # a magic runs in a shell
         cells = _cell_files(shell)
         number = None
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         while frame is not None:
             found = cells.get(frame.f_code.co_filename)
             if found is not None:

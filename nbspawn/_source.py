@@ -22,17 +22,49 @@ STILL_STARTING = "  (still starting: the cell had not begun)"
 _FRAME = re.compile(r'File "' + re.escape(CELL_FILENAME) + r'", line (\d+)(?:, in | in )(\S+)')
 
 
+# a line IPython would have rewritten: `!cmd`, `x = !cmd`, `%magic`, `%%magic`, `x = %magic`
+_IPYTHON_LINE = re.compile(r"^\s*(?:[\w.\[\]'\", ]+=\s*)?(?P<kind>!|%%?)\s*(?P<rest>.*?)\s*$")
+
+
 class CellSyntaxError(SyntaxError):
     """A syntax error in the cell, reported in the cell's own line numbers before anything starts."""
 
     def __init__(self, err: SyntaxError, label: str) -> None:
         super().__init__(err.msg, (label, err.lineno, err.offset, err.text, err.end_lineno, err.end_offset))
         self.label = label
+        self.hint = ipython_syntax_hint(err.text or "")
 
     def report(self) -> str:
-        """``SyntaxError in Cell In[4], line 2: '(' was never closed`` and the line with its caret."""
+        """``SyntaxError in Cell In[4], line 2: '(' was never closed`` and the line with its caret
+        (then, for a line of IPython syntax, what to write instead)."""
         lines = "".join(traceback.format_exception_only(SyntaxError, self)).rstrip("\n").splitlines()
-        return "\n".join([f"SyntaxError in {self.label}, line {self.lineno}: {self.msg}", *lines[1:-1]])
+        report = [f"SyntaxError in {self.label}, line {self.lineno}: {self.msg}", *lines[1:-1]]
+        return "\n".join(report + ([self.hint] if self.hint else []))
+
+
+def ipython_syntax_hint(line: str) -> str:
+    """What to write instead of a line of IPython syntax (``!cmd``, ``%magic``); "" for any other line.
+
+    A rank runs the cell body as Python (``compile``), not through IPython's input transformers, so
+    such a line is a plain syntax error there: say why, and how to do the same in Python.
+    """
+    match = _IPYTHON_LINE.match(line.split("\n", 1)[0])
+    if match is None:
+        return ""
+    rest = match.group("rest")
+    if match.group("kind") == "!":
+        command = rest or "CMD"
+        return (
+            f"`!{command}` is IPython syntax, and a rank runs its cell as plain Python, so shell escapes are not run "
+            f"there. Run the command from Python: os.system({command!r}), or "
+            f"subprocess.run({command!r}, shell=True, check=True) to fail the rank when it fails."
+        )
+    magic = match.group("kind") + (rest.split()[0] if rest else "magic")
+    return (
+        f"`{magic}` is IPython syntax, and a rank runs its cell as plain Python, so magics are not run there. "
+        "Run the magic in a cell of its own in the kernel, or do what it does in Python "
+        "(a shell command: os.system or subprocess.run)."
+    )
 
 
 @dataclass(frozen=True)
@@ -108,9 +140,30 @@ def main_thread_stack(dump: str, cell: CellSource) -> str:
     cut = next((i for i, ln in enumerate(frames) if CELL_FILENAME in ln and ln.rstrip().endswith("<module>")), None)
     if cut is None:
         return STILL_STARTING if frames else ""
-    frames = frames[: cut + 1]
+    frames = [f.strip() for f in frames[: cut + 1] if _IMPORTLIB not in f]
     frames.reverse()
-    return rewrite_cell_frames("\n".join("  " + f.strip() for f in frames), cell)
+    return rewrite_cell_frames("\n".join("  " + f for f in _trim_library(frames)), cell)
+
+
+_IMPORTLIB = '"<frozen importlib._bootstrap'  # and _bootstrap_external: the machinery of every import
+_LIBRARY = re.compile(r'File "(?:<frozen [^>]*>|[^"]*/(?:site-packages|dist-packages)/[^"]*|[^"]*/lib/python3\.\d+/[^"]*)"')
+_PACKAGE = re.compile(
+    r'File "[^"]*/(?:(?:site|dist)-packages|lib/python3\.\d+)/(?!site-packages|dist-packages)([^"/]+?)(?:\.py)?[/"]'
+)
+
+
+def _trim_library(frames: list[str]) -> list[str]:
+    """Frames innermost last, cut to the user's code: below the last frame of the user's own (the
+    cell, a notebook function, their modules), only the call into a library and where it was, with
+    how many frames of which packages lie between (a rank stopped while importing torch: 17 frames)."""
+    last = max((i for i, f in enumerate(frames) if not _LIBRARY.search(f)), default=-1)
+    tail = frames[last + 1 :]
+    if len(tail) <= 3:
+        return frames
+    between = tail[1:-1]
+    packages = sorted({m.group(1) for f in between if (m := _PACKAGE.search(f))})
+    named = f" in {', '.join(packages)}" if packages else ""
+    return [*frames[: last + 2], f"... {len(between)} frames{named} ...", tail[-1]]
 
 
 def rewrite_notebook_frames(text: str, cell_numbers: dict[str, int]) -> str:

@@ -14,11 +14,17 @@ and the matplotlib inline backend pick their notebook forms), but its display pu
 bar) get comms that record their state there instead of talking to the kernel's frontend: a forked
 rank must never use the kernel's sockets (ipykernel would refuse and dump every message into the
 server's log).
+
+An ``ipywidgets.Output`` made in a rank captures as it does in a notebook: while its ``msg_id`` is
+set (``with out:``), what the rank prints and displays goes into it, not into the pane, and where it
+is displayed the pane shows what it holds, updated in place (rich's live displays, and so
+``rich.progress.track`` and Lightning's ``RichProgressBar``, draw this way).
 """
 
 from __future__ import annotations
 
 import base64
+import codecs
 import contextlib
 import functools
 import io
@@ -26,6 +32,8 @@ import json
 import os
 import sys
 import threading
+import time
+from html import escape
 from typing import Any
 
 from .._rankdir import DISPLAY, FILES, ORDER, ORDER_RECORD
@@ -91,6 +99,8 @@ class _StreamRaw(io.RawIOBase):
         return False
 
     def write(self, data: Any) -> int:
+        if _outputs.active and _outputs.stream(self.stream, data):
+            return len(data)
         if _ordered is not None:
             return _ordered.write(self.stream, data)
         return os.write(self.stream + 1, data)
@@ -128,6 +138,34 @@ def capture_output(rank_dir: str, rich: bool) -> None:
     # (typeshed makes sys.__stdout__ & co. Final; a rank is a process of its own, replacing them is the point)
     sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = stdio_streams()  # type: ignore[misc]
     _capture_display(rich)
+    look_launched()
+
+
+def look_launched() -> None:
+    """Make the rank look like a worker torchrun launched to libraries that ask "am I interactive?".
+
+    IPython sets ``sys.ps1`` (``InteractiveShell.init_prompts``): a forked rank inherits it from the
+    kernel and a spawned one gets it from the shell made for display().  Lightning reads it as "a
+    notebook" (``lightning.fabric.utilities.imports._IS_INTERACTIVE``) and then refuses
+    ``strategy="ddp"`` or forks processes of its own inside the rank.  A rank is a launched worker:
+    it has the torchelastic environment (``TORCHELASTIC_RUN_ID``, which Lightning's
+    ``TorchElasticEnvironment`` detects), no prompt, and no terminal.  Rich display does not depend on
+    the prompt (``get_ipython()`` and the ``IPKernelApp`` config say "notebook" to tqdm and friends).
+    """
+    for name in ("ps1", "ps2", "ps3"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+    # Lightning imported in the kernel before the fork decided at import time, in every module that
+    # copied the flag (``from lightning.fabric.utilities.imports import _IS_INTERACTIVE``)
+    if not any(name in sys.modules for name in _LIGHTNING_FLAGS):
+        return
+    for name, module in list(sys.modules.items()):
+        if name.startswith(_LIGHTNING_PACKAGES) and getattr(module, "_IS_INTERACTIVE", None) is True:
+            module._IS_INTERACTIVE = False  # type: ignore[attr-defined]
+
+
+_LIGHTNING_FLAGS = ("lightning.fabric.utilities.imports", "lightning_fabric.utilities.imports")
+_LIGHTNING_PACKAGES = ("lightning.", "lightning_fabric.", "pytorch_lightning.")
 
 
 def redirect_output(rank_dir: str) -> None:
@@ -146,6 +184,7 @@ def redirect_output(rank_dir: str) -> None:
     previous, _ordered = _ordered, _Ordered(rank_dir)
     if previous is not None:
         previous.close()
+    _outputs.reset()
     _finished = False
 
 
@@ -172,6 +211,283 @@ def write_display(record: dict[str, Any]) -> None:
         _ordered.write(DISPLAY, data)
 
 
+# -- ipywidgets.Output ------------------------------------------------------------------------------
+
+_OUTPUT_MODEL = "OutputModel"
+_WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+_RANK_PARENT = {"header": {"msg_id": "nbspawn-rank", "msg_type": "execute_request"}, "msg_id": "nbspawn-rank"}
+_IMAGES = ("image/png", "image/jpeg", "image/gif")
+
+
+class _RankKernel:
+    """Stands for the kernel where a rank has none (spawn, forkserver): ipywidgets' ``Output`` sets its
+    ``msg_id`` from the parent request it finds here, and that is what starts a capture."""
+
+    def get_parent(self, channel: str = "shell") -> dict[str, Any]:
+        return _RANK_PARENT
+
+
+class _OutputWidgets:
+    """The rank's ``ipywidgets.Output`` widgets: what each holds, which capture now, which are shown.
+
+    A notebook's front end routes every message of the request named by an Output's ``msg_id`` into
+    that widget; here the rank does it itself.  While an Output captures (innermost ``with`` first),
+    Python's writes to stdout and stderr, ``display()`` and ``clear_output()`` change what it holds.
+    Where the widget is displayed, the pane gets one display (its id ``nbspawn-output:<model>``)
+    holding the widget's outputs drawn as one bundle, updated in place, at most every ``interval``
+    seconds (the last change always shown: on leaving the ``with``, and when the cell ends).
+    """
+
+    interval = 0.05
+
+    def __init__(self) -> None:
+        # `lock` guards the state and is never held while writing: a print holds its stream's lock
+        # and then takes this one; records are written under `drain_lock`, in the order queued
+        self.lock = threading.RLock()
+        self.drain_lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        """A new cell (a kept world's rank): nothing is shown in its pane yet.  An Output made by an
+        earlier cell still captures (in a notebook, into that cell's output), shown here if displayed
+        again; its clear_output() must never clear this cell's pane."""
+        timer = getattr(self, "timer", None)
+        if timer is not None:
+            timer.cancel()
+        self.models: dict[str, list[dict[str, Any]]] = getattr(self, "models", {})  # model id -> nbformat outputs
+        self.active: list[str] = []  # capturing now, innermost last
+        self.shown: set[str] = set()
+        self.waiting: set[str] = set()  # clear_output(wait=True): cleared by the next output
+        self.dirty: set[str] = set()
+        self.decoders: dict[int, Any] = {}
+        self.last = 0.0
+        self.timer: threading.Timer | None = None
+        self.outbox: list[dict[str, Any]] = []  # display records to write, in order
+
+    # -- what ipywidgets says (the comm) ----------------------------------------------------------
+
+    def opened(self, model: str, state: Any) -> bool:
+        if not isinstance(state, dict) or state.get("_model_name") != _OUTPUT_MODEL:
+            return False
+        with self.lock:
+            self.models[model] = list(state.get("outputs") or [])
+        return True
+
+    def updated(self, model: str, state: Any) -> bool:
+        if model not in self.models:
+            return False
+        if not isinstance(state, dict):
+            return True
+        with self.lock:
+            if "outputs" in state:  # out.outputs = ..., out.append_stdout(...), out.append_display_data(...)
+                self.models[model] = list(state["outputs"] or [])
+                self._changed(model)
+            if "msg_id" in state:
+                if model in self.active:
+                    self.active.remove(model)
+                if state["msg_id"]:
+                    self.active.append(model)
+                else:  # the `with` is over: show what it left now
+                    self._emit(model)
+        self._drain()
+        return True
+
+    def closed(self, model: str) -> bool:
+        if model not in self.models:
+            return False
+        with self.lock:
+            if model in self.active:
+                self.active.remove(model)
+            self.models[model] = []
+            self._emit(model)  # a closed widget is no longer shown (rich's transient displays)
+            self.shown.discard(model)
+        self._drain()
+        return True
+
+    # -- what the rank writes while an Output captures --------------------------------------------
+
+    def stream(self, stream: int, data: Any) -> bool:
+        with self.lock:
+            if not self.active:
+                return False
+            decoder = self.decoders.get(stream)
+            if decoder is None:
+                decoder = self.decoders[stream] = codecs.getincrementaldecoder("utf-8")("replace")
+            text = decoder.decode(bytes(data))
+            if text:
+                model = self.active[-1]
+                outputs = self._outputs(model)
+                name = "stdout" if stream == 0 else "stderr"
+                if outputs and outputs[-1].get("output_type") == "stream" and outputs[-1].get("name") == name:
+                    outputs[-1] = {**outputs[-1], "text": str(outputs[-1].get("text", "")) + text}
+                else:
+                    outputs.append({"output_type": "stream", "name": name, "text": text})
+                self._changed(model, now=False)  # under the stream's own lock: shown from the timer
+        return True
+
+    def publish(self, data: Any, metadata: Any, transient: Any, update: bool) -> bool:
+        """display() in a rank: into the capturing Output, or an Output's own display; False: neither."""
+        if self.active:
+            _flush_stdio()  # text written before this display goes first, into the widget too
+        with self.lock:
+            view = data.get(_WIDGET_VIEW) if isinstance(data, dict) else None
+            model = view.get("model_id") if isinstance(view, dict) else None
+            if model in self.models and (not self.active or model in self.active):
+                self.shown.add(model)
+                self._queue(model, update=False)
+            elif not self.active:
+                return False
+            else:
+                self._capture(data, metadata, transient, update, model)
+        self._drain()
+        return True
+
+    def _capture(self, data: Any, metadata: Any, transient: Any, update: bool, model: Any) -> None:
+        """display() while an Output captures: one more output of the innermost one."""
+        target = self.active[-1]
+        if model in self.models:  # an Output displayed inside another: drawn there as it is now
+            data = self.bundle(model)
+        outputs = self._outputs(target)
+        display_id = (transient or {}).get("display_id") if isinstance(transient, dict) else None
+        output = {"output_type": "display_data", "data": data, "metadata": metadata or {}}
+        if display_id:
+            output["transient"] = {"display_id": display_id}
+        if update and display_id:
+            for i, old in enumerate(outputs):
+                if (old.get("transient") or {}).get("display_id") == display_id:
+                    outputs[i] = output
+        else:
+            outputs.append(output)
+        self._changed(target)
+
+    def clear(self, wait: bool) -> bool:
+        if self.active:
+            _flush_stdio()
+        with self.lock:
+            if not self.active:
+                return False
+            model = self.active[-1]
+            if wait:
+                self.waiting.add(model)
+            else:
+                self.models[model] = []
+                self.waiting.discard(model)
+                self._changed(model)
+        self._drain()
+        return True
+
+    # -- drawing ----------------------------------------------------------------------------------
+
+    def _outputs(self, model: str) -> list[dict[str, Any]]:
+        if model in self.waiting:
+            self.waiting.discard(model)
+            self.models[model] = []
+        return self.models.setdefault(model, [])
+
+    def _changed(self, model: str, now: bool = True) -> None:
+        """Under the lock: show the change now, or from a timer once ``interval`` has passed."""
+        self.dirty.add(model)
+        wait = self.last + self.interval - time.monotonic()
+        if wait <= 0 and now:
+            self._emit(model)
+        elif self.timer is None:
+            self.timer = threading.Timer(max(wait, 0.0), self._on_timer)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _on_timer(self) -> None:
+        with self.lock:
+            self.timer = None
+        if not _finished:
+            self.flush()
+
+    def flush(self) -> None:
+        """Show every change not yet shown."""
+        with self.lock:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            for model in sorted(self.dirty):
+                self._emit(model)
+        self._drain()
+
+    def _emit(self, model: str) -> None:
+        self.dirty.discard(model)
+        if model in self.shown:
+            self._queue(model, update=True)
+
+    def _queue(self, model: str, update: bool) -> None:
+        transient = {"display_id": f"nbspawn-output:{model}"}
+        self.outbox.append({"data": self.bundle(model), "metadata": {}, "transient": transient, "update": update})
+        self.last = time.monotonic()
+
+    def _drain(self) -> None:
+        """Write the queued records, outside the lock (write_display flushes stdout, which may be
+        captured into a widget: that takes the lock)."""
+        with self.drain_lock:
+            while True:
+                with self.lock:
+                    records, self.outbox = self.outbox, []
+                if not records:
+                    return
+                for record in records:
+                    write_display(record)
+
+    def bundle(self, model: str) -> dict[str, str]:
+        """What an Output holds, as one display: text/plain always, text/html where anything is rich."""
+        outputs = [o for o in self.models.get(model, []) if isinstance(o, dict)]
+        plain: list[str] = []
+        rich: list[str] = []
+        richer = False
+        for output in outputs:
+            kind = output.get("output_type")
+            if kind == "stream":
+                text = _joined(output.get("text"))
+                plain.append(text)
+                style = ' style="color: var(--jp-error-color1, #c00)"' if output.get("name") == "stderr" else ""
+                rich.append(f"<pre{style}>{escape(text)}</pre>")
+            elif kind in ("display_data", "execute_result"):
+                raw = output.get("data")
+                data: dict[str, Any] = raw if isinstance(raw, dict) else {}
+                text = _joined(data.get("text/plain"))
+                plain.append(text + ("\n" if text and not text.endswith("\n") else ""))
+                if "text/html" in data:
+                    rich.append(_joined(data["text/html"]))
+                    richer = True
+                elif "image/svg+xml" in data:
+                    rich.append(_joined(data["image/svg+xml"]))
+                    richer = True
+                elif image := next((m for m in _IMAGES if m in data), None):
+                    rich.append(f'<img src="data:{image};base64,{_joined(data[image]).strip()}"/>')
+                    richer = True
+                else:
+                    rich.append(f"<pre>{escape(text)}</pre>")
+            elif kind == "error":
+                text = "\n".join(str(line) for line in output.get("traceback") or [])
+                plain.append(text + "\n")
+                rich.append(f"<pre>{escape(text)}</pre>")
+        bundle = {"text/plain": "".join(plain)}
+        if richer:
+            bundle["text/html"] = "".join(rich)
+        return bundle
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+
+
+def _joined(value: Any) -> str:
+    """nbformat's multiline strings (lists of lines) as one string."""
+    if isinstance(value, list):
+        return "".join(str(v) for v in value)
+    return "" if value is None else str(value)
+
+
+_outputs = _OutputWidgets()
+
+
 @functools.cache
 def rank_classes() -> tuple[type, type | None]:
     """The display publisher and comm a rank uses, made once: in the kernel before it forks (so forked
@@ -191,10 +507,17 @@ def rank_classes() -> tuple[type, type | None]:
             update: bool = False,
             **kwargs: Any,
         ) -> None:
+            if _outputs.publish(data, metadata, transient, update):
+                return
             write_display({"data": data, "metadata": metadata or {}, "transient": transient or {}, "update": update})
 
         def clear_output(self, wait: bool = False) -> None:
+            if _outputs.clear(wait):
+                return
             write_display({"clear": True, "wait": wait})
+
+        def set_parent(self, parent: Any) -> None:
+            """ipywidgets' ``Output.__enter__`` sets the shell's parent message: a rank has none to follow."""
 
     try:
         from comm.base_comm import BaseComm
@@ -204,14 +527,24 @@ def rank_classes() -> tuple[type, type | None]:
     class RankComm(BaseComm):
         """A widget's comm in a rank: its state goes to display.jsonl, nothing to a frontend."""
 
+        kernel = _RankKernel()  # what ipywidgets' Output asks for the message it captures
+
         def publish_msg(self, msg_type: str, data: Any = None, metadata: Any = None, buffers: Any = None, **keys: Any) -> None:
             if msg_type == "comm_open":
                 if keys.get("target_name") == "jupyter.widget" and isinstance(data, dict):
-                    write_display({"widget": self.comm_id, "state": data.get("state", {}), "open": True})
+                    state = data.get("state", {})
+                    if _outputs.opened(self.comm_id, state):
+                        return
+                    write_display({"widget": self.comm_id, "state": state, "open": True})
             elif msg_type == "comm_msg":
                 if isinstance(data, dict) and data.get("method") == "update":
-                    write_display({"widget": self.comm_id, "state": data.get("state", {})})
+                    state = data.get("state", {})
+                    if _outputs.updated(self.comm_id, state):
+                        return
+                    write_display({"widget": self.comm_id, "state": state})
             elif msg_type == "comm_close" and not _finished:  # not the clean-up at exit
+                if _outputs.closed(self.comm_id):
+                    return
                 write_display({"widget": self.comm_id, "closed": True})
 
     return RankDisplayPublisher, RankComm
@@ -281,6 +614,7 @@ def _capture_comms(rank_comm: type) -> None:
 def finished() -> None:
     """The cell is over: widgets closed from here on (at exit) stay as they were last shown."""
     global _finished
+    _outputs.flush()
     _finished = True
 
 
