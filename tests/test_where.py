@@ -36,9 +36,12 @@ def test_where_groups_the_ranks_of_a_hung_background_run(kernel):
         head = re.search(r"run \S+ \(background, \d+ s\):", text)
         assert head, text
         assert re.search(
-            r"^ranks 0-1,3: Cell In\[\d+\], line 4: dist\.barrier\(\)  \(in barrier, distributed_c10d\.py\)$", text, re.M
+            r"^ranks 0-1,3: Cell In\[\d+\], line 4: dist\.barrier\(\)  \(in barrier, distributed_c10d\.py\)  "
+            r"\[in barrier #1 for \d+ s\]$",
+            text,
+            re.M,
         ), text
-        assert re.search(r"^rank 2: Cell In\[\d+\], line 6: time\.sleep\(300\)$", text, re.M), text
+        assert re.search(r"^rank 2: Cell In\[\d+\], line 6: time\.sleep\(300\)$", text, re.M), text  # it ran no collective
         by_id = ok(kernel, "%spawn where {hung.run_id}").stdout
         assert "ranks 0-1,3:" in by_id and "rank 2:" in by_id
     finally:
@@ -69,8 +72,8 @@ def test_where_names_what_it_does_not_know(kernel):
 # -- the hang verdict: why a stopped run was stuck, in one line ----------------------------------------
 
 VERDICT = re.compile(
-    r"^Hang: rank 2 never entered barrier \(it is at Cell In\[\d+\], line 6: time\.sleep\(300\)\); "
-    r"ranks 0-1,3 waited in it at Cell In\[\d+\], line 4: dist\.barrier\(\)$",
+    r"^Hang: rank 2 never entered barrier #1 \(it is at Cell In\[\d+\], line 6: time\.sleep\(300\)\); "
+    r"ranks 0-1,3 waited in it for \d+ s at Cell In\[\d+\], line 4: dist\.barrier\(\)$",
     re.M,
 )
 
@@ -104,7 +107,7 @@ def test_an_interrupt_and_a_stop_give_the_verdict_too(fresh_kernel):
     time.sleep(2)
     ok(fresh_kernel, "hung.stop(); hung._done.wait(30)")
     verdict = ok(fresh_kernel, "print(hung.status, hung.error.verdict)").stdout
-    assert verdict.startswith("stopped rank 2 never entered barrier"), verdict
+    assert verdict.startswith("stopped rank 2 never entered barrier #1"), verdict
 
 
 def test_ranks_in_different_collectives_are_named_as_such(kernel):
@@ -120,8 +123,32 @@ def test_ranks_in_different_collectives_are_named_as_such(kernel):
     )
     assert result.status == "error" and result.error.ename == "SpawnTimeoutError"
     assert re.search(
-        r"^Hang: the ranks were in different collectives: rank 0 in all_reduce \(Cell In\[\d+\], line 5: "
-        r"dist\.all_reduce\(t\)\); rank 1 in broadcast \(Cell In\[\d+\], line 7: dist\.broadcast\(t, src=0\)\)$",
+        r"^Hang: the ranks were in different collectives: rank 0 in all_reduce #1 \(Cell In\[\d+\], line 5: "
+        r"dist\.all_reduce\(t\)\); rank 1 in broadcast #1 \(Cell In\[\d+\], line 7: dist\.broadcast\(t, src=0\)\)$",
         result.error.traceback_text,
         re.M,
     ), result.error.traceback_text
+
+
+def test_debug_collectives_turns_a_shape_mismatch_into_an_error_at_once(kernel):
+    result = run(
+        kernel,
+        "%%spawn -n 2 --backend gloo --debug-collectives --timeout 60\n"
+        "import torch, torch.distributed as dist\n"
+        "t = torch.ones(4 if dist.get_rank() == 0 else 3)\n"
+        "dist.all_reduce(t)\n",
+    )
+    assert result.status == "error" and result.error.ename == "RankRaisedError", result.error_text
+    text = result.error.traceback_text
+    assert "Detected mismatch between collectives on ranks" in text and "Tensor shapes: 4vs 3" in text.replace("3vs 4", "4vs 3")
+    assert "Connection closed" not in text.splitlines()[0]  # the root cause is torch's check, not a peer's noise
+
+
+def test_the_live_signal_while_a_run_hangs(kernel):
+    """No option needed: a few seconds into the hang, the text view says it, and the ranks' notes (the
+    widget's chips) say who waits for whom; the run then ends by its --timeout."""
+    result = run(kernel, HANG.replace("--bg ", "--timeout 10 "))
+    assert result.error.ename == "SpawnTimeoutError"
+    said = [ln for ln in result.stderr.splitlines() if ln.startswith("nbspawn: looks hung: ")]
+    assert len(said) == 1, result.stderr  # once, though the ranks were looked at again
+    assert "rank 2 never entered barrier #1" in said[0]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass
@@ -155,6 +156,7 @@ def _innermost(stack: str) -> str:
     ours = [i for i in frames if rows[i].startswith(("Cell ", "Cell,"))]
     at = ours[-1] if ours else frames[-1] if frames else len(rows) - 1
     source = rows[at + 1] if at + 1 < len(rows) and at + 1 not in frames else ""
+    source = re.sub(r"\s{2,}#.*$", "", source)  # the line's code, without its trailing comment
     place = f"{rows[at]}: {source}" if source else rows[at]
     deeper = [rows[i] for i in frames if i > at]
     if deeper:  # faulthandler's form: File "/.../distributed_c10d.py", line 5356 in barrier

@@ -26,6 +26,7 @@ from .._rankdir import RankDir
 from .._source import CellSource, rewrite_cell_frames
 from .._spec import RunSpec
 from ._capture import capture_output, finished, flush_figures
+from ._watch import watch
 
 EXIT_RAISED = 1
 EXIT_INTERRUPTED = 128 + signal.SIGINT
@@ -49,6 +50,7 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
     os.environ.update(spec.own_env(rank) if inherited is not None else spec.rank_env(rank))
     capture_output(rank_dir, spec.rich)
     _install_signal_handlers(rank_dir)
+    watch(lambda: _stack_file)  # where it is in its collectives, when the kernel asks where it is
     _forbid_input()
     code = 0
     try:
@@ -156,6 +158,10 @@ def prepare_rank(rank: int) -> None:
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if torch is not None and threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))  # a forked rank inherited the kernel's thread pool size
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and "TORCH_DISTRIBUTED_DEBUG" in os.environ:
+        # read when torch.distributed was imported, in the kernel for a forked rank: read it again
+        dist.set_debug_level_from_env()
     _use_local_gpu(rank)
 
 

@@ -27,6 +27,7 @@ from .._rankdir import RankDir
 from .._source import CellSource
 from . import _cell as _rank
 from ._capture import finished, redirect_output
+from ._watch import watch
 
 OK, RAISED, INTERRUPTED, EXITED = "ok", "raised", "interrupted", "exited"
 STARTED = "started"  # sent once the rank can be interrupted: the kernel holds SIGINT for it until then
@@ -69,6 +70,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any]) -> None:
     signal.signal(signal.SIGINT, _ignore_interrupt)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     stacks = _stacks_to(between, None)
+    watch(lambda: _rank._stack_file)  # where it is in its collectives, when the kernel asks where it is
     _rank._forbid_input()
     _rank.prepare_rank(rank)
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
