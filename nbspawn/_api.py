@@ -58,7 +58,9 @@ def launch(
         names, cluster = {**names, "<cluster>": cluster}, "<cluster>"
     ranks_env = with_debug_collectives(env, debug_collectives)
     given = {
-        o for o, v in (("-n", nprocs), ("--start-method", start_method), ("--backend", backend), ("--env", ranks_env)) if v is not None
+        o
+        for o, v in (("-n", nprocs), ("--start-method", start_method), ("--backend", backend), ("--env", ranks_env))
+        if v is not None
     }
     settings = Settings(
         nprocs="auto" if nprocs is None else nprocs,

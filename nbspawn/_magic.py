@@ -366,9 +366,9 @@ def _stop(names: list[str]) -> list[str]:
 def _where(names: list[str]) -> str:
     """Every rank's stack now, of these background runs and worlds (all running ones if none is named)."""
     from ._rankdir import RankDir
+    from .events._where import RankToAsk, describe, rank_collectives, rank_stacks
     from .executors import _world
     from .executors._registry import background_runs
-    from .executors._where import RankToAsk, describe, rank_collectives, rank_stacks
 
     runs, worlds = background_runs(), _world.worlds()
     unknown = [n for n in names if n not in runs and n not in worlds]

@@ -4,7 +4,7 @@ rewriting give them. No kernel, no processes."""
 from __future__ import annotations
 
 from nbspawn._source import STILL_STARTING
-from nbspawn.executors._where import RankToAsk, describe, hang_verdict
+from nbspawn.events._where import RankToAsk, describe, hang_verdict
 
 BARRIER = (
     "  Cell In[3], line 4\n      dist.barrier()\n"

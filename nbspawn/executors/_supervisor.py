@@ -37,6 +37,7 @@ from ..errors import (
     SpawnTimeoutError,
     SpawnUsageError,
 )
+from ..events._where import RankToAsk, hang_verdict, live_notes, rank_collectives, rank_stacks
 from ..handoff import _shm
 from ..handoff._names import discard_outputs
 from ..ranks._cell import EXIT_INTERRUPTED
@@ -44,7 +45,6 @@ from ..views._protocol import RunView
 from . import _registry
 from ._base import Executor
 from ._procs import interrupts_deferred, signal_group
-from ._where import RankToAsk, hang_verdict, live_notes, rank_collectives, rank_stacks
 
 # How often new output is looked for: soon after output arrived, then backing off while ranks are
 # quiet (up to the executor's poll_max), so a long silent run costs the kernel almost nothing.
