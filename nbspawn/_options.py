@@ -81,7 +81,7 @@ OPTIONS: tuple[Option, ...] = (
         "start_method",
         ("--start-method",),
         "fork|spawn|forkserver",
-        "how ranks start; fork sees the kernel's names as they are, spawn and forkserver get the names the cell uses pickled by value (default: fork unless CUDA is initialized)",
+        "how ranks start; fork sees the kernel's names as they are, spawn and forkserver get the names the cell uses pickled by value (default: fork, unless a forked rank could not use CUDA: then forkserver)",
         "cell",
         "a program is always started as a new process",
     ),
