@@ -13,6 +13,7 @@ import sys
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from .._cuda import collect_ipc
 from .._run import Run
 from .._spec import RunSpec
 from ..ranks._capture import rank_classes, stdio_streams
@@ -74,3 +75,4 @@ class FreshRanks(Executor):
         pids = [pid_of(p) for p in self.processes]
         end_processes(self.processes)
         _reaper.forget(pids)
+        collect_ipc()  # the GPU memory of --share tensors the ranks held is the kernel's to free now
