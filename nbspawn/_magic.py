@@ -366,7 +366,7 @@ def _stop(names: list[str]) -> list[str]:
 def _where(names: list[str]) -> str:
     """Every rank's stack now, of these background runs and worlds (all running ones if none is named)."""
     from ._rankdir import RankDir
-    from .events._where import RankToAsk, describe, rank_collectives, rank_stacks
+    from .events._where import RankToAsk, where_now
     from .executors import _world
     from .executors._registry import background_runs
 
@@ -384,14 +384,11 @@ def _where(names: list[str]) -> str:
             continue
         asked = [RankToAsk(s.rank, s.pid, s.stacks_path, s.node) for s in run.ranks if s.status == "running"]
         elapsed = time.time() - run.started_at
-        dumps = rank_stacks(asked)
-        collectives = rank_collectives(asked, dumps) if run.spec.program is None else {}  # a program's ranks keep none
-        text = describe(asked, dumps, run.spec.cell, run.spec.program, run.spec.cell_numbers, collectives=collectives)
+        text = where_now(asked, run.spec.cell, run.spec.program, run.spec.cell_numbers)
         parts.append(f"run {run.run_id} (background, {elapsed:.0f} s):\n{text or '  (no rank is running)'}")
     for world in chosen_worlds:
         asked = [RankToAsk(r, pid, RankDir(world.spec.rank_dir(r)).stacks) for r, pid in enumerate(world.pids)]
-        dumps = rank_stacks(asked)
-        text = describe(asked, dumps, None, idle="idle: waiting for the next cell", collectives=rank_collectives(asked, dumps))
+        text = where_now(asked, None, idle="idle: waiting for the next cell")
         parts.append(f"world {world.name!r} ({world.state}, {world.cells} cells):\n{text}")
     return "\n\n".join(parts) or "nothing is running in the background, and there is no kept world"
 

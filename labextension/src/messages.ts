@@ -137,8 +137,15 @@ export interface IReplayMessage {
   elided: Record<string, number>;
 }
 
-/** Browser → kernel (a widget custom message): catch up on what was kept, or stop the run. */
-export type WidgetRequest = { type: 'replay' } | { type: 'stop' };
+/** Browser → kernel (a widget custom message): catch up on what was kept, stop the run, or ask
+ * where every rank is now (`%spawn where`, answered with a `where` message). */
+export type WidgetRequest = { type: 'replay' } | { type: 'stop' } | { type: 'where' };
+
+/** Kernel → browser: every rank's stack now, ranks at the same line grouped (`%spawn where`'s text). */
+export interface IWhereMessage {
+  type: 'where';
+  text: string;
+}
 
 /** The data of a widget comm message, as this front end sends it (ipywidgets' protocol). */
 export type WidgetCommData = { method: 'custom'; content: WidgetRequest } | { method: 'request_state' };
@@ -295,7 +302,8 @@ export type Tails = Record<string, ReadonlyArray<readonly [string, unknown]>>;
 /** A widget custom message from the kernel, decoded; the chunks themselves are checked by `LiveOutput`. */
 export type WidgetMessage =
   | { type: 'output'; chunks: Chunks; elided: Record<string, number> }
-  | { type: 'replay'; tails: Tails; elided: Record<string, number> };
+  | { type: 'replay'; tails: Tails; elided: Record<string, number> }
+  | IWhereMessage;
 
 /** A kernel → browser custom message of the live widget (`IOutputMessage`, `IReplayMessage`); null if neither. */
 export function decodeWidgetMessage(msg: unknown): WidgetMessage | null {
@@ -306,6 +314,9 @@ export function decodeWidgetMessage(msg: unknown): WidgetMessage | null {
   }
   if (m.type === 'replay') {
     return { type: 'replay', tails: record(m.tails) as Tails, elided: record(m.elided) as Record<string, number> };
+  }
+  if (m.type === 'where') {
+    return { type: 'where', text: typeof m.text === 'string' ? m.text : '' };
   }
   return null;
 }

@@ -467,4 +467,8 @@ export interface ILiveSource {
   /** The kernel said it is stopping the run. */
   readonly stopAcknowledged: boolean;
   stop(): void;
+  /** Ask where every rank is now (a source that can: the live widget); the answer is `whereText`. */
+  where?(): void;
+  /** The last answer: every rank's stack, grouped; `''` while asked, null if never asked. */
+  readonly whereText?: string | null;
 }

@@ -36,6 +36,7 @@ export function rankKey(r: IRankInfo, run: IRunBundle): string {
     r.stdout_path,
     r.stderr_path,
     r.node,
+    r.note,
     run.error?.rank === r.rank
   ]);
 }

@@ -121,7 +121,17 @@ export class LiveView {
         this.refresh();
       }
     });
-    this._root.append(this._tabs, this._host);
+    this._whereBtn = h(
+      'button',
+      { class: 'nbs-Where-button', type: 'button', title: 'Where is every rank right now? (their stacks, grouped)' },
+      'Where?'
+    ) as HTMLButtonElement;
+    this._whereBtn.addEventListener('click', () => {
+      this._src.where?.();
+      this.refresh();
+    });
+    this._wherePanel = h('div', { class: 'nbs-Where', hidden: '' });
+    this._root.append(this._wherePanel, this._tabs, this._host);
     host.textContent = '';
     host.appendChild(this._root);
     attachTabKeys(this._tabs, sel => this._pick(sel));
@@ -150,6 +160,7 @@ export class LiveView {
     }
     this._updateClock();
     this._refreshHeader(run, active);
+    this._refreshWhere(active);
     this._refreshTabs(run);
 
     // the selection: the default first, the failed rank's pane as soon as one fails
@@ -216,7 +227,7 @@ export class LiveView {
       this._headerKey = key;
       const header = buildHeader(run, {
         meta: active ? [metaEntry('elapsed', this._clock)] : [],
-        actions: active ? [this._stopButton(unanswered)] : []
+        actions: active ? [...(this._src.where ? [this._whereBtn] : []), this._stopButton(unanswered)] : []
       });
       if (this._header) {
         this._header.replaceWith(header);
@@ -234,6 +245,34 @@ export class LiveView {
       this._banner = buildBanner(run, rank => this._pick(rank));
       this._header!.after(...this._banner);
     }
+  }
+
+  /** The Where answer, under the header while the run goes on (its × closes it). */
+  private _refreshWhere(active: boolean): void {
+    const text = active ? this._src.whereText ?? null : null;
+    const key = JSON.stringify([text, this._whereClosed]);
+    if (key === this._whereKey) {
+      return;
+    }
+    this._whereKey = key;
+    this._whereBtn.disabled = text === '';
+    const panel = this._wherePanel;
+    if (text === null || (this._whereClosed && text === this._whereClosedText)) {
+      panel.hidden = true;
+      return;
+    }
+    const close = h('button', { class: 'nbs-Where-close', type: 'button', title: 'Close', 'aria-label': 'Close' }, '\u00d7');
+    close.addEventListener('click', () => {
+      this._whereClosed = true;
+      this._whereClosedText = text;
+      this.refresh();
+    });
+    this._whereClosed = false;
+    panel.replaceChildren(
+      h('div', { class: 'nbs-Where-head' }, h('b', {}, 'Where every rank is'), close),
+      h('pre', { class: 'nbs-Where-text' }, text === '' ? 'asking the ranks\u2026' : text)
+    );
+    panel.hidden = false;
   }
 
   private _refreshTabs(run: IRunBundle): void {
@@ -362,6 +401,11 @@ export class LiveView {
   private _pane: Pane | null = null;
   private _clock: HTMLElement;
   private _stopBtn: HTMLButtonElement;
+  private _whereBtn: HTMLButtonElement;
+  private _wherePanel: HTMLElement;
+  private _whereKey = '';
+  private _whereClosed = false;
+  private _whereClosedText: string | null = null;
   private _stopClickedAt: number | null = null;
   private _stopHintShown = false;
   private _run: IRunBundle | null = null;

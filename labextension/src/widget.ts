@@ -12,13 +12,14 @@
  *   ["display", item], ...]}, elided}`,
  *   everything the kernel kept, in answer to
  * - browser → kernel: `{type: "replay"}`, sent once per model when it is set up (a view opened late,
- *   or a page reloaded, catches up), and `{type: "stop"}` (the Stop button).
+ *   or a page reloaded, catches up), `{type: "stop"}` (the Stop button), and `{type: "where"}` (the
+ *   Where button), answered with `{type: "where", text}`: every rank's stack now, grouped.
  *
  * When the run ends the kernel replaces this widget's output with the frozen bundle
  * (`application/vnd.nbspawn.run+json`), drawn by `render.ts`, as this view is.
  */
 
-import { IRunBundle, WidgetRequest, parseBundle, record } from './messages';
+import { IRunBundle, WidgetRequest, decodeWidgetMessage, parseBundle, record } from './messages';
 import { ILiveSource, LiveOutput, applyWidgetMessage } from './output';
 import { LiveView } from './view';
 
@@ -37,6 +38,7 @@ class LiveRun implements ILiveSource {
   readonly output = new LiveOutput();
   readonly views = new Set<LiveView>();
   stopRequested = false;
+  whereText: string | null = null;
 
   constructor(private _model: IAnyModel) {
     this.syncClock();
@@ -75,7 +77,20 @@ class LiveRun implements ILiveSource {
     this.refresh();
   }
 
+  where(): void {
+    this.whereText = '';
+    const where: WidgetRequest = { type: 'where' };
+    this._model.send(where);
+    this.refresh();
+  }
+
   onMessage(msg: unknown): void {
+    const m = decodeWidgetMessage(msg);
+    if (m?.type === 'where') {
+      this.whereText = m.text;
+      this.refresh();
+      return;
+    }
     applyWidgetMessage(this.output, msg);
   }
 

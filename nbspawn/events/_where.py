@@ -293,3 +293,17 @@ def live_notes(
     for rank in elsewhere:
         notes[rank] = f"has not entered {name} ({_place(stacks[rank])})"
     return notes
+
+
+def where_now(
+    ranks: list[RankToAsk],
+    cell: CellSource | None,
+    program: Program | None = None,
+    cell_numbers: dict[str, int] | None = None,
+    idle: str = "",
+    wait: float = ANSWER_WAIT,
+) -> str:
+    """Ask these ranks where they are, and say it: ``%spawn where``, and the live view's Where button."""
+    dumps = rank_stacks(ranks, wait=wait)
+    collectives = rank_collectives(ranks, dumps) if program is None else {}  # a program's ranks keep none
+    return describe(ranks, dumps, cell, program, cell_numbers, idle=idle, collectives=collectives)

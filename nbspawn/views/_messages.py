@@ -88,13 +88,20 @@ class ReplayMessage(TypedDict):
     elided: dict[str, int]
 
 
-Request = Literal["replay", "stop"]
+class WhereMessage(TypedDict):
+    """Kernel -> browser, for a ``where`` request: every rank's stack now, grouped (``%spawn where``)."""
+
+    type: Literal["where"]
+    text: str
+
+
+Request = Literal["replay", "stop", "where"]
 
 
 def widget_request(content: object) -> Request | None:
-    """Browser -> kernel (a widget custom message ``{"type": "replay" | "stop"}``); None: not ours."""
+    """Browser -> kernel (a widget custom message ``{"type": "replay" | "stop" | "where"}``); None: not ours."""
     kind = content.get("type") if isinstance(content, dict) else None
-    return kind if kind in ("replay", "stop") else None
+    return kind if kind in ("replay", "stop", "where") else None
 
 
 class RunStatus(TypedDict):

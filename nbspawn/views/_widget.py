@@ -31,9 +31,10 @@ import anywidget
 import traitlets
 
 from .._run import RankState, Run
+from ..events._where import RankToAsk, where_now
 from ._bundle import FrozenRun, json_size, run_record, tail_within
 from ._busy import kept_busy
-from ._messages import LiveHeader, OutputMessage, ReplayMessage, WidgetState, widget_request
+from ._messages import LiveHeader, OutputMessage, ReplayMessage, WhereMessage, WidgetState, widget_request
 from ._protocol import RunView
 from ._status import StatusComm
 from ._tail import OutputTail
@@ -98,6 +99,7 @@ class WidgetView(RunView):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._replay_wanted = False
+        self._where_wanted = False  # the Where button: answered from the cell's thread, at the next flush
         self._stop_seen = False
         self._busy = contextlib.ExitStack()
 
@@ -204,6 +206,9 @@ class WidgetView(RunView):
             self.status.update(run)
             with self._lock:
                 replay, self._replay_wanted = self._replay_wanted, False
+            if self._where_wanted:
+                self._where_wanted = False
+                self._send_where(run)
             if replay:
                 self._send_replay()
             elif self.pending or self.elided:
@@ -267,6 +272,17 @@ class WidgetView(RunView):
         self.gaps.clear()
         self.mid_line.clear()
         message: ReplayMessage = {"type": "replay", "tails": tails, "elided": elided}
+        self.widget.send(message)
+
+    def _send_where(self, run: Run) -> None:
+        """Every rank's stack now, grouped, for the Where button (a cluster's ranks are their agents')."""
+        assert self.widget is not None  # sent by _flush, only once the widget exists
+        if any(state.node for state in run.ranks):
+            text = "Where is not asked of a cluster's ranks yet: their node's agent runs them (see the README's limits)."
+        else:
+            asked = [RankToAsk(s.rank, s.pid, s.stacks_path) for s in run.ranks if s.status == "running"]
+            text = where_now(asked, run.spec.cell, run.spec.program, run.spec.cell_numbers, wait=1.0) or "no rank is running"
+        message: WhereMessage = {"type": "where", "text": text}
         self.widget.send(message)
 
     def _shares(self, budget: int) -> dict[int, int]:
@@ -359,6 +375,8 @@ class WidgetView(RunView):
         elif kind == "replay":
             with self._lock:
                 self._replay_wanted = True
+        elif kind == "where":
+            self._where_wanted = True
 
 
 def _chunk_size(chunk: list[Any]) -> int:
