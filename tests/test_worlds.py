@@ -118,6 +118,32 @@ def test_a_rank_that_dies_loses_the_world_and_is_named(kernel, world):
     assert world not in ok(kernel, "%spawn status").stdout
 
 
+def test_a_rank_killed_between_cells_loses_the_world_at_the_next_cell(kernel, world):
+    """The OOM killer or NCCL's watchdog between cells: the next cell says the world was lost, naming
+    the rank and its signal, runs nowhere, and leaves nothing running; the one after starts a new world
+    with the old settings and says so."""
+    first = ok(
+        kernel,
+        f"%%spawn --world {world} -n 3 --backend gloo\nimport os, torch.distributed as dist\nx = 'old'\nprint('pid', os.getpid())",
+    )
+    pids = pids_of(first, 3)
+    os.kill(pids[1], signal.SIGKILL)
+    time.sleep(0.5)
+    lost = run(kernel, f"%%spawn --world {world}\nprint('ran', x)")
+    assert lost.status == "error" and lost.error.ename == "UsageError", lost.error_text
+    assert f"world '{world}' was lost between cells: rank 1 died (SIGKILL)" in lost.error.evalue
+    assert "BrokenPipe" not in lost.error_text and "ran" not in lost.stdout  # no rank ran the cell
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    again = run(kernel, f"%%spawn --world {world}\nprint('new', dist.get_world_size(), 'x' in dir())")
+    assert again.status == "error"  # the old names are gone: said plainly, before it ran
+    assert f"world '{world}' was lost; this cell starts a new one with its settings (-n 3 --start-method" in again.stderr
+    assert "--backend gloo" in again.stderr and "none of the names its ranks had" in again.stderr
+    assert "NameError: name 'dist' is not defined" in again.error.traceback_text  # its cells must run again
+    new = ok(kernel, f"%%spawn --world {world}\nimport torch.distributed as dist\nprint('new', dist.get_world_size())")
+    assert all(rank_lines(new.stdout, r) == ["new 3"] for r in range(3))  # 3 ranks, gloo: the old settings
+    assert "was lost" not in new.stderr
+
+
 def test_interrupt_stops_the_cell_and_keeps_the_world(fresh_kernel):
     pid = fresh_kernel.pid
     first = ok(fresh_kernel, "%%spawn --world w -n 2\nimport os, time\nx = 41\nprint('pid', os.getpid())")

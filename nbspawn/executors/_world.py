@@ -81,10 +81,7 @@ class World:
         return self.spec.run_dir
 
     def settings(self) -> str:
-        env = " ".join(f"--env {k}={v}" for k, v in self.spec.env.items())
-        return f"-n {self.spec.nprocs} --start-method {self.spec.start_method} --backend {self.spec.backend}" + (
-            f" {env}" if env else ""
-        )
+        return _settings_text(self.spec)
 
     def start(self) -> None:
         from torch.multiprocessing import start_processes
@@ -179,7 +176,10 @@ class WorldCell(Executor):
         self.world.cells += 1
         run.world, run.world_cell = self.world.name, self.world.cells
         for conn in self.world.conns:
-            conn.send(self.job)
+            try:
+                conn.send(self.job)
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                pass  # the rank died just now: its sentinel tells the supervisor, which loses the world
         return self.world.pids
 
     def waitables(self, rank: int) -> list[Any]:
@@ -209,12 +209,16 @@ class WorldCell(Executor):
             world.kill()
             world.state = "lost"
             _worlds.pop(world.name, None)
+            _lost[world.name] = world.spec
         else:
             world.state = "idle"
         _cuda.collect_ipc()  # what the ranks released of this cell's --share tensors
 
 
 _worlds: dict[str, World] = {}
+# Worlds lost (a rank died, a cell could not be interrupted): the next cell naming one starts it again
+# with the same settings, and says that it is a new world.
+_lost: dict[str, RunSpec] = {}
 
 
 def worlds() -> dict[str, World]:
@@ -234,9 +238,20 @@ def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
     cell, settings = request.cell, request.settings
     share_names, out_names = parse_names(request.share, "--share"), parse_names(request.out, "--out")
     world = _worlds.get(name)
+    if world is not None:
+        _lose_if_a_rank_died(world)
     if world is None:
+        again = _lost.get(name)
+        if again is not None:
+            settings = _as_before(settings, again)
         spec = build_spec(cell, settings, rich=rich, cell_numbers=request.cell_numbers)
         method, notes = spec.start_method, spec.notes
+        if again is not None:
+            notes = (
+                *notes,
+                f"nbspawn: world {name!r} was lost; this cell starts a new one with its settings "
+                f"({_settings_text(spec)}), but none of the names its ranks had: run the cells that set them up again.",
+            )
         timeout, grace, shown = spec.timeout, spec.grace_period, spec.shown_ranks
         saved, images = spec.max_saved_bytes, spec.max_image_bytes
     else:
@@ -256,6 +271,7 @@ def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
     payload = pack_namespace(tree, request.namespace, request.hidden, shared)
     if world is None:
         world = _start(name, spec)
+        _lost.pop(name, None)
     run_id = new_run_id()
     cspec = replace(
         world.spec,
@@ -275,6 +291,49 @@ def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
     share_(list(shared.values()))
     job = WorldJob(cell, cspec.run_dir, cspec.run_id, payload, out_names, cspec.shm_prefix, shared=tuple(shared), grace=grace)
     return cspec, WorldCell(world, job)
+
+
+def _lose_if_a_rank_died(world: World) -> None:
+    """A rank that died between cells (the OOM killer, NCCL's watchdog) loses the world: said now,
+    before the cell is sent to the others, and nothing of the world is left running."""
+    dead = [(rank, process.exitcode) for rank, process in enumerate(world.processes) if not process.is_alive()]
+    if not dead:
+        return
+    how = "; ".join(f"rank {rank} died ({_exit_text(code)})" for rank, code in dead)
+    world.kill()
+    world.state, world.lost_because = "lost", how
+    _worlds.pop(world.name, None)
+    _lost[world.name] = world.spec
+    raise SpawnUsageError(
+        f"world {world.name!r} was lost between cells: {how}; nothing of it runs now. Run the cell again to "
+        f"start a new world with the same settings ({world.settings()}), without the names its ranks had."
+    )
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+def _as_before(settings: Settings, lost: RunSpec) -> Settings:
+    """A lost world started again: its settings, except those this cell gave."""
+    given = settings.given
+    return replace(
+        settings,
+        nprocs=settings.nprocs if "-n" in given else lost.nprocs,
+        start_method=settings.start_method if "--start-method" in given else lost.start_method,
+        backend=settings.backend if "--backend" in given else lost.backend,
+        env=settings.env if "--env" in given else dict(lost.env),
+    )
+
+
+def _settings_text(spec: RunSpec) -> str:
+    env = " ".join(f"--env {k}={v}" for k, v in spec.env.items())
+    return f"-n {spec.nprocs} --start-method {spec.start_method} --backend {spec.backend}" + (f" {env}" if env else "")
 
 
 def _check_settings(world: World, settings: Settings) -> None:
@@ -313,12 +372,16 @@ def _start(name: str, spec: RunSpec) -> World:
 def stop(names: list[str] | None = None) -> list[str]:
     """Stop these worlds (all, if None); returns the names stopped. An unknown name is a usage error."""
     chosen = names or list(_worlds)
-    unknown = [n for n in chosen if n not in _worlds]
+    unknown = [n for n in chosen if n not in _worlds and n not in _lost]
     if unknown:
         known = ", ".join(sorted(_worlds)) or "none"
         raise SpawnUsageError(f"no kept world named {unknown[0]!r} (kept worlds: {known})")
     for name in chosen:
-        _worlds.pop(name).stop()
+        _lost.pop(name, None)  # a lost world stopped: the next cell naming it starts afresh, with its own options
+        if name in _worlds:
+            _worlds.pop(name).stop()
+    if names is None:
+        _lost.clear()
     return chosen
 
 
