@@ -15,6 +15,7 @@ and the executor's announcement (a cluster's node order) are said here, once, be
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from ._options import OPTIONS
 from ._program import parse_program
@@ -37,6 +38,8 @@ def start(request: RunRequest, view: RunView | None = None) -> Run:
     thread of the run's own.  Raises ``SpawnUsageError`` (nothing started) for a bad request."""
     view = view or RunView()
     spec, executor = plan(request, view.rich)
+    if spec.pdb != (request.settings.pdb and spec.program is None):  # a kept world's spec is its first cell's
+        spec = replace(spec, pdb=request.settings.pdb and spec.program is None)
     for note in spec.notes:
         print(note, file=sys.stderr)
     announcement = executor.announcement()

@@ -224,6 +224,8 @@ class SpawnMagics(Magics):
             run._on_wait.append(lambda done: user_ns.update(done.outputs))
             return run
         if run.error is not None:
+            if getattr(shell, "call_pdb", False):
+                _skip_kernel_post_mortem(shell)
             raise run.error
         user_ns.update(run.outputs)
         return None
@@ -254,6 +256,7 @@ class SpawnMagics(Magics):
             ranks=args.ranks,
             max_saved_kb=self.max_saved_kb,
             max_image_kb=self.max_image_kb,
+            pdb=bool(getattr(args, "pdb", False)) or bool(getattr(shell, "call_pdb", False)),  # --pdb, or %pdb on
             given=frozenset(given),
         )
         cluster = (self.cluster if args.cluster is None else args.cluster).strip() or None
@@ -317,6 +320,18 @@ class SpawnMagics(Magics):
         if number is not None:
             return number
         return next(reversed(cells.values())) if cells else shell.execution_count
+
+
+def _skip_kernel_post_mortem(shell: InteractiveShell) -> None:
+    """``%pdb on``: a rank's failure was debugged in the rank (``--pdb``); IPython's post-mortem of
+    the kernel's frames (nbspawn's, where nothing of the rank is) is skipped for this cell only."""
+    shell.call_pdb = False
+
+    def restore(*_args: object) -> None:
+        shell.call_pdb = True
+        shell.events.unregister("post_run_cell", restore)
+
+    shell.events.register("post_run_cell", restore)
 
 
 _ARGS: dict[tuple[str, str], argparse.Namespace] = {}

@@ -125,6 +125,15 @@ OPTIONS: tuple[Option, ...] = (
         "cell",
         "a program always gets fresh ranks",
     ),
+    Option(
+        "pdb",
+        ("--pdb",),
+        None,
+        "the first rank whose cell raises stops in post-mortem pdb at its exception, before anything is torn down, "
+        "prompting through this cell's input box; leaving it ends the run as it would have (also on when IPython's automatic pdb is: the pdb magic)",
+        "cell",
+        "a program's failure is reported, not debugged; use breakpoint() in the program",
+    ),
     Option("view", ("--view",), "auto|widget|text", "live widget or [rank{r}]: text lines (default: SpawnMagics.view)", "magic"),
 )
 

@@ -6,7 +6,10 @@ torch elastic's layout (``stdout.log``, ``stderr.log``, ``error.json``), plus wh
   its three streams (one :data:`ORDER_RECORD` each time it switches stream; made on first need);
 * ``stacks.log``: faulthandler's dumps (SIGUSR1 when the kernel asks where the rank is, fatal signals);
 * ``out.pickle``: the ``--out`` values the rank sends home;
-* ``collectives.json``: its recent collectives, written when the kernel asked where it is (``ranks._watch``).
+* ``collectives.json``: its recent collectives, written when the kernel asked where it is (``ranks._watch``);
+* ``answers.fifo``: the kernel's answers to the rank's prompts (``input()``, pdb), made by the rank at its
+  first prompt; its requests go to the run's ``<run-dir>/prompts.fifo`` (:data:`PROMPTS`), which the kernel
+  makes before the ranks start when it can answer (``ranks._prompt``, ``events._prompts``).
 
 Everything that reads or writes one of these files takes its name from here.
 """
@@ -23,6 +26,8 @@ STACKS = "stacks.log"
 ORDER = "order.bin"
 OUT = "out.pickle"
 COLLECTIVES = "collectives.json"
+ANSWERS = "answers.fifo"
+PROMPTS = "prompts.fifo"  # in the run directory, one for all its ranks
 
 STREAMS = ("stdout", "stderr", "display")  # stream numbers, as order.bin records them
 FILES = (STDOUT, STDERR, DISPLAY_FILE)  # each stream's file
@@ -73,3 +78,12 @@ class RankDir:
     @property
     def collectives(self) -> str:
         return self.file(COLLECTIVES)
+
+    @property
+    def answers(self) -> str:
+        return self.file(ANSWERS)
+
+
+def prompts_path(run_dir: str) -> str:
+    """The run's prompt requests: every rank writes a JSON line to it, the kernel reads them."""
+    return os.path.join(run_dir, PROMPTS)

@@ -30,6 +30,7 @@ class Settings:
     ranks: str | tuple[int, ...] | None = None
     max_saved_kb: int = 256
     max_image_kb: int = 2048
+    pdb: bool = False  # --pdb (or %pdb on): the first failing rank stops in post-mortem
     # options the user gave for this run (a kept world's own settings are checked against them)
     given: frozenset[str] = frozenset()
 

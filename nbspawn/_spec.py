@@ -62,6 +62,7 @@ class RunSpec:
     max_image_bytes: int = 2 << 20  # images kept per run, live and saved
     max_saved_bytes: int = 256 << 10  # a saved run's size, images aside
     program: Program | None = None  # the ranks run it instead of a cell
+    pdb: bool = False  # --pdb, %pdb on: the first rank whose cell raises stops in post-mortem (the kernel tells it)
     # Where these ranks sit in the world.  One node of a cluster run (nbspawn.cluster): this node's
     # ranks are RANK rank_offset.., of world_size in all; node 0's agent hosts the TCPStore at
     # master_addr:master_port.
@@ -327,6 +328,7 @@ def build_spec(
         max_saved_bytes=saved_kb * 1024,
         max_image_bytes=image_kb * 1024,
         program=program,
+        pdb=bool(settings.pdb) and program is None,
         master_port=placement.master_port if placement else free_port(),
         master_addr=placement.master_addr if placement else "127.0.0.1",
         rank_offset=placement.rank_offset if placement else 0,

@@ -12,12 +12,21 @@ enforces the policy:
 * the kernel's interrupt (SIGINT) is passed to every rank first, so each raises KeyboardInterrupt
   where it is, then escalates to SIGTERM and SIGKILL; a second interrupt kills at once.
 
+A rank's prompt (``input()``, ``breakpoint()``, pdb: ``nbspawn.ranks._prompt``) is a request on the
+run's prompt FIFO, which the loop waits on with the ranks where the kernel can answer: the output so
+far is shown, then the kernel's own ``input()`` asks, one prompt at a time, while a watcher ends the
+prompt for Stop, ``--timeout`` or the rank's end.  With ``--pdb`` (``%pdb on``) the first failing rank
+is told to stop in post-mortem.
+
 Whatever happens, the loop's ``finally`` reaps every rank and closes every descriptor it opened.
 """
 
 from __future__ import annotations
 
+import _thread
+import builtins
 import contextlib
+import getpass
 import multiprocessing.connection
 import os
 import signal
@@ -37,6 +46,7 @@ from ..errors import (
     SpawnTimeoutError,
     SpawnUsageError,
 )
+from ..events._prompts import PromptChannel, PromptRequest, decorate, leaves, next_prompt, stdin_answerable
 from ..events._where import RankToAsk, hang_verdict, live_notes, rank_collectives, rank_stacks
 from ..handoff import _shm
 from ..handoff._names import discard_outputs
@@ -55,6 +65,8 @@ HANG_FIRST_LOOK = 3.0  # seconds of silence before the ranks are looked at (then
 HANG_RELOOK = 10.0  # while they look hung
 HANG_LAST_LOOK = 300.0  # the longest silence between two looks
 STOPPING_READ_BUDGET = 4096  # bytes of each stream of each rank read per poll while a run is being stopped
+PROMPT_WATCH = 0.1  # while the kernel waits at a rank's prompt: how often Stop, --timeout and the rank are looked at
+STICKY = 1.0  # seconds a rank in a pdb session keeps the prompt after a command that does not let it run on
 
 
 def execute(spec: RunSpec, view: RunView, executor: Executor, background: bool = False) -> Run:
@@ -142,11 +154,18 @@ class _Supervisor:
         self.quiet_since = time.monotonic()  # when the ranks last wrote anything
         self.hang_look_after = HANG_FIRST_LOOK
         self.noticed = False  # the ranks' chips say they look hung
+        self.prompts: PromptChannel | None = None  # where ranks ask (None: nothing can answer them)
+        self.pending: list[PromptRequest] = []  # prompts waiting their turn, in arrival order
+        self.last_prompted: int | None = None  # the rank answered last
+        self.sticky_until = 0.0  # ... which keeps the prompt until then (a pdb session under way)
+        self.post_mortem: int | None = None  # the rank told to stop in post-mortem (--pdb)
 
     # -- starting ---------------------------------------------------------------------------------
 
     def start(self) -> None:
         now = time.time()
+        if not self.run.background and not self.remote and stdin_answerable():
+            self.prompts = PromptChannel.open(self.spec.run_dir, [state.dir for state in self.run.ranks])
         with interrupts_deferred() as interrupted:
             self.pids = self.executor.start(self.run)
         for rank, pid in enumerate(self.pids):
@@ -167,8 +186,13 @@ class _Supervisor:
         poll = POLL_MIN
         while self.alive:
             try:
+                waitables: list[Any] = list(self.alive)
+                if self.prompts is not None:
+                    waitables.append(self.prompts)
+                    if self.pending:
+                        poll = POLL_MIN
                 wait = min(poll, max(0.0, min(self.deadline, self.escalate_at) - time.monotonic()))
-                ready = multiprocessing.connection.wait(list(self.alive), timeout=wait)
+                ready: list[Any] = multiprocessing.connection.wait(waitables, timeout=wait)
                 # Stop first: under a flood, reading output is most of what this loop does
                 if self.stop_reason is None:
                     self._check_stop()
@@ -178,14 +202,117 @@ class _Supervisor:
                 else:
                     poll = min(self.executor.poll_max, poll * 2)
                     self._watch_for_hangs()
-                for waitable in sorted(ready, key=self._error_time):
+                for waitable in sorted((w for w in ready if w in self.alive), key=self._error_time):
                     if waitable in self.alive:
                         self._reap(self.alive[waitable], waitable)
                 self._check_clocks()
+                if self.prompts is not None and (self.pending or self.prompts in ready):
+                    self._serve_prompts()
                 self.view.tick(self.run)
             except KeyboardInterrupt:
                 self._on_interrupt()
         self._forward_output(final=True)
+
+    # -- prompts ----------------------------------------------------------------------------------
+
+    def _serve_prompts(self) -> None:
+        """Answer what the ranks asked: whether a failing rank stops in post-mortem, then one prompt."""
+        assert self.prompts is not None  # only called with a channel
+        self.pending.extend(self.prompts.read())
+        alive = set(self.alive.values())
+        self.pending = [r for r in self.pending if r.rank in alive]
+        for asked in [r for r in self.pending if r.kind == "failed"]:
+            if self.stop_reason is None and self.post_mortem in alive:
+                continue  # asked again once the post-mortem under way ends (its rank is the root cause)
+            self.pending.remove(asked)
+            stop = self.spec.pdb and self.stop_reason is None and self.post_mortem is None
+            if stop:
+                self.post_mortem = asked.rank
+            self.prompts.answer(asked, value="post-mortem" if stop else "")
+        if self.stop_reason is not None:  # the run ends: a rank still asking is stopped
+            for asked in [r for r in self.pending if r.kind != "failed"]:
+                self.pending.remove(asked)
+                self.prompts.answer(asked, stop=True)
+            return
+        sticky = self.last_prompted in alive and time.monotonic() < self.sticky_until
+        chosen = next_prompt(self.pending, self.last_prompted if sticky else None, sticky)
+        if chosen is None:
+            return
+        request = chosen
+        self.pending.remove(request)
+        self._forward_output()  # what the rank printed (pdb's listing) comes before its prompt
+        self.view.tick(self.run)
+        waiting = sorted({r.rank for r in self.pending if r.kind != "failed"} - {request.rank})
+        reply = self._ask(request, decorate(request, waiting))
+        if reply is None:  # the prompt was ended (Stop, --timeout, the rank ended): the loop goes on
+            return
+        self.prompts.answer(request, **reply)
+        self.last_prompted = request.rank
+        command = str(reply.get("value", ""))
+        going_on = request.kind != "pdb" or "value" not in reply or leaves(command)
+        self.sticky_until = 0.0 if going_on else time.monotonic() + STICKY
+
+    def _ask(self, request: PromptRequest, prompt: str) -> dict[str, Any] | None:
+        """The kernel's own input() (a Jupyter input_request), the answer as the rank reads it; None
+        if the prompt was ended for Stop, --timeout or the rank's end (a watcher thread interrupts the
+        wait).  An interrupt from the user propagates: the run is interrupted as always."""
+        lock, done, why = threading.Lock(), threading.Event(), []
+        own = [w for w, r in self.alive.items() if r == request.rank]
+
+        def watch() -> None:
+            while not done.wait(PROMPT_WATCH):
+                with lock:
+                    if done.is_set():
+                        return
+                    reason = None
+                    if time.monotonic() >= self.deadline:
+                        reason = "timeout"
+                    elif self.view.wants_stop() or self.run._stop_requested:
+                        reason = "stop"
+                    elif own and multiprocessing.connection.wait(own, timeout=0):
+                        reason = "ended"
+                    if reason is not None:
+                        why.append(reason)
+                        _thread.interrupt_main()
+                        return
+                    self._forward_output()  # the other ranks run on meanwhile
+
+        watcher = threading.Thread(target=watch, name="nbspawn-prompt", daemon=True)
+        watcher.start()
+        try:
+            try:
+                value = getpass.getpass(prompt) if request.password else builtins.input(prompt)
+                reply: dict[str, Any] = {"value": value}
+            except EOFError:
+                reply = {"eof": True}
+            except KeyboardInterrupt:
+                with lock:
+                    done.set()
+                if not why:
+                    raise
+                self._prompt_ended(why[0])
+                return None
+            except Exception as err:  # the frontend cannot answer (StdinNotImplementedError)
+                reply = {"error": str(err) or type(err).__name__}
+            with lock:
+                done.set()
+            if why:  # ended just as it was answered: its interrupt is on its way
+                with contextlib.suppress(KeyboardInterrupt):
+                    until = time.monotonic() + 0.5
+                    while time.monotonic() < until:
+                        time.sleep(0.01)
+                self._prompt_ended(why[0])
+                return None
+            return reply
+        finally:
+            done.set()
+            watcher.join()
+
+    def _prompt_ended(self, why: str) -> None:
+        if why == "stop" and self.stop_reason is None:
+            self._check_stop()
+        elif why == "timeout":
+            self._check_clocks()
 
     # -- a run that looks hung ---------------------------------------------------------------------
 
@@ -428,6 +555,8 @@ class _Supervisor:
         if self.executor.keeps_ranks and self.alive and self.lost is None:
             self.lost = "its cell did not finish"  # an error in the supervisor itself
         self.executor.cleanup(lose=self.lost is not None)
+        if self.prompts is not None:
+            self.prompts.close()
         self.run.world_lost = self.lost
         self.alive.clear()
         self.run.close_logs()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import faulthandler
-import getpass
 import os
 import signal
 import sys
@@ -22,9 +21,10 @@ from types import CodeType, ModuleType
 
 from .. import _cuda, _errorfile
 from .._errorfile import ErrorRecord
-from .._rankdir import RankDir
+from .._rankdir import RankDir, prompts_path
 from .._source import CellSource, rewrite_cell_frames
 from .._spec import RunSpec
+from . import _prompt
 from ._capture import capture_output, finished, flush_figures
 from ._watch import watch
 
@@ -51,7 +51,7 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
     capture_output(rank_dir, spec.rich)
     _install_signal_handlers(rank_dir)
     watch(lambda: _stack_file)  # where it is in its collectives, when the kernel asks where it is
-    _forbid_input()
+    _prompt.install(rank, prompts_path(spec.run_dir), RankDir(rank_dir).answers)  # input(), pdb: the kernel answers
     code = 0
     try:
         _run_cell(spec, rank, inherited)
@@ -96,18 +96,6 @@ def _install_signal_handlers(rank_dir: str) -> None:
     # stack request that comes as the rank exits does not kill it
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True)
-
-
-def _no_input(*_args: object, **_kwargs: object) -> str:
-    raise RuntimeError(
-        "input() is not available in a %%spawn rank: ranks have no terminal. "
-        "Read the value in the kernel before the cell, and use it in the cell (or pass it with --env)."
-    )
-
-
-def _forbid_input() -> None:
-    builtins.input = _no_input
-    getpass.getpass = _no_input
 
 
 def _namespace(spec: RunSpec) -> dict:
@@ -166,12 +154,22 @@ def prepare_rank(rank: int) -> None:
 
 
 def execute_cell(code: CodeType, last: CodeType | None, namespace: dict) -> None:
-    """The cell's statements, then its trailing expression shown, then the figures it left open."""
-    exec(code, namespace)  # noqa: S102 - running the user's cell is the point
-    if last is not None:
-        value = eval(last, namespace)  # noqa: S307
-        if value is not None:
-            _show(value)
+    """The cell's statements, then its trailing expression shown, then the figures it left open.
+
+    A cell that raises may first stop in post-mortem (``--pdb``, ``%pdb on``: the kernel says which
+    rank), before anything is torn down."""
+    _prompt.final_code = last or code  # where a debugger stepping through the cell lets go
+    try:
+        exec(code, namespace)  # noqa: S102 - running the user's cell is the point
+        value = None if last is None else eval(last, namespace)  # noqa: S307
+    except Exception as exc:
+        _prompt.post_mortem_if_asked(exc)
+        raise
+    finally:
+        if _prompt.debugged:
+            _prompt.stop_tracing()
+    if value is not None:
+        _show(value)
     flush_figures()
 
 
@@ -213,16 +211,21 @@ def init_process_group(backend: str, rank: int) -> ModuleType | None:
     and ``new_group`` can split it)."""
     if backend == "none":
         return None
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
 
+    # where the kernel answers prompts, a rank at a breakpoint must not make the others' collectives
+    # time out while a person types: an hour, as torch.distributed.breakpoint gives its ranks
+    timeout = timedelta(seconds=_prompt.LONG_TIMEOUT_S) if _prompt.available() else None
     if backend == "nccl":
         device = _cuda.rank_device(rank, torch.cuda.device_count())
         assert device is not None  # nccl is refused without GPUs
         torch.cuda.set_device(device)
-        dist.init_process_group(backend, device_id=torch.device("cuda", device))
+        dist.init_process_group(backend, device_id=torch.device("cuda", device), timeout=timeout)
     else:
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timeout)
     return dist
 
 
@@ -308,6 +311,8 @@ def write_error(rank_dir: str, cell: CellSource, exc: BaseException) -> None:
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
         tb = tb.tb_next  # start at the cell, not at nbspawn
+    if isinstance(exc, _prompt.DebuggerQuit):
+        tb = _prompt.cut_debugger_frames(tb)  # end at the line where the debugger was quit
     text = rewrite_cell_frames("".join(traceback.format_exception(type(exc), exc, tb)), cell)
     _errorfile.write(RankDir(rank_dir).error, ErrorRecord.of(exc, text))
 

@@ -41,21 +41,39 @@ def _write_error(exc: BaseException) -> None:
     while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, _runpy_file(), "<frozen runpy>"):
         tb = tb.tb_next  # start at the program, not at this launcher
     text = "".join(traceback.format_exception(type(exc), exc, tb))
-    errorfile = _errorfile_module()
+    errorfile = _load("_errorfile.py")
     errorfile.write(path, errorfile.ErrorRecord.of(exc, text))
 
 
-def _errorfile_module() -> types.ModuleType:
-    """nbspawn/_errorfile.py, loaded by path: importing the nbspawn package would import torch."""
+def _load(name: str) -> types.ModuleType:
+    """A module of nbspawn (``_errorfile.py``, ``ranks/_prompt.py``), loaded by path: importing the
+    nbspawn package would import torch."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_errorfile.py")
-    spec = importlib.util.spec_from_file_location("_nbspawn_errorfile", path)
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), name)
+    spec = importlib.util.spec_from_file_location("_nbspawn_" + os.path.basename(name)[1:-3], path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
+
+
+def _install_prompts() -> None:
+    """input(), getpass(), breakpoint() and pdb ask the kernel, as in a cell (``ranks/_prompt.py``)."""
+    error = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not error:
+        return
+    rank_dir = os.path.dirname(error)
+    rankdir = _load("_rankdir.py")
+    prompt = _load("ranks/_prompt.py")
+    local = os.environ.get("LOCAL_RANK", "0")
+    prompt.install(
+        int(local) if local.isdigit() else 0,
+        rankdir.prompts_path(os.path.dirname(rank_dir)),
+        rankdir.RankDir(rank_dir).answers,
+        launcher=os.path.abspath(__file__),
+    )
 
 
 def _runpy_file() -> str:
@@ -82,6 +100,7 @@ def main() -> None:
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         faulthandler.register(signal.SIGUSR1, file=handle, all_threads=True)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    _install_prompts()
     sys.argv = ["-c" if mode == "code" else target, *args]
     code: object = 0
     try:

@@ -23,9 +23,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._rankdir import RankDir
+from .._rankdir import RankDir, prompts_path
 from .._source import CellSource
 from . import _cell as _rank
+from . import _prompt
 from ._capture import finished, redirect_output
 from ._watch import watch
 
@@ -71,7 +72,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any]) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     stacks = _stacks_to(between, None)
     watch(lambda: _rank._stack_file)  # where it is in its collectives, when the kernel asks where it is
-    _rank._forbid_input()
+    _prompt.install(rank, None, None)  # each cell says where its prompts go
     _rank.prepare_rank(rank)
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     own: set[str] = set()  # names world cells assigned in this rank
@@ -88,6 +89,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any]) -> None:
         stacks = _stacks_to(rank_dir, stacks)
         os.environ.update(job.env)
         os.environ["TORCHELASTIC_ERROR_FILE"] = RankDir(rank_dir).error
+        _prompt.use(prompts_path(job.run_dir), RankDir(rank_dir).answers)
         try:
             outcome = _serve(job, rank, spec, namespace, own, group, conn)
         except KeyboardInterrupt:  # an interrupt that came as the cell was ending

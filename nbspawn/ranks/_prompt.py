@@ -1,0 +1,333 @@
+"""A rank's prompts: ``input()``, ``getpass()``, ``breakpoint()`` and pdb, answered through the kernel.
+
+A rank has no terminal.  When it asks something, it writes one JSON line to the run's request FIFO
+(``<run-dir>/prompts.fifo``, made by the kernel before the ranks start, only when the kernel can answer:
+a foreground run whose cell was sent with ``allow_stdin``) and blocks reading its own answer FIFO
+(``<rank-dir>/answers.fifo``, made here at the first prompt).  The kernel's supervisor has the request
+FIFO among what it waits on; it shows the rank's output so far, asks the kernel's own ``input()`` (the
+``input_request`` every frontend answers) with a prompt that names the rank, and writes the answer back.
+
+No request FIFO means nothing can answer (nbclient, nbconvert, papermill; a background or cluster
+run): a prompt then fails at once, saying so, and nothing waits.
+
+pdb is this module's :class:`RankPdb` (``pdb.Pdb`` is replaced in the rank, so ``pdb.set_trace()``,
+``pdb.post_mortem()`` and ``torch.distributed.breakpoint()`` get it): its prompt names the rank, it
+lists the cell's own lines (the cell is in ``linecache`` under ``<nbspawn-cell>``), it never steps into
+nbspawn, an interrupt stops the rank instead of asking again, and ``q`` fails the rank with
+:class:`DebuggerQuit` ("debugger quit on rank 1").
+
+This module imports nothing of nbspawn: a program's rank (``ranks/_program.py``) loads it by path.
+"""
+
+from __future__ import annotations
+
+import builtins
+import cmd
+import getpass
+import json
+import os
+import pdb
+import sys
+from types import CodeType, FrameType, TracebackType
+from typing import Any
+
+CELL_FILENAME = "<nbspawn-cell>"  # nbspawn._source.CELL_FILENAME (this module imports nothing of nbspawn)
+MAX_PROMPT = 2000  # characters of a prompt sent: a request stays one atomic write (PIPE_BUF)
+LONG_TIMEOUT_S = 3600.0  # a debugged rank's process groups wait this long, as torch.distributed.breakpoint sets
+# frames a rank's pdb never stops in: nbspawn's launcher, multiprocessing's and runpy's
+_SKIP = ("nbspawn", "nbspawn.*", "multiprocessing", "multiprocessing.*", "torch.multiprocessing*", "runpy", "_nbspawn_*")
+
+
+class NoPromptError(RuntimeError):
+    """A rank asked for input where nothing can answer it."""
+
+
+class DebuggerQuit(Exception):
+    """``q`` in a rank's debugger: the rank fails here (the run ends by its usual policy)."""
+
+
+_rank = 0
+_prompts: str | None = None  # the run's request FIFO
+_answers: str | None = None  # this rank's answer FIFO
+_fd: int | None = None  # its read end, open read-write so reads wait for the kernel instead of seeing EOF
+_asked = 0  # requests sent: each answer names the request it answers
+_depth = 0  # > 0 while a RankPdb reads commands
+debugged = False  # a debugger ran in this rank: tracing is cleared when the cell ends
+_launcher_file = ""  # a program's: nbspawn/ranks/_program.py, run as __main__
+final_code: CodeType | None = None  # the code that ends the running cell (its trailing expression, if any)
+# Python's own, whatever pdb.Pdb was made to be (ipykernel makes it IPython's, which a forked rank inherits)
+_Pdb: type[pdb.Pdb] = next(c for c in pdb.Pdb.__mro__ if c.__module__ == "pdb" and c.__name__ == "Pdb")
+
+
+def install(rank: int, prompts: str | None, answers: str | None, launcher: str = "") -> None:
+    """From now on this rank's input, getpass, breakpoint() and pdb ask the kernel (``launcher``: the
+    file that runs a program, whose frames pdb leaves out as it does nbspawn's modules)."""
+    global _rank, _launcher_file
+    _rank, _launcher_file = rank, launcher
+    use(prompts, answers)
+    builtins.input = rank_input
+    getpass.getpass = rank_getpass
+    sys.breakpointhook = rank_breakpoint
+    pdb.Pdb = RankPdb  # type: ignore[misc]  # pdb.post_mortem and torch.distributed.breakpoint make one
+    pdb.set_trace = rank_set_trace  # (ipykernel's is IPython's, which a forked rank inherits)
+
+
+def use(prompts: str | None, answers: str | None) -> None:
+    """Where this rank's prompts go now (a kept world's rank: each cell has its own directory)."""
+    global _prompts, _answers, _fd
+    if answers != _answers and _fd is not None:
+        os.close(_fd)
+        _fd = None
+    _prompts, _answers = prompts, answers
+
+
+def available() -> bool:
+    return _prompts is not None and os.path.exists(_prompts)
+
+
+def _unavailable(what: str) -> NoPromptError:
+    return NoPromptError(
+        f"{what} is not available on rank {_rank}: nothing can answer a prompt here. The cell runs without stdin (allow_stdin "
+        "false: nbclient, nbconvert and papermill run notebooks so), in the background (--bg) or on a cluster. "
+        "Read the value in the kernel before the cell and pass it in; PYTHONBREAKPOINT=0 (--env) skips breakpoint()."
+    )
+
+
+def ask(prompt: str, kind: str = "input", password: bool = False) -> str:
+    """The kernel's answer to ``prompt``; raises at once if nothing can answer."""
+    if not available():
+        raise _unavailable("the debugger's prompt" if kind == "pdb" else "getpass()" if password else "input()")
+    reply = _request({"kind": kind, "prompt": str(prompt)[-MAX_PROMPT:], "password": password})
+    if reply.get("stop"):
+        raise KeyboardInterrupt("the run was stopped while this rank waited at a prompt")
+    if reply.get("eof"):
+        raise EOFError
+    if "error" in reply:
+        raise NoPromptError(f"rank {_rank}'s prompt: {reply['error']}")
+    return str(reply.get("value", ""))
+
+
+def _request(request: dict[str, Any]) -> dict[str, Any]:
+    """Send one request line, then wait for the answer that names it."""
+    global _fd, _asked
+    assert _prompts is not None and _answers is not None  # available() said so
+    for stream in (sys.stdout, sys.stderr):  # what the rank printed is shown before the prompt
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    if _fd is None:
+        if not os.path.exists(_answers):
+            os.mkfifo(_answers, 0o600)
+        _fd = os.open(_answers, os.O_RDWR)
+    _asked += 1
+    line = json.dumps({**request, "rank": _rank, "id": _asked}) + "\n"
+    try:
+        out = os.open(_prompts, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # no reader (ENXIO) or gone (ENOENT): the run is ending
+        raise _unavailable("a prompt") from None
+    try:
+        os.write(out, line.encode())
+    finally:
+        os.close(out)
+    buffer = b""
+    while True:
+        while not buffer.endswith(b"\n"):
+            buffer += os.read(_fd, 65536)  # an interrupt (SIGINT) raises KeyboardInterrupt here
+        for raw in buffer.splitlines():
+            reply = json.loads(raw)
+            if reply.get("id") == _asked:
+                return reply
+        buffer = b""  # an answer to a request this rank gave up on
+
+
+def rank_input(prompt: object = "") -> str:
+    """``input()`` in a rank."""
+    return ask(str(prompt), "pdb" if _depth else "input")
+
+
+def rank_getpass(prompt: str = "Password: ", stream: object = None) -> str:
+    """``getpass.getpass()`` in a rank: the frontend hides what is typed."""
+    return ask(prompt, "input", password=True)
+
+
+def rank_breakpoint(*args: Any, **kwargs: Any) -> Any:
+    """``breakpoint()`` in a rank: PYTHONBREAKPOINT is honoured (0 skips, another hook is called)."""
+    hook = os.environ.get("PYTHONBREAKPOINT", "")
+    if hook == "0":
+        return None
+    if hook and hook != "pdb.set_trace":
+        return sys.__breakpointhook__(*args, **kwargs)
+    if not available():
+        raise _unavailable("breakpoint()")
+    frame = sys._getframe(1)
+    RankPdb().set_trace(frame)
+    return None
+
+
+def rank_set_trace(*, header: str | None = None) -> None:
+    """``pdb.set_trace()`` in a rank."""
+    debugger = RankPdb()
+    if header is not None:
+        debugger.message(header)
+    debugger.set_trace(sys._getframe(1))
+
+
+def post_mortem_if_asked(exc: BaseException) -> None:
+    """A cell failed on this rank: if the kernel says so (``--pdb``, ``%pdb on``; the first failing
+    rank only), stop in post-mortem at the exception before anything is torn down."""
+    if not isinstance(exc, Exception) or isinstance(exc, (DebuggerQuit, NoPromptError)) or not available():
+        return
+    try:
+        reply = _request({"kind": "failed", "prompt": f"{type(exc).__name__}: {exc}"[:MAX_PROMPT], "password": False})
+    except (OSError, ValueError, NoPromptError):
+        return
+    if reply.get("value") != "post-mortem":
+        return
+    tb = exc.__traceback__
+    while tb is not None and _launcher(tb.tb_frame) and tb.tb_next is not None:
+        tb = tb.tb_next
+    debugger = RankPdb()
+    debugger.message(f"*** {type(exc).__name__}: {exc}\n*** post-mortem of rank {_rank}: q, c or EOF leaves it, and the run ends")
+    debugger.reset()
+    debugger.interaction(None, tb)
+
+
+def stop_tracing() -> None:
+    """A kept world's rank between cells: no debugger left tracing from the last one."""
+    global debugged
+    debugged = False
+    sys.settrace(None)
+
+
+def extend_timeouts() -> None:
+    """This rank's process groups wait at least an hour (torch.distributed.breakpoint does the same)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    try:
+        from datetime import timedelta
+
+        from torch.distributed import distributed_c10d as c10d
+
+        for group in list(c10d._pg_map):
+            c10d._set_pg_timeout(timedelta(seconds=LONG_TIMEOUT_S), group)
+    except Exception:  # noqa: S110 - a private API of torch: without it, the groups keep their timeouts
+        pass
+
+
+_DEBUGGER_FILES = tuple(os.path.splitext(m.__file__ or "")[0] for m in (pdb, sys.modules["bdb"], cmd, sys.modules[__name__]))
+
+
+def cut_debugger_frames(tb: TracebackType | None) -> TracebackType | None:
+    """A :class:`DebuggerQuit`'s traceback ends where the user was, not in pdb's machinery (None if
+    it has nothing else: the debugger was quit as a frame returned)."""
+    while tb is not None and _debugger_frame(tb):
+        tb = tb.tb_next
+    first = tb
+    while tb is not None and tb.tb_next is not None:
+        if _debugger_frame(tb.tb_next):
+            tb.tb_next = None
+            break
+        tb = tb.tb_next
+    return first
+
+
+def _debugger_frame(tb: TracebackType) -> bool:
+    return os.path.splitext(tb.tb_frame.f_code.co_filename)[0] in _DEBUGGER_FILES
+
+
+def _cell_code(frame: FrameType) -> bool:
+    return frame.f_code.co_filename == CELL_FILENAME and frame.f_code.co_name == "<module>"
+
+
+def _launcher(frame: FrameType) -> bool:
+    name = str(frame.f_globals.get("__name__", ""))
+    return name.startswith(("nbspawn.", "multiprocessing", "torch.multiprocessing", "runpy", "_nbspawn_")) or (
+        frame.f_code.co_filename in ("<frozen runpy>", _launcher_file)
+    )
+
+
+class RankPdb(_Pdb):  # type: ignore[misc,valid-type]
+    """pdb for a rank: its prompt names the rank; see the module's docstring."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["skip"] = [*(kwargs.get("skip") or ()), *_SKIP]
+        kwargs["nosigint"] = True  # SIGINT is the kernel's way of stopping the rank, never a break
+        super().__init__(*args, **kwargs)
+        self.prompt = f"(Pdb rank {_rank}) "
+        self._post_mortem = False
+
+    def set_trace(self, frame: FrameType | None = None) -> None:
+        if not available():
+            raise _unavailable("the debugger")
+        super().set_trace(frame or sys._getframe(1))
+
+    def interaction(self, frame: FrameType | None, tb: Any) -> None:
+        global debugged
+        if not available():
+            raise _unavailable("the debugger")
+        debugged = True
+        self._post_mortem = frame is None
+        extend_timeouts()
+        super().interaction(frame, tb)
+
+    def cmdloop(self, intro: str | None = None) -> None:
+        global _depth
+        _depth += 1
+        try:
+            cmd.Cmd.cmdloop(self, intro)
+        finally:
+            _depth -= 1
+
+    def _cmdloop(self) -> None:
+        # pdb's own catches KeyboardInterrupt and asks again: here an interrupt stops the rank
+        self.allow_kbdint = True
+        try:
+            self.cmdloop()
+        except KeyboardInterrupt:
+            self._leave()
+            raise
+        self.allow_kbdint = False
+
+    def _leave(self) -> None:
+        self.quitting = True
+        sys.settrace(None)
+
+    def do_quit(self, arg: str) -> bool | None:
+        if self._post_mortem:  # leaving a post-mortem: the rank fails with its own error, as it would have
+            return bool(super().do_quit(arg))
+        self._leave()
+        self.message(f"debugger quit on rank {_rank}")
+        raise DebuggerQuit(f"debugger quit on rank {_rank}")
+
+    do_q = do_exit = do_quit
+
+    def do_EOF(self, arg: str) -> bool | None:
+        return self.do_quit(arg)
+
+    def dispatch_return(self, frame: FrameType, arg: Any) -> Any:
+        cell = _cell_code(frame)
+        if not cell and not (frame.f_back is not None and _launcher(frame.f_back)):
+            return super().dispatch_return(frame, arg)
+        if self.quitting:
+            return None
+        if not cell or final_code is None or frame.f_code is final_code:
+            self.set_continue()  # the cell is done: nothing of nbspawn's to step into
+        elif self.stoplineno != -1:
+            self.set_step()  # the statements are done: stop in the trailing expression next
+        return None
+
+    def user_call(self, frame: FrameType, argument_list: Any) -> None:
+        if not _cell_code(frame):  # the cell's trailing expression: its first line stops, no --Call--
+            super().user_call(frame, argument_list)
+
+    def get_stack(self, f: FrameType | None, t: TracebackType | None) -> tuple[list[tuple[FrameType, int]], int]:
+        """The stack from the cell (a program: its own first frame) up, as in a notebook."""
+        stack, index = super().get_stack(f, t)
+        frames = [frame for frame, _ in stack]
+        cut = next((i for i, fr in enumerate(frames) if fr.f_code.co_filename == CELL_FILENAME), None)
+        if cut is None:
+            cut = next((i for i, fr in enumerate(frames) if not _launcher(fr)), 0)
+        cut = min(cut, index)
+        return stack[cut:], index - cut

@@ -1,0 +1,338 @@
+"""Debugging a rank from the notebook: input(), getpass(), breakpoint(), pdb and post-mortem in a rank,
+answered through the kernel's own stdin channel (the ``input_request`` every frontend answers), driven
+here with jupyter_client as a frontend does: ``execute(allow_stdin=True)``, then ``kc.input(...)`` for
+each ``input_request`` on the stdin channel."""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+from kernel_harness import ExecResult, Kernel, ok, rank_lines, run, strip_ansi
+
+METHODS = ["fork", "spawn", "forkserver"]
+
+
+@dataclass
+class Conversation:
+    result: ExecResult
+    prompts: list[str] = field(default_factory=list)  # every input_request's prompt, in order
+    passwords: list[bool] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return strip_ansi(self.result.stdout + self.result.stderr + self.result.error_text)
+
+
+Answer = Callable[[str], str | None]  # prompt -> what to type (None: interrupt the kernel instead)
+
+
+def converse(kernel: Kernel, code: str, answers: list[str] | Answer, timeout: float = 120) -> Conversation:
+    """Run ``code`` with stdin allowed, answering each input_request in turn, until the kernel is idle."""
+    kc = kernel.client
+    script = list(answers) if isinstance(answers, list) else None
+    msg_id = kc.execute(code, store_history=True, allow_stdin=True)
+    deadline = time.monotonic() + timeout
+    stdout, stderr, outputs, prompts, passwords = [], [], [], [], []
+    error = None
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no end within {timeout} s; prompts {prompts}; stdout {''.join(stdout)[-3000:]!r}")
+        try:
+            msg = kc.stdin_channel.get_msg(timeout=0.02)
+        except queue.Empty:
+            pass
+        else:
+            if msg["msg_type"] == "input_request" and msg["parent_header"].get("msg_id") == msg_id:
+                prompt = msg["content"]["prompt"]
+                prompts.append(prompt)
+                passwords.append(bool(msg["content"].get("password")))
+                if script is not None:
+                    assert script, f"an unexpected prompt {prompt!r}; stdout {''.join(stdout)[-2000:]!r}"
+                    reply: str | None = script.pop(0)
+                else:
+                    assert not isinstance(answers, list)
+                    reply = answers(prompt)
+                if reply is None:
+                    kernel.manager.interrupt_kernel()
+                else:
+                    kc.input(reply)
+        idle = False
+        while True:
+            try:
+                msg = kc.get_iopub_msg(timeout=0)
+            except queue.Empty:
+                break
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "status" and content["execution_state"] == "idle":
+                idle = True
+                break
+            outputs.append({"msg_type": kind, **content})
+            if kind == "stream":
+                (stdout if content["name"] == "stdout" else stderr).append(content["text"])
+            elif kind == "error":
+                error = content
+        if idle:
+            break
+    reply_msg = kc.get_shell_msg(timeout=30)
+    while reply_msg["parent_header"].get("msg_id") != msg_id:
+        reply_msg = kc.get_shell_msg(timeout=30)
+    from kernel_harness import ErrorInfo
+
+    content = reply_msg["content"]
+    info = None
+    if content["status"] == "error":
+        source = content if "ename" in content else (error or {})
+        info = ErrorInfo(source.get("ename", ""), source.get("evalue", ""), list(source.get("traceback", [])))
+    result = ExecResult(content["status"], content.get("execution_count"), "".join(stdout), "".join(stderr), outputs, info)
+    if script:
+        raise AssertionError(f"prompts never asked for {script}; prompts seen {prompts}; text {result.stdout[-2000:]!r}")
+    return Conversation(result, prompts, passwords)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_breakpoint_lists_the_cell_prints_steps_and_continues(kernel, method):
+    code = f"""%%spawn -n 2 --start-method {method}
+import os
+rank = int(os.environ["RANK"])
+x = rank * 10
+if rank == 1:
+    breakpoint()
+    y = x + 1
+    z = y * 2
+print("done", rank, x)
+"""
+    talk = converse(kernel, code, ["l", "p x", "n", "n", "p y", "w", "c"])
+    assert talk.result.status == "ok", talk.text
+    assert talk.prompts == ["(Pdb rank 1) "] * 7, talk.prompts
+    lines = rank_lines(talk.result.stdout, 1)
+    text = "\n".join(lines)
+    assert "-> y = x + 1" in text  # stopped at the line after breakpoint()
+    assert "  7  ->\t    y = x + 1" in text, text  # `l`: the cell's own line numbers
+    assert "if rank == 1:" in text  # ... and its source
+    assert "10" in lines  # p x
+    assert "11" in lines  # p y, after two `n`
+    assert "<nbspawn-cell>(8)<module>()" in text  # `w`: the cell's frame, at line 8
+    assert "_cell.py" not in text  # ... and nothing of nbspawn below it
+    assert "done 1 10" in text and "done 0 0" in "\n".join(rank_lines(talk.result.stdout, 0))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_input_and_getpass_in_a_rank_ask_the_frontend(kernel, method):
+    code = f"""%%spawn -n 2 --start-method {method} --ranks 1
+import os, getpass
+if os.environ["RANK"] == "1":
+    name = input("your name? ")
+    secret = getpass.getpass("token: ")
+    print("hello", name, len(secret))
+"""
+    talk = converse(kernel, code, ["Ada", "s3cr3t"])
+    assert talk.result.status == "ok", talk.text
+    assert talk.prompts == ["[rank 1] your name? ", "[rank 1] token: "]
+    assert talk.passwords == [False, True]
+    assert "hello Ada 6" in rank_lines(talk.result.stdout, 1)
+
+
+def test_pdb_set_trace_in_a_function_steps_into_it(kernel):
+    code = """%%spawn -n 1
+import pdb
+def f(a):
+    b = a + 1
+    return b * 2
+pdb.set_trace()
+r = f(3)
+print("r =", r)
+"""
+    talk = converse(kernel, code, ["s", "s", "n", "p b", "c"])
+    assert talk.result.status == "ok", talk.text
+    text = "\n".join(rank_lines(talk.result.stdout, 0))
+    assert "--Call--" in text and "f()" in text
+    assert "4" in rank_lines(talk.result.stdout, 0)  # p b
+    assert "r = 8" in text
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_quit_fails_that_rank_and_the_run_ends_without_hanging(kernel, method):
+    code = f"""%%spawn -n 2 --backend gloo --start-method {method}
+import os, torch.distributed as dist
+if os.environ["RANK"] == "1":
+    breakpoint()
+dist.barrier()
+"""
+    start = time.monotonic()
+    talk = converse(kernel, code, ["q"], timeout=90)
+    assert talk.result.status == "error"
+    assert "debugger quit on rank 1" in talk.text
+    assert "bdb.py" not in talk.text and "pdb.py" not in talk.text  # the traceback ends in the cell
+    assert time.monotonic() - start < 60
+
+
+def test_several_ranks_at_breakpoints_are_asked_one_at_a_time(kernel):
+    code = """%%spawn -n 3 --backend gloo
+import os, torch, torch.distributed as dist
+rank = int(os.environ["RANK"])
+breakpoint()
+t = torch.ones(1) * rank
+dist.all_reduce(t)
+print("sum", int(t.item()))
+"""
+    seen: list[str] = []
+
+    def answer(prompt: str) -> str:
+        seen.append(prompt)
+        return "p rank" if len(seen) % 2 else "c"
+
+    talk = converse(kernel, code, answer)
+    assert talk.result.status == "ok", talk.text
+    ranks = sorted(int(p.split("(Pdb rank ")[1].split(")")[0]) for p in seen)
+    assert ranks == [0, 0, 1, 1, 2, 2]  # each rank's session whole: `p rank` then `c`
+    for i in range(0, 6, 2):
+        assert seen[i].endswith(seen[i + 1].split("(Pdb")[-1])  # the same rank kept the prompt
+    assert any("wait: one prompt at a time" in p or "waits: one prompt at a time" in p for p in seen)
+    for r in range(3):
+        assert "sum 3" in rank_lines(talk.result.stdout, r)
+
+
+def test_torch_distributed_breakpoint_with_the_others_waiting(kernel):
+    code = """%%spawn -n 2 --backend gloo
+import os, torch.distributed as dist
+value = 40 + int(os.environ["RANK"])
+dist.breakpoint(rank=1)
+print("after", value)
+"""
+    talk = converse(kernel, code, ["up", "p value", "c"])
+    assert talk.result.status == "ok", talk.text
+    assert talk.prompts == ["(Pdb rank 1) "] * 3
+    assert "41" in rank_lines(talk.result.stdout, 1)
+    assert "after 40" in rank_lines(talk.result.stdout, 0)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_pdb_option_stops_the_first_failing_rank_in_post_mortem(kernel, method):
+    code = f"""%%spawn -n 2 --pdb --start-method {method}
+import os
+def check(v):
+    if v == 1:
+        bad = v * 7
+        raise ValueError("rank 1 broke")
+check(int(os.environ["RANK"]))
+"""
+    talk = converse(kernel, code, ["p bad", "w", "q"])
+    assert talk.prompts == ["(Pdb rank 1) "] * 3
+    assert "7" in rank_lines(talk.result.stdout, 1)
+    assert "post-mortem of rank 1" in talk.text
+    assert talk.result.status == "error"
+    assert "ValueError: rank 1 broke" in talk.text  # the run ends as it would have
+
+
+def test_ipython_pdb_on_is_honoured(fresh_kernel):
+    ok(fresh_kernel, "%pdb on")
+    talk = converse(fresh_kernel, "%%spawn -n 2\nimport os\nx = 1 / (int(os.environ['RANK']) - 1)\n", ["p 2 + 2", "c"])
+    assert "(Pdb rank 1) " in talk.prompts
+    assert "4" in rank_lines(talk.result.stdout, 1)
+    assert talk.result.status == "error" and "ZeroDivisionError" in talk.text
+    ok(fresh_kernel, "%pdb off")
+    talk = converse(fresh_kernel, "%%spawn -n 2\nimport os\nx = 1 / (int(os.environ['RANK']) - 1)\n", [])
+    assert talk.prompts == [] and "ZeroDivisionError" in talk.text
+
+
+def test_without_stdin_input_and_breakpoint_fail_at_once(kernel):
+    for body in ("input('x? ')", "breakpoint()", "import pdb; pdb.set_trace()"):
+        start = time.monotonic()
+        result = run(kernel, f"%%spawn -n 2\n{body}\n", timeout=60)  # the harness sends allow_stdin=False
+        text = strip_ansi(result.stderr + result.error_text)
+        assert result.status == "error"
+        assert "nothing can answer a prompt here" in text, text
+        assert "allow_stdin" in text
+        assert time.monotonic() - start < 30
+
+
+def test_interrupt_at_a_prompt_stops_the_run(fresh_kernel):
+    code = """%%spawn -n 2 --backend gloo
+import os, torch.distributed as dist
+if os.environ["RANK"] == "0":
+    breakpoint()
+dist.barrier()
+"""
+    talk = converse(fresh_kernel, code, lambda prompt: None, timeout=90)  # interrupt instead of answering
+    assert talk.result.status == "error"
+    assert "SpawnInterrupted" in talk.text or "interrupted" in talk.text.lower()
+    ok(fresh_kernel, "%%spawn -n 2\nprint('still fine')")
+
+
+def test_timeout_ends_an_unanswered_prompt(kernel):
+    kc = kernel.client
+    msg_id = kc.execute("%%spawn -n 1 --timeout 3\ninput('never answered? ')\n", allow_stdin=True)
+    start = time.monotonic()
+    msg = kc.stdin_channel.get_msg(timeout=60)
+    assert msg["content"]["prompt"] == "[rank 0] never answered? "
+    reply = kc.get_shell_msg(timeout=60)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=60)
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "SpawnTimeoutError"
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_kept_world_debugs_and_lives_on(fresh_kernel, method):
+    ok(fresh_kernel, f"%%spawn --world w -n 2 --backend gloo --start-method {method}\nimport os\nrank = int(os.environ['RANK'])")
+    code = """%%spawn --world w
+v = rank + 100
+if rank == 1:
+    breakpoint()
+    v += 1
+print("v", v)
+"""
+    talk = converse(fresh_kernel, code, ["l", "p v", "n", "p v", "c"])
+    assert talk.result.status == "ok", talk.text
+    lines = rank_lines(talk.result.stdout, 1)
+    assert "101" in lines and "102" in lines and "v 102" in lines
+    # q fails the cell on rank 1; the world survives (the other rank comes back)
+    talk = converse(fresh_kernel, "%%spawn --world w\nif rank == 1:\n    breakpoint()\nprint('after')\n", ["q"])
+    assert talk.result.status == "error" and "debugger quit on rank 1" in talk.text
+    result = ok(fresh_kernel, "%%spawn --world w\nprint('alive', rank)")
+    assert "alive 1" in rank_lines(result.stdout, 1)
+    # post-mortem on the world, with --pdb on the cell only
+    talk = converse(
+        fresh_kernel, "%%spawn --world w --pdb\nif rank == 0:\n    oops = 5\n    raise KeyError(oops)\n", ["p oops", "c"]
+    )
+    assert "5" in rank_lines(talk.result.stdout, 0)
+    assert talk.result.status == "error" and "KeyError" in talk.text
+    ok(fresh_kernel, "%spawn stop w")
+
+
+def test_stepping_reaches_the_cells_trailing_expression_and_never_nbspawn(kernel):
+    code = """%%spawn -n 1
+a = 2
+breakpoint()
+b = a * 3
+b + 1
+"""
+    talk = converse(kernel, code, ["n", "p b", "n"])
+    assert talk.result.status == "ok", talk.text
+    text = "\n".join(rank_lines(talk.result.stdout, 0))
+    assert "-> b + 1" in text  # `n` went on into the trailing expression
+    assert "6" in rank_lines(talk.result.stdout, 0)
+    assert "7" in rank_lines(talk.result.stdout, 0)  # its value, shown as the cell's result
+    assert "nbspawn/ranks" not in text and "--Return--" not in text
+
+
+def test_breakpoint_in_a_program(kernel, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os\nstep = 3\nif os.environ['RANK'] == '1':\n    breakpoint()\nloss = step * 2\nprint('loss', loss, os.environ['RANK'])\n"
+    )
+    talk = converse(kernel, f"%spawn -n 2 -- {script}", ["p step", "n", "p loss", "c"])
+    assert talk.result.status == "ok", talk.text
+    assert talk.prompts == ["(Pdb rank 1) "] * 4
+    text = "\n".join(rank_lines(talk.result.stdout, 0) + rank_lines(talk.result.stdout, 1))
+    assert "train.py(5)<module>()" in text and "-> loss = step * 2" in text
+    assert "6" in rank_lines(talk.result.stdout, 1)
+    assert "loss 6 0" in text and "loss 6 1" in text
+    assert "_program.py" not in text and "runpy" not in text

@@ -1,0 +1,108 @@
+"""The pure parts of a rank's prompts: which prompt is asked next, how it reads, the request's wire,
+the FIFO round trip between a rank (nbspawn.ranks._prompt) and the kernel (nbspawn.events._prompts),
+and a quit debugger's traceback."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from nbspawn._rankdir import RankDir, prompts_path
+from nbspawn.events._prompts import PromptChannel, PromptRequest, decorate, leaves, next_prompt
+from nbspawn.ranks import _prompt
+
+
+def req(rank: int, kind: str = "pdb", id: int = 1) -> PromptRequest:
+    return PromptRequest(rank, kind, f"(Pdb rank {rank}) ", id)
+
+
+def test_prompts_are_asked_in_arrival_order():
+    assert next_prompt([req(2), req(0), req(1)], None, False) == req(2)
+    assert next_prompt([], None, False) is None
+
+
+def test_a_failing_ranks_question_is_never_a_prompt():
+    assert next_prompt([req(1, "failed"), req(3)], None, False) == req(3)
+    assert next_prompt([req(1, "failed")], None, False) is None
+
+
+def test_a_rank_in_a_pdb_session_keeps_the_prompt():
+    assert next_prompt([req(2), req(1)], 1, True) == req(1)
+    assert next_prompt([req(2)], 1, True) is None  # it has not come back yet: the others wait
+    assert next_prompt([req(2)], 1, False) == req(2)  # it let go (or took too long)
+
+
+@pytest.mark.parametrize(
+    ("command", "leaving"),
+    [("c", True), ("continue", True), ("q", True), ("EOF", True), ("n", False), ("p x", False), ("", False), ("c;;p x", True)],
+)
+def test_which_commands_let_a_rank_run_on(command, leaving):
+    assert leaves(command) is leaving
+
+
+def test_a_prompt_names_its_rank_and_those_waiting():
+    assert decorate(req(1), []) == "(Pdb rank 1) "
+    assert decorate(PromptRequest(2, "input", "lr? ", 1), []) == "[rank 2] lr? "
+    assert decorate(req(1), [3]) == "(rank 3 waits: one prompt at a time, in arrival order) (Pdb rank 1) "
+    assert decorate(req(1), [3, 2]).startswith("(ranks 2, 3 wait: one prompt at a time")
+
+
+@pytest.mark.parametrize("line", [b"", b"{", b'{"rank": 1}', b'{"rank": "x", "kind": "pdb", "id": 1}', b"[]"])
+def test_a_bad_request_line_is_ignored(line):
+    assert PromptRequest.parse(line) is None
+
+
+def test_a_request_and_its_answer_go_through_the_fifos(tmp_path):
+    rank_dir = tmp_path / "0"
+    rank_dir.mkdir()
+    channel = PromptChannel.open(str(tmp_path), [str(rank_dir)])
+    assert channel is not None
+    got: list[object] = []
+    _prompt.use(prompts_path(str(tmp_path)), RankDir(str(rank_dir)).answers)
+    try:
+        asker = threading.Thread(target=lambda: got.append(_prompt.ask("name? ")))
+        asker.start()
+        requests: list[PromptRequest] = []
+        while not requests:
+            requests = channel.read()
+        assert requests[0].rank == _prompt._rank and requests[0].prompt == "name? " and requests[0].kind == "input"
+        channel.answer(PromptRequest(0, "input", "", requests[0].id + 100), value="stale")  # another request's answer
+        channel.answer(requests[0], value="Ada")
+        asker.join(10)
+        assert got == ["Ada"]
+    finally:
+        _prompt.use(None, None)
+        channel.close()
+    assert sorted(os.listdir(tmp_path)) == ["0"] and os.listdir(rank_dir) == []  # no FIFO left in the logs
+
+
+def test_without_a_channel_a_prompt_fails_at_once(tmp_path):
+    _prompt.use(prompts_path(str(tmp_path)), RankDir(str(tmp_path)).answers)
+    try:
+        with pytest.raises(_prompt.NoPromptError, match="nothing can answer a prompt here"):
+            _prompt.ask("x? ")
+    finally:
+        _prompt.use(None, None)
+
+
+def test_a_quit_debuggers_traceback_ends_in_the_users_code():
+    import bdb
+
+    def user() -> None:
+        debugger_frame()
+
+    def debugger_frame() -> None:
+        raise _prompt.DebuggerQuit("debugger quit on rank 0")
+
+    debugger_frame.__code__ = debugger_frame.__code__.replace(co_filename=bdb.__file__)
+    try:
+        user()
+    except _prompt.DebuggerQuit as exc:
+        tb = _prompt.cut_debugger_frames(exc.__traceback__)
+    names = []
+    while tb is not None:
+        names.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    assert names == ["test_a_quit_debuggers_traceback_ends_in_the_users_code", "user"]
