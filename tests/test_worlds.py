@@ -65,7 +65,8 @@ def test_a_failed_cell_interrupts_the_others_and_the_world_survives(kernel, worl
     )
     result = run(
         kernel,
-        f"%%spawn --world {world}\nif os.environ['RANK'] == '1':\n    undefined_name\ntime.sleep(30)\n",
+        # rank 1 fails once the others are surely in their sleep (a loaded machine starts ranks late)
+        f"%%spawn --world {world}\nif os.environ['RANK'] == '1':\n    time.sleep(1); undefined_name\ntime.sleep(30)\n",
     )
     assert result.status == "error" and result.error.ename == "RankRaisedError"
     text = result.error.traceback_text

@@ -430,7 +430,7 @@ class _Supervisor:
         interrupted = failure.exc_type == "KeyboardInterrupt" or code == EXIT_INTERRUPTED
         failure.stopped = state.rank in self.signalled and (record is None or interrupted)
         seen = self.seen_at_stop.get(state.rank)
-        if failure.stopped and interrupted and seen and seen != STILL_STARTING:
+        if failure.stopped and interrupted and seen and seen != STILL_STARTING and self.spec.program is None:
             # where it was, not how the interrupt unwound it (inside torch's logging, a peer's
             # "Connection closed"): ranks stopped at the same place then read as one
             failure.traceback, failure.stack = None, seen

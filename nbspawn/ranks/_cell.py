@@ -18,6 +18,7 @@ import sys
 import traceback
 from dataclasses import dataclass
 from types import CodeType, ModuleType
+from typing import TextIO
 
 from .. import _cuda, _errorfile
 from .._errorfile import ErrorRecord
@@ -31,7 +32,7 @@ from ._watch import watch
 EXIT_RAISED = 1
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 
-_stack_file = None  # kept open: faulthandler writes to its descriptor from a signal handler
+_stack_file: TextIO | None = None  # kept open: faulthandler writes to its descriptor from a signal handler
 
 
 @dataclass(frozen=True)

@@ -115,8 +115,14 @@ def _serve(
     """Run one cell; interrupts reach it only while it runs. Returns (outcome, exit code)."""
     rank_dir = job.rank_dir(rank)
     try:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        conn.send((STARTED, 0))  # from here an interrupt is this cell's: the kernel may send it now
+        # from STARTED on an interrupt is this cell's (the kernel may send it as soon as it reads it),
+        # but never inside the send itself: it would unwind through multiprocessing's frames
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            conn.send((STARTED, 0))
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         if not group:
             group.append(_rank.init_process_group(spec.backend, rank))
         _run(job, rank, namespace, own)
