@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -197,6 +198,30 @@ def test_failure_on_node_1_stops_node_0_at_once_and_names_the_node(kernel, nodes
     print(f"node 0's ranks were gone {gone * 1000:.0f} ms after rank 2 on node 1 failed")
     assert gone < 5, gone
     assert facts["nodes"][0].startswith("node 0") and facts["nodes"][2].startswith("node 1")
+    assert_nothing_left(nodes)
+    engines_idle(nodes)
+
+
+def test_a_hang_across_nodes_gets_its_verdict_at_the_timeout(kernel, nodes):
+    """Ranks on both nodes wait in a barrier that rank 2 (node 1) never enters: the stacks the nodes'
+    agents send at the timeout make the verdict."""
+    code = (
+        "%%spawn --cluster rc -n 2 --backend gloo --timeout 8\n"
+        "import time, torch.distributed as dist\n"
+        "if dist.get_rank() != 2:\n"
+        "    dist.barrier()\n"
+        "else:\n"
+        "    time.sleep(60)\n"
+    )
+    result = execute(kernel.client, code, timeout=90)
+    assert result.status == "error" and result.error.ename == "SpawnTimeoutError", result.error_text
+    text = result.error.traceback_text
+    assert re.search(
+        r"^Hang: rank 2 never entered barrier \(it is at Cell In\[\d+\], line 6: time\.sleep\(60\)\); "
+        r"ranks 0-1,3 waited in it at Cell In\[\d+\], line 4: dist\.barrier\(\)$",
+        text,
+        re.M,
+    ), text
     assert_nothing_left(nodes)
     engines_idle(nodes)
 

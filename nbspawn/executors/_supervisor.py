@@ -574,7 +574,9 @@ class _Supervisor:
             assert root is not None  # the root cause is chosen once its failure is recorded
             kind = RankRaisedError if root.exc_type else RankExitedError
             return kind([root, *stopped], run, run.facts())
-        verdict = hang_verdict(self.seen_at_stop, self.collectives_at_stop)
+        # a cluster's ranks are looked at by their nodes' agents: the stacks they sent are what there is
+        seen = self.seen_at_stop or {f.rank: f.stack for f in stopped if f.stack and self.remote}
+        verdict = hang_verdict(seen, self.collectives_at_stop)
         if self.stop_reason == "timeout":
             run.status = "timeout"
             return SpawnTimeoutError(self.spec.timeout or 0, stopped, run, run.facts(), verdict=verdict)
