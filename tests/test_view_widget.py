@@ -365,10 +365,12 @@ def test_output_tail_keeps_the_newest_lines_and_keeps_bars_where_the_eye_is():
     tail.add("stderr", "train 100%")
     *_, last = tail.entries.values()
     assert last.plain == "train 100%" and not last.complete  # redrawn: at the bottom again
-    tail.add("stdout", "after\n")
-    tail.add("stderr", "\n")  # the bar ends: it stays where it was last drawn
-    assert [line.plain for line in tail.entries.values()] == [f"step {p}" for p in range(0, 101, 10)] + ["train 100%", "after"]
-    assert tail.chunks()[-2:] == [["stderr", "\rtrain 100%\n"], ["stdout", "after\n"]]
+    tail.add("stdout", "after\n")  # printed while the bar is still drawn: the bar stays below it
+    tail.add("stderr", "\n")  # the bar ends: it stays where it was last seen (issue 17, item 11)
+    assert [line.plain for line in tail.entries.values()] == [f"step {p}" for p in range(0, 101, 10)] + ["after", "train 100%"]
+    assert tail.chunks()[-1] == ["stderr", "\rtrain 100%\n"] and tail.chunks()[-2][1].endswith("step 100\nafter\n")
+    tail.add("stdout", "next\n")  # and what comes after it goes below it
+    assert [line.plain for line in tail.entries.values()][-3:] == ["after", "train 100%", "next"]
     colour = OutputTail()
     colour.add("stdout", "\x1b[32m 5%\r 6%\r")
     colour.add("stdout", " 7%\n")

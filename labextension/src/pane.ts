@@ -69,6 +69,17 @@ export class Pane {
       () => (this._stick = out.scrollTop + out.clientHeight >= out.scrollHeight - 8),
       { passive: true }
     );
+    // an image laid out only once decoded (no size in its metadata) grows the output after the
+    // scroll to the bottom: keep the bottom in view (load does not bubble: caught on the way down)
+    out.addEventListener(
+      'load',
+      () => {
+        if (this._stick) {
+          out.scrollTop = out.scrollHeight;
+        }
+      },
+      true
+    );
     this._head = h('div', { class: 'nbs-Pane-top' });
     this._root = h('div', { class: 'nbs-Pane', 'data-rank': String(sel) }, this._head, out);
     this._host.appendChild(this._root);
@@ -147,6 +158,11 @@ export class Pane {
 
   private _node(e: Entry): HTMLElement {
     const node = entryNode(e, this._sel === 'merged');
+    if (e.kind === 'display' && e.item.mime.startsWith('image/') && !this._images) {
+      // a pane with a figure is taller, so that a default-size figure is shown whole (style/base.css)
+      this._images = true;
+      this._out.classList.add('nbs-mod-images');
+    }
     this._entryOf.set(node, e);
     this._version.set(node, e.version);
     return node;
@@ -258,6 +274,8 @@ export class Pane {
       }
       this._drawEarlier(false);
     }
+    // lines may have come into an empty pane (the bars and markers did not change): no placeholder
+    this._drawEmpty();
     if (this._stick) {
       out.scrollTop = out.scrollHeight;
     }
@@ -413,5 +431,6 @@ export class Pane {
   private _frame: number | null = null;
   private _drawnAt = -Infinity;
   private _full = false;
+  private _images = false;
   private _disposed = false;
 }

@@ -47,6 +47,23 @@ function image(mime: string, value: string, meta: Record<string, unknown>): HTML
   }
   img.alt = typeof meta.alt === 'string' ? meta.alt : mime;
   size(img, meta);
+  // shown whole: as wide as the pane allows and no taller than the pane (style/base.css), by its
+  // width/height ratio, known from its metadata or, failing that, once it is decoded
+  const w = Number(img.getAttribute('width'));
+  const ht = Number(img.getAttribute('height'));
+  if (w > 0 && ht > 0) {
+    img.style.setProperty('--nbs-img-ratio', String(w / ht));
+  } else {
+    img.addEventListener(
+      'load',
+      () => {
+        if (img.naturalWidth > 0 && img.naturalHeight > 0) {
+          img.style.setProperty('--nbs-img-ratio', String(img.naturalWidth / img.naturalHeight));
+        }
+      },
+      { once: true }
+    );
+  }
   return img;
 }
 

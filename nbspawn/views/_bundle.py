@@ -313,11 +313,11 @@ def display_html(item: dict[str, Any]) -> str:
         return f'<div{attr} data-widget="{data}">{_widget_html(value)}</div>'
     if mime in ("image/png", "image/jpeg", "image/gif"):
         return (
-            f'<div{attr}><img src="data:{mime};base64,{html.escape(str(value), quote=True)}"{size} style="max-width:100%"></div>'
+            f'<div{attr}><img src="data:{mime};base64,{html.escape(str(value), quote=True)}"{size} style="max-width:100%;height:auto"></div>'
         )
     if mime == "image/svg+xml":
         encoded = base64.b64encode(str(value).encode("utf-8")).decode("ascii")
-        return f'<div{attr}><img src="data:image/svg+xml;base64,{encoded}"{size} style="max-width:100%"></div>'
+        return f'<div{attr}><img src="data:image/svg+xml;base64,{encoded}"{size} style="max-width:100%;height:auto"></div>'
     if mime == "text/html":
         return f"<div{attr}>{balanced_html(str(value))}</div>"
     text = html.escape(str(value), quote=False).replace("\n", NEWLINE)

@@ -8,8 +8,13 @@ the order the rank wrote them, with the rules a terminal (and ``labextension/src
 * a line rewritten after a carriage return is a progress bar: only its latest state is kept (the
   colours in force are kept too), and it moves to the end, where the eye is, each time it is redrawn,
   as ``tqdm.write`` keeps a bar under the lines printed meanwhile; when it ends it stays there;
-* ``update`` items replace the data of the earlier items with their display id, in place;
-  ``clear`` removes everything so far (``wait``: when the next output comes).
+* ``update`` items replace the data of the earlier items with their display id, in place, except a
+  widget bar being driven (a running ``<progress>``, as ``tqdm.auto`` draws): it floats to the end as
+  a text bar does, and where it finishes it stays;
+* a bar still being drawn (a text bar not ended, a widget bar not finished) is kept *below* what was
+  written after its last redraw, where the live view shows it (``labextension/src/output.ts``), so
+  the frozen view and a replay show it where it was last seen;
+* ``clear`` removes everything so far (``wait``: when the next output comes).
 
 At most ``limit`` entries are kept; the older ones are counted as elided (the logs keep them).
 """
@@ -21,6 +26,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ..events._display import WIDGET_MIME
 from ._text import settle_line
 
 TAIL_LINES = 2000  # entries per rank, in the kernel and in the browser
@@ -69,6 +75,8 @@ class OutputTail:
         self._open: dict[str, Line] = {}
         self._by_id: dict[str, list[Display]] = {}
         self._clear_pending = False
+        # bars being drawn, in the order they became bars: always the last entries
+        self._floating: list[Entry] = []
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -92,12 +100,13 @@ class OutputTail:
                 line.text = settle_rewrites(line.text + piece)
                 if _rewritten(line.text) and ANSI.sub("", piece).strip("\r"):
                     line.bar = True
-                    self._move_to_end(line)  # a bar redrawn: where the eye is
+                    self._float(line)  # a bar redrawn: where the eye is
             else:
                 line.text += piece
             if ends:
                 line.complete = True
                 del self._open[stream]
+                self._land(line)  # it ends where it was last seen
         self._trim()
 
     def display(self, item: dict[str, Any]) -> None:
@@ -111,6 +120,10 @@ class OutputTail:
         if kind == "update":
             for entry in self._by_id.get(str(item.get("id")), []):
                 entry.item = {**item, "kind": "data"}
+                if entry.item.get("mime") == WIDGET_MIME and widget_running(entry.item.get("value")):
+                    self._float(entry)  # a widget bar driven: at the bottom, as the live view shows it
+                else:
+                    self._land(entry)  # finished (or not a bar): stays where it was last seen
             return
         self._clear_if_waiting()
         entry = Display(dict(item))
@@ -127,6 +140,7 @@ class OutputTail:
         self._keys.clear()
         self._open.clear()
         self._by_id.clear()
+        self._floating.clear()
         self._clear_pending = False
 
     # -- reading ------------------------------------------------------------------------------------
@@ -164,16 +178,34 @@ class OutputTail:
     # -- internals ----------------------------------------------------------------------------------
 
     def _append(self, entry: Entry) -> None:
+        self._put_last(entry)
+        for bar in self._floating:  # the bars being drawn stay below it
+            self._move_to_end(bar)
+
+    def _put_last(self, entry: Entry) -> None:
         key = self._next
         self._next += 1
         self.entries[key] = entry
         self._keys[id(entry)] = key
 
     def _move_to_end(self, entry: Entry) -> None:
-        key = self._keys[id(entry)]
-        if key != self._next - 1:
+        key = self._keys.get(id(entry))
+        if key is not None and key != self._next - 1:
             del self.entries[key]
-            self._append(entry)
+            self._put_last(entry)
+
+    def _float(self, entry: Entry) -> None:
+        """A bar drawn now: at the bottom, and kept below whatever comes until it lands (the bars
+        being drawn in the order they became bars, as the live view draws them)."""
+        if entry not in self._floating:
+            self._floating.append(entry)
+            for bar in self._floating:
+                self._move_to_end(bar)
+
+    def _land(self, entry: Entry) -> None:
+        """A bar finished: it stays where it is (the bottom), and what comes next goes below it."""
+        if entry in self._floating:
+            self._floating.remove(entry)
 
     def _clear_if_waiting(self) -> None:
         if self._clear_pending:
@@ -184,6 +216,8 @@ class OutputTail:
             key = next(iter(self.entries))
             entry = self.entries.pop(key)
             self._keys.pop(id(entry), None)
+            if entry in self._floating:
+                self._floating.remove(entry)
             if isinstance(entry, Line):
                 if self._open.get(entry.stream) is entry:
                     del self._open[entry.stream]
@@ -202,6 +236,21 @@ def entry_size(entry: Entry) -> int:
     if str(item.get("mime", "")).startswith("image/"):
         return 64 + len(str(item.get("text", "")))
     return len(json.dumps(item, ensure_ascii=False)) + 48
+
+
+def widget_running(tree: Any, depth: int = 0) -> bool:
+    """Whether a widget tree shows a bar still running (not full, not finished in success or error),
+    as ``widgetRunning`` in ``labextension/src/entry.ts``."""
+    if not isinstance(tree, dict) or depth > 20:
+        return False
+    if tree.get("type") == "progress":
+        high = tree.get("max", 100)
+        value = tree.get("value", 0)
+        high = high if isinstance(high, (int, float)) else 100
+        value = value if isinstance(value, (int, float)) else 0
+        return value < high and tree.get("bar_style") not in ("success", "danger")
+    children = tree.get("children")
+    return tree.get("type") == "box" and isinstance(children, list) and any(widget_running(c, depth + 1) for c in children)
 
 
 def _rewritten(text: str) -> bool:

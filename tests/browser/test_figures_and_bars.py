@@ -1,0 +1,327 @@
+"""Figures, bars and the empty placeholder in a rank's pane (issue 17, items 10-12), in a real browser:
+JupyterLab and Notebook 7 (one server, page and kernel per front end, shared by the tests).
+
+- a default-size matplotlib figure (640 x 480) in each rank is shown whole: its ``<img>`` fits the pane's
+  width and its height, its top in view, live and frozen;
+- a progress bar stays where it was last seen when the view freezes: a ``tqdm.auto`` widget bar below
+  the line printed while it ran (not back at the place it was first displayed), and a text bar still
+  open when the rank ended below the line printed after its last redraw;
+- a program that prints, then sleeps (``%spawn -n 2 -- python -c ...``): no "no output" placeholder
+  under its lines (the pane was built before the first line came), and the rank that printed nothing
+  still says "no output".
+
+Screenshots go to test-artifacts/browser/ (figures-*, bars-*, placeholder-*).  About 40 s a front end.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from lab_harness import (  # the servers, browser pages and helpers (the fixtures: tests/browser/conftest.py)
+    ARTIFACTS,
+    NEEDS_CHROMIUM,
+    Page,
+    code_cell,
+    lab_url,
+    notebook,
+    run_cell,
+    serve,
+    shot,
+    sync_api,
+)
+
+from nbspawn.views._widget import widget_available
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.timeout(300),
+    NEEDS_CHROMIUM,
+    pytest.mark.skipif(not widget_available(), reason="nbspawn/_static/widget.js is not built"),
+]
+pytest.importorskip("tqdm", reason="tqdm is not installed (pip install -e '.[test]')")
+pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install -e '.[test]')")
+
+LOAD = "%load_ext nbspawn"
+
+# A default-size figure (6.4 x 4.8 in at 100 dpi: 640 x 480 px, cropped to ~550 x 430) in each rank, then a while to look at it.
+FIGURE = """\
+%%spawn -n 2
+import os, time
+import matplotlib.pyplot as plt
+rank = int(os.environ["RANK"])
+print(f"rank {rank} plotting", flush=True)
+plt.plot([0, 1, 2, 3], [3, 1 + rank, 2, 0])
+plt.title(f"rank {rank}: the top of the figure")
+plt.show()
+time.sleep(4)
+"""
+
+# A tqdm.auto (widget) bar with a line printed while it runs; then a text bar on stderr left open,
+# with a line printed after its last redraw.
+BARS = """\
+%%spawn -n 2
+import os, sys, time
+from tqdm.auto import tqdm
+rank = int(os.environ["RANK"])
+print(f"rank {rank} starting", flush=True)
+for i in tqdm(range(30), desc=f"epoch-r{rank}"):
+    time.sleep(0.1)
+    if i == 5:
+        print(f"rank {rank} halfway", flush=True)
+print(f"rank {rank} epoch over", flush=True)
+sys.stderr.write(f"\\rtail-r{rank}  1/9"); sys.stderr.flush(); time.sleep(0.3)
+sys.stderr.write(f"\\rtail-r{rank}  2/9"); sys.stderr.flush()
+print(f"rank {rank} printed under the bar", flush=True)
+time.sleep(3)
+"""
+
+# A program that prints (rank 0 only), then sleeps: its pane is built before the first line arrives.
+PROGRAM = """\
+%spawn -n 2 -- python -c "import os, time; r = os.environ['RANK']; r == '0' and print('program line one', flush=True); r == '0' and print('program line two', flush=True); time.sleep(4)"
+"""
+
+CELLS = [LOAD, FIGURE, BARS, PROGRAM]
+C_FIGURE, C_BARS, C_PROGRAM = 1, 2, 3
+
+
+def _write(root) -> None:
+    (root / "figures.ipynb").write_text(json.dumps(notebook([code_cell(i, s) for i, s in enumerate(CELLS)])))
+
+
+class Front:
+    """One front end (``lab`` or ``nb7``): its page, with the notebook open and nbspawn loaded."""
+
+    def __init__(self, name: str, p: Page):
+        self.name = name
+        self.p = p
+        self.pg = p.page
+        root = ".jp-NotebookPanel:not(.lm-mod-hidden) " if name == "lab" else ""
+        self.cells = self.pg.locator(f"{root}.jp-Notebook .jp-Cell")
+
+    def cell(self, i: int):
+        return self.cells.nth(i)
+
+    def live(self, i: int):
+        run_cell(self.pg, self.cell(i))
+        view = self.cell(i).locator(".nbs-Run.nbs-mod-live")
+        try:
+            view.wait_for(timeout=90_000)
+        except Exception:
+            self.pg.screenshot(path=str(ARTIFACTS / f"figures-{self.name}-no-live-view.png"))
+            raise
+        return view
+
+    def frozen(self, i: int):
+        run = self.cell(i).locator(".nbs-RunRenderer .nbs-Run")
+        run.wait_for(timeout=120_000)
+        sync_api.expect(self.cell(i).locator(".jp-InputPrompt")).to_have_text(re.compile(r"\[\d+\]"), timeout=30_000)
+        return run
+
+
+@pytest.fixture(scope="module", params=["lab", "nb7"])
+def front(request, browser, artifacts, tmp_path_factory):
+    name = request.param
+    server_gen = serve("lab" if name == "lab" else "notebook", tmp_path_factory.mktemp(f"figures-{name}"), _write)
+    server = next(server_gen)
+    p = Page(browser, width=1200, height=1000)
+    try:
+        pg = p.page
+        pg.goto(lab_url(server, "figures.ipynb") if name == "lab" else server.url("/notebooks/figures.ipynb"))
+        f = Front(name, p)
+        f.cell(0).wait_for(timeout=90_000)
+        pg.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
+        run_cell(pg, f.cell(0))
+        sync_api.expect(f.cell(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=120_000)
+        yield f
+        assert p.dialogs == [], p.dialogs
+    finally:
+        p.close()
+        next(server_gen, None)
+
+
+def _pane(view, sel):
+    """Select a tab (a rank, or "merged") in a run view; its pane's output."""
+    if sel == "merged":
+        view.locator(".nbs-Tab-merged").click()
+    else:
+        view.locator(f".nbs-Chip[data-rank='{sel}']").click()
+    pane = view.locator(f".nbs-Pane[data-rank='{sel}'] .nbs-Output")
+    pane.wait_for(timeout=10_000)
+    return pane
+
+
+# -- 10. a figure is shown whole --------------------------------------------------------------------
+
+FIGURE_BOX_JS = """pane => {
+    const imgs = [...pane.querySelectorAll('img.nbs-Rich-img')];
+    const img = imgs[imgs.length - 1];
+    if (!img || !img.complete || !img.naturalWidth) return null;
+    const p = pane.getBoundingClientRect(), i = img.getBoundingClientRect();
+    const cs = getComputedStyle(pane);
+    // the pane's inside: within its borders, less its vertical scrollbar
+    const top = p.top + parseFloat(cs.borderTopWidth), left = p.left + parseFloat(cs.borderLeftWidth);
+    const inner = {top, left, right: left + pane.clientWidth, bottom: top + pane.clientHeight};
+    return {
+        natural: [img.naturalWidth, img.naturalHeight],
+        box: [i.left, i.top, i.right, i.bottom].map(Math.round),
+        pane: [inner.left, inner.top, inner.right, inner.bottom].map(Math.round),
+        fitsWidth: i.left >= inner.left - 0.5 && i.right <= inner.right + 0.5,
+        topVisible: i.top >= inner.top - 0.5 && i.top < inner.bottom,
+        whole: i.top >= inner.top - 0.5 && i.bottom <= inner.bottom + 0.5,
+        ratio: (i.width / i.height) / (img.naturalWidth / img.naturalHeight),
+        width: i.width, height: i.height, cls: pane.className, outH: cs.getPropertyValue("--nbs-out-h"), maxH: cs.maxHeight,
+    };
+}"""
+
+
+def _figure(pg, pane, where: str) -> dict:
+    img = pane.locator("img.nbs-Rich-img")
+    sync_api.expect(img.last).to_be_visible(timeout=60_000)
+    handle = pane.element_handle()
+    pg.wait_for_function(f"p => ({FIGURE_BOX_JS})(p) !== null", arg=handle, timeout=20_000)
+    pg.wait_for_timeout(300)  # a frame or two: the scroll to the bottom after the image is laid out
+    box = pg.evaluate(FIGURE_BOX_JS, handle)
+    # 640 x 480 less what the inline backend's tight bounding box crops (about 550 x 430)
+    assert box["natural"][0] >= 500 and box["natural"][1] >= 400, f"{where}: not a default-size figure: {box}"
+    assert box["fitsWidth"], f"{where}: the figure is wider than the pane: {box}"
+    assert box["topVisible"], f"{where}: the figure's top is cut off (the pane is scrolled past it): {box}"
+    assert box["whole"], f"{where}: the figure is not shown whole in the pane: {box}"
+    assert abs(box["ratio"] - 1) < 0.02, f"{where}: the figure is distorted: {box}"
+    assert box["height"] >= 300, f"{where}: the figure is shrunk too far: {box}"
+    return box
+
+
+def test_a_default_size_figure_is_shown_whole_live_and_frozen(front, artifacts):
+    pg = front.pg
+    view = front.live(C_FIGURE)
+    boxes = {}
+    for rank in (0, 1):
+        pane = _pane(view, rank)
+        sync_api.expect(pane).to_contain_text(f"rank {rank} plotting", timeout=60_000)
+        boxes[f"live {rank}"] = _figure(pg, pane, f"{front.name} live, rank {rank}")
+    pg.mouse.move(0, 0)
+    shot(view, artifacts, f"figures-{front.name}-live.png")
+    # the merged view opens at its bottom: the newest figure is whole there too
+    boxes["live merged"] = _figure(pg, _pane(view, "merged"), f"{front.name} live, merged")
+
+    frozen = front.frozen(C_FIGURE)
+    for rank in (0, 1):
+        pane = _pane(frozen, rank)
+        boxes[f"frozen {rank}"] = _figure(pg, pane, f"{front.name} frozen, rank {rank}")
+    pg.mouse.move(0, 0)
+    shot(frozen, artifacts, f"figures-{front.name}-frozen.png")
+    boxes["frozen merged"] = _figure(pg, _pane(frozen, "merged"), f"{front.name} frozen, merged")
+    shot(frozen, artifacts, f"figures-{front.name}-frozen-merged.png")
+    print(front.name, {k: (round(b["width"]), round(b["height"]), b["cls"], b["outH"], b["maxH"]) for k, b in boxes.items()})
+
+
+# -- 11. a bar stays where it was last seen -------------------------------------------------------------
+
+# The pane's visible entries that name one of the markers, in document order; and whether the last
+# one is in view.
+ORDER_JS = """([pane, marks]) => {
+    const nodes = [...pane.querySelectorAll('.nbs-Line, .nbs-Display')].filter(n => !n.hidden && n.getClientRects().length);
+    const order = [];
+    for (const n of nodes) {
+        const text = n.textContent;
+        const mark = marks.find(m => text.includes(m));
+        if (mark) order.push(mark + (n.querySelector('progress') ? ' (widget)' : ''));
+    }
+    const last = nodes[nodes.length - 1];
+    const p = pane.getBoundingClientRect(), r = last ? last.getBoundingClientRect() : null;
+    return {order, lastText: last ? last.textContent.slice(0, 80) : null,
+            lastInView: !!r && r.top >= p.top - 1 && r.bottom <= p.bottom + 1};
+}"""
+
+
+def _order(pg, pane, rank: int) -> dict:
+    marks = [
+        f"rank {rank} starting",
+        f"rank {rank} halfway",
+        f"epoch-r{rank}",
+        f"rank {rank} epoch over",
+        f"rank {rank} printed under the bar",
+        f"tail-r{rank}",
+    ]
+    return pg.evaluate(ORDER_JS, [pane.element_handle(), marks])
+
+
+def test_a_bar_stays_where_it_was_last_seen_when_the_view_freezes(front, artifacts):
+    pg = front.pg
+    view = front.live(C_BARS)
+    pane = _pane(view, 0)
+    sync_api.expect(pane).to_contain_text("rank 0 halfway", timeout=60_000)
+    pg.wait_for_timeout(400)
+    running = _order(pg, pane, 0)
+    pg.mouse.move(0, 0)
+    shot(view, artifacts, f"bars-{front.name}-live-widget.png")
+    assert running["order"][-2:] == ["rank 0 halfway", "epoch-r0 (widget)"], (
+        f"live: the bar is not below the line printed meanwhile: {running}"
+    )
+
+    sync_api.expect(pane).to_contain_text("rank 0 printed under the bar", timeout=30_000)
+    pg.wait_for_timeout(400)
+    live = _order(pg, pane, 0)
+    shot(view, artifacts, f"bars-{front.name}-live-tail.png")
+    assert live["order"] == [
+        "rank 0 starting",
+        "rank 0 halfway",
+        "epoch-r0 (widget)",
+        "rank 0 epoch over",
+        "rank 0 printed under the bar",
+        "tail-r0",
+    ], f"live: {live}"
+    assert live["lastInView"] and "tail-r0" in live["lastText"], f"live: {live}"
+
+    frozen = front.frozen(C_BARS)
+    pane = _pane(frozen, 0)
+    pg.wait_for_timeout(300)
+    end = _order(pg, pane, 0)
+    pg.mouse.move(0, 0)
+    shot(frozen, artifacts, f"bars-{front.name}-frozen.png")
+    assert end["order"] == live["order"], f"the bars moved when the view froze: live {live['order']}, frozen {end['order']}"
+    assert end["lastInView"] and "tail-r0" in end["lastText"], f"frozen: the open bar is not the last thing in view: {end}"
+
+
+# -- 12. no "no output" under printed lines --------------------------------------------------------------
+
+
+def _placeholders(pg, view) -> list[dict]:
+    return pg.evaluate(
+        """v => [...v.querySelectorAll('.nbs-Output')].map(o => ({
+            pane: o.closest('.nbs-Pane').getAttribute('data-rank'),
+            lines: [...o.querySelectorAll('.nbs-Flow > .nbs-Line')].filter(n => !n.hidden).length,
+            empty: o.querySelectorAll('.nbs-Empty').length,
+            shown: [...o.querySelectorAll('.nbs-Empty')].filter(n => n.getClientRects().length).length,
+        }))""",
+        view.element_handle(),
+    )
+
+
+def test_no_placeholder_under_a_programs_printed_lines(front, artifacts):
+    pg = front.pg
+    view = front.live(C_PROGRAM)
+    # the pane first shown (the merged one) was built before the program printed anything
+    sync_api.expect(view.locator(".nbs-Pane .nbs-Output")).to_contain_text("program line two", timeout=60_000)
+    pg.wait_for_timeout(300)
+    merged = _placeholders(pg, view)
+    pg.mouse.move(0, 0)
+    shot(view, artifacts, f"placeholder-{front.name}-live.png")
+    assert merged and merged[0]["lines"] >= 2 and merged[0]["empty"] == 0, f"live: a placeholder under printed lines: {merged}"
+    assert "no output" not in view.locator(".nbs-Pane").inner_text()
+    # the placeholder itself still works: rank 1 printed nothing
+    _pane(view, 1)
+    quiet = _placeholders(pg, view)
+    assert quiet[0]["lines"] == 0 and quiet[0]["shown"] == 1, f"live: rank 1 printed nothing but shows no placeholder: {quiet}"
+    pane0 = _pane(view, 0)
+    sync_api.expect(pane0).to_contain_text("program line one")
+    assert _placeholders(pg, view)[0]["empty"] == 0
+
+    frozen = front.frozen(C_PROGRAM)
+    pane0 = _pane(frozen, 0)
+    sync_api.expect(pane0).to_contain_text("program line two")
+    assert _placeholders(pg, frozen)[0]["empty"] == 0
+    pg.mouse.move(0, 0)
+    shot(frozen, artifacts, f"placeholder-{front.name}-frozen.png")

@@ -1,0 +1,84 @@
+"""What the kernel keeps of a rank's output (nbspawn/views/_tail.py): a bar being drawn stays where the
+live view shows it, below what was written meanwhile, and where it finishes it stays (issue 17, item 11)."""
+
+from __future__ import annotations
+
+from nbspawn.events._display import WIDGET_MIME
+from nbspawn.views._bundle import entries_html
+from nbspawn.views._tail import Display, Line, OutputTail, widget_running
+
+
+def _bar(value: int, high: int = 10, style: str = "") -> dict:
+    tree = {
+        "type": "box",
+        "dir": "row",
+        "children": [
+            {"type": "text", "value": "epoch"},
+            {"type": "progress", "value": value, "min": 0, "max": high, "bar_style": style},
+        ],
+    }
+    return {"kind": "data", "id": "widget:m1", "mime": WIDGET_MIME, "value": tree, "text": f"{value}/{high}"}
+
+
+def _shown(tail: OutputTail) -> list[str]:
+    return [e.plain if isinstance(e, Line) else f"bar {e.item['text']}" for e in tail.entries.values()]
+
+
+def test_widget_running_mirrors_the_browser():
+    assert widget_running(_bar(3)["value"])
+    assert not widget_running(_bar(10)["value"])
+    assert not widget_running(_bar(3, style="danger")["value"])
+    assert not widget_running({"type": "text", "value": "x"}) and not widget_running(None)
+
+
+def test_a_widget_bar_floats_while_driven_and_stays_where_it_finished():
+    tail = OutputTail()
+    tail.add("stdout", "starting\n")
+    tail.display(_bar(0))
+    assert _shown(tail) == ["starting", "bar 0/10"]  # displayed, not yet driven: in place
+    tail.add("stdout", "before the first update\n")
+    tail.display({**_bar(1), "kind": "update"})
+    assert _shown(tail) == ["starting", "before the first update", "bar 1/10"]  # driven: at the bottom
+    tail.add("stdout", "halfway\n")
+    assert _shown(tail)[-2:] == ["halfway", "bar 1/10"]  # stays below what is printed meanwhile
+    tail.display({**_bar(10, style="success"), "kind": "update"})
+    tail.add("stdout", "done\n")
+    assert _shown(tail) == ["starting", "before the first update", "halfway", "bar 10/10", "done"]
+    chunks = tail.chunks()
+    assert chunks[-2][0] == "display" and chunks[-2][1]["kind"] == "data" and chunks[-1] == ["stdout", "done\n"]
+
+
+def test_an_unfinished_bar_is_frozen_below_the_lines_printed_after_its_last_redraw():
+    tail = OutputTail()
+    tail.add("stderr", "\rtrain 10%")
+    tail.add("stderr", "\rtrain 20%")
+    tail.display({"kind": "data", "id": None, "mime": "text/plain", "value": "a table", "text": "a table"})
+    tail.add("stdout", "step 1\nstep 2\n")
+    assert _shown(tail) == ["bar a table", "step 1", "step 2", "train 20%"]
+    html = entries_html(list(tail.entries.values()))
+    assert html.endswith('<span data-s="e">train 20%</span>')  # the frozen bundle: last, still open
+
+
+def test_updates_of_other_displays_stay_in_place():
+    tail = OutputTail()
+    tail.display({"kind": "data", "id": "x", "mime": "image/png", "value": "AAAA", "text": ""})
+    tail.add("stdout", "after\n")
+    tail.display({"kind": "update", "id": "x", "mime": "image/png", "value": "BBBB", "text": ""})
+    entries = list(tail.entries.values())
+    assert isinstance(entries[0], Display) and entries[0].item["value"] == "BBBB"
+
+
+def test_two_bars_keep_the_order_they_became_bars_and_trimming_forgets_them():
+    tail = OutputTail(limit=3)
+    tail.add("stderr", "\rA 1%")
+    tail.add("stderr", "\rA 2%")
+    tail.display(_bar(0))
+    tail.display({**_bar(1), "kind": "update"})
+    tail.add("stderr", "\rA 3%")
+    assert _shown(tail) == ["A 3%", "bar 1/10"]
+    for i in range(5):
+        tail.add("stdout", f"l{i}\n")
+    assert _shown(tail) == ["l4", "A 3%", "bar 1/10"] and tail.elided_lines == 4
+    tail.clear()
+    tail.add("stdout", "x\n")
+    assert _shown(tail) == ["x"]
