@@ -379,3 +379,26 @@ def test_a_run_stopped_with_its_stop_button_says_so(tmp_path):
     assert "time.sleep(60)" in text  # where they were
     again = pickle.loads(pickle.dumps(error))  # errors cross processes (a kept world's, a test's)
     assert again.stopped_by == "Stop button" and str(again).splitlines()[0] == text.splitlines()[0]
+
+
+def test_a_ranks_breakpoint_is_answered_at_the_terminal(terminal):
+    """Terminal IPython has no stdin channel but a terminal: a rank's pdb prompt is asked there, with
+    its rank in the prompt; `p` shows the rank's value, `c` lets the run end."""
+    prompt = f"In [{terminal.raw.count(b'In [') + 1}]:".encode()
+    asked = terminal.raw.count(b"(Pdb rank 1)")
+    terminal.run_cell(
+        "%%spawn -n 2 --start-method fork --view text\n"
+        "import os\n"
+        "x = int(os.environ['RANK']) * 10 + 7\n"
+        "if x == 17:\n"
+        "    breakpoint()\n"
+        "print('after', x)"
+    )
+    terminal.wait_raw(b"(Pdb rank 1)", asked + 1)
+    terminal.child.sendline("p x")
+    terminal.wait_raw(b"17\r\n")
+    terminal.wait_raw(b"(Pdb rank 1)", asked + 2)
+    terminal.child.sendline("c")
+    terminal.wait_raw(prompt)
+    text = terminal.raw.decode("utf-8", "replace")
+    assert "[rank1]: after 17" in text and "[rank0]: after 7" in text, terminal.text()

@@ -241,7 +241,7 @@ class _Supervisor:
         request = chosen
         self.pending.remove(request)
         self._forward_output()  # what the rank printed (pdb's listing) comes before its prompt
-        self.view.tick(self.run)
+        self.view.flush(self.run)  # shown now, not at the view's next redraw: the prompt blocks it
         waiting = sorted({r.rank for r in self.pending if r.kind != "failed"} - {request.rank})
         reply = self._ask(request, decorate(request, waiting))
         if reply is None:  # the prompt was ended (Stop, --timeout, the rank ended): the loop goes on
@@ -275,7 +275,8 @@ class _Supervisor:
                         why.append(reason)
                         _thread.interrupt_main()
                         return
-                    self._forward_output()  # the other ranks run on meanwhile
+                    if self._forward_output():  # the other ranks run on meanwhile
+                        self.view.flush(self.run)
 
         watcher = threading.Thread(target=watch, name="nbspawn-prompt", daemon=True)
         watcher.start()

@@ -48,6 +48,10 @@ class RunView:
         """The ranks have been quiet and look hung (``verdict``; the ranks' ``note`` say more), or,
         with None, no longer do."""
 
+    def flush(self, run: Run) -> None:
+        """Show now what the view holds back to redraw at its own pace (a rank's prompt is coming,
+        and it blocks the loop that would have drawn it)."""
+
     def tick(self, run: Run) -> None:
         """Once per turn of the supervision loop."""
 

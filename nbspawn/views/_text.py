@@ -269,6 +269,9 @@ class TextView(RunView):
         self._flush_rank(state.rank)
         self._render(force=True)
 
+    def flush(self, run: Run) -> None:
+        self._render(force=True)
+
     def hang_noticed(self, run: Run, verdict: str | None) -> None:
         """Said once per kind of hang, on stderr: ``nbspawn: looks hung: rank 2 never entered ...``."""
         kind = verdict.split(" for ", 1)[0] if verdict else None  # the same hang, a later look: not again

@@ -161,13 +161,21 @@ class WidgetView(RunView):
 
     def tick(self, run: Run) -> None:
         if self.widget is None and not self.broken and time.time() - run.started_at >= self.live_after:
-            try:
-                self._show(run)
-            except Exception as err:  # a broken live view must not break the run: the logs have it all
-                self.broken = True
-                log.warning("nbspawn: live view not shown: %s", err)
+            self._show_now(run)
         if time.monotonic() - self.last_flush >= FLUSH_SECONDS:
             self._flush(run)
+
+    def flush(self, run: Run) -> None:
+        if self.widget is None and not self.broken:  # a rank asks something: its pane must be there
+            self._show_now(run)
+        self._flush(run)
+
+    def _show_now(self, run: Run) -> None:
+        try:
+            self._show(run)
+        except Exception as err:  # a broken live view must not break the run: the logs have it all
+            self.broken = True
+            log.warning("nbspawn: live view not shown: %s", err)
 
     def wants_stop(self) -> bool | str:
         return self._stop.is_set()
