@@ -1,0 +1,97 @@
+"""A rank's pdb prompt answered in a real browser, in JupyterLab and Notebook 7: the frontend's own
+stdin box (the kernel's input_request) names the rank, `p` shows the rank's value in its pane,
+`c` lets the run end, and the frozen run keeps the session in the rank's pane.  Screenshots go to
+test-artifacts/browser/."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from lab_harness import Page, code_cell, lab_url, notebook, run_cell, serve, shot, sync_api
+
+from nbspawn.views._widget import widget_available
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(not widget_available(), reason="nbspawn/_static/widget.js is not built"),
+]
+
+BREAK = """\
+%%spawn -n 2
+import os
+x = int(os.environ["RANK"]) * 10 + 7
+if x == 17:
+    breakpoint()
+print("after", x)
+"""
+
+
+def _write(root: Path) -> None:
+    (root / "debug.ipynb").write_text(json.dumps(notebook([code_cell(i, s) for i, s in enumerate(["%load_ext nbspawn", BREAK])])))
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    yield from serve("lab", tmp_path_factory.mktemp("debug-lab"), _write)
+
+
+@pytest.fixture(scope="module")
+def nb7(tmp_path_factory):
+    yield from serve("notebook", tmp_path_factory.mktemp("debug-nb7"), _write)
+
+
+def _answer_the_prompt(pg, cells, artifacts, name: str) -> None:
+    run_cell(pg, cells.nth(0))
+    sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=120_000)
+    cell = cells.nth(1)
+    run_cell(pg, cell)
+    stdin = cell.locator(".jp-Stdin")
+    sync_api.expect(stdin.last).to_contain_text("(Pdb rank 1)", timeout=60_000)
+    box = cell.locator("input.jp-Stdin-input")
+    box.last.fill("p x")
+    box.last.press("Enter")
+    # the rank's answer is in its pane (the live view is shown for a prompt, however quick the run)
+    view = cell.locator(".nbs-Run.nbs-mod-live")
+    view.wait_for(timeout=30_000)
+    sync_api.expect(view).to_contain_text("17", timeout=30_000)
+    sync_api.expect(cell.locator(".jp-Stdin")).to_have_count(2, timeout=30_000)  # the next prompt
+    pg.mouse.move(0, 0)
+    shot(cell, artifacts, f"{name}-pdb-prompt.png")
+    cell.locator("input.jp-Stdin-input").last.fill("c")
+    cell.locator("input.jp-Stdin-input").last.press("Enter")
+    frozen = cell.locator(".nbs-RunRenderer .nbs-Run")
+    frozen.wait_for(timeout=60_000)
+    frozen.locator(".nbs-Chip[data-rank='1']").click()
+    pane = frozen.locator(".nbs-Pane[data-rank='1'] .nbs-Output")
+    sync_api.expect(pane).to_contain_text("after 17", timeout=30_000)  # drawn at the next animation frame
+    assert '-> print("after", x)' in pane.inner_text()  # the session stays in rank 1's pane
+    pg.mouse.move(0, 0)
+    shot(cell, artifacts, f"{name}-pdb-done.png")
+
+
+def test_jupyterlab_answers_a_ranks_pdb_prompt(lab, browser, artifacts):
+    p = Page(browser, width=1200, height=1000)
+    try:
+        p.page.goto(lab_url(lab, "debug.ipynb"))
+        panel = p.page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+        cells = panel.locator(".jp-Cell")
+        cells.first.wait_for(timeout=90_000)
+        panel.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000)
+        _answer_the_prompt(p.page, cells, artifacts, "lab")
+    finally:
+        p.close()
+
+
+def test_notebook7_answers_a_ranks_pdb_prompt(nb7, browser, artifacts):
+    p = Page(browser, width=1200, height=1000)
+    try:
+        p.page.goto(nb7.url("/notebooks/debug.ipynb"))
+        cells = p.page.locator(".jp-Cell")
+        cells.first.wait_for(timeout=90_000)
+        p.page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
+        _answer_the_prompt(p.page, cells, artifacts, "nb7")
+    finally:
+        p.close()
