@@ -5,14 +5,16 @@
  *   `application/vnd.nbspawn.run+json`.
  * - this module (the package's `extension`): the "ranks running ■ Stop" notebook toolbar item, and
  *   in every notebook the renderer of `application/vnd.nbspawn.live+json` (`reattach.ts`): the
- *   live widget, or on a page reloaded mid-run a placeholder that reattaches to the run.
+ *   live widget, or on a page reloaded mid-run a placeholder that reattaches to the run; and
+ *   `CellRuns`, which asks the kernel for its runs of the notebook's cells, so that a page loaded
+ *   without a save made during the run still shows it, live or frozen.
  */
 
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { DocumentRegistry, IDocumentWidget } from '@jupyterlab/docregistry';
 import { DisposableDelegate, IDisposable } from '@lumino/disposable';
 
-import { IRendermime, LIVE_RANK, reattachFactory } from './reattach';
+import { CellRuns, IRendermime, LIVE_RANK, reattachFactory } from './reattach';
 import { RunStatusWidget } from './status';
 
 const TOOLBAR_ITEM = 'nbspawnStatus';
@@ -48,7 +50,9 @@ class ReattachExtension implements DocumentRegistry.IWidgetExtension<IDocumentWi
       return new DisposableDelegate(() => undefined);
     }
     rendermime.addFactory(reattachFactory(rendermime, context.sessionContext), LIVE_RANK);
-    return new DisposableDelegate(() => undefined);
+    // the kernel's runs of this notebook's cells, whatever the file saved of them
+    const runs = new CellRuns(context);
+    return new DisposableDelegate(() => runs.dispose());
   }
 }
 

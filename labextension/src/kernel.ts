@@ -1,11 +1,19 @@
 /**
- * Requests to a kernel over a JupyterLab kernel connection: a subshell of our own (JEP 91), and
- * comm messages to the run's widget on it.  What the messages say is typed in `messages.ts`.
+ * Requests to a kernel over a JupyterLab kernel connection: a subshell of our own (JEP 91), comm
+ * messages to the run's widget on it, and the kernel's runs per cell (`askActive`).  What the
+ * messages say is typed in `messages.ts`.
  */
 
 import { Kernel, KernelMessage } from '@jupyterlab/services';
 
-import { WidgetCommData, record } from './messages';
+import {
+  ACTIVE_COMM_TARGET,
+  IActiveRequest,
+  IActiveRun,
+  WidgetCommData,
+  parseActiveRuns,
+  record
+} from './messages';
 
 /** How long the kernel may leave our questions about the run unanswered. */
 export const ANSWER_MS = 5000;
@@ -79,4 +87,99 @@ export function commMessage(
     subshellId,
     content: { comm_id: commId, data }
   });
+}
+
+/**
+ * The kernel's latest run of each recent cell (`nbspawn/views/_active.py`), asked by opening an
+ * `nbspawn.active` comm on a subshell of our own (the main shell may be running a cell); without
+ * subshells, on the main shell, answered once it is idle (`mainShellMs`).  The kernel answers with
+ * one message, and we close the comm; `[]` when the kernel closes it unanswered (no run of nbspawn
+ * in it yet); null when it does not answer, or the kernel went away.
+ */
+export async function askActive(
+  kernel: Kernel.IKernelConnection,
+  request: IActiveRequest,
+  mainShellMs = 10 * 60_000
+): Promise<IActiveRun[] | null> {
+  if (!usable(kernel)) {
+    return null;
+  }
+  const subshell = await createSubshell(kernel);
+  const commId = `nbspawn-active-${Date.now().toString(16)}-${Math.random().toString(16).slice(2)}`;
+  let onIOPub: ((k: Kernel.IKernelConnection, msg: KernelMessage.IIOPubMessage) => void) | null = null;
+  let onStatus: ((k: Kernel.IKernelConnection, status: Kernel.Status) => void) | null = null;
+  let timer = 0;
+  let answered = false;
+  try {
+    return await new Promise<IActiveRun[] | null>(resolve => {
+      onIOPub = (_, msg) => {
+        const content = record(msg.content);
+        if (content.comm_id !== commId) {
+          return;
+        }
+        if (msg.header.msg_type === 'comm_msg') {
+          answered = true;
+          resolve(parseActiveRuns(content.data));
+        } else if (msg.header.msg_type === 'comm_close') {
+          resolve([]); // closed unanswered: a kernel without nbspawn's target
+        }
+      };
+      onStatus = (_, status) => {
+        if (status === 'dead' || status === 'restarting' || status === 'autorestarting') {
+          resolve(null);
+        }
+      };
+      kernel.iopubMessage.connect(onIOPub);
+      kernel.statusChanged.connect(onStatus);
+      timer = window.setTimeout(() => resolve(null), subshell !== null ? ANSWER_MS : mainShellMs);
+      try {
+        const msg = KernelMessage.createMessage({
+          msgType: 'comm_open',
+          channel: 'shell',
+          username: kernel.username,
+          session: kernel.clientId,
+          subshellId: subshell,
+          content: { comm_id: commId, target_name: ACTIVE_COMM_TARGET, data: { ...request } }
+        });
+        kernel.sendShellMessage(msg, false, true);
+      } catch {
+        resolve(null);
+      }
+    });
+  } finally {
+    window.clearTimeout(timer);
+    if (onIOPub) {
+      kernel.iopubMessage.disconnect(onIOPub);
+    }
+    if (onStatus) {
+      kernel.statusChanged.disconnect(onStatus);
+    }
+    if (answered) {
+      closeComm(kernel, commId);
+    }
+    deleteSubshell(kernel, subshell);
+  }
+}
+
+/**
+ * Close the comm `commId` on the kernel's side (on the main shell: handled once it is idle).  The
+ * kernel leaves an `nbspawn.active` comm open after its answer, so that no `comm_close` reaches
+ * this page's connection, which would log it as a comm it does not know.
+ */
+function closeComm(kernel: Kernel.IKernelConnection, commId: string): void {
+  if (!usable(kernel)) {
+    return;
+  }
+  try {
+    const msg = KernelMessage.createMessage({
+      msgType: 'comm_close',
+      channel: 'shell',
+      username: kernel.username,
+      session: kernel.clientId,
+      content: { comm_id: commId, data: {} }
+    });
+    kernel.sendShellMessage(msg, false, true);
+  } catch {
+    // gone with its kernel
+  }
 }

@@ -436,3 +436,58 @@ export function stopHeard(msg: IIOPub, modelId: string, displayId: string, stopM
   }
   return false;
 }
+
+// -- the runs the kernel remembers per cell (`_active.py`; browser: reattach.ts, kernel.ts) ---------
+
+/** The comm target a page opens to ask which runs its cells should show (`_active.TARGET`). */
+export const ACTIVE_COMM_TARGET = 'nbspawn.active';
+
+/** Browser → kernel: the `nbspawn.active` comm's open data (`ActiveRequest`). */
+export interface IActiveRequest {
+  /** Run ids whose frozen run the page already shows: their bundle is not sent again. */
+  have?: string[];
+  /** Only these runs (by run id); all when absent. */
+  only?: string[];
+}
+
+/** One cell's latest run, as the kernel remembers it (`ActiveRun`). */
+export interface IActiveRun {
+  /** The notebook cell's id (the execute_request's `metadata.cellId`). */
+  cell_id: string;
+  run_id: string;
+  /** The prompt the cell ran under. */
+  execution_count: number | null;
+  status: 'running' | 'ended';
+  /** The live display, while it is shown. */
+  live: ILiveInfo | null;
+  /** The frozen run's mime bundle once ended; null when the page said it has it. */
+  frozen: Record<string, unknown> | null;
+}
+
+/** The `nbspawn.active` comm's one message (`ActiveRunsMessage`); null if it is not that. */
+export function parseActiveRuns(data: unknown): IActiveRun[] | null {
+  const d = record(data);
+  if (d.type !== 'active' || !Array.isArray(d.runs)) {
+    return null;
+  }
+  const runs: IActiveRun[] = [];
+  for (const item of d.runs) {
+    const r = record(item);
+    const cellId = str(r.cell_id);
+    const runId = str(r.run_id);
+    if (!cellId || !runId) {
+      continue;
+    }
+    const live = r.live === null || r.live === undefined ? null : parseLiveInfo(r.live);
+    const frozen = r.frozen && typeof r.frozen === 'object' && !Array.isArray(r.frozen) ? record(r.frozen) : null;
+    runs.push({
+      cell_id: cellId,
+      run_id: runId,
+      execution_count: num(r.execution_count),
+      status: r.status === 'ended' || frozen ? 'ended' : 'running',
+      live,
+      frozen
+    });
+  }
+  return runs;
+}

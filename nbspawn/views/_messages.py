@@ -111,3 +111,40 @@ class RunStatus(TypedDict):
     status: str  # running while the run is active, then its final status
     nprocs: int
     running: list[int]
+
+
+class LiveInfo(TypedDict):
+    """The live display's ``application/vnd.nbspawn.live+json`` (docs/run-bundle.md §3): what a page
+    that cannot get the widget's model needs to follow the run (``ILiveInfo`` in messages.ts)."""
+
+    run_id: str
+    model_id: str  # the widget's comm id
+    display_id: str  # its update_display_data is the run's end
+    started_at: float
+    nprocs: int
+    log_dir: str
+
+
+class ActiveRequest(TypedDict, total=False):
+    """Browser -> kernel: the ``nbspawn.active`` comm's open data (``IActiveRequest``)."""
+
+    have: list[str]  # run ids whose frozen run the page already shows: their bundle is not sent
+    only: list[str]  # only these runs (by run id); all when absent
+
+
+class ActiveRun(TypedDict):
+    """One cell's latest run, as the kernel remembers it for a page loaded later (``IActiveRun``)."""
+
+    cell_id: str  # the notebook cell's id (the execute_request's ``metadata.cellId``)
+    run_id: str
+    execution_count: int | None  # the prompt the cell ran under
+    status: Literal["running", "ended"]
+    live: LiveInfo | None  # the live display, while it is shown
+    frozen: dict[str, Any] | None  # the frozen run's mime bundle, once ended (None: the page has it)
+
+
+class ActiveRunsMessage(TypedDict):
+    """Kernel -> browser: the ``nbspawn.active`` comm's one message (then the page closes the comm)."""
+
+    type: Literal["active"]
+    runs: list[ActiveRun]

@@ -32,9 +32,10 @@ import traitlets
 
 from .._run import RankState, Run
 from ..events._where import RankToAsk, where_now
+from . import _active
 from ._bundle import FrozenRun, json_size, run_record, tail_within
 from ._busy import kept_busy
-from ._messages import LiveHeader, OutputMessage, ReplayMessage, WhereMessage, WidgetState, widget_request
+from ._messages import LiveHeader, LiveInfo, OutputMessage, ReplayMessage, WhereMessage, WidgetState, widget_request
 from ._protocol import RunView
 from ._status import StatusComm
 from ._tail import OutputTail
@@ -109,6 +110,10 @@ class WidgetView(RunView):
         self.tails = {state.rank: OutputTail() for state in run.ranks}
         self.last_flush = time.monotonic()
         self.status.open(run)
+        cell_id, execution_count = _active.current_cell()  # on the cell's thread, background or not
+        if cell_id is not None:  # a page loaded later asks the kernel for this cell's run (_active)
+            _active.install()
+            _active.RUNS.started(cell_id, run.run_id, execution_count)
         if not run.background:  # a background run leaves the kernel free, and says so
             self._busy.enter_context(kept_busy())
         if run.background or self.live_after <= 0:  # a background run's thread could not say which cell it is in
@@ -127,7 +132,7 @@ class WidgetView(RunView):
         bundle = mimebundle[0] if isinstance(mimebundle, tuple) else mimebundle  # (data, metadata) or data
         display_id = uuid.uuid4().hex
         # for a page reloaded mid-run, which cannot get the widget's model while the kernel is busy
-        bundle[LIVE_MIME] = {
+        live: LiveInfo = {
             "run_id": run.run_id,
             "model_id": self.widget.model_id,
             "display_id": display_id,
@@ -135,7 +140,9 @@ class WidgetView(RunView):
             "nprocs": run.nprocs,
             "log_dir": run.run_dir,
         }
+        bundle[LIVE_MIME] = live
         self.handle = display(bundle, raw=True, display_id=display_id)
+        _active.RUNS.shown(run.run_id, live)
 
     def output(self, rank: int, stream: str, text: str) -> None:
         self.tails[rank].add(stream, text)
@@ -185,6 +192,7 @@ class WidgetView(RunView):
         self._flush(run)
         self.status.close(run)
         frozen = FrozenRun(run, self.tails)
+        _active.RUNS.ended(run.run_id, frozen._repr_mimebundle_())  # for a page loaded after the end
         try:
             if self.handle is not None:
                 self.handle.update(frozen)
