@@ -57,6 +57,10 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
 
     ipython.register_magics(SpawnMagics(shell=ipython))
     ipython.events.register("pre_run_cell", report_background_failures)
+    if getattr(ipython, "kernel", None) is not None:  # a page opened before the first run asks too
+        from .views import _active
+
+        _active.install()
 
 
 def _jupyter_labextension_paths() -> list[dict[str, Any]]:
