@@ -1,9 +1,9 @@
 """What the kernel and the browser say to each other, typed: the run record (docs/run-bundle.md),
-the live widget's traits and messages, and the status comm's data.
+the live widget's traits and messages, the status comm's data, and a cell's runs after a reload.
 
 The TypeScript side's twin is ``labextension/src/messages.ts`` (``IRunRecord``, ``IWidgetState``,
-``IOutputMessage``, ``IReplayMessage``, ``WidgetRequest``, ``IRunStatus``): a field changed here is
-changed there too.
+``IOutputMessage``, ``IReplayMessage``, ``IWhereMessage``, ``WidgetRequest``, ``IRunStatus``,
+``ILiveInfo``, the ``nbspawn.active`` messages): a field changed here is changed there too.
 """
 
 from __future__ import annotations
