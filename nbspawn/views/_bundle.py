@@ -312,9 +312,7 @@ def display_html(item: dict[str, Any]) -> str:
         data = html.escape(json.dumps(value, ensure_ascii=False), quote=True)
         return f'<div{attr} data-widget="{data}">{_widget_html(value)}</div>'
     if mime in ("image/png", "image/jpeg", "image/gif"):
-        return (
-            f'<div{attr}><img src="data:{mime};base64,{html.escape(str(value), quote=True)}"{size} style="max-width:100%;height:auto"></div>'
-        )
+        return f'<div{attr}><img src="data:{mime};base64,{html.escape(str(value), quote=True)}"{size} style="max-width:100%;height:auto"></div>'
     if mime == "image/svg+xml":
         encoded = base64.b64encode(str(value).encode("utf-8")).decode("ascii")
         return f'<div{attr}><img src="data:image/svg+xml;base64,{encoded}"{size} style="max-width:100%;height:auto"></div>'
