@@ -14,7 +14,8 @@ import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application'
 import { DocumentRegistry, IDocumentWidget } from '@jupyterlab/docregistry';
 import { DisposableDelegate, IDisposable } from '@lumino/disposable';
 
-import { CellRuns, IRendermime, LIVE_RANK, reattachFactory } from './reattach';
+import { CellRuns } from './cellruns';
+import { IRendermime, LIVE_RANK, reattachFactory } from './reattach';
 import { RunStatusWidget } from './status';
 
 const TOOLBAR_ITEM = 'nbspawnStatus';
