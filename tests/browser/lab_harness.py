@@ -237,6 +237,7 @@ def run_cell(pg, cell) -> None:
     """Select a cell and run it (Shift+Enter), retrying until its prompt shows it ran or runs."""
     prompt = cell.locator(".jp-InputPrompt")
     for _ in range(3):
+        _dismiss_dialog(pg)
         cell.locator(".jp-InputArea-editor").click()
         sync_api.expect(cell).to_have_class(re.compile(r"\bjp-mod-active\b"))
         pg.keyboard.press("Shift+Enter")
@@ -246,6 +247,18 @@ def run_cell(pg, cell) -> None:
         except AssertionError:
             continue
     raise AssertionError(f"the cell did not run: prompt {prompt.inner_text()!r}")
+
+
+def _dismiss_dialog(pg) -> None:
+    """A JupyterLab dialog open before a cell is clicked (seen now and then on a loaded machine, as a
+    fresh server's first page settles its kernel): said on the test's output, then accepted, as a user
+    would, so it does not swallow the click."""
+    dialog = pg.locator(".jp-Dialog")
+    if dialog.count():
+        print(f"lab_harness: a JupyterLab dialog was open: {dialog.first.inner_text()!r}")
+        accept = dialog.first.locator(".jp-Dialog-button.jp-mod-accept")
+        (accept.first if accept.count() else dialog.first.locator(".jp-Dialog-button").last).click()
+        dialog.first.wait_for(state="detached", timeout=10_000)
 
 
 def shot(locator, artifacts: Path, name: str) -> None:
