@@ -23,10 +23,7 @@ Whatever happens, the loop's ``finally`` reaps every rank and closes every descr
 
 from __future__ import annotations
 
-import _thread
-import builtins
 import contextlib
-import getpass
 import multiprocessing.connection
 import os
 import signal
@@ -46,27 +43,23 @@ from ..errors import (
     SpawnTimeoutError,
     SpawnUsageError,
 )
-from ..events._prompts import PromptChannel, PromptRequest, decorate, leaves, next_prompt, stdin_answerable
-from ..events._where import RankToAsk, hang_verdict, live_notes, rank_collectives, rank_stacks
+from ..events._prompts import PromptChannel, PromptRequest, stdin_answerable
+from ..events._where import hang_verdict
 from ..handoff import _shm
 from ..handoff._names import discard_outputs
 from ..ranks._cell import EXIT_INTERRUPTED
 from ..views._protocol import RunView
 from . import _registry
 from ._base import Executor
+from ._hangwatch import HANG_FIRST_LOOK, STACK_DUMP_WAIT, HangWatch
 from ._procs import interrupts_deferred, signal_group
+from ._prompting import PromptDesk
 
 # How often new output is looked for: soon after output arrived, then backing off while ranks are
 # quiet (up to the executor's poll_max), so a long silent run costs the kernel almost nothing.
 # Exits wake the loop at once anyway.
 POLL_MIN = 0.02
-STACK_DUMP_WAIT = 0.5  # how long to wait for faulthandler dumps before SIGTERM
-HANG_FIRST_LOOK = 3.0  # seconds of silence before the ranks are looked at (then 6, 12, ... while nothing hangs)
-HANG_RELOOK = 10.0  # while they look hung
-HANG_LAST_LOOK = 300.0  # the longest silence between two looks
 STOPPING_READ_BUDGET = 4096  # bytes of each stream of each rank read per poll while a run is being stopped
-PROMPT_WATCH = 0.1  # while the kernel waits at a rank's prompt: how often Stop, --timeout and the rank are looked at
-STICKY = 1.0  # seconds a rank in a pdb session keeps the prompt after a command that does not let it run on
 
 
 def execute(spec: RunSpec, view: RunView, executor: Executor, background: bool = False) -> Run:
@@ -130,7 +123,7 @@ def _bring_outputs_home(run: Run, executor: Executor) -> None:
         run.error = SpawnOutputError(missing, run, run.facts())
 
 
-class _Supervisor:
+class _Supervisor(PromptDesk, HangWatch):
     def __init__(self, run: Run, view: RunView, executor: Executor) -> None:
         self.run = run
         self.spec = run.spec
@@ -214,137 +207,6 @@ class _Supervisor:
         self._forward_output(final=True)
 
     # -- prompts ----------------------------------------------------------------------------------
-
-    def _serve_prompts(self) -> None:
-        """Answer what the ranks asked: whether a failing rank stops in post-mortem, then one prompt."""
-        assert self.prompts is not None  # only called with a channel
-        self.pending.extend(self.prompts.read())
-        alive = set(self.alive.values())
-        self.pending = [r for r in self.pending if r.rank in alive]
-        for asked in [r for r in self.pending if r.kind == "failed"]:
-            if self.stop_reason is None and self.post_mortem in alive:
-                continue  # asked again once the post-mortem under way ends (its rank is the root cause)
-            self.pending.remove(asked)
-            stop = self.spec.pdb and self.stop_reason is None and self.post_mortem is None
-            if stop:
-                self.post_mortem = asked.rank
-            self.prompts.answer(asked, value="post-mortem" if stop else "")
-        if self.stop_reason is not None:  # the run ends: a rank still asking is stopped
-            for asked in [r for r in self.pending if r.kind != "failed"]:
-                self.pending.remove(asked)
-                self.prompts.answer(asked, stop=True)
-            return
-        sticky = self.last_prompted in alive and time.monotonic() < self.sticky_until
-        chosen = next_prompt(self.pending, self.last_prompted if sticky else None, sticky)
-        if chosen is None:
-            return
-        request = chosen
-        self.pending.remove(request)
-        self._forward_output()  # what the rank printed (pdb's listing) comes before its prompt
-        self.view.flush(self.run)  # shown now, not at the view's next redraw: the prompt blocks it
-        waiting = sorted({r.rank for r in self.pending if r.kind != "failed"} - {request.rank})
-        reply = self._ask(request, decorate(request, waiting))
-        if reply is None:  # the prompt was ended (Stop, --timeout, the rank ended): the loop goes on
-            return
-        self.prompts.answer(request, **reply)
-        self.last_prompted = request.rank
-        command = str(reply.get("value", ""))
-        going_on = request.kind != "pdb" or "value" not in reply or leaves(command)
-        self.sticky_until = 0.0 if going_on else time.monotonic() + STICKY
-
-    def _ask(self, request: PromptRequest, prompt: str) -> dict[str, Any] | None:
-        """The kernel's own input() (a Jupyter input_request), the answer as the rank reads it; None
-        if the prompt was ended for Stop, --timeout or the rank's end (a watcher thread interrupts the
-        wait).  An interrupt from the user propagates: the run is interrupted as always."""
-        lock, done, why = threading.Lock(), threading.Event(), []
-        own = [w for w, r in self.alive.items() if r == request.rank]
-
-        def watch() -> None:
-            while not done.wait(PROMPT_WATCH):
-                with lock:
-                    if done.is_set():
-                        return
-                    reason = None
-                    if time.monotonic() >= self.deadline:
-                        reason = "timeout"
-                    elif self.view.wants_stop() or self.run._stop_requested:
-                        reason = "stop"
-                    elif own and multiprocessing.connection.wait(own, timeout=0):
-                        reason = "ended"
-                    if reason is not None:
-                        why.append(reason)
-                        _thread.interrupt_main()
-                        return
-                    if self._forward_output():  # the other ranks run on meanwhile
-                        self.view.flush(self.run)
-
-        watcher = threading.Thread(target=watch, name="nbspawn-prompt", daemon=True)
-        watcher.start()
-        try:
-            try:
-                value = getpass.getpass(prompt) if request.password else builtins.input(prompt)
-                reply: dict[str, Any] = {"value": value}
-            except EOFError:
-                reply = {"eof": True}
-            except KeyboardInterrupt:
-                with lock:
-                    done.set()
-                if not why:
-                    raise
-                self._prompt_ended(why[0])
-                return None
-            except Exception as err:  # the frontend cannot answer (StdinNotImplementedError)
-                reply = {"error": str(err) or type(err).__name__}
-            with lock:
-                done.set()
-            if why:  # ended just as it was answered: its interrupt is on its way
-                with contextlib.suppress(KeyboardInterrupt):
-                    until = time.monotonic() + 0.5
-                    while time.monotonic() < until:
-                        time.sleep(0.01)
-                self._prompt_ended(why[0])
-                return None
-            return reply
-        finally:
-            done.set()
-            watcher.join()
-
-    def _prompt_ended(self, why: str) -> None:
-        if why == "stop" and self.stop_reason is None:
-            self._check_stop()
-        elif why == "timeout":
-            self._check_clocks()
-
-    # -- a run that looks hung ---------------------------------------------------------------------
-
-    def _watch_for_hangs(self) -> None:
-        """Ranks quiet for a while are looked at (their stacks and collectives); if some wait in a
-        collective that another has not entered, their chips say so while it lasts.  Nothing is
-        asked while output flows, and the looks back off while the ranks are merely busy."""
-        now = time.monotonic()
-        if self.remote or self.stop_reason is not None or now < self.quiet_since + self.hang_look_after:
-            return
-        asked = [RankToAsk(r, self.pids[r], self.run.ranks[r].stacks_path) for r in sorted(set(self.alive.values()))]
-        dumps = rank_stacks(asked, wait=STACK_DUMP_WAIT)
-        stacks = {r: main_thread_stack(d, self.spec.cell) for r, d in dumps.items() if d} if self.spec.program is None else {}
-        collectives = rank_collectives(asked, dumps) if stacks else {}
-        notes = live_notes(stacks, collectives)
-        verdict = hang_verdict(stacks, collectives) if notes else None
-        for state in self.run.ranks:
-            state.note = notes.get(state.rank)
-        self.view.hang_noticed(self.run, verdict)
-        self.noticed = verdict is not None
-        # while hung, the chips' "for N s" is kept fresh; else look again later and later
-        self.hang_look_after = HANG_RELOOK if self.noticed else min(HANG_LAST_LOOK, self.hang_look_after * 2)
-        self.quiet_since = time.monotonic()
-
-    def _hang_cleared(self) -> None:
-        self.hang_look_after = HANG_FIRST_LOOK
-        if self.noticed:
-            self.noticed = False
-            for state in self.run.ranks:
-                state.note = None
-            self.view.hang_noticed(self.run, None)
 
     def _check_stop(self) -> None:
         """The view's Stop button or ``run.stop()``; or, from a node agent's view, a reason to stop
@@ -482,21 +344,6 @@ class _Supervisor:
                 self.lost = "interrupted twice"
             self._send(signal.SIGKILL)
             self.stage, self.escalate_at = "sigkill", float("inf")
-
-    def _look_before_stopping(self) -> None:
-        """Where each running rank is, asked before it is interrupted (an interrupt unwinds it, and
-        a rank in a collective then reports its peers' noise): what the hang verdict is made of."""
-        if self.remote:  # a node's agent looks at its own ranks
-            return
-        asked = [RankToAsk(r, self.pids[r], self.run.ranks[r].stacks_path) for r in sorted(set(self.alive.values()))]
-        dumps = rank_stacks(asked, wait=STACK_DUMP_WAIT)
-        if self.spec.program is None:  # a cell's ranks write them down (ranks._watch); a program's do not
-            self.collectives_at_stop = rank_collectives(asked, dumps)
-        for rank, dump in dumps.items():
-            if dump:
-                stack = program_stack(dump) if self.spec.program is not None else main_thread_stack(dump, self.spec.cell)
-                if stack:
-                    self.seen_at_stop[rank] = stack
 
     def _begin_stop(self, reason: str) -> None:
         if reason in ("interrupt", "stop", "timeout"):

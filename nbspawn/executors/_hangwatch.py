@@ -1,0 +1,84 @@
+"""The supervisor's eye on a run that may hang: ranks quiet for a while are looked at, and a run
+about to be stopped is looked at first.
+
+Looking is asking every rank where it is (``events._where``: its stack by faulthandler, its place in
+its collectives from torch's flight recorder).  While a run goes on, a rank waiting in a collective
+that another has not entered gets a note (its chip says so); when it is stopped by ``--timeout``,
+interrupt or Stop, what was seen makes the error's hang verdict.  A mixin of
+``_supervisor._Supervisor``: the attributes below are the loop's.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .._run import Run
+from .._source import main_thread_stack, program_stack
+from .._spec import RunSpec
+from ..events._where import RankToAsk, hang_verdict, live_notes, rank_collectives, rank_stacks
+from ..views._protocol import RunView
+
+STACK_DUMP_WAIT = 0.5  # how long to wait for faulthandler dumps before SIGTERM
+HANG_FIRST_LOOK = 3.0  # seconds of silence before the ranks are looked at (then 6, 12, ... while nothing hangs)
+HANG_RELOOK = 10.0  # while they look hung
+HANG_LAST_LOOK = 300.0  # the longest silence between two looks
+
+
+class HangWatch:
+    run: Run
+    spec: RunSpec
+    view: RunView
+    alive: dict[Any, int]
+    pids: list[int]
+    remote: bool
+    stop_reason: str | None
+    seen_at_stop: dict[int, str]  # where each rank was when the run was stopped
+    collectives_at_stop: dict[int, list[dict[str, Any]]]  # and how far in its collectives
+    quiet_since: float  # when the ranks last wrote anything
+    hang_look_after: float
+    noticed: bool  # the ranks' chips say they look hung
+
+    def _watch_for_hangs(self) -> None:
+        """Ranks quiet for a while are looked at (their stacks and collectives); if some wait in a
+        collective that another has not entered, their chips say so while it lasts.  Nothing is
+        asked while output flows, and the looks back off while the ranks are merely busy."""
+        now = time.monotonic()
+        if self.remote or self.stop_reason is not None or now < self.quiet_since + self.hang_look_after:
+            return
+        asked = [RankToAsk(r, self.pids[r], self.run.ranks[r].stacks_path) for r in sorted(set(self.alive.values()))]
+        dumps = rank_stacks(asked, wait=STACK_DUMP_WAIT)
+        stacks = {r: main_thread_stack(d, self.spec.cell) for r, d in dumps.items() if d} if self.spec.program is None else {}
+        collectives = rank_collectives(asked, dumps) if stacks else {}
+        notes = live_notes(stacks, collectives)
+        verdict = hang_verdict(stacks, collectives) if notes else None
+        for state in self.run.ranks:
+            state.note = notes.get(state.rank)
+        self.view.hang_noticed(self.run, verdict)
+        self.noticed = verdict is not None
+        # while hung, the chips' "for N s" is kept fresh; else look again later and later
+        self.hang_look_after = HANG_RELOOK if self.noticed else min(HANG_LAST_LOOK, self.hang_look_after * 2)
+        self.quiet_since = time.monotonic()
+
+    def _hang_cleared(self) -> None:
+        self.hang_look_after = HANG_FIRST_LOOK
+        if self.noticed:
+            self.noticed = False
+            for state in self.run.ranks:
+                state.note = None
+            self.view.hang_noticed(self.run, None)
+
+    def _look_before_stopping(self) -> None:
+        """Where each running rank is, asked before it is interrupted (an interrupt unwinds it, and
+        a rank in a collective then reports its peers' noise): what the hang verdict is made of."""
+        if self.remote:  # a node's agent looks at its own ranks
+            return
+        asked = [RankToAsk(r, self.pids[r], self.run.ranks[r].stacks_path) for r in sorted(set(self.alive.values()))]
+        dumps = rank_stacks(asked, wait=STACK_DUMP_WAIT)
+        if self.spec.program is None:  # a cell's ranks write them down (ranks._watch); a program's do not
+            self.collectives_at_stop = rank_collectives(asked, dumps)
+        for rank, dump in dumps.items():
+            if dump:
+                stack = program_stack(dump) if self.spec.program is not None else main_thread_stack(dump, self.spec.cell)
+                if stack:
+                    self.seen_at_stop[rank] = stack
