@@ -38,6 +38,17 @@ class RankState:
     remote_dir: str | None = None
     # what nbspawn noticed while the rank runs: "waiting in barrier #3 for 25 s; rank 2 has not entered it"
     note: str | None = None
+    stack_from: int | None = None  # where in stacks.log the dump asked for when it was stopped begins
+
+    def read_stacks(self, limit: int | None = None) -> str:
+        """The stack dump taken when the rank was stopped (the whole log if none was asked for), or
+        its first ``limit`` characters."""
+        try:
+            with open(self.stacks_path, encoding="utf-8", errors="replace") as fh:
+                fh.seek(self.stack_from or 0)
+                return fh.read(limit) if limit is not None else fh.read()
+        except OSError:
+            return ""
 
     def log_path(self, name: str) -> str:
         """Where the user finds the rank's ``name`` log (a ``nbspawn._rankdir`` name): here, or

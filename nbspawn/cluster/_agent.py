@@ -262,9 +262,7 @@ class RelayView(RunView):
 def _end_record(state: RankState) -> _wire.EndRecord:
     """How a rank ended, with its error record and stack dump: what the kernel's supervisor reads."""
     failure = state.failure
-    stacks = ""
-    with contextlib.suppress(OSError), open(state.stacks_path, encoding="utf-8", errors="replace") as fh:
-        stacks = fh.read(STACKS_SENT)
+    stacks = state.read_stacks(STACKS_SENT)  # the dump taken when it was stopped
     error = state.read_error()
     return {
         "exit_code": state.exit_code or 0,
@@ -346,10 +344,12 @@ class _NodeCellRanks(FreshRanks):
     """Fresh ranks, watched closely: a stop request from the kernel is acted on within 50 ms."""
 
     poll_max = 0.05
+    watches_hangs = False
 
 
 class _NodeProgramRanks(ProgramRanks):
     poll_max = 0.05
+    watches_hangs = False
 
 
 def _host_store(spec: RunSpec) -> Any:

@@ -34,6 +34,9 @@ class Executor(ABC):
     keeps_ranks: ClassVar[bool] = False  # the ranks outlive the cell: a failure interrupts them instead of ending them
     remote: ClassVar[bool] = False  # the ranks are not this machine's processes: their agents stop them and dump stacks
     poll_max: ClassVar[float] = POLL_MAX
+    # quiet ranks are looked at for a hang (a node's agent does not: the kernel shows no notes for a
+    # cluster's ranks, and its looks would only fill their stacks.log)
+    watches_hangs: ClassVar[bool] = True
 
     @abstractmethod
     def start(self, run: Run) -> list[int]: ...

@@ -32,6 +32,7 @@ class HangWatch:
     alive: dict[Any, int]
     pids: list[int]
     remote: bool
+    watches: bool  # its executor's ranks are to be looked at when quiet
     stop_reason: str | None
     seen_at_stop: dict[int, str]  # where each rank was when the run was stopped
     collectives_at_stop: dict[int, list[dict[str, Any]]]  # and how far in its collectives
@@ -44,7 +45,7 @@ class HangWatch:
         collective that another has not entered, their chips say so while it lasts.  Nothing is
         asked while output flows, and the looks back off while the ranks are merely busy."""
         now = time.monotonic()
-        if self.remote or self.stop_reason is not None or now < self.quiet_since + self.hang_look_after:
+        if not self.watches or self.stop_reason is not None or now < self.quiet_since + self.hang_look_after:
             return
         asked = [RankToAsk(r, self.pids[r], self.run.ranks[r].stacks_path) for r in sorted(set(self.alive.values()))]
         dumps = rank_stacks(asked, wait=STACK_DUMP_WAIT)

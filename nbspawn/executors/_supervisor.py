@@ -141,6 +141,7 @@ class _Supervisor(PromptDesk, HangWatch):
         self.lost: str | None = None  # a kept world that cannot go on: why
         self.stopped_by: str | None = None  # "Stop button" | "run.stop()" | why a node agent was told to stop
         self.remote = executor.remote
+        self.watches = executor.watches_hangs and not executor.remote
         self.interrupted_after_stop = False
         self.seen_at_stop: dict[int, str] = {}  # where each rank was when the run was stopped
         self.collectives_at_stop: dict[int, list[dict[str, Any]]] = {}  # and how far in its collectives
@@ -305,11 +306,7 @@ class _Supervisor(PromptDesk, HangWatch):
         return failure
 
     def _stack(self, state: RankState) -> str | None:
-        try:
-            with open(state.stacks_path, encoding="utf-8", errors="replace") as fh:
-                dump = fh.read()
-        except OSError:
-            dump = ""
+        dump = state.read_stacks()
         if dump.strip():
             if self.spec.program is not None:
                 return program_stack(dump) or None
@@ -377,10 +374,12 @@ class _Supervisor(PromptDesk, HangWatch):
         alive = set() if self.remote else set(self.alive.values())
         waiting = {r for r in alive if os.path.exists(self.run.ranks[r].stacks_path)}
         for rank in waiting:
+            state = self.run.ranks[rank]
+            state.stack_from = _size(state.stacks_path)  # earlier dumps (a look while it ran) are not this one
             signal_group(self.pids[rank], signal.SIGUSR1)
         until = time.monotonic() + STACK_DUMP_WAIT
         while waiting and time.monotonic() < until:
-            waiting = {r for r in waiting if not _nonempty(self.run.ranks[r].stacks_path)}
+            waiting = {r for r in waiting if _size(self.run.ranks[r].stacks_path) <= (self.run.ranks[r].stack_from or 0)}
             if waiting:
                 time.sleep(0.01)
         self._send(signal.SIGTERM)
@@ -445,8 +444,8 @@ def _last_lines(path: str, count: int) -> str:
     return "\n".join("  " + line for line in lines)
 
 
-def _nonempty(path: str) -> bool:
+def _size(path: str) -> int:
     try:
-        return os.path.getsize(path) > 0
+        return os.path.getsize(path)
     except OSError:
-        return False
+        return 0
