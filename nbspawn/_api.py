@@ -11,7 +11,7 @@ from typing import Any
 
 from ._launch import start
 from ._options import OPTIONS, with_debug_collectives
-from ._request import RunRequest, Settings
+from ._request import RunRequest, Settings, given_options
 from ._run import Run
 from ._source import CellSource
 from .views._protocol import RunView
@@ -57,11 +57,6 @@ def launch(
     if cluster is not None and not isinstance(cluster, str):
         names, cluster = {**names, "<cluster>": cluster}, "<cluster>"
     ranks_env = with_debug_collectives(env, debug_collectives)
-    given = {
-        o
-        for o, v in (("-n", nprocs), ("--start-method", start_method), ("--backend", backend), ("--env", ranks_env))
-        if v is not None
-    }
     settings = Settings(
         nprocs="auto" if nprocs is None else nprocs,
         start_method=start_method,
@@ -71,7 +66,7 @@ def launch(
         grace_period=grace_period,
         log_dir=log_dir,
         ranks=tuple(ranks) if isinstance(ranks, list) else ranks,
-        given=frozenset(given),
+        given=given_options(nprocs, start_method, backend, ranks_env),
     )
     program = tuple(cell) if isinstance(cell, list) else None
     request = RunRequest(

@@ -23,7 +23,7 @@ from traitlets import Float, Int, Unicode, Union
 
 from ._launch import start
 from ._options import Option, options_in, with_debug_collectives
-from ._request import RunRequest, Settings
+from ._request import RunRequest, Settings, given_options
 from ._run import Run
 from ._source import CellSource, CellSyntaxError
 from .errors import SpawnUsageError
@@ -235,16 +235,6 @@ class SpawnMagics(Magics):
         shell = self.shell
         assert shell is not None  # a magic runs in a shell
         env = with_debug_collectives(args.env, args.debug_collectives)
-        given = {
-            o
-            for o, v in (
-                ("-n", args.nprocs),
-                ("--start-method", args.start_method),
-                ("--backend", args.backend),
-                ("--env", env),
-            )
-            if v is not None
-        }
         settings = Settings(
             nprocs=self.nprocs if args.nprocs is None else args.nprocs,
             start_method=args.start_method or (None if program is not None else self.start_method),
@@ -257,7 +247,7 @@ class SpawnMagics(Magics):
             max_saved_kb=self.max_saved_kb,
             max_image_kb=self.max_image_kb,
             pdb=bool(getattr(args, "pdb", False)) or bool(getattr(shell, "call_pdb", False)),  # --pdb, or %pdb on
-            given=frozenset(given),
+            given=given_options(args.nprocs, args.start_method, args.backend, env),
         )
         cluster = (self.cluster if args.cluster is None else args.cluster).strip() or None
         if program is not None or args.fresh:

@@ -35,6 +35,13 @@ class Settings:
     given: frozenset[str] = frozenset()
 
 
+def given_options(nprocs: object, start_method: object, backend: object, env: object) -> frozenset[str]:
+    """The options that say how a world runs which the user gave (None: not given): an existing world
+    is checked against these, and only these."""
+    pairs = (("-n", nprocs), ("--start-method", start_method), ("--backend", backend), ("--env", env))
+    return frozenset(flag for flag, value in pairs if value is not None)
+
+
 @dataclass(frozen=True, eq=False)
 class RunRequest:
     """One run, as asked: a cell (``cell``) or a program (``program``: its command line); on fresh
