@@ -80,6 +80,26 @@ def test_a_failed_cell_interrupts_the_others_and_the_world_survives(kernel, worl
     assert all(rank_lines(after.stdout, r)[0].endswith("loaded") for r in range(3))
 
 
+def test_a_first_cell_that_fails_at_once_leaves_every_rank_with_the_group(kernel, world):
+    """Rank 0 raises on the cell's first line while its peers may still be inside
+    ``init_process_group``: the kernel's interrupt must not leave one of them with half a group (the
+    next cell then hung in a second init, or failed "initialize the default process group twice")."""
+    for attempt in range(4):
+        name = f"{world}x{attempt}"
+        failed = run(
+            kernel,
+            f"%%spawn --world {name} -n 4 --backend gloo\nimport torch, torch.distributed as dist\n"
+            "if dist.get_rank() == 0:\n    raise ValueError('at once')",
+        )
+        assert failed.status == "error" and "ValueError: at once" in failed.error_text, failed.error_text
+        after = ok(
+            kernel,
+            f"%%spawn --world {name} --timeout 60\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nprint('sum', t.item())",
+        )
+        assert all(rank_lines(after.stdout, r) == ["sum 4.0"] for r in range(4)), after.stdout
+        ok(kernel, f"%spawn stop {name}")
+
+
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_a_hung_collective_loses_the_world_within_the_grace_period(kernel, world, method):
     first = ok(

@@ -124,7 +124,7 @@ def _serve(
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         if not group:
-            group.append(_rank.init_process_group(spec.backend, rank))
+            _join(group, spec.backend, rank)
         _run(job, rank, namespace, own)
         # in step: every collective this rank queued has completed (an interrupt meanwhile is the cell's)
         _rank.settle_devices(None, interruptible=True)
@@ -140,6 +140,25 @@ def _serve(
         signal.signal(signal.SIGINT, _ignore_interrupt)
     keep_in_step(rank, job, namespace, own)
     return outcome
+
+
+def _join(group: list[Any], backend: str, rank: int) -> None:
+    """The world's process group, made whole whatever interrupt comes while it is made.
+
+    A cell that one rank fails at once (its first line raises) makes the kernel interrupt the others
+    while some are still inside ``init_process_group``: the peers that got out have the group; one
+    interrupted in the middle would have half of it, and the next cell would make it again alone and
+    wait forever (or fail with "initialize the default process group twice").  The group is made by
+    every rank together, so an interrupt waits for it and is raised as soon as it is made: the rank
+    is back at the prompt with the group its peers have."""
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    try:
+        group.append(_rank.init_process_group(backend, rank))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
 
 
 def keep_in_step(rank: int, job: WorldJob, namespace: dict[str, Any], own: set[str]) -> None:
