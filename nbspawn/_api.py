@@ -111,14 +111,15 @@ launch.__doc__ = f"""Run the Python source ``cell`` on ``nprocs`` ranks and wait
 
 
 def worlds() -> dict[str, dict[str, Any]]:
-    """The kept worlds of this process: name -> ranks, pids, state, cells run, logs."""
-    from .executors._world import worlds as _worlds
+    """The kept worlds of this process (on this machine and on clusters): name -> ranks, pids, state,
+    cells run, logs."""
+    from ._launch import kept_worlds
 
-    return {name: world.status() for name, world in _worlds().items()}
+    return {name: world.status() for name, world in kept_worlds().items()}
 
 
 def stop(*names: str) -> list[str]:
     """Stop these kept worlds (all of them if no name is given); returns the names stopped."""
-    from .executors._world import stop as _stop
+    from ._launch import stop_worlds
 
-    return _stop(list(names) or None)
+    return stop_worlds(list(names) or None)

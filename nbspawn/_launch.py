@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
+from typing import Any
 
 from ._options import OPTIONS
 from ._program import parse_program
@@ -51,6 +52,10 @@ def start(request: RunRequest, view: RunView | None = None) -> Run:
 def plan(request: RunRequest, rich: bool) -> tuple[RunSpec, Executor]:
     """The spec and executor of ``request``; starts nothing (but a kept world that is new)."""
     refuse_combinations(request)
+    if request.world is not None and (request.cluster is not None or _on_a_cluster(request.world)):
+        from .cluster._world import plan_cluster_cell
+
+        return plan_cluster_cell(request, rich)
     if request.cluster is not None:
         from .cluster._executor import plan_cluster  # ipyparallel is needed only here
 
@@ -81,12 +86,46 @@ def refuse_combinations(request: RunRequest) -> None:
                 raise SpawnUsageError(f"{option.flags[-1]} does not apply to a program: {option.not_for_programs}")
     if request.nodes is not None and request.cluster is None:
         raise SpawnUsageError("--nodes needs --cluster NAME (or %config SpawnMagics.cluster)")
-    if request.cluster is not None and request.world is not None:
-        raise SpawnUsageError("--world does not work with --cluster yet: a cluster runs each cell on fresh ranks")
+    if request.cluster is not None and request.world is not None and request.program is None:
+        from .executors._world import worlds
+
+        if request.world in worlds():
+            raise SpawnUsageError(
+                f"world {request.world!r} is a kept world on this machine, not on --cluster {request.cluster}: "
+                f"leave --cluster out, or %spawn stop {request.world} first"
+            )
     if request.cluster is not None and request.background:
         raise SpawnUsageError("--bg does not work with --cluster yet: a cluster run holds the kernel until it ends")
     if request.world is not None and request.background:
         raise SpawnUsageError("--bg runs on fresh ranks: a kept world runs one cell at a time (use --fresh with --bg)")
+
+
+def _on_a_cluster(world: str) -> bool:
+    """Whether ``world`` names a kept world on a cluster (its later cells need not say --cluster)."""
+    module = sys.modules.get("nbspawn.cluster._world")  # none was made if it was never imported
+    return module is not None and module.is_cluster_world(world)
+
+
+def kept_worlds() -> dict[str, Any]:
+    """Every kept world of this kernel, on this machine and on clusters, by name."""
+    from .executors._world import worlds
+
+    module = sys.modules.get("nbspawn.cluster._world")
+    return {**worlds(), **(module.worlds() if module is not None else {})}
+
+
+def stop_worlds(names: list[str] | None) -> list[str]:
+    """Stop these kept worlds, wherever they run (all, if None); an unknown name is a usage error."""
+    from .executors import _world
+
+    module = sys.modules.get("nbspawn.cluster._world")
+    if module is None:
+        return _world.stop(names)
+    if names is None:
+        return [*_world.stop(None), *module.stop(None)]
+    remote = module.stop([n for n in names if module.is_cluster_world(n)])
+    local = [n for n in names if n not in remote]
+    return [*(_world.stop(local) if local else []), *remote]
 
 
 def _fresh_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, Executor]:

@@ -353,13 +353,13 @@ def report_background_failures(*_info: object) -> None:
 
 def _stop(names: list[str]) -> list[str]:
     """Stop these worlds and background runs (all of them if no name is given)."""
-    from .executors import _world
+    from ._launch import stop_worlds
     from .executors._registry import background_runs
 
     runs = background_runs()
     worlds = [n for n in names if n not in runs]
     chosen = [runs[n] for n in names if n in runs] if names else [r for r in runs.values() if not r.done]
-    stopped = _world.stop(worlds or None) if worlds or not names else []
+    stopped = stop_worlds(worlds or None) if worlds or not names else []
     for run in chosen:
         run.stop(by="%spawn stop")
     for run in chosen:
@@ -370,12 +370,12 @@ def _stop(names: list[str]) -> list[str]:
 
 def _where(names: list[str]) -> str:
     """Every rank's stack now, of these background runs and worlds (all running ones if none is named)."""
+    from ._launch import kept_worlds
     from ._rankdir import RankDir
     from .events._where import RankToAsk, where_now
-    from .executors import _world
     from .executors._registry import background_runs
 
-    runs, worlds = background_runs(), _world.worlds()
+    runs, worlds = background_runs(), kept_worlds()
     unknown = [n for n in names if n not in runs and n not in worlds]
     if unknown:
         known = ", ".join([*worlds, *(r for r, run in runs.items() if not run.done)]) or "none"
@@ -392,6 +392,9 @@ def _where(names: list[str]) -> str:
         text = where_now(asked, run.spec.cell, run.spec.program, run.spec.cell_numbers)
         parts.append(f"run {run.run_id} (background, {elapsed:.0f} s):\n{text or '  (no rank is running)'}")
     for world in chosen_worlds:
+        if not hasattr(world, "processes"):  # a cluster world: its nodes' agents would have to look
+            parts.append(f"world {world.name!r} ({world.state}, {world.cells} cells): on a cluster, where is not asked yet")
+            continue
         asked = [RankToAsk(r, pid, RankDir(world.spec.rank_dir(r)).stacks) for r, pid in enumerate(world.pids)]
         text = where_now(asked, None, idle="idle: waiting for the next cell")
         parts.append(f"world {world.name!r} ({world.state}, {world.cells} cells):\n{text}")
@@ -400,10 +403,10 @@ def _where(names: list[str]) -> str:
 
 def _status_table() -> str:
     """Kept worlds and background runs, one line each."""
-    from .executors import _world
+    from ._launch import kept_worlds
     from .executors._registry import background_runs
 
-    worlds, runs = _world.worlds(), background_runs()
+    worlds, runs = kept_worlds(), background_runs()
     if not worlds and not runs:
         return "no kept worlds or background runs (%%spawn --world NAME, %%spawn --bg)"
     rows = [("name", "kind", "ranks", "state", "cells/elapsed", "pids", "logs")]
@@ -413,7 +416,7 @@ def _status_table() -> str:
         rows.append(
             (
                 s["name"],
-                f"world {s['start_method']}/{s['backend']}",
+                s.get("kind") or f"world {s['start_method']}/{s['backend']}",
                 str(s["ranks"]),
                 s["state"],
                 f"{s['cells']} cells",

@@ -173,8 +173,9 @@ class RelayView(RunView):
 
     read_budget = READ_BUDGET
 
-    def __init__(self, offset: int, rich: bool, publish_every: float, publish: Any) -> None:
+    def __init__(self, offset: int, rich: bool, publish_every: float, publish: Any, alive: Any = None) -> None:
         self.offset = offset
+        self.alive = alive  # a kept world's: whether a (local) rank's process lives on after its cell
         self.rich = rich
         self.publish_every = publish_every
         self._publish_data = publish
@@ -204,7 +205,8 @@ class RelayView(RunView):
         self.batch.append(("s", rank + self.offset, lines))
 
     def rank_ended(self, run: Run, state: RankState) -> None:
-        self.batch.append(("e", state.rank + self.offset, _end_record(state)))
+        died = self.alive is None or not self.alive(state.rank)
+        self.batch.append(("e", state.rank + self.offset, _end_record(state, died)))
         if state.status == "failed":
             self._send_pids(run)
             self._publish()  # the kernel stops the other nodes on it: no waiting
@@ -259,7 +261,7 @@ class RelayView(RunView):
         self.batch, self.chars, self.last = [], {}, time.monotonic()
 
 
-def _end_record(state: RankState) -> _wire.EndRecord:
+def _end_record(state: RankState, died: bool) -> _wire.EndRecord:
     """How a rank ended, with its error record and stack dump: what the kernel's supervisor reads."""
     failure = state.failure
     stacks = state.read_stacks(STACKS_SENT)  # the dump taken when it was stopped
@@ -271,6 +273,7 @@ def _end_record(state: RankState) -> _wire.EndRecord:
         # a program's last words when it left no error record (the node's path, as it will be shown)
         "tail": failure.traceback if failure and not failure.exc_type and not failure.stopped else None,
         "ended_at": state.ended_at,
+        "died": died,
     }
 
 
@@ -337,6 +340,7 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
         "run_dir": run.run_dir,
         "status": run.status,
         "next_port": next_port,  # held for the next run: it needs no probe to know node 0's port
+        "lost": None,
     }
 
 

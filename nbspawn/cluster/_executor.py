@@ -158,7 +158,6 @@ class ClusterRanks(Executor):
             state.node = self.cluster.node_of(state.rank).label
         self.pipes = [os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC) for _ in run.ranks]
         run.node_batches = [0] * len(self.cluster.nodes)
-        client = self.cluster.client
         try:
             for node in self.cluster.nodes:
                 spot: _wire.Spot = {
@@ -170,7 +169,7 @@ class ClusterRanks(Executor):
                     "master_port": self.cluster.master_port,
                     "cuda_visible": node.cuda_visible,
                 }
-                result = client[node.agent].apply_async(_agent.run_node, self.job, spot)
+                result = self._call_agent(node.agent, spot)
                 result.add_done_callback(self._wake(node.index))
                 self.results[node.index] = result
                 self.inboxes[node.index] = result.metadata["data"]
@@ -180,6 +179,10 @@ class ClusterRanks(Executor):
             raise
         self.last_beat = time.monotonic()
         return [0] * len(run.ranks)
+
+    def _call_agent(self, agent: int, spot: _wire.Spot) -> Any:
+        """The node's part of the run, asked of its agent (an ``AsyncResult``)."""
+        return self.cluster.client[agent].apply_async(_agent.run_node, self.job, spot)
 
     def waitables(self, rank: int) -> list[Any]:
         return [self.pipes[rank][0]]
@@ -322,7 +325,7 @@ class ClusterRanks(Executor):
             with open(state.stacks_path, "w", encoding="utf-8") as fh:
                 fh.write(record["stacks"])
         self.reported.add(rank)
-        self.ends[rank] = (int(record["exit_code"] or 0), True)
+        self.ends[rank] = (int(record["exit_code"] or 0), bool(record.get("died", True)))
         os.write(self.pipes[rank][1], b"x")
 
     def _answered(self, index: int, events: list[Event]) -> None:
@@ -348,7 +351,7 @@ class ClusterRanks(Executor):
         self._drain(index, events, until=int(answer["last_seq"]))
         self._apply(index, answer["final"], events)
         self.answered[index] = answer
-        if index == 0:
+        if index == 0 and answer["next_port"] is not None:  # a kept world's later cells take no new port
             remember_port(self.cluster.client, self.cluster.nodes[0].agent, answer["next_port"])
         self._lost(index, "its agent ended without reporting every rank")
 
@@ -366,5 +369,6 @@ class ClusterRanks(Executor):
                 "stacks": "",
                 "tail": None,
                 "ended_at": time.time(),
+                "died": True,
             }
             self._ended(rank, record)

@@ -50,6 +50,7 @@ class EndRecord(TypedDict):
     stacks: str  # its stacks.log, cut to what is sent
     tail: str | None  # a program's last words when it left no error record
     ended_at: float | None
+    died: bool  # the process ended (a fresh rank always; a kept world's rank only when the world is lost)
 
 
 Started = tuple[Literal["started"], list[tuple[int, int | None]], str]
@@ -69,6 +70,7 @@ class Answer(TypedDict):
     run_dir: str
     status: str
     next_port: int | None  # node 0: the port held for the next run's TCPStore
+    lost: str | None  # a kept world's cell: why the node's part of the world was lost (None: it lives on)
 
 
 def batch_key(seq: int) -> str:

@@ -270,7 +270,7 @@ def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
     shared = pick_shared(share_names, request.namespace, method, ranks_started=world is not None, ranks_visible=ranks_visible)
     payload = pack_namespace(tree, request.namespace, request.hidden, shared)
     if world is None:
-        world = _start(name, spec)
+        world = start_world(name, spec)
         _lost.pop(name, None)
     run_id = new_run_id()
     cspec = replace(
@@ -357,7 +357,7 @@ def _check_settings(world: World, settings: Settings) -> None:
         )
 
 
-def _start(name: str, spec: RunSpec) -> World:
+def start_world(name: str, spec: RunSpec) -> World:
     """A new world, started with the settings of ``spec`` (its first cell's); its ranks print
     between cells to ``<log-dir>/<run-id>-world-<name>/``."""
     base = os.path.dirname(spec.run_dir)

@@ -47,9 +47,10 @@ class WorldJob:
     env: dict[str, str] = field(default_factory=dict)
     shared: tuple[str, ...] = ()  # the --share names: released after the cell (CUDA IPC reference counts)
     grace: float = 5.0  # how long a rank may take to bring its GPU in step once the cell failed or was interrupted
+    rank_offset: int = 0  # a cluster node's part of a world: its first global rank (directories are by global rank)
 
     def rank_dir(self, rank: int) -> str:
-        return os.path.join(self.run_dir, str(rank))
+        return os.path.join(self.run_dir, str(self.rank_offset + rank))
 
 
 def _ignore_interrupt(signum: int, frame: Any) -> None:

@@ -1,0 +1,181 @@
+"""A node's part of a kept world on a cluster: what the agent keeps between cells.
+
+A cluster world is a local kept world on every node (``nbspawn.executors._world.World``, the same
+rank loop, the same :class:`~nbspawn.executors._world.WorldCell` executor and failure policy), whose
+ranks are numbered globally and share one process group across the nodes.  The kernel calls, on each
+node's agent:
+
+* :func:`run_world_cell` for every cell: the first one starts the node's ranks (and node 0's agent
+  hosts the world's TCPStore, which lives as long as the world); every one hands the cell to them
+  and relays what they report, as :func:`nbspawn.cluster._agent.run_node` does for a fresh run;
+* :func:`stop_world` when the world is stopped or lost.
+
+Engines outlive kernels.  Between cells no ``apply`` runs, so a thread of the agent (started with
+the node's first world) watches the kernel's heartbeat, which the kernel keeps sending while it has
+a world here: silence for :data:`~nbspawn.cluster._agent.HEARTBEAT_LOST` seconds and the node's
+worlds are stopped, leaving nothing running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+from typing import Any
+
+from .._options import parse_env
+from .._spec import Placement, build_spec
+from ..executors import _world
+from ..executors._world import WorldCell
+from . import _agent, _wire
+
+_stores: dict[str, Any] = {}  # node 0: each world's TCPStore, alive as long as the world
+_cell_running = threading.Event()  # a cell's apply watches the heartbeat itself
+_watcher: threading.Thread | None = None
+_lock = threading.Lock()  # a cell, a stop and the watcher never change the node's worlds at once
+
+
+class _NodeWorldCell(WorldCell):
+    """A cell on the node's part of a world, watched closely (a stop from the kernel within 50 ms)."""
+
+    poll_max = 0.05
+    watches_hangs = False
+
+
+def run_world_cell(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> _wire.Answer:
+    """Hand one cell to this node's ranks of world ``name`` (started first if ``first``); relay what
+    they report; answer as :func:`~nbspawn.cluster._agent.run_node` does, with the world's fate."""
+    import cloudpickle
+
+    from ..executors._supervisor import execute
+    from ..handoff._shm import Payload, forget_arrivals, new_run_prefix
+    from ..ranks._world import WorldJob
+
+    _agent._install_handlers()
+    _agent._stop_asked, _agent._last_beat = False, time.monotonic()
+    forget_arrivals()
+    with _lock:
+        _cell_running.set()
+        try:
+            world, next_port = _world_for(job, node, name, first)
+            view = _agent.RelayView(
+                node["offset"],
+                job["rich"],
+                job["publish_every"],
+                _agent._publisher(),
+                alive=lambda r: world.processes[r].is_alive(),
+            )
+            out_names = tuple(job["out_names"])
+            names = cloudpickle.loads(job["names"]) if job["names"] else {}
+            run_id = job["run_id"]
+            spec = dataclasses.replace(
+                world.spec,
+                run_id=run_id,
+                run_dir=f"{world.base_dir}/{run_id}",
+                cell=job["cell"],
+                timeout=None,  # the kernel keeps the time, and stops every node at once
+                out_names=out_names,
+                shm_prefix=new_run_prefix() if out_names else None,
+                rich=job["rich"],
+                notes=(),
+            )
+            cell = WorldJob(
+                job["cell"], spec.run_dir, run_id, Payload(names), out_names, spec.shm_prefix,
+                grace=spec.grace_period, rank_offset=node["offset"],
+            )  # fmt: skip
+            with _agent._working_directory(job["cwd"]):
+                run = execute(spec, view, _NodeWorldCell(world, cell))
+            if run.world_lost:
+                _release(name)
+        finally:
+            _cell_running.clear()
+    missing = getattr(run.error, "missing", None) or []
+    return {
+        "last_seq": view.seq,
+        "final": view.final,
+        "outputs": run.outputs,
+        "missing": [(rank + node["offset"], name) for rank, name in missing],
+        "run_dir": run.run_dir,
+        "status": run.status,
+        "next_port": next_port,
+        "lost": run.world_lost,
+    }
+
+
+def _world_for(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> tuple[_world.World, int | None]:
+    """The node's ranks of the world: started now for its first cell (node 0's agent hosts its store
+    and holds a new port for the next fresh run), else the ones kept."""
+    world = _world.worlds().get(name)
+    if not first:
+        if world is None or world.state in ("lost", "stopped"):
+            raise RuntimeError(
+                f"this node no longer has ranks of world {name!r} (its engine restarted, or the kernel went silent)"
+            )
+        return world, None
+    if world is not None:  # a part left by a kernel that died, under the same name: not this world
+        _stop_here(name)
+    settings = job["settings"]
+    user_env = parse_env(settings.env)
+    node_env = _agent._socket_interface(node["master_addr"], user_env)
+    if node.get("cuda_visible") is not None and "CUDA_VISIBLE_DEVICES" not in user_env:
+        node_env["CUDA_VISIBLE_DEVICES"] = str(node["cuda_visible"])
+    settings = dataclasses.replace(settings, env={**node_env, **user_env})
+    placement = Placement(
+        master_addr=node["master_addr"],
+        master_port=node["master_port"],
+        rank_offset=node["offset"],
+        world_size=node["world_size"],
+        node_rank=node["index"],
+        nnodes=node["nnodes"],
+    )
+    with _agent._working_directory(job["cwd"]):
+        spec = build_spec(job["cell"], settings, rich=job["rich"], run_id=job["run_id"], placement=placement)
+    next_port = None
+    if node["index"] == 0:
+        _stores[name] = _agent._host_store(spec)
+        next_port = _agent._reserve(spec.master_addr)  # the next fresh run's, told to the kernel
+    world = _world.start_world(name, spec)
+    _watch_the_kernel()
+    return world, next_port
+
+
+def stop_world(name: str) -> bool:
+    """Stop this node's ranks of world ``name`` (nothing of them is left); False if it had none."""
+    with _lock:
+        return _stop_here(name)
+
+
+def _stop_here(name: str) -> bool:
+    had = name in _world.worlds()
+    if had:
+        with contextlib.suppress(Exception):
+            _world.stop([name])
+    _release(name)
+    return had
+
+
+def _release(name: str) -> None:
+    store = _stores.pop(name, None)
+    del store  # node 0's TCPStore of the world: its port is free again
+
+
+def _watch_the_kernel() -> None:
+    """One thread per agent while it has worlds: a kernel silent between cells loses them all."""
+    global _watcher
+    if _watcher is not None and _watcher.is_alive():
+        return
+    _watcher = threading.Thread(target=_watch, name="nbspawn-world-watch", daemon=True)
+    _watcher.start()
+
+
+def _watch() -> None:
+    while _world.worlds():
+        time.sleep(_agent.HEARTBEAT_EVERY)
+        if _cell_running.is_set() or time.monotonic() - _agent._last_beat <= _agent.HEARTBEAT_LOST:
+            continue
+        with _lock:
+            if _cell_running.is_set():
+                continue
+            for name in list(_world.worlds()):
+                _stop_here(name)

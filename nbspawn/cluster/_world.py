@@ -1,0 +1,326 @@
+"""Kept worlds on a cluster: ranks on several nodes that run cell after cell.
+
+    %%spawn --cluster rc --world w -n 2 --backend gloo     # 2 ranks on each node, kept
+    import torch, torch.distributed as dist
+    model = torch.nn.Linear(4, 4)
+
+    %%spawn --world w                                       # the same ranks, on the same nodes
+    print(dist.get_rank(), model.weight.sum())
+
+A cluster world is a local kept world on each node (``_nodeworld``), with global ranks and one
+process group across the nodes.  In the kernel, :class:`ClusterWorld` remembers where it lives, and
+each cell is a cluster run (:class:`ClusterWorldCell`, the cluster executor with ``keeps_ranks``):
+one ``apply`` per node's agent, one view, the one supervisor and the world failure policy, so a
+failed cell interrupts the others and the world survives when every rank comes back; a rank or node
+that dies loses it everywhere.
+
+The ipyparallel client is not thread-safe, and it is the user's.  Only the kernel's main thread
+uses it (a cell, a stop).  Between cells the nodes must still hear that the kernel lives (engines
+outlive kernels; an agent that hears nothing for a few seconds stops its worlds): a thread of the
+kernel sends that heartbeat through a *companion* client of its own, connected to the same
+controller, never through the user's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._options import parse_kb, parse_ranks, parse_seconds, parse_world_name
+from .._request import RunRequest
+from .._run import Run
+from .._spec import RunSpec, new_run_id, run_directory
+from ..errors import SpawnUsageError
+from . import _agent, _nodeworld, _wire
+from ._executor import ClusterRanks, plan_cluster
+from ._plan import ClusterPlan, resolve_client
+
+STOP_TIMEOUT = 15.0  # how long a node's agent may take to stop its ranks of a world
+
+_worlds: dict[str, ClusterWorld] = {}
+_lost: dict[str, str] = {}  # name -> why, said once by the next cell naming it
+
+
+@dataclass
+class ClusterWorld:
+    """Where a kept world lives: its nodes and agents, what each of its cells sends them."""
+
+    name: str
+    spec: RunSpec  # its first cell's: ranks, backend, environment
+    cluster: ClusterPlan
+    node_settings: Any  # the Settings each node's ranks were started with
+    state: str = "starting"  # starting | idle | running | lost | stopped
+    cells: int = 0
+    pids: list[int | None] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+    lost_because: str | None = None
+
+    @property
+    def agents(self) -> list[int]:
+        return [node.agent for node in self.cluster.nodes]
+
+    def settings(self) -> str:
+        env = " ".join(f"--env {k}={v}" for k, v in self.spec.env.items())
+        text = f"{len(self.cluster.nodes)} nodes x -n {self.cluster.ranks_per_node} --backend {self.spec.backend}"
+        return text + (f" {env}" if env else "")
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": f"cluster world {len(self.cluster.nodes)} nodes/{self.spec.backend}",
+            "ranks": self.spec.nprocs,
+            "pids": [p for p in self.pids if p] if self.state not in ("stopped", "lost") else [],
+            "state": self.state,
+            "cells": self.cells,
+            "start_method": self.cluster.start_method,
+            "backend": self.spec.backend,
+            "age": time.time() - self.started_at,
+            "logs": ", ".join(f"{n.hostname}:{os.path.dirname(self.spec.run_dir)}" for n in self.cluster.nodes),
+        }
+
+    def stop(self) -> None:
+        """Every node's ranks of the world leave; nothing of it is left on any node."""
+        if self.state == "stopped":
+            return
+        self._stop_nodes()
+        if self.state != "lost":
+            self.state = "stopped"
+
+    def lose(self, why: str) -> None:
+        self.state, self.lost_because = "lost", why
+        _worlds.pop(self.name, None)
+        _lost[self.name] = why
+        self._stop_nodes()
+
+    def _stop_nodes(self) -> None:
+        _worlds.pop(self.name, None)
+        _heartbeat.forget(self)
+        client = self.cluster.client
+        pending = []
+        for agent in self.agents:
+            with contextlib.suppress(Exception):  # an engine that is gone took its ranks with it
+                pending.append(client[agent].apply_async(_nodeworld.stop_world, self.name))
+        for result in pending:
+            with contextlib.suppress(Exception):
+                result.get(timeout=STOP_TIMEOUT)
+
+
+def worlds() -> dict[str, ClusterWorld]:
+    """The cluster worlds of this kernel, by name."""
+    return dict(_worlds)
+
+
+def is_cluster_world(name: str) -> bool:
+    return name in _worlds
+
+
+def stop(names: list[str] | None = None) -> list[str]:
+    """Stop these cluster worlds (all, if None); names that are not cluster worlds are not ours."""
+    chosen = [n for n in (names or list(_worlds)) if n in _worlds or n in _lost]
+    for name in chosen:
+        _lost.pop(name, None)
+        if name in _worlds:
+            _worlds[name].stop()
+    return chosen
+
+
+def plan_cluster_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, ClusterWorldCell]:
+    """A cell on cluster world ``request.world``: the world planned and checked if it is new (as a
+    cluster run is), else this cell's own options checked against it.  Starts nothing."""
+    from ..handoff._names import parse_names, pickle_names
+
+    assert request.world is not None and request.cell is not None  # the dispatch sends only world cells here
+    name = parse_world_name(request.world)
+    world = _worlds.get(name)
+    notes: tuple[str, ...] = ()
+    if name in _lost and world is None:
+        notes = (
+            f"nbspawn: world {name!r} was lost ({_lost[name]}); this cell starts a new one: run the cells that set it up again.",
+        )
+    if world is None:
+        spec, fresh = plan_cluster(request, rich)
+        world = ClusterWorld(name, spec, fresh.cluster, fresh.job["settings"])
+        return dataclasses.replace(spec, notes=(*spec.notes, *notes)), ClusterWorldCell(
+            spec, fresh.cluster, fresh.job, world, first=True
+        )
+    _check_settings(world, request)
+    settings = request.settings
+    if request.share:
+        raise SpawnUsageError("--share does not work on a cluster: memory cannot be shared across machines; use --out")
+    out_names = parse_names(request.out, "--out")
+    timeout = parse_seconds(settings.timeout, "--timeout", allow_zero=False)
+    grace = parse_seconds(settings.grace_period, "--grace-period", allow_zero=True)
+    shown = parse_ranks(settings.ranks, world.spec.nprocs)
+    parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb")
+    names = pickle_names(request.cell.parse(), request.namespace, request.hidden)
+    run_id = new_run_id()
+    spec = dataclasses.replace(
+        world.spec,
+        run_id=run_id,
+        run_dir=run_directory(None, run_id),
+        cell=request.cell,
+        timeout=timeout,
+        grace_period=world.spec.grace_period if grace is None else grace,
+        shown_ranks=shown,
+        out_names=out_names,
+        cell_numbers=dict(request.cell_numbers),
+        rich=rich,
+        notes=(),
+    )
+    job = _wire.Job(
+        run_id=run_id,
+        cell=request.cell,
+        program=None,
+        names=names,
+        out_names=list(out_names),
+        settings=world.node_settings,
+        rich=rich,
+        cwd=os.getcwd(),
+        publish_every=0.1 * len(world.cluster.nodes),
+    )
+    return spec, ClusterWorldCell(spec, world.cluster, job, world, first=False)
+
+
+def _check_settings(world: ClusterWorld, request: RunRequest) -> None:
+    """A cell cannot change a world that runs: its nodes, ranks, backend or environment."""
+    given, settings = request.settings.given, request.settings
+    clash = []
+    if request.cluster is not None:
+        client, _ids = resolve_client(request.cluster, request.namespace)
+        if client is not world.cluster.client:
+            clash.append(f"--cluster {request.cluster} (another controller's engines)")
+    if request.nodes is not None and str(request.nodes) != str(len(world.cluster.nodes)):
+        clash.append(f"--nodes {request.nodes}")
+    if "-n" in given and str(settings.nprocs) != str(world.cluster.ranks_per_node):
+        clash.append(f"-n {settings.nprocs}")
+    if "--backend" in given and settings.backend not in (None, "auto", world.spec.backend):
+        clash.append(f"--backend {settings.backend}")
+    if "--env" in given and settings.env and dict(world.spec.env) != dict(_env(settings.env)):
+        clash.append("--env")
+    if clash:
+        raise SpawnUsageError(
+            f"world {world.name!r} runs with {world.settings()}; this cell asks for {', '.join(clash)}. "
+            f"Leave those options out, or %spawn stop {world.name} first."
+        )
+
+
+def _env(value: Any) -> dict[str, str]:
+    from .._options import parse_env
+
+    return parse_env(value)
+
+
+class ClusterWorldCell(ClusterRanks):
+    """One cell on a cluster world: the cluster executor, over ranks that outlive the cell."""
+
+    keeps_ranks = True
+
+    def __init__(self, spec: RunSpec, cluster: ClusterPlan, job: _wire.Job, world: ClusterWorld, first: bool) -> None:
+        super().__init__(spec, cluster, job)
+        self.world = world
+        self.first = first
+        self.failing: set[int] = set()  # nodes that reported a failed rank: they interrupt their own ranks
+
+    def start(self, run: Run) -> list[int]:
+        world = self.world
+        if self.first:
+            _worlds[world.name] = world
+            _lost.pop(world.name, None)
+            _heartbeat.keep(world)
+        world.state = "running"
+        world.cells += 1
+        run.world, run.world_cell = world.name, world.cells
+        try:
+            return super().start(run)
+        except BaseException:
+            self.world.lose("its cell could not be sent to every node")
+            raise
+
+    def _call_agent(self, agent: int, spot: _wire.Spot) -> Any:
+        return self.cluster.client[agent].apply_async(_nodeworld.run_world_cell, self.job, spot, self.world.name, self.first)
+
+    def signal_ranks(self, ranks: list[int], pids: list[int], sig: int) -> None:
+        """An interrupt after a failure goes to the other nodes only: a node whose rank failed is
+        already interrupting its own ranks (a second interrupt there would lose its part)."""
+        if sig == signal.SIGINT:
+            ranks = [r for r in ranks if self.cluster.node_of(r).index not in self.failing]
+        if ranks:
+            super().signal_ranks(ranks, pids, sig)
+
+    def _ended(self, rank: int, record: _wire.EndRecord) -> None:
+        if record["error"] is not None and record["exit_code"]:
+            self.failing.add(self.cluster.node_of(rank).index)
+        super()._ended(rank, record)
+
+    def cleanup(self, lose: bool) -> None:
+        super().cleanup(lose)
+        world = self.world
+        assert self.run is not None  # started
+        world.pids = [state.pid for state in self.run.ranks]
+        lost = [a["lost"] for a in self.answered.values() if a is not None and a.get("lost")]
+        if lose or lost or None in self.answered.values():
+            world.lose(self.run.world_lost or (lost[0] if lost and lost[0] else "a node was lost"))
+        else:
+            world.state = "idle"
+
+
+class _Heartbeat:
+    """The kernel's heartbeat to the agents of its cluster worlds, between cells, from a thread that
+    uses a companion client (the user's is not thread-safe)."""
+
+    def __init__(self) -> None:
+        self.worlds: dict[str, ClusterWorld] = {}
+        self.companions: dict[int, Any] = {}  # id(user's client) -> the companion client
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def keep(self, world: ClusterWorld) -> None:
+        client = world.cluster.client
+        if id(client) not in self.companions:
+            self.companions[id(client)] = companion_client(client)  # in the main thread: it may take a moment
+        with self.lock:
+            self.worlds[world.name] = world
+        if self.thread is None or not self.thread.is_alive():
+            self.thread = threading.Thread(target=self._beat, name="nbspawn-cluster-heartbeat", daemon=True)
+            self.thread.start()
+
+    def forget(self, world: ClusterWorld) -> None:
+        with self.lock:
+            self.worlds.pop(world.name, None)
+            users = {id(w.cluster.client) for w in self.worlds.values()}
+            for key in [k for k in self.companions if k not in users]:
+                with contextlib.suppress(Exception):
+                    self.companions.pop(key).close()
+
+    def _beat(self) -> None:
+        while True:
+            with self.lock:
+                if not self.worlds:
+                    return
+                for world in self.worlds.values():
+                    companion = self.companions.get(id(world.cluster.client))
+                    if companion is not None:
+                        with contextlib.suppress(Exception):
+                            companion.send_signal(int(_agent.HEARTBEAT_SIGNAL), targets=world.agents, block=False)
+            time.sleep(_agent.HEARTBEAT_EVERY)
+
+
+_heartbeat = _Heartbeat()
+
+
+def companion_client(client: Any) -> Any:
+    """A second client of the controller ``client`` is connected to, for nbspawn's own threads."""
+    import ipyparallel as ipp
+
+    config = dict(client._config)
+    for key in ("control", "task", "mux", "iopub", "notification", "registration", "broadcast"):
+        value = config.get(key)
+        if isinstance(value, str) and "://" in value:  # the client turned ports into urls: back to ports
+            config[key] = int(value.rsplit(":", 1)[1])
+    return ipp.Client(config)

@@ -1,0 +1,138 @@
+"""Kept worlds on a cluster (issue #20): ranks on two nodes (real ipyparallel engines posing as nodes)
+that keep their state and process group across cells, survive a failed cell, are lost (naming the
+node) when an engine dies, and leave nothing on any node after a stop or the kernel's death."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+from cluster_harness import (
+    assert_nothing_left,
+    connected_kernel,
+    engines_idle,
+    rank_processes,
+    ranks_on_every_node,
+    wait_for_ranks,
+)
+from cluster_nodes import LocalNodes
+from kernel_harness import execute, ok, rank_lines, run
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    with LocalNodes(nodes=2, engines_per_node=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def kernel(nodes):
+    with connected_kernel(nodes) as k:
+        yield k
+
+
+def world_pids(nodes) -> dict[int, list[int]]:
+    return {engine: sorted(p.pid for p in kids) for engine, kids in rank_processes(nodes).items()}
+
+
+def test_state_and_group_kept_across_three_cells_on_two_nodes(kernel, nodes):
+    ok(kernel, "lr = 0.1")
+    first = ok(
+        kernel,
+        "%%spawn --cluster rc --world cw -n 2 --backend gloo\nimport os, torch, torch.distributed as dist\n"
+        "t = torch.ones(1) * (dist.get_rank() + 1)\nseen = lr\nprint('pid', os.getpid(), 'node', os.environ['NBSPAWN_NODE'])",
+    )
+    assert "nbspawn: 2 nodes x 2 ranks" in first.stdout
+    before = world_pids(nodes)
+    assert all(len(p) == 2 for p in before.values()), before
+    ok(kernel, "lr = 0.5")
+    second = ok(kernel, "%%spawn --world cw\ndist.all_reduce(t)\nprint('sum', t.item(), 'seen', seen, 'lr', lr)")
+    ok(kernel, "%%spawn --world cw --out where\nwhere = (dist.get_rank(), os.getpid(), t.item())")
+    for rank in range(4):
+        assert rank_lines(second.stdout, rank) == ["sum 10.0 seen 0.1 lr 0.5"], second.stdout
+    got = json.loads(ok(kernel, "import json\nprint(json.dumps(where))").stdout)
+    pids = [int(re.search(r"pid (\d+)", " ".join(rank_lines(first.stdout, r))).group(1)) for r in range(4)]
+    assert [g[0] for g in got] == [0, 1, 2, 3] and [g[1] for g in got] == pids and all(g[2] == 10.0 for g in got)
+    assert world_pids(nodes) == before  # the same processes, no more
+    status = ok(kernel, "%spawn status").stdout
+    assert re.search(r"^cw\s+cluster world 2 nodes/gloo\s+4\s+idle\s+3 cells", status, re.M), status
+    fresh = ok(kernel, "%%spawn --cluster rc -n 1\nimport os\nprint('fresh', os.environ['RANK'])")  # a fresh run beside the world
+    assert "fresh 0" in fresh.stdout and "fresh 1" in fresh.stdout
+    assert ok(kernel, "%spawn stop cw").stdout.strip()
+    assert_nothing_left(nodes)
+
+
+def test_a_failed_cell_interrupts_every_node_and_the_world_survives(kernel, nodes):
+    ok(
+        kernel,
+        "%%spawn --cluster rc --world fw -n 2 --backend gloo\nimport torch, torch.distributed as dist\nx = dist.get_rank()",
+    )
+    failed = run(
+        kernel,
+        "%%spawn --world fw\nimport time\nif dist.get_rank() == 3:\n    raise ValueError('node 1 fails')\ntime.sleep(60)",
+    )
+    assert failed.status == "error" and "ValueError: node 1 fails" in failed.error_text, failed.error_text
+    assert "World 'fw' is intact" in failed.error_text, failed.error_text
+    again = ok(kernel, "%%spawn --world fw\nt = torch.ones(1)\ndist.all_reduce(t)\nprint('x', x, 'sum', t.item())")
+    for rank in range(4):
+        assert rank_lines(again.stdout, rank) == [f"x {rank} sum 4.0"], again.stdout
+    ok(kernel, "%spawn stop fw")
+    assert_nothing_left(nodes)
+
+
+def test_options_that_contradict_a_cluster_world_are_refused(kernel, nodes):
+    ok(kernel, "%%spawn --cluster rc --world ow -n 1 --backend gloo\ny = 1")
+    refused = run(kernel, "%%spawn --world ow -n 2\nprint(y)")
+    assert refused.status == "error" and refused.error.ename == "UsageError", refused.error_text
+    assert "world 'ow' runs with 2 nodes x -n 1 --backend gloo; this cell asks for -n 2" in refused.error.evalue
+    shared = run(kernel, "%%spawn --world ow --share y\nprint(y)")
+    assert shared.status == "error" and "--share does not work on a cluster" in shared.error.evalue
+    ok(kernel, "%spawn stop ow")
+    assert_nothing_left(nodes)
+
+
+def test_kernel_death_leaves_nothing_of_a_world_between_cells(nodes):
+    with connected_kernel(nodes) as k:
+        ok(k, "%%spawn --cluster rc --world kw -n 2 --backend gloo\nimport torch\nz = 1")
+        wait_for_ranks(nodes, ranks_on_every_node(nodes))
+        time.sleep(4)  # longer than an agent waits for a heartbeat: between cells the kernel still beats
+        ranks = [p for kids in rank_processes(nodes).values() for p in kids]
+        assert len(ranks) == 4 and all(p.is_running() for p in ranks), ranks
+        os.kill(k.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        _gone, alive = psutil.wait_procs(ranks, timeout=20)
+        print(f"the world's ranks were gone {time.monotonic() - killed:.2f} s after the kernel was killed")
+        assert not alive, alive
+    assert_nothing_left(nodes)
+    engines_idle(nodes)
+
+
+def test_an_engine_that_dies_loses_the_world_naming_its_node(kernel, nodes):
+    """Last in this module: node 1 has no engine afterwards."""
+    ok(kernel, "%%spawn --cluster rc --world dw -n 2 --backend gloo\nimport time")
+    agent = sorted(nodes.engine_pids)[1]
+
+    def kill() -> None:
+        time.sleep(1.5)
+        nodes.kill_engine(agent)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    result = execute(kernel.client, "%%spawn --world dw\ntime.sleep(60)", timeout=60)
+    thread.join()
+    assert result.status == "error", result.stdout
+    text = result.error.traceback_text
+    assert "node 1 (" in text and "was lost: its engine" in text, text
+    assert "The world 'dw' was lost" in text, text
+    del nodes.engine_pids[agent]
+    assert_nothing_left(nodes)
+    status = ok(kernel, "%spawn status").stdout
+    assert "dw" not in status, status
