@@ -94,8 +94,6 @@ def refuse_combinations(request: RunRequest) -> None:
                 f"world {request.world!r} is a kept world on this machine, not on --cluster {request.cluster}: "
                 f"leave --cluster out, or %spawn stop {request.world} first"
             )
-    if request.cluster is not None and request.background:
-        raise SpawnUsageError("--bg does not work with --cluster yet: a cluster run holds the kernel until it ends")
     if request.world is not None and request.background:
         raise SpawnUsageError("--bg runs on fresh ranks: a kept world runs one cell at a time (use --fresh with --bg)")
 

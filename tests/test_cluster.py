@@ -177,8 +177,7 @@ def test_bad_input_is_a_short_error_and_starts_nothing(kernel, nodes):
     before = rank_processes(nodes)
     cases = {
         "%%spawn --cluster rc --share base\npass": "--share does not work on a cluster",
-        "%%spawn --cluster rc --world w\npass": "--world does not work with --cluster",
-        "%%spawn --cluster rc --bg\npass": "--bg does not work with --cluster",
+        "%%spawn --cluster rc --world w --bg\npass": "--bg runs on fresh ranks",
         "%%spawn --cluster rc --nodes 3\npass": "--nodes 3: the cluster has 2 node(s)",
         "%%spawn --cluster nope\npass": "--cluster nope: no such name in this kernel",
         "%%spawn --cluster base\npass": "not an ipyparallel Client",

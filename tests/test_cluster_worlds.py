@@ -1,6 +1,7 @@
-"""Kept worlds on a cluster (issue #20): ranks on two nodes (real ipyparallel engines posing as nodes)
-that keep their state and process group across cells, survive a failed cell, are lost (naming the
-node) when an engine dies, and leave nothing on any node after a stop or the kernel's death."""
+"""Worlds and background runs on a cluster (issue #20), on real ipyparallel engines posing as two
+nodes: kept worlds keep their state and process group across cells, survive a failed cell, are lost
+(naming the node) when an engine dies, and leave nothing on any node after a stop or the kernel's
+death; background runs leave the kernel free, are waited for or stopped."""
 
 from __future__ import annotations
 
@@ -111,6 +112,33 @@ def test_kernel_death_leaves_nothing_of_a_world_between_cells(nodes):
         _gone, alive = psutil.wait_procs(ranks, timeout=20)
         print(f"the world's ranks were gone {time.monotonic() - killed:.2f} s after the kernel was killed")
         assert not alive, alive
+    assert_nothing_left(nodes)
+    engines_idle(nodes)
+
+
+def test_a_background_run_across_nodes_leaves_the_kernel_free_and_is_waited_for(kernel, nodes):
+    started = time.monotonic()
+    ok(kernel, "%%spawn --cluster rc --bg -n 2 --out r\nimport os, time\ntime.sleep(3)\nr = int(os.environ['RANK']) * 7")
+    ok(kernel, "import nbspawn\nbg = nbspawn.last_run()")
+    assert time.monotonic() - started < 10
+    assert ok(kernel, "print(bg.done, 6 * 7)").stdout.split() == ["False", "42"]  # the kernel runs other cells
+    busy = run(kernel, "%%spawn --cluster rc\npass")
+    assert busy.status == "error" and busy.error.ename == "UsageError", busy.error_text
+    assert "the cluster's engines run background run" in busy.error.evalue and "run.wait()" in busy.error.evalue
+    assert "background cell" in ok(kernel, "%spawn status").stdout
+    ok(kernel, "bg.wait()")
+    assert ok(kernel, "print(bg.status, r)").stdout.strip() == "succeeded [0, 7, 14, 21]"
+    assert_nothing_left(nodes)
+    ok(kernel, "%%spawn --cluster rc -n 1\nprint('after')")  # the engines are free again, the port book right
+
+
+def test_a_background_run_across_nodes_is_stopped(kernel, nodes):
+    ok(kernel, "%%spawn --cluster rc --bg -n 2\nimport time\ntime.sleep(300)")
+    ok(kernel, "import nbspawn\nlong = nbspawn.last_run()")
+    wait_for_ranks(nodes, ranks_on_every_node(nodes))
+    stopped = ok(kernel, "%spawn stop {long.run_id}")
+    assert "stopped" in stopped.stdout, stopped.stdout
+    assert ok(kernel, "print(long.done, long.status)").stdout.split() == ["True", "stopped"]
     assert_nothing_left(nodes)
     engines_idle(nodes)
 

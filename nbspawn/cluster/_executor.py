@@ -18,6 +18,7 @@ errors are the ones a local run has.  What differs is how ranks are seen and rea
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import threading
@@ -44,7 +45,7 @@ from ..errors import SpawnUsageError
 from ..events._streams import Event
 from ..executors._base import Executor
 from . import _agent, _wire
-from ._plan import ClusterPlan, plan, remember_port, resolve_client
+from ._plan import ClusterPlan, companion_client, hold, plan, refuse_if_busy, release, remember_port, resolve_client
 
 FINAL_WAIT = 10.0  # after its ranks ended, how long a node's agent may take to clean up and answer
 PUBLISH_EVERY = 0.1  # the whole cluster sends at most 10 batches a second: each node 1 / (0.1 x nodes)
@@ -78,6 +79,7 @@ def plan_cluster(request: RunRequest, rich: bool) -> tuple[RunSpec, ClusterRanks
     if program is None:
         names = pickle_names(cell.parse(), request.namespace, request.hidden)
     client, ids = resolve_client(request.cluster, request.namespace)
+    refuse_if_busy(client)
     found, chosen_backend = plan(client, ids, nodes=n_nodes, nprocs=nprocs, backend=backend, start_method=method, program=program)
     world = found.world_size
     run_id = new_run_id()
@@ -125,6 +127,10 @@ def plan_cluster(request: RunRequest, rich: bool) -> tuple[RunSpec, ClusterRanks
         cwd=os.getcwd(),
         publish_every=PUBLISH_EVERY * len(found.nodes),
     )
+    if request.background:
+        # the run's thread talks to the engines through a client of its own: the user's is not
+        # thread-safe, and stays the user's (the port book of the engines' facts stays with it)
+        return spec, ClusterRanks(spec, dataclasses.replace(found, client=companion_client(client)), job, port_book=client)
     return spec, ClusterRanks(spec, found, job)
 
 
@@ -134,10 +140,13 @@ class ClusterRanks(Executor):
     remote = True
     poll_max = 0.05  # how soon a node's news (a failure above all) is acted on
 
-    def __init__(self, spec: RunSpec, cluster: ClusterPlan, job: _wire.Job) -> None:
+    def __init__(self, spec: RunSpec, cluster: ClusterPlan, job: _wire.Job, port_book: Any = None) -> None:
         self.spec = spec
         self.cluster = cluster
         self.job = job
+        # the user's client, where the engines' facts (node 0's next port) are kept; a background
+        # run's own client (``cluster.client``) is closed with it
+        self.port_book = port_book if port_book is not None else cluster.client
         self.run: Run | None = None
         self.results: dict[int, Any] = {}  # node index -> its agent's AsyncResult
         self.inboxes: dict[int, dict] = {}  # node index -> the data dict ipyparallel fills
@@ -154,6 +163,8 @@ class ClusterRanks(Executor):
 
     def start(self, run: Run) -> list[int]:
         self.run = run
+        if run.background:
+            hold(self.port_book, run.run_id)
         for state in run.ranks:
             state.node = self.cluster.node_of(state.rank).label
         self.pipes = [os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC) for _ in run.ranks]
@@ -252,6 +263,11 @@ class ClusterRanks(Executor):
                 os.close(read)
                 os.close(write)
             self.pipes = []
+        if self.port_book is not self.cluster.client:
+            with contextlib.suppress(Exception):
+                self.cluster.client.close()
+        if self.run is not None and self.run.background:
+            release(self.port_book, self.run.run_id)
 
     # -- what the agents say ----------------------------------------------------------------------
 
@@ -337,7 +353,7 @@ class ClusterRanks(Executor):
             self._drain(index, events)
             self.answered[index] = None
             if index == 0:
-                remember_port(self.cluster.client, self.cluster.nodes[0].agent, None)
+                remember_port(self.port_book, self.cluster.nodes[0].agent, None)
             why = getattr(err, "ename", type(err).__name__)
             text = getattr(err, "evalue", "") or str(err)
             if why == "EngineError" or "EngineError" in type(err).__name__:
@@ -352,7 +368,7 @@ class ClusterRanks(Executor):
         self._apply(index, answer["final"], events)
         self.answered[index] = answer
         if index == 0 and answer["next_port"] is not None:  # a kept world's later cells take no new port
-            remember_port(self.cluster.client, self.cluster.nodes[0].agent, answer["next_port"])
+            remember_port(self.port_book, self.cluster.nodes[0].agent, answer["next_port"])
         self._lost(index, "its agent ended without reporting every rank")
 
     def _lost(self, index: int, why: str) -> None:

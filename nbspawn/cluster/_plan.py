@@ -277,3 +277,43 @@ def plan(
         ),
         chosen_backend,
     )
+
+
+def companion_client(client: Any) -> Any:
+    """A second client of the controller ``client`` is connected to, for nbspawn's own threads."""
+    import ipyparallel as ipp
+
+    config = dict(client._config)
+    for key in ("control", "task", "mux", "iopub", "notification", "registration", "broadcast"):
+        value = config.get(key)
+        if isinstance(value, str) and "://" in value:  # the client turned ports into urls: back to ports
+            config[key] = int(value.rsplit(":", 1)[1])
+    return ipp.Client(config)
+
+
+# controllers whose engines a background run holds, by registration url -> its run id: engines run
+# one task at a time, so another cluster run there would wait for it, the kernel held meanwhile
+_busy: dict[str, str] = {}
+
+
+def controller_key(client: Any) -> str:
+    return str(getattr(client, "_config", {}).get("registration", id(client)))
+
+
+def refuse_if_busy(client: Any) -> None:
+    """A cluster run cannot start where a background run holds the engines: said, not waited for."""
+    run_id = _busy.get(controller_key(client))
+    if run_id is not None:
+        raise SpawnUsageError(
+            f"the cluster's engines run background run {run_id} until it ends (an engine runs one task at a "
+            f"time): wait for it (run.wait()), or %spawn stop {run_id}"
+        )
+
+
+def hold(client: Any, run_id: str) -> None:
+    _busy[controller_key(client)] = run_id
+
+
+def release(client: Any, run_id: str) -> None:
+    if _busy.get(controller_key(client)) == run_id:
+        del _busy[controller_key(client)]

@@ -39,7 +39,7 @@ from .._spec import RunSpec, new_run_id, run_directory
 from ..errors import SpawnUsageError
 from . import _agent, _nodeworld, _wire
 from ._executor import ClusterRanks, plan_cluster
-from ._plan import ClusterPlan, resolve_client
+from ._plan import ClusterPlan, companion_client, refuse_if_busy, resolve_client
 
 STOP_TIMEOUT = 15.0  # how long a node's agent may take to stop its ranks of a world
 
@@ -150,6 +150,7 @@ def plan_cluster_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, Cluster
             spec, fresh.cluster, fresh.job, world, first=True
         )
     _check_settings(world, request)
+    refuse_if_busy(world.cluster.client)
     settings = request.settings
     if request.share:
         raise SpawnUsageError("--share does not work on a cluster: memory cannot be shared across machines; use --out")
@@ -312,15 +313,3 @@ class _Heartbeat:
 
 
 _heartbeat = _Heartbeat()
-
-
-def companion_client(client: Any) -> Any:
-    """A second client of the controller ``client`` is connected to, for nbspawn's own threads."""
-    import ipyparallel as ipp
-
-    config = dict(client._config)
-    for key in ("control", "task", "mux", "iopub", "notification", "registration", "broadcast"):
-        value = config.get(key)
-        if isinstance(value, str) and "://" in value:  # the client turned ports into urls: back to ports
-            config[key] = int(value.rsplit(":", 1)[1])
-    return ipp.Client(config)
