@@ -243,6 +243,9 @@ class ClusterWorldCell(ClusterRanks):
             self.world.lose("its cell could not be sent to every node")
             raise
 
+    def announcement(self) -> str:
+        return super().announcement() if self.first else ""  # the node order, said when the world starts
+
     def _call_agent(self, agent: int, spot: _wire.Spot) -> Any:
         return self.cluster.client[agent].apply_async(_nodeworld.run_world_cell, self.job, spot, self.world.name, self.first)
 
