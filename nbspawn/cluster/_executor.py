@@ -214,8 +214,7 @@ class ClusterRanks(Executor):
         nodes = sorted({self.cluster.node_of(r).index for r in ranks} - set(self.answered))
         if nodes:
             self.asked.update(nodes)
-            targets = [self.cluster.nodes[i].agent for i in nodes]
-            self.cluster.client.send_signal(int(wanted), targets=targets, block=False)
+            self._send_signal(wanted, [self.cluster.nodes[i].agent for i in nodes])
 
     def read_output(self, run: Run, final: bool = False, budget: int | None = None) -> list[Event]:
         """What the agents sent (each read its ranks within the view's budget, as a local run does)."""
@@ -288,8 +287,15 @@ class ClusterRanks(Executor):
         if now - self.last_beat >= _agent.HEARTBEAT_EVERY:
             self.last_beat = now
             targets = [n.agent for n in self.cluster.nodes if n.index not in self.answered]
-            if targets:
-                self.cluster.client.send_signal(int(_agent.HEARTBEAT_SIGNAL), targets=targets, block=False)
+            self._send_signal(_agent.HEARTBEAT_SIGNAL, targets)
+
+    def _send_signal(self, sig: int, agents: list[int]) -> None:
+        """To the agents still registered: an engine that died is unregistered (a signal to it would
+        raise) before its result says so, which loses its node."""
+        registered = set(self.cluster.client.ids)
+        targets = [agent for agent in agents if agent in registered]
+        if targets:
+            self.cluster.client.send_signal(int(sig), targets=targets, block=False)
 
     def _drain(self, index: int, events: list[Event], until: int | None = None) -> None:
         """The node's batches that have arrived, in order (``until``: wait for those before it)."""

@@ -310,8 +310,9 @@ class _Heartbeat:
                 for world in self.worlds.values():
                     companion = self.companions.get(id(world.cluster.client))
                     if companion is not None:
-                        with contextlib.suppress(Exception):
-                            companion.send_signal(int(_agent.HEARTBEAT_SIGNAL), targets=world.agents, block=False)
+                        with contextlib.suppress(Exception):  # an engine that died is no longer registered
+                            alive = [agent for agent in world.agents if agent in set(companion.ids)]
+                            companion.send_signal(int(_agent.HEARTBEAT_SIGNAL), targets=alive, block=False)
             time.sleep(_agent.HEARTBEAT_EVERY)
 
 
