@@ -12,7 +12,7 @@ import time
 
 import pytest
 from bundle_reader import rank_outputs
-from kernel_harness import execute, ok, rank_lines, run
+from kernel_harness import execute, interrupt_later, ok, rank_lines, run, run_processes
 
 from nbspawn.views._widget import widget_available
 
@@ -113,10 +113,29 @@ def test_a_failure_in_an_on_cell_interrupts_only_the_ranks_that_run_and_the_worl
     assert all(rank_lines(after.stdout, r)[0].endswith("loaded") for r in range(4))
 
 
+def test_an_interrupted_on_cell_stops_only_its_ranks_and_the_world_survives(fresh_kernel):
+    pid = fresh_kernel.pid
+    first = ok(fresh_kernel, "%%spawn --world w -n 3\nimport os, time\nx = 'kept'\nprint('pid', os.getpid())")
+    thread = interrupt_later(fresh_kernel, pid, 3)
+    result = run(fresh_kernel, "%%spawn --world w --on 1\nx = 'set before the sleep'\ntime.sleep(100)")
+    thread.join()
+    assert result.status == "error" and result.error.ename == "SpawnInterrupted", result.error_text
+    text = result.error.traceback_text
+    assert "rank 1 (pid" in text and "time.sleep(100)" in text and "rank 0" not in text and "rank 2" not in text, text
+    assert "World 'w' is intact" in text
+    after = ok(fresh_kernel, "%%spawn --world w\nprint('pid', os.getpid(), x)")
+    assert pids(after, range(3)) == pids(first, range(3))
+    assert [rank_lines(after.stdout, r)[0].split(" ", 2)[2] for r in range(3)] == ["kept", "set before the sleep", "kept"]
+    ok(fresh_kernel, "%spawn stop w")
+    assert run_processes(pid) == []
+
+
 def test_a_collective_waiting_for_absent_ranks_is_stopped_by_timeout_and_says_why(kernel, world):
     ok(kernel, f"%%spawn --world {world} -n 3 --backend gloo\nimport torch.distributed as dist")
-    result = run(kernel, f"%%spawn --world {world} --on 0 --timeout 3 --grace-period 1\ndist.barrier()")
+    result = run(kernel, f"%%spawn --world {world} --on 0 --timeout 7 --grace-period 1\ndist.barrier()")
     assert result.status == "error" and result.error.ename == "SpawnTimeoutError", result.error_text
+    # while it hung (quiet for 3 s, then looked at), the live signal said the same
+    assert re.search(r"nbspawn: looks hung: rank 0 waited in barrier.*; ranks 1-2 do not run this cell \(--on 0\)", result.stderr)
     text = result.error.traceback_text
     hang = next(line for line in text.splitlines() if line.startswith("Hang: "))
     assert re.match(r"Hang: rank 0 waited in barrier( #\d+)?( for \d+ s)? at Cell In\[\d+\], line 2: dist.barrier\(\)", hang), (

@@ -164,11 +164,8 @@ class _Supervisor(PromptDesk, HangWatch):
             self.pids = self.executor.start(self.run)
         for rank, pid in enumerate(self.pids):
             state = self.run.ranks[rank]
-            if not self.spec.runs(rank):  # --on: it sits this cell out, untouched and unwatched
-                state.status = "absent"
-                continue
-            # a remote rank's pid is not known yet (0): its agent tells it
-            state.pid, state.started_at, state.status = pid or None, now, "running"
+            # a remote rank's pid is not known yet (0): its agent tells it; --on: one sitting the cell out is "absent"
+            state.pid, state.started_at, state.status = pid or None, now, "running" if self.spec.runs(rank) else "absent"
             for waitable in self.executor.waitables(rank):
                 self.alive[waitable] = rank
         self.run.status = "running"
