@@ -95,3 +95,17 @@ def test_live_notes_name_the_ranks_that_do_not_run_the_cell():
     notes = live_notes({0: BARRIER, 1: SLEEP}, sitting_out="rank 2 does not run this cell (--on 0-1)")
     assert notes[0] == "waiting in barrier; rank 1 has not entered it; rank 2 does not run this cell (--on 0-1)"
     assert notes[1] == "has not entered barrier (Cell In[3], line 6: time.sleep(300))"
+
+
+def test_a_collective_on_a_group_of_the_running_ranks_alone_is_not_blamed_on_the_others():
+    """``new_group([0, 1])`` in a cell ``--on 0,1``: both in it for a while is slowness, not a hang
+    (the flight recorder says which group: ``default_pg`` is every rank of the world)."""
+    out = "ranks 2-3 do not run this cell (--on 0-1)"
+    sub = {r: [{"op": "barrier", "seq": 1, "issued": 100.0, "sizes": [], "group": "undefined"}] for r in (0, 1)}
+    assert hang_verdict({0: BARRIER, 1: BARRIER}, sub, now=110.0, sitting_out=out) is None
+    assert live_notes({0: BARRIER, 1: BARRIER}, sub, now=110.0, sitting_out=out) == {}
+    world = {r: [{"op": "barrier", "seq": 4, "issued": 100.0, "sizes": [], "group": "default_pg"}] for r in (0, 1)}
+    assert hang_verdict({0: BARRIER, 1: BARRIER}, world, now=110.0, sitting_out=out) == (
+        "ranks 0-1 waited in barrier #4 for 10 s at Cell In[3], line 4: dist.barrier(); " + out
+    )
+    assert live_notes({0: BARRIER, 1: BARRIER}, world, now=110.0, sitting_out=out)[1] == "waiting in barrier #4 for 10 s; " + out

@@ -32,11 +32,12 @@ def pids(result, ranks) -> dict[int, int]:
     return {r: int(re.search(r"pid (\d+)", " ".join(rank_lines(result.stdout, r))).group(1)) for r in ranks}
 
 
-def test_absent_ranks_are_untouched_across_cells_and_the_group_is_made_by_all(kernel, world):
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_absent_ranks_are_untouched_across_cells_and_the_group_is_made_by_all(kernel, world, method):
     # the world's first cell runs on rank 0 only: the others still join the process group with it
     first = ok(
         kernel,
-        f"%%spawn --world {world} -n 4 --backend gloo --on 0\n"
+        f"%%spawn --world {world} -n 4 --backend gloo --start-method {method} --on 0\n"
         "import os, torch, torch.distributed as dist\nx = 'set on 0'\nprint('pid', os.getpid(), dist.is_initialized())",
     )
     assert rank_lines(first.stdout, 0)[0].endswith("True")
@@ -67,7 +68,7 @@ def test_absent_ranks_are_untouched_across_cells_and_the_group_is_made_by_all(ke
         "changed on 3",
     ]
     status = ok(kernel, "%spawn status").stdout
-    assert re.search(rf"^{world}\s+world \w+/gloo\s+4\s+idle\s+5 cells", status, re.M), status
+    assert re.search(rf"^{world}\s+world {method}/gloo\s+4\s+idle\s+5 cells", status, re.M), status
     last = ok(kernel, "import nbspawn\nprint([s.status for s in nbspawn.last_run().ranks])")
     assert last.stdout.strip() == "['done', 'done', 'done', 'done']"
 
@@ -180,6 +181,19 @@ def test_bad_on_is_refused_before_anything_starts(kernel, world, line, message):
     assert message.format(world=world) in result.error.evalue
     assert "ran" not in result.stdout
     assert world not in ok(kernel, "%spawn status").stdout  # no world was started
+
+
+def test_on_a_configured_world(kernel, world):
+    ok(kernel, f"%config SpawnMagics.world = {world!r}")
+    try:
+        ok(kernel, "%%spawn -n 2\nimport os\nv = 'all'")
+        ok(kernel, "%%spawn --on 1\nv = 'one'")
+        after = ok(kernel, "%%spawn\nprint(v)")
+        assert [rank_lines(after.stdout, r) for r in range(2)] == [["all"], ["one"]]
+        fresh = run(kernel, "%%spawn --fresh -n 2 --on 1\npass")
+        assert fresh.status == "error" and fresh.error.evalue.startswith("--on needs --world NAME")
+    finally:
+        ok(kernel, "%config SpawnMagics.world = ''")
 
 
 def test_on_an_existing_world_is_checked_against_its_size(kernel, world):

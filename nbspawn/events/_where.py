@@ -243,8 +243,8 @@ def _verdict(stacks: dict[int, str], collectives: dict[int, list[dict[str, Any]]
     issued = [float(e["issued"]) for e in entry.values() if e is not None and e.get("issued")]
     waited = f" for {max(0.0, now - min(issued)):.0f} s" if issued else ""
     at = f"{waited} at {_place(stacks[first])}"
-    if not elsewhere:  # every rank that runs the cell is in it: stuck only if some do not run it
-        return f"{_ranks(list(waiting))} waited in {named[first]}{at}" if others_out else None
+    if not elsewhere:  # every rank that runs the cell is in it: stuck if it waits for ranks that do not run it
+        return f"{_ranks(list(waiting))} waited in {named[first]}{at}" if others_out and _world_wide(entry) else None
     groups = _by_place(elsewhere)
     after = {r: f", after {c[-1]['op']} #{c[-1]['seq']}" if (c := collectives.get(r)) else "" for r in elsewhere}
     if len(groups) == 1:
@@ -254,6 +254,12 @@ def _verdict(stacks: dict[int, str], collectives: dict[int, list[dict[str, Any]]
     else:
         where_they_are = "; ".join(f"{_ranks(ranks)} at {place}{after[ranks[0]]}" for place, ranks in groups.items())
     return f"{_ranks(list(elsewhere))} never entered {named[first]} ({where_they_are}); {_ranks(list(waiting))} waited in it{at}"
+
+
+def _world_wide(entries: dict[int, dict[str, Any] | None]) -> bool:
+    """Whether the collective the ranks are in is on the default group (every rank of the world), as
+    far as their flight recorders say: one on a group of their own (``new_group``) may be merely slow."""
+    return all(e.get("group") in (None, "", "default_pg") for e in entries.values() if e is not None)
 
 
 def _current(entries: list[dict[str, Any]] | None, op: str) -> dict[str, Any] | None:
@@ -289,7 +295,9 @@ def live_notes(
     now = time.time() if now is None else now
     waiting = {r: op for r, s in stacks.items() if s.strip() and s != STILL_STARTING and (op := _collective(s))}
     elsewhere = [r for r, s in stacks.items() if s.strip() and s != STILL_STARTING and r not in waiting]
-    if not waiting or not (elsewhere or sitting_out) or len(set(waiting.values())) > 1:
+    if not waiting or len(set(waiting.values())) > 1:
+        return {}
+    if not elsewhere and not (sitting_out and _world_wide({r: _current(collectives.get(r), op) for r, op in waiting.items()})):
         return {}
     notes: dict[int, str] = {}
     absent = [f"{_ranks(sorted(elsewhere))} {'has' if len(elsewhere) == 1 else 'have'} not entered it"] if elsewhere else []
