@@ -131,6 +131,18 @@ def test_an_interrupted_on_cell_stops_only_its_ranks_and_the_world_survives(fres
     assert run_processes(pid) == []
 
 
+def test_a_group_of_the_running_ranks_serves_an_on_cell(kernel, world):
+    ok(
+        kernel,
+        f"%%spawn --world {world} -n 3 --backend gloo\nimport torch, torch.distributed as dist\nsub = dist.new_group([0, 2])",
+    )
+    result = ok(
+        kernel,
+        f"%%spawn --world {world} --on 0,2 --timeout 60\nt = torch.ones(1)\ndist.all_reduce(t, group=sub)\nprint(t.item())",
+    )
+    assert [rank_lines(result.stdout, r) for r in range(3)] == [["2.0"], [], ["2.0"]]
+
+
 def test_a_collective_waiting_for_absent_ranks_is_stopped_by_timeout_and_says_why(kernel, world):
     ok(kernel, f"%%spawn --world {world} -n 3 --backend gloo\nimport torch.distributed as dist")
     result = run(kernel, f"%%spawn --world {world} --on 0 --timeout 7 --grace-period 1\ndist.barrier()")
