@@ -45,6 +45,7 @@ def launch(
     share: str | list[str] | None = None,
     out: str | list[str] | None = None,
     world: str | None = None,
+    on: str | int | list[int] | None = None,
     cluster: Any = None,
     nodes: int | None = None,
     background: bool = False,
@@ -73,6 +74,7 @@ def launch(
         cell=None if program is not None else CellSource(str(cell)),
         program=program,
         world=world,
+        on=tuple(on) if isinstance(on, list) else on,
         cluster=cluster,
         nodes=nodes,
         settings=settings,
@@ -101,7 +103,8 @@ def _args_doc() -> str:
 launch.__doc__ = f"""Run the Python source ``cell`` on ``nprocs`` ranks and wait for them, as ``%%spawn`` does.
 
 ``world`` runs the cell on the kept world of that name (started with these options if new; see
-:func:`worlds` and :func:`stop`).  ``cluster`` (an ipyparallel ``Client``, ``Cluster`` or
+:func:`worlds` and :func:`stop`); ``on`` runs it on some of that world's ranks only (``run.outputs``
+then holds None for the others).  ``cluster`` (an ipyparallel ``Client``, ``Cluster`` or
 ``DirectView``, or the name of one in ``namespace``) runs on its nodes, ``nprocs`` ranks per node.
 ``background`` returns the run at once: ``run.wait()`` joins it (and raises its error),
 ``run.stop()`` stops it.  ``out`` values are in ``run.outputs[name]``, a list indexed by rank.

@@ -80,10 +80,16 @@ def refuse_combinations(request: RunRequest) -> None:
             "share": bool(request.share),
             "out": bool(request.out),
             "world": request.world is not None,
+            "on": request.on is not None,
         }
         for option in OPTIONS:
             if option.not_for_programs and given.get(option.param):
                 raise SpawnUsageError(f"{option.flags[-1]} does not apply to a program: {option.not_for_programs}")
+    if request.on is not None and request.world is None:
+        raise SpawnUsageError(
+            "--on needs --world NAME: it picks which ranks of a kept world run the cell; a fresh cell's ranks are "
+            "all new, so each runs it (--ranks shows only some ranks' output)"
+        )
     if request.nodes is not None and request.cluster is None:
         raise SpawnUsageError("--nodes needs --cluster NAME (or %config SpawnMagics.cluster)")
     if request.cluster is not None and request.world is not None and request.program is None:

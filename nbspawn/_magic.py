@@ -260,6 +260,7 @@ class SpawnMagics(Magics):
             cell=cell,
             program=program,
             world=world,
+            on=getattr(args, "on", None),
             cluster=cluster,
             nodes=args.nodes,
             settings=settings,

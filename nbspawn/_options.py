@@ -118,6 +118,15 @@ OPTIONS: tuple[Option, ...] = (
         "a kept world runs cells; a program starts and ends its own processes",
     ),
     Option(
+        "on",
+        ("--on",),
+        "RANKS",
+        "with --world: only these ranks run the cell, e.g. 0 or 0,2-3; the others are untouched (their names "
+        "stay as they were, they show nothing) and idle; --out gives None for them",
+        "cell",
+        "a program runs on every rank it starts",
+    ),
+    Option(
         "fresh",
         ("--fresh",),
         None,
@@ -196,6 +205,24 @@ def parse_ranks(value: str | list[int] | tuple[int, ...] | None, nprocs: int) ->
     """``0,2`` or ``0-3,7``: the ranks whose output is shown (all are logged)."""
     if value is None or value == "":
         return None
+    return parse_rank_list(value, nprocs, "--ranks", f"a run of {nprocs} ranks")
+
+
+def parse_on(value: str | int | list[int] | tuple[int, ...] | None, nprocs: int, world: str) -> frozenset[int] | None:
+    """``--on 0`` or ``0,2-3``: the ranks of the kept world ``world`` (``nprocs`` ranks) that run the
+    cell; None for every rank (not given, or naming them all)."""
+    if value is None:
+        return None
+    if isinstance(value, int):  # launch(on=0)
+        value = (value,)
+    if (isinstance(value, str) and not value.strip()) or (not isinstance(value, str) and not list(value)):
+        raise SpawnUsageError(f"--on needs the ranks that run the cell, like 0 or 0,2-3, not {value!r}")
+    on = parse_rank_list(value, nprocs, "--on", f"world {world!r} of {nprocs} ranks")
+    return None if len(on) == nprocs else on
+
+
+def parse_rank_list(value: str | list[int] | tuple[int, ...], nprocs: int, option: str, where: str) -> frozenset[int]:
+    """``0,2`` or ``0-3,7`` (or the ranks themselves), each a rank of ``where`` (``nprocs`` ranks)."""
     if isinstance(value, str):
         ranks: set[int] = set()
         for part in value.replace(" ", "").split(","):
@@ -203,15 +230,18 @@ def parse_ranks(value: str | list[int] | tuple[int, ...] | None, nprocs: int) ->
             try:
                 first, last = int(lo), int(hi) if dash else int(lo)
             except ValueError:
-                raise SpawnUsageError(f"--ranks expects a list like 0,2 or 0-3, not {value!r}") from None
+                raise SpawnUsageError(f"{option} expects a list like 0,2 or 0-3, not {value!r}") from None
             if last < first:
-                raise SpawnUsageError(f"--ranks: {part} counts down; write {last}-{first}")
+                raise SpawnUsageError(f"{option}: {part} counts down; write {last}-{first}")
             ranks.update(range(first, last + 1))
     else:
-        ranks = {int(r) for r in value}
+        try:
+            ranks = {int(r) for r in value}
+        except (TypeError, ValueError):
+            raise SpawnUsageError(f"{option} expects a list of ranks like [0, 2], not {value!r}") from None
     bad = sorted(r for r in ranks if not 0 <= r < nprocs)
     if bad:
-        raise SpawnUsageError(f"--ranks: rank {bad[0]} does not exist in a run of {nprocs} ranks (0-{nprocs - 1})")
+        raise SpawnUsageError(f"{option}: rank {bad[0]} does not exist in {where} (0-{nprocs - 1})")
     return frozenset(ranks)
 
 

@@ -45,12 +45,13 @@ def given_options(nprocs: object, start_method: object, backend: object, env: ob
 @dataclass(frozen=True, eq=False)
 class RunRequest:
     """One run, as asked: a cell (``cell``) or a program (``program``: its command line); on fresh
-    ranks of this machine, on the kept world ``world``, or on the nodes of ``cluster`` (a kernel
+    ranks of this machine, on the kept world ``world`` (only its ranks ``on``, if given), or on the nodes of ``cluster`` (a kernel
     variable holding an ipyparallel client; its first ``nodes`` nodes)."""
 
     cell: CellSource | None
     program: tuple[str, ...] | None = None
     world: str | None = None
+    on: str | int | tuple[int, ...] | None = None  # --on: the world's ranks that run the cell (None: all)
     cluster: str | None = None
     nodes: int | str | None = None
     settings: Settings = field(default_factory=Settings)

@@ -26,7 +26,7 @@ class RankState:
     rank: int
     dir: str
     pid: int | None = None
-    status: str = "starting"  # starting | running | done | failed | stopped
+    status: str = "starting"  # starting | running | done | failed | stopped | absent (--on: it does not run this cell)
     exit_code: int | None = None  # negative: killed by that signal
     signal_name: str | None = None
     started_at: float | None = None

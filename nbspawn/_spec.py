@@ -29,6 +29,7 @@ from ._program import Program
 from ._rankdir import RankDir
 from ._request import Settings
 from ._source import CellSource
+from .errors import rank_spans
 
 if TYPE_CHECKING:
     from .handoff._shm import Payload
@@ -73,6 +74,24 @@ class RunSpec:
     node_rank: int = 0
     nnodes: int = 1
     agent_store: bool = False  # TORCHELASTIC_USE_AGENT_STORE: ranks join the store, none hosts it
+    # --on: the (global) ranks of a kept world that run this cell; None: every rank.  The others are
+    # sent the cell only to be told to sit it out (nbspawn.ranks._world), and are not supervised.
+    on_ranks: frozenset[int] | None = None
+
+    def runs(self, rank: int) -> bool:
+        """Whether the rank (its index on this node, as in ``rank_dir``) runs the cell (``--on``)."""
+        return self.on_ranks is None or self.rank_offset + rank in self.on_ranks
+
+    def sitting_out(self) -> str:
+        """What the ranks that do not run the cell are, said where a hang is: ``ranks 1-3 do not run
+        this cell (--on 0)``; "" when every rank runs it."""
+        if self.on_ranks is None:
+            return ""
+        out = [r for r in range(self.world_size or self.nprocs) if r not in self.on_ranks]
+        if not out:
+            return ""
+        who = f"rank {out[0]} does" if len(out) == 1 else f"ranks {rank_spans(out)} do"
+        return f"{who} not run this cell (--on {rank_spans(sorted(self.on_ranks))})"
 
     def rank_dir(self, rank: int) -> str:
         """``rank`` is the rank's index on this node; its directory is named by its global rank."""

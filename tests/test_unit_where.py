@@ -4,7 +4,7 @@ rewriting give them. No kernel, no processes."""
 from __future__ import annotations
 
 from nbspawn._source import STILL_STARTING
-from nbspawn.events._where import RankToAsk, describe, hang_verdict
+from nbspawn.events._where import RankToAsk, describe, hang_verdict, live_notes
 
 BARRIER = (
     "  Cell In[3], line 4\n      dist.barrier()\n"
@@ -59,3 +59,53 @@ def test_where_groups_ranks_at_one_place_under_one_headline(tmp_path):
     lines = text.splitlines()
     assert lines[0] == "ranks 0,2-3: Cell, line 4  (in barrier, distributed_c10d.py)"
     assert "rank 1: no answer: it is not running, or not yet listening" in text
+
+
+# -- --on: ranks that do not run the cell ---------------------------------------------------------
+
+OUT = "ranks 1-3 do not run this cell (--on 0)"
+
+
+def test_a_collective_waiting_only_for_ranks_that_do_not_run_the_cell_is_a_hang_that_says_so():
+    assert hang_verdict({0: BARRIER}, sitting_out=OUT) == (
+        "rank 0 waited in barrier at Cell In[3], line 4: dist.barrier(); ranks 1-3 do not run this cell (--on 0)"
+    )
+    entries = {0: [{"op": "barrier", "seq": 3, "issued": 100.0, "sizes": []}]}
+    assert hang_verdict({0: BARRIER}, entries, now=125.0, sitting_out=OUT) == (
+        "rank 0 waited in barrier #3 for 25 s at Cell In[3], line 4: dist.barrier(); " + OUT
+    )
+
+
+def test_ranks_that_never_entered_are_told_apart_from_ranks_that_do_not_run_the_cell():
+    verdict = hang_verdict({0: BARRIER, 1: SLEEP}, sitting_out="ranks 2-3 do not run this cell (--on 0-1)")
+    assert verdict == (
+        "rank 1 never entered barrier (it is at Cell In[3], line 6: time.sleep(300)); "
+        "rank 0 waited in it at Cell In[3], line 4: dist.barrier(); ranks 2-3 do not run this cell (--on 0-1)"
+    )
+
+
+def test_no_collective_no_verdict_even_with_ranks_sitting_out():
+    assert hang_verdict({0: SLEEP}, sitting_out=OUT) is None
+
+
+def test_live_notes_name_the_ranks_that_do_not_run_the_cell():
+    assert live_notes({0: BARRIER, 1: BARRIER}) == {}  # all in it, nobody absent: nothing to say
+    notes = live_notes({0: BARRIER}, sitting_out=OUT)
+    assert notes == {0: "waiting in barrier; ranks 1-3 do not run this cell (--on 0)"}
+    notes = live_notes({0: BARRIER, 1: SLEEP}, sitting_out="rank 2 does not run this cell (--on 0-1)")
+    assert notes[0] == "waiting in barrier; rank 1 has not entered it; rank 2 does not run this cell (--on 0-1)"
+    assert notes[1] == "has not entered barrier (Cell In[3], line 6: time.sleep(300))"
+
+
+def test_a_collective_on_a_group_of_the_running_ranks_alone_is_not_blamed_on_the_others():
+    """``new_group([0, 1])`` in a cell ``--on 0,1``: both in it for a while is slowness, not a hang
+    (the flight recorder says which group: ``default_pg`` is every rank of the world)."""
+    out = "ranks 2-3 do not run this cell (--on 0-1)"
+    sub = {r: [{"op": "barrier", "seq": 1, "issued": 100.0, "sizes": [], "group": "undefined"}] for r in (0, 1)}
+    assert hang_verdict({0: BARRIER, 1: BARRIER}, sub, now=110.0, sitting_out=out) is None
+    assert live_notes({0: BARRIER, 1: BARRIER}, sub, now=110.0, sitting_out=out) == {}
+    world = {r: [{"op": "barrier", "seq": 4, "issued": 100.0, "sizes": [], "group": "default_pg"}] for r in (0, 1)}
+    assert hang_verdict({0: BARRIER, 1: BARRIER}, world, now=110.0, sitting_out=out) == (
+        "ranks 0-1 waited in barrier #4 for 10 s at Cell In[3], line 4: dist.barrier(); " + out
+    )
+    assert live_notes({0: BARRIER, 1: BARRIER}, world, now=110.0, sitting_out=out)[1] == "waiting in barrier #4 for 10 s; " + out

@@ -194,17 +194,25 @@ def _place(stack: str) -> str:
 
 
 def hang_verdict(
-    stacks: dict[int, str], collectives: dict[int, list[dict[str, Any]]] | None = None, now: float | None = None
+    stacks: dict[int, str],
+    collectives: dict[int, list[dict[str, Any]]] | None = None,
+    now: float | None = None,
+    sitting_out: str = "",
 ) -> str | None:
     """One line saying why ranks that were stopped were stuck, from where each one was, or None.
 
     ``stacks``: each rank's main-thread stack when it was stopped (``main_thread_stack``'s form);
     ``collectives``: each rank's recent collectives (``rank_collectives``), when it has a process group.
     Ranks blocked in a collective while others never entered it are the classic hang; ranks blocked in
-    different collectives, or in the same one with different shapes, are a mismatch.
+    different collectives, or in the same one with different shapes, are a mismatch.  ``sitting_out``
+    (``RunSpec.sitting_out``: "ranks 1-3 do not run this cell (--on 0)") says which ranks were not asked
+    to run the cell at all: a collective that waits for them waits for ranks that will never come.
     """
-    collectives = collectives or {}
-    now = time.time() if now is None else now
+    verdict = _verdict(stacks, collectives or {}, time.time() if now is None else now, bool(sitting_out))
+    return f"{verdict}; {sitting_out}" if verdict and sitting_out else verdict
+
+
+def _verdict(stacks: dict[int, str], collectives: dict[int, list[dict[str, Any]]], now: float, others_out: bool) -> str | None:
     waiting: dict[int, str] = {}
     elsewhere: dict[int, str] = {}
     for rank, stack in sorted(stacks.items()):
@@ -231,23 +239,27 @@ def hang_verdict(
     if len({json.dumps(v) for v in shapes.values()}) > 1:
         parts = [f"{_ranks(ranks)} {shape}" for shape, ranks in _by_place({r: str(v) for r, v in shapes.items()}).items()]
         return f"the ranks called {named[next(iter(waiting))]} with different shapes: " + "; ".join(parts)
-    if not elsewhere:
-        return None
-    groups = _by_place(elsewhere)
-    after = {r: f", after {c[-1]['op']} #{c[-1]['seq']}" if (c := collectives.get(r)) else "" for r in elsewhere}
-    if len(groups) == 1:
-        first = next(iter(elsewhere))
-        subject = "it is" if len(elsewhere) == 1 else "they are"
-        where_they_are = f"{subject} at {next(iter(groups))}{after[first] if len(set(after.values())) == 1 else ''}"
-    else:
-        where_they_are = "; ".join(f"{_ranks(ranks)} at {place}{after[ranks[0]]}" for place, ranks in groups.items())
     first = next(iter(waiting))
     issued = [float(e["issued"]) for e in entry.values() if e is not None and e.get("issued")]
     waited = f" for {max(0.0, now - min(issued)):.0f} s" if issued else ""
-    return (
-        f"{_ranks(list(elsewhere))} never entered {named[first]} ({where_they_are}); "
-        f"{_ranks(list(waiting))} waited in it{waited} at {_place(stacks[first])}"
-    )
+    at = f"{waited} at {_place(stacks[first])}"
+    if not elsewhere:  # every rank that runs the cell is in it: stuck if it waits for ranks that do not run it
+        return f"{_ranks(list(waiting))} waited in {named[first]}{at}" if others_out and _world_wide(entry) else None
+    groups = _by_place(elsewhere)
+    after = {r: f", after {c[-1]['op']} #{c[-1]['seq']}" if (c := collectives.get(r)) else "" for r in elsewhere}
+    if len(groups) == 1:
+        one = next(iter(elsewhere))
+        subject = "it is" if len(elsewhere) == 1 else "they are"
+        where_they_are = f"{subject} at {next(iter(groups))}{after[one] if len(set(after.values())) == 1 else ''}"
+    else:
+        where_they_are = "; ".join(f"{_ranks(ranks)} at {place}{after[ranks[0]]}" for place, ranks in groups.items())
+    return f"{_ranks(list(elsewhere))} never entered {named[first]} ({where_they_are}); {_ranks(list(waiting))} waited in it{at}"
+
+
+def _world_wide(entries: dict[int, dict[str, Any] | None]) -> bool:
+    """Whether the collective the ranks are in is on the default group (every rank of the world), as
+    far as their flight recorders say: one on a group of their own (``new_group``) may be merely slow."""
+    return all(e.get("group") in (None, "", "default_pg") for e in entries.values() if e is not None)
 
 
 def _current(entries: list[dict[str, Any]] | None, op: str) -> dict[str, Any] | None:
@@ -267,26 +279,34 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def live_notes(
-    stacks: dict[int, str], collectives: dict[int, list[dict[str, Any]]] | None = None, now: float | None = None
+    stacks: dict[int, str],
+    collectives: dict[int, list[dict[str, Any]]] | None = None,
+    now: float | None = None,
+    sitting_out: str = "",
 ) -> dict[int, str]:
     """What each rank's chip says while a run seems hung (empty: nothing to say).
 
     A rank in a collective that another rank has not entered: ``waiting in barrier #3 for 25 s; rank 2
-    has not entered it``; that other rank: ``has not entered barrier #3 (Cell In[5], line 6)``.
+    has not entered it``; that other rank: ``has not entered barrier #3 (Cell In[5], line 6)``.  With
+    ``sitting_out`` (``--on``: "ranks 1-3 do not run this cell (--on 0)") ranks in a collective wait
+    for ranks that do not run the cell, and their chips say so.
     """
     collectives = collectives or {}
     now = time.time() if now is None else now
     waiting = {r: op for r, s in stacks.items() if s.strip() and s != STILL_STARTING and (op := _collective(s))}
     elsewhere = [r for r, s in stacks.items() if s.strip() and s != STILL_STARTING and r not in waiting]
-    if not waiting or not elsewhere or len(set(waiting.values())) > 1:
+    if not waiting or len(set(waiting.values())) > 1:
+        return {}
+    if not elsewhere and not (sitting_out and _world_wide({r: _current(collectives.get(r), op) for r, op in waiting.items()})):
         return {}
     notes: dict[int, str] = {}
-    absent = _ranks(sorted(elsewhere))
+    absent = [f"{_ranks(sorted(elsewhere))} {'has' if len(elsewhere) == 1 else 'have'} not entered it"] if elsewhere else []
+    absent += [sitting_out] if sitting_out else []
     for rank, op in waiting.items():
         entry = _current(collectives.get(rank), op)
         name = f"{op} #{entry['seq']}" if entry else op
         waited = f" for {max(0.0, now - float(entry['issued'])):.0f} s" if entry and entry.get("issued") else ""
-        notes[rank] = f"waiting in {name}{waited}; {absent} {'has' if len(elsewhere) == 1 else 'have'} not entered it"
+        notes[rank] = f"waiting in {name}{waited}; " + "; ".join(absent)
     first = min(waiting)
     entry = _current(collectives.get(first), waiting[first])
     name = f"{waiting[first]} #{entry['seq']}" if entry else waiting[first]

@@ -65,4 +65,5 @@ class Executor(ABC):
 
     def outputs(self, run: Run) -> tuple[dict[str, list[Any]], list[tuple[int, str]]]:
         """``--out``: each name's values by rank, and the (rank, name) pairs some rank did not define."""
-        return receive_outputs([state.dir for state in run.ranks], run.spec.out_names)
+        dirs = [state.dir if run.spec.runs(state.rank) else None for state in run.ranks]  # --on: None for the others
+        return receive_outputs(dirs, run.spec.out_names)

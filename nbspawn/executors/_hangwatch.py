@@ -51,8 +51,9 @@ class HangWatch:
         dumps = rank_stacks(asked, wait=STACK_DUMP_WAIT)
         stacks = {r: main_thread_stack(d, self.spec.cell) for r, d in dumps.items() if d} if self.spec.program is None else {}
         collectives = rank_collectives(asked, dumps) if stacks else {}
-        notes = live_notes(stacks, collectives)
-        verdict = hang_verdict(stacks, collectives) if notes else None
+        sitting_out = self.spec.sitting_out()  # --on: ranks a collective may wait for, which do not run the cell
+        notes = live_notes(stacks, collectives, sitting_out=sitting_out)
+        verdict = hang_verdict(stacks, collectives, sitting_out=sitting_out) if notes else None
         for state in self.run.ranks:
             state.note = notes.get(state.rank)
         self.view.hang_noticed(self.run, verdict)

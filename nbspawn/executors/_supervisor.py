@@ -164,8 +164,8 @@ class _Supervisor(PromptDesk, HangWatch):
             self.pids = self.executor.start(self.run)
         for rank, pid in enumerate(self.pids):
             state = self.run.ranks[rank]
-            # a remote rank's pid is not known yet (0): its agent tells it
-            state.pid, state.started_at, state.status = pid or None, now, "running"
+            # a remote rank's pid is not known yet (0): its agent tells it; --on: one sitting the cell out is "absent"
+            state.pid, state.started_at, state.status = pid or None, now, "running" if self.spec.runs(rank) else "absent"
             for waitable in self.executor.waitables(rank):
                 self.alive[waitable] = rank
         self.run.status = "running"
@@ -423,7 +423,7 @@ class _Supervisor(PromptDesk, HangWatch):
             return kind([root, *stopped], run, run.facts())
         # a cluster's ranks are looked at by their nodes' agents: the stacks they sent are what there is
         seen = self.seen_at_stop or {f.rank: f.stack for f in stopped if f.stack and self.remote}
-        verdict = hang_verdict(seen, self.collectives_at_stop)
+        verdict = hang_verdict(seen, self.collectives_at_stop, sitting_out=self.spec.sitting_out())
         if self.stop_reason == "timeout":
             run.status = "timeout"
             return SpawnTimeoutError(self.spec.timeout or 0, stopped, run, run.facts(), verdict=verdict)

@@ -36,6 +36,7 @@ from .._options import (
     parse_backend,
     parse_env,
     parse_kb,
+    parse_on,
     parse_ranks,
     parse_seconds,
     parse_start_method,
@@ -44,7 +45,7 @@ from .._options import (
 from .._request import RunRequest, Settings
 from .._run import Run
 from .._spec import RunSpec, build_spec, cuda_device_count, new_run_id, resolve_backend, resolve_nprocs
-from ..errors import SpawnUsageError
+from ..errors import SpawnUsageError, rank_spans
 from ..handoff._names import pack_namespace, parse_names, pick_shared
 from ..handoff._shm import new_run_prefix, share_
 from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
@@ -175,14 +176,19 @@ class WorldCell(Executor):
         self.world.state = "running"
         self.world.cells += 1
         run.world, run.world_cell = self.world.name, self.world.cells
-        for conn in self.world.conns:
+        # every rank is sent the cell (--on: those that do not run it are told to sit it out, with none
+        # of the kernel's names or --share tensors): a world's first cell makes its process group
+        sitting_out = replace(self.job, names=None, shared=(), out_names=())
+        for rank, conn in enumerate(self.world.conns):
             try:
-                conn.send(self.job)
+                conn.send(self.job if self.job.runs(rank) else sitting_out)
             except (BrokenPipeError, ConnectionResetError, OSError):
                 pass  # the rank died just now: its sentinel tells the supervisor, which loses the world
         return self.world.pids
 
     def waitables(self, rank: int) -> list[Any]:
+        if not self.job.runs(rank):  # --on: it sits the cell out and answers nothing
+            return []
         return [self.world.conns[rank], self.world.processes[rank].sentinel]
 
     def ended(self, rank: int, ready: Any) -> tuple[int, bool] | None:
@@ -263,6 +269,7 @@ def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
         shown = parse_ranks(settings.ranks, world.spec.nprocs)
         saved = parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb") * 1024
         images = parse_kb(settings.max_image_kb, "SpawnMagics.max_image_kb") * 1024
+    on = _cell_ranks(request.on, shown, world.spec.nprocs if world is not None else spec.nprocs, name)
     tree = cell.parse()
     ranks_visible = _cuda.ranks_visible(world.spec.env if world is not None else spec.env, os.environ)
     # a kept world's ranks were started before this kernel could poison fork (fork is refused or
@@ -287,10 +294,28 @@ def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
         shm_prefix=new_run_prefix() if out_names else None,
         notes=notes,
         cell_numbers=dict(request.cell_numbers),
+        on_ranks=on,
     )
     share_(list(shared.values()))
-    job = WorldJob(cell, cspec.run_dir, cspec.run_id, payload, out_names, cspec.shm_prefix, shared=tuple(shared), grace=grace)
+    job = WorldJob(
+        cell, cspec.run_dir, cspec.run_id, payload, out_names, cspec.shm_prefix, shared=tuple(shared), grace=grace, on=on
+    )
     return cspec, WorldCell(world, job)
+
+
+def _cell_ranks(
+    on: str | int | tuple[int, ...] | None, shown: frozenset[int] | None, nprocs: int, name: str
+) -> frozenset[int] | None:
+    """``--on``: the ranks of the world that run the cell (None: all), checked against its size; the
+    ranks ``--ranks`` shows must be among them."""
+    ranks = parse_on(on, nprocs, name)
+    if ranks is not None and shown is not None and not shown <= ranks:
+        extra = sorted(shown - ranks)
+        raise SpawnUsageError(
+            f"--ranks {rank_spans(extra)}: {'rank' if len(extra) == 1 else 'ranks'} {rank_spans(extra)} "
+            f"{'does' if len(extra) == 1 else 'do'} not run this cell (--on {rank_spans(sorted(ranks))}); --ranks picks among those that do"
+        )
+    return ranks
 
 
 def _lose_if_a_rank_died(world: World) -> None:

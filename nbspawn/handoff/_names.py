@@ -214,11 +214,16 @@ def send_outputs(namespace: dict[str, Any], names: tuple[str, ...], prefix: str,
     os.replace(path + ".tmp", path)
 
 
-def receive_outputs(rank_dirs: list[str], names: tuple[str, ...]) -> tuple[dict[str, list[Any]], list[tuple[int, str]]]:
-    """In the kernel: every rank's values, by name, as lists indexed by rank; and what was missing."""
+def receive_outputs(rank_dirs: list[str | None], names: tuple[str, ...]) -> tuple[dict[str, list[Any]], list[tuple[int, str]]]:
+    """In the kernel: every rank's values, by name, as lists indexed by rank; and what was missing.
+    A rank whose directory is None did not run the cell (``--on``): its values are None, not missing."""
     outputs: dict[str, list[Any]] = {name: [] for name in names}
     missing: list[tuple[int, str]] = []
     for rank, rank_dir in enumerate(rank_dirs):
+        if rank_dir is None:
+            for name in names:
+                outputs[name].append(None)
+            continue
         path = os.path.join(rank_dir, OUT)
         with open(path, "rb") as fh:
             record = _shm.loads(fh.read())  # maps each tensor file and unlinks it

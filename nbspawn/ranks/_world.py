@@ -48,9 +48,14 @@ class WorldJob:
     shared: tuple[str, ...] = ()  # the --share names: released after the cell (CUDA IPC reference counts)
     grace: float = 5.0  # how long a rank may take to bring its GPU in step once the cell failed or was interrupted
     rank_offset: int = 0  # a cluster node's part of a world: its first global rank (directories are by global rank)
+    on: frozenset[int] | None = None  # --on: the (global) ranks that run the cell; the others sit it out
 
     def rank_dir(self, rank: int) -> str:
         return os.path.join(self.run_dir, str(self.rank_offset + rank))
+
+    def runs(self, rank: int) -> bool:
+        """Whether the (global) rank runs this cell."""
+        return self.on is None or rank in self.on
 
 
 def _ignore_interrupt(signum: int, frame: Any) -> None:
@@ -85,6 +90,9 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any]) -> None:
             break
         if job is None:
             break
+        if not job.runs(spec.rank_offset + rank):
+            _sit_out(job, rank, spec.backend, group)
+            continue
         rank_dir = job.rank_dir(rank)
         redirect_output(rank_dir)
         stacks = _stacks_to(rank_dir, stacks)
@@ -160,6 +168,22 @@ def _join(group: list[Any], backend: str, rank: int) -> None:
         signal.signal(signal.SIGINT, previous)
     if held:
         raise KeyboardInterrupt
+
+
+def _sit_out(job: WorldJob, rank: int, backend: str, group: list[Any]) -> None:
+    """A cell this rank does not run (``--on``): nothing of the rank changes (its names, its output
+    directory), it answers nothing, and the kernel does not wait for it.  Only the world's process
+    group, if this is the world's first cell, is made here with the ranks that run it: every rank
+    makes it together, at the first cell whatever ranks run it.  SIGINT is ignored meanwhile (the
+    kernel never interrupts a rank that sits a cell out); a failure is said between cells, and the
+    group is tried again, with the others, at the next cell."""
+    if group:
+        return
+    _prompt.use(prompts_path(job.run_dir), None)  # the group's timeouts as its peers have them
+    try:
+        group.append(_rank.init_process_group(backend, rank))
+    except Exception as exc:
+        print(f"nbspawn: rank {rank} could not join the world's process group: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def keep_in_step(rank: int, job: WorldJob, namespace: dict[str, Any], own: set[str]) -> None:

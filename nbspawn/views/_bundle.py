@@ -82,7 +82,8 @@ def rank_record(state: RankState, elided_lines: int = 0) -> RankRecord:
 
 
 def run_record(run: Run, elided: dict[int, int] | None = None) -> RunRecord:
-    """The run's facts; each rank's output tail lives in the bundle's text/html."""
+    """The run's facts; each rank's output tail lives in the bundle's text/html.  A cell on some ranks
+    of a kept world (``--on``) is a run of those ranks: the others are not in it."""
     error = run.error
     root = error.root if isinstance(error, (RankRaisedError, RankExitedError)) else None
     summary = None
@@ -90,10 +91,11 @@ def run_record(run: Run, elided: dict[int, int] | None = None) -> RunRecord:
         report = str(error)
         summary = report.splitlines()[0] if report else type(error).__name__
     elided = elided or {}
+    ranks = [state for state in run.ranks if run.spec.runs(state.rank)]  # --on: the ranks that run the cell
     return {
         "version": VERSION,
         "run_id": run.run_id,
-        "nprocs": run.nprocs,
+        "nprocs": len(ranks) if run.ranks else run.nprocs,
         "start_method": run.spec.start_method,
         "program": str(run.spec.program) if run.spec.program is not None else None,
         "backend": run.spec.backend,
@@ -106,7 +108,7 @@ def run_record(run: Run, elided: dict[int, int] | None = None) -> RunRecord:
         "world_cell": run.world_cell,
         "error": None if error is None else {"rank": root.rank if root else None, "summary": ANSI.sub("", summary or "")},
         "output_in": "text/html",
-        "ranks": [rank_record(state, elided.get(state.rank, 0)) for state in run.ranks],
+        "ranks": [rank_record(state, elided.get(state.rank, 0)) for state in ranks],
     }
 
 

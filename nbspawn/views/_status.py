@@ -38,7 +38,7 @@ def status_data(run: Run) -> RunStatus:
     return {
         "run_id": run.run_id,
         "status": "running" if run.status in _ACTIVE else run.status,
-        "nprocs": run.nprocs,
+        "nprocs": sum(1 for rank in range(run.nprocs) if run.spec.runs(rank)),  # --on: those that run the cell
         "running": [state.rank for state in run.ranks if state.status in _ACTIVE],
     }
 

@@ -137,7 +137,7 @@ class WidgetView(RunView):
             "model_id": self.widget.model_id,
             "display_id": display_id,
             "started_at": run.started_at,
-            "nprocs": run.nprocs,
+            "nprocs": sum(1 for rank in range(run.nprocs) if run.spec.runs(rank)),  # --on: those that run the cell
             "log_dir": run.run_dir,
         }
         bundle[LIVE_MIME] = live
