@@ -96,7 +96,10 @@ def test_options_that_contradict_a_cluster_world_are_refused(kernel, nodes):
     assert "world 'ow' runs with 2 nodes x -n 1 --backend gloo; this cell asks for -n 2" in refused.error.evalue
     shared = run(kernel, "%%spawn --world ow --share y\nprint(y)")
     assert shared.status == "error" and "--share does not work on a cluster" in shared.error.evalue
-    ok(kernel, "%spawn stop ow")
+    ok(kernel, "%%spawn --world lw -n 1\npass")  # a kept world on this machine: not the cluster's
+    local = run(kernel, "%%spawn --cluster rc --world lw\npass")
+    assert local.status == "error" and "world 'lw' is a kept world on this machine, not on --cluster rc" in local.error.evalue
+    ok(kernel, "%spawn stop ow lw")
     assert_nothing_left(nodes)
 
 

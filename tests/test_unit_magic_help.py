@@ -80,8 +80,7 @@ def cell(**fields):
         (RunRequest(None, program=("x.py",), share="t"), "--share does not apply to a program"),
         (RunRequest(None, program=("x.py",), settings=Settings(backend="gloo")), "--backend does not apply to a program"),
         (cell(nodes=2), "--nodes needs --cluster"),
-        (cell(cluster="rc", world="w"), "--world does not work with --cluster"),
-        (cell(cluster="rc", background=True), "--bg does not work with --cluster"),
+        (cell(cluster="rc", world="w", background=True), "--bg runs on fresh ranks"),
         (cell(world="w", background=True), "--bg runs on fresh ranks"),
     ],
 )
