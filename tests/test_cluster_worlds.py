@@ -89,6 +89,26 @@ def test_a_failed_cell_interrupts_every_node_and_the_world_survives(kernel, node
     assert_nothing_left(nodes)
 
 
+def test_on_runs_a_cell_on_some_ranks_across_nodes(kernel, nodes):
+    """--on on a cluster world: a first cell on rank 1 alone still makes the group with every rank;
+    the ranks sitting a cell out keep their state and print nothing; --out has None for them."""
+    first = ok(
+        kernel,
+        "%%spawn --cluster rc --world onw -n 2 --backend gloo --on 1\nimport torch, torch.distributed as dist\nprint('only me')",
+    )
+    assert [r for r in range(4) if rank_lines(first.stdout, r)] == [1], first.stdout
+    ok(kernel, "%%spawn --world onw\nimport torch, torch.distributed as dist\nx = dist.get_rank()")
+    some = ok(kernel, "%%spawn --world onw --on 0,3 --out v\nx = 100\nv = dist.get_rank()\nprint('ran')")
+    assert [r for r in range(4) if rank_lines(some.stdout, r)] == [0, 3], some.stdout
+    assert ok(kernel, "print(v)").stdout.strip() == "[0, None, None, 3]"
+    after = ok(kernel, "%%spawn --world onw\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(x, t.item())")
+    assert [rank_lines(after.stdout, r) for r in range(4)] == [["100 4.0"], ["1 4.0"], ["2 4.0"], ["100 4.0"]], after.stdout
+    out_of_range = run(kernel, "%%spawn --world onw --on 4\npass")
+    assert out_of_range.status == "error" and out_of_range.error.ename == "UsageError", out_of_range.error_text
+    ok(kernel, "%spawn stop onw")
+    assert_nothing_left(nodes)
+
+
 def test_options_that_contradict_a_cluster_world_are_refused(kernel, nodes):
     ok(kernel, "%%spawn --cluster rc --world ow -n 1 --backend gloo\ny = 1")
     refused = run(kernel, "%%spawn --world ow -n 2\nprint(y)")

@@ -126,6 +126,7 @@ def plan_cluster(request: RunRequest, rich: bool) -> tuple[RunSpec, ClusterRanks
         rich=rich,
         cwd=os.getcwd(),
         publish_every=PUBLISH_EVERY * len(found.nodes),
+        on=None,
     )
     if request.background:
         # the run's thread talks to the engines through a client of its own: the user's is not
@@ -196,7 +197,7 @@ class ClusterRanks(Executor):
         return self.cluster.client[agent].apply_async(_agent.run_node, self.job, spot)
 
     def waitables(self, rank: int) -> list[Any]:
-        return [self.pipes[rank][0]]
+        return [self.pipes[rank][0]] if self.spec.runs(rank) else []  # --on: the others sit the cell out
 
     def ended(self, rank: int, ready: Any) -> tuple[int, bool] | None:
         with contextlib.suppress(BlockingIOError):

@@ -79,10 +79,11 @@ def run_world_cell(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> 
                 shm_prefix=new_run_prefix() if out_names else None,
                 rich=job["rich"],
                 notes=(),
+                on_ranks=frozenset(job["on"]) if job["on"] is not None else None,
             )
             cell = WorldJob(
                 job["cell"], spec.run_dir, run_id, Payload(names), out_names, spec.shm_prefix,
-                grace=spec.grace_period, rank_offset=node["offset"],
+                grace=spec.grace_period, rank_offset=node["offset"], on=spec.on_ranks,
             )  # fmt: skip
             with _agent._working_directory(job["cwd"]):
                 run = execute(spec, view, _NodeWorldCell(world, cell))

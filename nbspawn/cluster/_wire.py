@@ -32,6 +32,7 @@ class Job(TypedDict):
     rich: bool
     cwd: str  # the kernel's working directory, where the node runs if it has it
     publish_every: float  # seconds between two batches of this node
+    on: list[int] | None  # a kept world's cell: --on, the global ranks that run it (None: all)
 
 
 class Spot(TypedDict):

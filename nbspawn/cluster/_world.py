@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._options import parse_kb, parse_ranks, parse_seconds, parse_world_name
+from .._options import parse_kb, parse_on, parse_ranks, parse_seconds, parse_world_name
 from .._request import RunRequest
 from .._run import Run
 from .._spec import RunSpec, new_run_id, run_directory
@@ -144,11 +144,12 @@ def plan_cluster_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, Cluster
             f"nbspawn: world {name!r} was lost ({_lost[name]}); this cell starts a new one: run the cells that set it up again.",
         )
     if world is None:
-        spec, fresh = plan_cluster(request, rich)
+        spec, fresh = plan_cluster(dataclasses.replace(request, on=None), rich)
+        on = parse_on(request.on, spec.nprocs, name)
         world = ClusterWorld(name, spec, fresh.cluster, fresh.job["settings"])
-        return dataclasses.replace(spec, notes=(*spec.notes, *notes)), ClusterWorldCell(
-            spec, fresh.cluster, fresh.job, world, first=True
-        )
+        spec = dataclasses.replace(spec, notes=(*spec.notes, *notes), on_ranks=on)
+        job = _wire.Job(**{**fresh.job, "on": sorted(on) if on is not None else None})
+        return spec, ClusterWorldCell(spec, fresh.cluster, job, world, first=True)
     _check_settings(world, request)
     refuse_if_busy(world.cluster.client)
     settings = request.settings
@@ -158,6 +159,7 @@ def plan_cluster_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, Cluster
     timeout = parse_seconds(settings.timeout, "--timeout", allow_zero=False)
     grace = parse_seconds(settings.grace_period, "--grace-period", allow_zero=True)
     shown = parse_ranks(settings.ranks, world.spec.nprocs)
+    on = parse_on(request.on, world.spec.nprocs, name)
     parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb")
     names = pickle_names(request.cell.parse(), request.namespace, request.hidden)
     run_id = new_run_id()
@@ -173,6 +175,7 @@ def plan_cluster_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, Cluster
         cell_numbers=dict(request.cell_numbers),
         rich=rich,
         notes=(),
+        on_ranks=on,
     )
     job = _wire.Job(
         run_id=run_id,
@@ -184,6 +187,7 @@ def plan_cluster_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, Cluster
         rich=rich,
         cwd=os.getcwd(),
         publish_every=0.1 * len(world.cluster.nodes),
+        on=sorted(on) if on is not None else None,
     )
     return spec, ClusterWorldCell(spec, world.cluster, job, world, first=False)
 

@@ -181,13 +181,16 @@ class WorldCell(Executor):
         sitting_out = replace(self.job, names=None, shared=(), out_names=())
         for rank, conn in enumerate(self.world.conns):
             try:
-                conn.send(self.job if self.job.runs(rank) else sitting_out)
+                conn.send(self.job if self._runs(rank) else sitting_out)
             except (BrokenPipeError, ConnectionResetError, OSError):
                 pass  # the rank died just now: its sentinel tells the supervisor, which loses the world
         return self.world.pids
 
+    def _runs(self, rank: int) -> bool:
+        return self.job.runs(self.job.rank_offset + rank)  # a cluster node's ranks are numbered from its offset
+
     def waitables(self, rank: int) -> list[Any]:
-        if not self.job.runs(rank):  # --on: it sits the cell out and answers nothing
+        if not self._runs(rank):  # --on: it sits the cell out and answers nothing
             return []
         return [self.world.conns[rank], self.world.processes[rank].sentinel]
 
