@@ -388,13 +388,12 @@ def _where(names: list[str]) -> str:
         if run.done:
             parts.append(f"run {run.run_id}: {run.status}, nothing runs (its logs: {run.run_dir})")
             continue
-        asked = [RankToAsk(s.rank, s.pid, s.stacks_path, s.node) for s in run.ranks if s.status == "running"]
         elapsed = time.time() - run.started_at
-        text = where_now(asked, run.spec.cell, run.spec.program, run.spec.cell_numbers)
+        text = run.where()
         parts.append(f"run {run.run_id} (background, {elapsed:.0f} s):\n{text or '  (no rank is running)'}")
     for world in chosen_worlds:
-        if not hasattr(world, "processes"):  # a cluster world: its nodes' agents would have to look
-            parts.append(f"world {world.name!r} ({world.state}, {world.cells} cells): on a cluster, where is not asked yet")
+        if not hasattr(world, "processes"):  # a cluster world: its nodes' agents look
+            parts.append(f"world {world.name!r} ({world.state}, {world.cells} cells, on a cluster):\n{world.where()}")
             continue
         asked = [RankToAsk(r, pid, RankDir(world.spec.rank_dir(r)).stacks) for r, pid in enumerate(world.pids)]
         text = where_now(asked, None, idle="idle: waiting for the next cell")

@@ -19,6 +19,7 @@ from ._spec import RunSpec
 from .errors import RankFailure, RunFacts, SpawnError
 from .events._display import DisplayItems
 from .events._streams import Event, RankStreams
+from .events._where import ANSWER_WAIT, RankToAsk, where_now
 
 
 @dataclass
@@ -113,6 +114,8 @@ class Run:
     _thread: threading.Thread | None = field(default=None, repr=False)
     _stop_requested: str | None = field(default=None, repr=False)  # who asked: "run.stop()", "%spawn stop"
     _on_wait: list[Callable[[Run], None]] = field(default_factory=list, repr=False)
+    # where ranks are asked by someone else (a cluster's: by their nodes' agents), set by its executor
+    _ask_elsewhere: Callable[[float], str] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.display_items = DisplayItems(self.spec.max_image_bytes, {})
@@ -139,6 +142,14 @@ class Run:
     def stop(self, by: str = "run.stop()") -> None:
         """Stop every rank, as the view's Stop button does; returns at once (``wait()`` to join)."""
         self._stop_requested = by
+
+    def where(self, wait: float = ANSWER_WAIT) -> str:
+        """Every running rank's stack now, ranks at the same place grouped (``%spawn where``, the
+        Where button); empty if no rank runs."""
+        if self._ask_elsewhere is not None:
+            return self._ask_elsewhere(wait)
+        asked = [RankToAsk(s.rank, s.pid, s.stacks_path, s.node) for s in self.ranks if s.status == "running"]
+        return where_now(asked, self.spec.cell, self.spec.program, self.spec.cell_numbers, wait=wait)
 
     @property
     def run_id(self) -> str:

@@ -24,6 +24,7 @@ from cluster_harness import (
 )
 from cluster_nodes import LocalNodes
 from kernel_harness import execute, ok, rank_lines, run
+from widget_harness import create_subshell, delete_subshell, send_comm_msg
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -164,6 +165,80 @@ def test_a_background_run_across_nodes_is_stopped(kernel, nodes):
     assert ok(kernel, "print(long.done, long.status)").stdout.split() == ["True", "stopped"]
     assert_nothing_left(nodes)
     engines_idle(nodes)
+
+
+HANG = "import time, torch.distributed as dist\nif dist.get_rank() == 3:\n    time.sleep(300)\ndist.barrier()"
+
+
+def test_where_on_a_cluster_world_between_cells_and_a_hung_background_run(kernel, nodes):
+    ok(kernel, "%%spawn --cluster rc --world ww -n 2 --backend gloo\nimport torch")
+    text = ok(kernel, "%spawn where ww").stdout
+    assert "world 'ww' (idle, 1 cells, on a cluster):\nranks 0-3: idle: waiting for the next cell" in text, text
+    ok(kernel, "%spawn stop ww")
+    ok(kernel, f"%%spawn --cluster rc --bg -n 2 --backend gloo\n{HANG}")
+    ok(kernel, "import nbspawn\nhung = nbspawn.last_run()")
+    try:
+        wait_for_ranks(nodes, ranks_on_every_node(nodes))
+        time.sleep(3)  # every rank past init_process_group and into its place
+        text = ok(kernel, "%spawn where {hung.run_id}").stdout
+        assert re.search(
+            r"^ranks 0-2: Cell In\[\d+\], line 5: dist\.barrier\(\).*\[in barrier #1 for \d+(-\d+)? s\]$", text, re.M
+        ), text
+        assert re.search(r"^rank 3: Cell In\[\d+\], line 4: time\.sleep\(300\)$", text, re.M), text
+    finally:
+        ok(kernel, "%spawn stop {hung.run_id}")
+    assert_nothing_left(nodes)
+
+
+def test_the_where_button_asks_a_foreground_cluster_runs_agents(kernel, nodes):
+    client = kernel.client
+    subshell = create_subshell(client)
+    answer = None
+    try:
+        msg_id = client.execute(f"%%spawn --cluster rc -n 2 --backend gloo --view widget\n{HANG}")
+        comm_id, asked, stopped = None, None, False
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                msg = client.get_iopub_msg(timeout=1)
+            except Exception:
+                msg = None
+            if comm_id and asked is None and len(rank_processes(nodes).get(sorted(nodes.engine_pids)[1], [])) >= 2:
+                time.sleep(3)
+                send_comm_msg(client, comm_id, {"type": "where"}, subshell)
+                asked = time.monotonic()
+            if msg is None:
+                continue
+            content = msg["content"]
+            if msg["msg_type"] == "comm_open" and content["data"].get("state", {}).get("_anywidget_id"):
+                comm_id = content["comm_id"]
+            elif msg["msg_type"] == "comm_msg" and '"where"' in json.dumps(content["data"]) and not stopped:
+                answer = content["data"].get("content", {}).get("text") or json.dumps(content["data"])
+                send_comm_msg(client, comm_id, {"type": "stop"}, subshell)
+                stopped = True
+            elif (
+                msg["msg_type"] == "status"
+                and msg["parent_header"].get("msg_id") == msg_id
+                and content["execution_state"] == "idle"
+            ):
+                break
+    finally:
+        delete_subshell(client, subshell)
+    assert answer is not None
+    assert re.search(r"ranks 0-2: Cell In\[\d+\], line 5: dist\.barrier\(\)", answer), answer
+    assert re.search(r"rank 3: Cell In\[\d+\], line 4: time\.sleep\(300\)", answer), answer
+    assert_nothing_left(nodes)
+
+
+def test_the_live_hang_signal_across_nodes(kernel, nodes):
+    """No option needed: the agents are asked where their quiet ranks are, and the kernel says that
+    rank 3 (node 1) never entered the barrier the others wait in; the run ends by its --timeout."""
+    result = run(kernel, f"%%spawn --cluster rc -n 2 --backend gloo --timeout 12\n{HANG}")
+    assert result.error.ename == "SpawnTimeoutError", result.error_text
+    said = [ln for ln in result.stderr.splitlines() if ln.startswith("nbspawn: looks hung: ")]
+    assert len(said) == 1, result.stderr
+    assert "rank 3 never entered barrier #1" in said[0], said
+    assert_nothing_left(nodes)
 
 
 def test_an_engine_that_dies_loses_the_world_naming_its_node(kernel, nodes):

@@ -109,3 +109,11 @@ def test_a_collective_on_a_group_of_the_running_ranks_alone_is_not_blamed_on_the
         "ranks 0-1 waited in barrier #4 for 10 s at Cell In[3], line 4: dist.barrier(); " + out
     )
     assert live_notes({0: BARRIER, 1: BARRIER}, world, now=110.0, sitting_out=out)[1] == "waiting in barrier #4 for 10 s; " + out
+
+
+def test_ranks_in_one_collective_entered_at_different_times_read_as_one_place():
+    from nbspawn.events._where import _merged
+
+    assert _merged(["in barrier #1 for 3 s", "in barrier #1 for 4 s", "in barrier #1 for 3 s"]) == ["in barrier #1 for 3-4 s"]
+    assert _merged(["in barrier #1 for 3 s", "", "after all_reduce #2"]) == ["after all_reduce #2", "in barrier #1 for 3 s"]
+    assert _merged(["in barrier #1 for 3 s", "in barrier #2 for 3 s"]) == ["in barrier #1 for 3 s", "in barrier #2 for 3 s"]

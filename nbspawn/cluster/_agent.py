@@ -39,6 +39,7 @@ from .._options import parse_env
 from .._run import RankState, Run
 from .._spec import RunSpec
 from ..errors import SpawnOutputError
+from ..events._where import RankToAsk, rank_collectives, rank_stacks
 from ..executors._fresh import FreshRanks
 from ..executors._program import ProgramRanks
 from ..views._protocol import RunView
@@ -46,6 +47,8 @@ from . import _net, _wire
 
 STOP_SIGNAL = signal.SIGUSR2
 HEARTBEAT_SIGNAL = signal.SIGWINCH
+WHERE_SIGNAL = signal.SIGURG  # ignored by default: one that comes before the handler harms nothing
+LOOK_WAIT = 1.5  # the longest an agent waits for its ranks' dumps when asked where they are
 HEARTBEAT_EVERY = 0.5
 HEARTBEAT_LOST = 3.0
 READ_BUDGET = 32 * 1024  # bytes of each stream of each rank read per poll, as the live widget reads
@@ -54,6 +57,8 @@ STACKS_SENT = 64 * 1024
 
 _last_beat = time.monotonic()
 _stop_asked = False
+_where_asked = 0  # how many times the kernel asked where the ranks are
+_where_told = 0
 _store: Any = None  # node 0's TCPStore of the last run
 _listener: socket.socket | None = None  # the port node 0's next TCPStore will listen on, held open
 
@@ -89,9 +94,15 @@ def _ask_stop(_signum: int, _frame: object) -> None:
     _stop_asked = True
 
 
+def _ask_where(_signum: int, _frame: object) -> None:
+    global _where_asked
+    _where_asked += 1
+
+
 def _install_handlers() -> None:
     signal.signal(HEARTBEAT_SIGNAL, _beat)
     signal.signal(STOP_SIGNAL, _ask_stop)
+    signal.signal(WHERE_SIGNAL, _ask_where)
 
 
 def versions() -> dict[str, str]:
@@ -212,6 +223,11 @@ class RelayView(RunView):
             self._publish()  # the kernel stops the other nodes on it: no waiting
 
     def tick(self, run: Run) -> None:
+        global _where_told
+        if _where_asked > _where_told:
+            _where_told = _where_asked
+            ranks = [RankToAsk(s.rank + self.offset, s.pid, s.stacks_path) for s in run.ranks if s.status == "running"]
+            self._publish_data({_wire.where_key(_where_told): look(ranks, run.spec.program is not None)})
         if not self.pids_sent:
             self._send_pids(run)
             self._publish()
@@ -259,6 +275,12 @@ class RelayView(RunView):
             self._publish_data({_wire.batch_key(self.seq): self.batch})
             self.seq += 1
         self.batch, self.chars, self.last = [], {}, time.monotonic()
+
+
+def look(ranks: list[RankToAsk], program: bool) -> _wire.Where:
+    """These ranks' dumps and collectives, as the kernel's ``where_now`` reads them on one machine."""
+    stacks = rank_stacks(ranks, wait=LOOK_WAIT)
+    return {"stacks": stacks, "collectives": {} if program else rank_collectives(ranks, stacks)}
 
 
 def _end_record(state: RankState, died: bool) -> _wire.EndRecord:

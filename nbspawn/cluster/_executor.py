@@ -43,6 +43,7 @@ from .._source import CellSource
 from .._spec import RunSpec, new_run_id, run_directory
 from ..errors import SpawnUsageError
 from ..events._streams import Event
+from ..events._where import RankToAsk, describe
 from ..executors._base import Executor
 from . import _agent, _wire
 from ._plan import ClusterPlan, companion_client, hold, plan, refuse_if_busy, release, remember_port, resolve_client
@@ -159,6 +160,7 @@ class ClusterRanks(Executor):
         self.pipes: list[tuple[int, int]] = []  # per rank: readable when its end (or its node's answer) came
         self.pipes_lock = threading.Lock()
         self.last_beat = 0.0
+        self.look_lock = threading.Lock()
 
     # -- Executor ---------------------------------------------------------------------------------
 
@@ -206,6 +208,54 @@ class ClusterRanks(Executor):
 
     def announcement(self) -> str:
         return self.cluster.describe()
+
+    def where(self, run: Run, wait: float) -> str | None:
+        """Every running rank's stack, each node's agent looking at its own, grouped as one."""
+        running = [s.rank for s in run.ranks if s.status == "running"]
+        stacks, collectives = self.look(run, running, wait)
+        asked = [RankToAsk(r, run.ranks[r].pid, "", run.ranks[r].node) for r in running]
+        text = describe(asked, stacks, run.spec.cell, run.spec.program, run.spec.cell_numbers, collectives=collectives)
+        silent = sorted({run.ranks[r].node or "" for r in running if r not in stacks})
+        return text + (f"\n({', '.join(silent)}: no answer in time)" if silent else "")
+
+    def look(self, run: Run, ranks: list[int], wait: float) -> tuple[dict[int, str | None], dict[int, list[dict[str, Any]]]]:
+        """Each node's agent is asked (a signal) and looks at its own ranks (``_agent.look``).
+
+        The supervising thread asks through the run's client; another thread (``%spawn where`` on a
+        background run, in the kernel's main thread) through the user's, which is that thread's.
+        One look at a time: the agents' answers share one key space."""
+        with self.look_lock:
+            return self._look(run, ranks, wait)
+
+    def _look(self, run: Run, ranks: list[int], wait: float) -> tuple[dict[int, str | None], dict[int, list[dict[str, Any]]]]:
+        asked = sorted({self.cluster.node_of(r).index for r in ranks} - set(self.answered))
+        if not asked:
+            return {}, {}
+        for index in asked:
+            for key in [k for k in list(self.inboxes[index]) if k.startswith(_wire.WHERE_PREFIX)]:
+                self.inboxes[index].pop(key, None)  # an answer to an earlier question
+        supervising = run._thread is threading.current_thread() if run.background else True
+        client = self.cluster.client if supervising else self.port_book
+        agents = [self.cluster.nodes[i].agent for i in asked]
+        registered = set(client.ids)
+        client.send_signal(int(_agent.WHERE_SIGNAL), targets=[a for a in agents if a in registered], block=False)
+        answers: dict[int, _wire.Where] = {}
+        until = time.monotonic() + max(wait, _agent.LOOK_WAIT) + 1.0  # the agents look, then answer
+        while len(answers) < len(asked) and time.monotonic() < until:
+            for index in asked:
+                for key in [k for k in list(self.inboxes[index]) if k.startswith(_wire.WHERE_PREFIX)]:
+                    answers[index] = self.inboxes[index].pop(key)
+            if len(answers) < len(asked):
+                if supervising:
+                    self._heartbeat()  # the agents must not take this wait for the kernel's death
+                time.sleep(0.01)
+        stacks: dict[int, str | None] = {}
+        collectives: dict[int, list[dict[str, Any]]] = {}
+        wanted = set(ranks)
+        for answer in answers.values():
+            stacks.update({int(r): d for r, d in answer["stacks"].items() if int(r) in wanted})
+            collectives.update({int(r): c for r, c in answer["collectives"].items() if int(r) in wanted})
+        return stacks, collectives
 
     def signal_ranks(self, ranks: list[int], pids: list[int], sig: int) -> None:
         """One request per node: SIGINT interrupts (a second one kills), SIGTERM stops as a failure does."""

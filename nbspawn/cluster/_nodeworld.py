@@ -141,6 +141,19 @@ def _world_for(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> tupl
     return world, next_port
 
 
+def where_here(name: str) -> _wire.Where:
+    """Where this node's ranks of world ``name`` are, between cells (``%spawn where``)."""
+    from .._rankdir import RankDir
+    from ..events._where import RankToAsk
+
+    world = _world.worlds().get(name)
+    if world is None:
+        return {"stacks": {}, "collectives": {}}
+    offset = world.spec.rank_offset
+    ranks = [RankToAsk(offset + r, pid, RankDir(world.spec.rank_dir(r)).stacks) for r, pid in enumerate(world.pids)]
+    return _agent.look(ranks, program=False)
+
+
 def stop_world(name: str) -> bool:
     """Stop this node's ranks of world ``name`` (nothing of them is left); False if it had none."""
     with _lock:

@@ -12,6 +12,10 @@ so the kernel reads them in order; each batch is a list of entries:
     ("e", rank, EndRecord)                      a rank ended
 
 Ranks are global.  The agent's ``apply`` returns an :class:`Answer`, with the last batch in it.
+
+Asked where its ranks are (a signal: the kernel reaches a busy engine no other way), an agent
+publishes a :class:`Where` under its own key, :func:`where_key` (``nbspawnwhere3``: the third time it
+was asked), outside the sequence of batches, so any thread of the kernel can take it.
 """
 
 from __future__ import annotations
@@ -76,3 +80,15 @@ class Answer(TypedDict):
 
 def batch_key(seq: int) -> str:
     return f"nbspawn{seq:09d}"
+
+
+class Where(TypedDict):
+    stacks: dict[int, str | None]  # global rank -> its dump (None: it could not be asked)
+    collectives: dict[int, list[dict[str, Any]]]  # global rank -> its recent collectives (the flight recorder's)
+
+
+WHERE_PREFIX = "nbspawnwhere"
+
+
+def where_key(asked: int) -> str:
+    return f"{WHERE_PREFIX}{asked}"

@@ -84,6 +84,27 @@ class ClusterWorld:
             "logs": ", ".join(f"{n.hostname}:{os.path.dirname(self.spec.run_dir)}" for n in self.cluster.nodes),
         }
 
+    def where(self) -> str:
+        """Where every rank is now, between cells: each node's agent looks at its own ranks."""
+        from ..events._where import RankToAsk, describe
+
+        client = self.cluster.client
+        pending = {node.index: client[node.agent].apply_async(_nodeworld.where_here, self.name) for node in self.cluster.nodes}
+        stacks: dict[int, str | None] = {}
+        collectives: dict[int, list[dict[str, Any]]] = {}
+        silent = []
+        for index, result in pending.items():
+            try:
+                answer: _wire.Where = result.get(timeout=STOP_TIMEOUT)
+            except Exception:
+                silent.append(self.cluster.nodes[index].label)
+                continue
+            stacks.update(answer["stacks"])
+            collectives.update(answer["collectives"])
+        ranks = [RankToAsk(r, None, "", self.cluster.node_of(r).label) for r in range(self.spec.nprocs)]
+        text = describe(ranks, stacks, None, idle="idle: waiting for the next cell", collectives=collectives)
+        return text + (f"\n({', '.join(silent)} did not answer)" if silent else "")
+
     def stop(self) -> None:
         """Every node's ranks of the world leave; nothing of it is left on any node."""
         if self.state == "stopped":

@@ -17,6 +17,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,11 +126,26 @@ def describe(
     for stack, members in sorted(where.items(), key=lambda item: item[1][0]):
         head = f"rank {members[0]}" if len(members) == 1 else f"ranks {rank_spans(sorted(members))}"
         headline = _innermost(stack)
-        positions = sorted({_position(collectives, r, stack) for r in members} - {""})
+        positions = _merged(_position(collectives, r, stack) for r in members)
         lines.append(f"{head}: {headline}" + (f"  [{'; '.join(positions)}]" if positions else ""))
         if stack.strip().strip("()") != headline:
             lines.extend(stack.splitlines())
     return "\n".join(lines)
+
+
+def _merged(positions: Iterable[str]) -> list[str]:
+    """One position per collective: ranks that entered the same one at different times (on other
+    nodes, say) read ``in barrier #1 for 3-4 s``, not as two places."""
+    waits: dict[str, list[int]] = {}
+    others: set[str] = set()
+    for position in positions:
+        found = re.fullmatch(r"(in \S+ #\d+) for (\d+) s", position)
+        if found:
+            waits.setdefault(found[1], []).append(int(found[2]))
+        elif position:
+            others.add(position)
+    merged = {f"{head} for {min(s)}-{max(s)} s" if min(s) != max(s) else f"{head} for {s[0]} s" for head, s in waits.items()}
+    return sorted(merged | others)
 
 
 def _position(collectives: dict[int, list[dict[str, Any]]] | None, rank: int, stack: str) -> str:

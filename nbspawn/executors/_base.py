@@ -26,6 +26,7 @@ from ._procs import signal_group
 if TYPE_CHECKING:
     from .._run import Run
     from ..events._streams import Event
+from ..events._where import RankToAsk, rank_collectives, rank_stacks
 
 POLL_MAX = 0.25  # the longest the supervisor waits between looks for new output
 
@@ -53,6 +54,18 @@ class Executor(ABC):
     def announcement(self) -> str | None:
         """A line printed before the run starts (a cluster's node order), if any."""
         return None
+
+    def where(self, run: Run, wait: float) -> str | None:
+        """Where its ranks are now, when they cannot be asked from this machine (a cluster's); None:
+        ask them here (``Run.where``)."""
+        return None
+
+    def look(self, run: Run, ranks: list[int], wait: float) -> tuple[dict[int, str | None], dict[int, list[dict[str, Any]]]]:
+        """These ranks' stack dumps and recent collectives, asked now (``events._where``): from here
+        by signal and their files; a remote executor asks the ranks' agents."""
+        asked = [RankToAsk(r, run.ranks[r].pid, run.ranks[r].stacks_path) for r in ranks]
+        dumps = rank_stacks(asked, wait=wait)
+        return dumps, (rank_collectives(asked, dumps) if run.spec.program is None else {})
 
     def signal_ranks(self, ranks: list[int], pids: list[int], sig: int) -> None:
         """Deliver ``sig`` to these ranks (each rank's process group)."""

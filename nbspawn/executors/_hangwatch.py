@@ -18,6 +18,7 @@ from .._source import main_thread_stack, program_stack
 from .._spec import RunSpec
 from ..events._where import RankToAsk, hang_verdict, live_notes, rank_collectives, rank_stacks
 from ..views._protocol import RunView
+from ._base import Executor
 
 STACK_DUMP_WAIT = 0.5  # how long to wait for faulthandler dumps before SIGTERM
 HANG_FIRST_LOOK = 3.0  # seconds of silence before the ranks are looked at (then 6, 12, ... while nothing hangs)
@@ -28,6 +29,7 @@ HANG_LAST_LOOK = 300.0  # the longest silence between two looks
 class HangWatch:
     run: Run
     spec: RunSpec
+    executor: Executor
     view: RunView
     alive: dict[Any, int]
     pids: list[int]
@@ -47,10 +49,8 @@ class HangWatch:
         now = time.monotonic()
         if not self.watches or self.stop_reason is not None or now < self.quiet_since + self.hang_look_after:
             return
-        asked = [RankToAsk(r, self.pids[r], self.run.ranks[r].stacks_path) for r in sorted(set(self.alive.values()))]
-        dumps = rank_stacks(asked, wait=STACK_DUMP_WAIT)
+        dumps, collectives = self.executor.look(self.run, sorted(set(self.alive.values())), STACK_DUMP_WAIT)
         stacks = {r: main_thread_stack(d, self.spec.cell) for r, d in dumps.items() if d} if self.spec.program is None else {}
-        collectives = rank_collectives(asked, dumps) if stacks else {}
         sitting_out = self.spec.sitting_out()  # --on: ranks a collective may wait for, which do not run the cell
         notes = live_notes(stacks, collectives, sitting_out=sitting_out)
         verdict = hang_verdict(stacks, collectives, sitting_out=sitting_out) if notes else None

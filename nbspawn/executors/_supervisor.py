@@ -141,7 +141,7 @@ class _Supervisor(PromptDesk, HangWatch):
         self.lost: str | None = None  # a kept world that cannot go on: why
         self.stopped_by: str | None = None  # "Stop button" | "run.stop()" | why a node agent was told to stop
         self.remote = executor.remote
-        self.watches = executor.watches_hangs and not executor.remote
+        self.watches = executor.watches_hangs  # a cluster's ranks too: their agents look
         self.interrupted_after_stop = False
         self.seen_at_stop: dict[int, str] = {}  # where each rank was when the run was stopped
         self.collectives_at_stop: dict[int, list[dict[str, Any]]] = {}  # and how far in its collectives
@@ -160,6 +160,9 @@ class _Supervisor(PromptDesk, HangWatch):
         now = time.time()
         if not self.run.background and not self.remote and stdin_answerable():
             self.prompts = PromptChannel.open(self.spec.run_dir, [state.dir for state in self.run.ranks])
+        if self.remote:
+            executor, run = self.executor, self.run
+            run._ask_elsewhere = lambda wait: executor.where(run, wait) or ""
         with interrupts_deferred() as interrupted:
             self.pids = self.executor.start(self.run)
         for rank, pid in enumerate(self.pids):

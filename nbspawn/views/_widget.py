@@ -31,7 +31,6 @@ import anywidget
 import traitlets
 
 from .._run import RankState, Run
-from ..events._where import RankToAsk, where_now
 from . import _active
 from ._bundle import FrozenRun, json_size, run_record, tail_within
 from ._busy import kept_busy
@@ -293,11 +292,7 @@ class WidgetView(RunView):
     def _send_where(self, run: Run) -> None:
         """Every rank's stack now, grouped, for the Where button (a cluster's ranks are their agents')."""
         assert self.widget is not None  # sent by _flush, only once the widget exists
-        if any(state.node for state in run.ranks):
-            text = "Where is not asked of a cluster's ranks yet: their node's agent runs them (see the README's limits)."
-        else:
-            asked = [RankToAsk(s.rank, s.pid, s.stacks_path) for s in run.ranks if s.status == "running"]
-            text = where_now(asked, run.spec.cell, run.spec.program, run.spec.cell_numbers, wait=1.0) or "no rank is running"
+        text = run.where(wait=1.0) or "no rank is running"
         message: WhereMessage = {"type": "where", "text": text}
         self.widget.send(message)
 
