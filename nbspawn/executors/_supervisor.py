@@ -153,13 +153,17 @@ class _Supervisor(PromptDesk, HangWatch):
         self.last_prompted: int | None = None  # the rank answered last
         self.sticky_until = 0.0  # ... which keeps the prompt until then (a pdb session under way)
         self.post_mortem: int | None = None  # the rank told to stop in post-mortem (--pdb)
+        self.prompt_lock = threading.Lock()  # a background run's prompts are shared with a cell attached to it
+        self.asking: PromptRequest | None = None
+        self.attached = False
+        self.prompt_notes: dict[int, str] = {}
 
     # -- starting ---------------------------------------------------------------------------------
 
     def start(self) -> None:
         now = time.time()
-        if not self.run.background and not self.remote and stdin_answerable():
-            self.prompts = PromptChannel.open(self.spec.run_dir, [state.dir for state in self.run.ranks])
+        if not self.remote:
+            self._open_prompts(not self.run.background and stdin_answerable())
         with interrupts_deferred() as interrupted:
             self.pids = self.executor.start(self.run)
         for rank, pid in enumerate(self.pids):
@@ -183,7 +187,7 @@ class _Supervisor(PromptDesk, HangWatch):
                 waitables: list[Any] = list(self.alive)
                 if self.prompts is not None:
                     waitables.append(self.prompts)
-                    if self.pending:
+                    if self.pending and not self.run.background:
                         poll = POLL_MIN
                 wait = min(poll, max(0.0, min(self.deadline, self.escalate_at) - time.monotonic()))
                 ready: list[Any] = multiprocessing.connection.wait(waitables, timeout=wait)
@@ -195,7 +199,8 @@ class _Supervisor(PromptDesk, HangWatch):
                     self._hang_cleared()
                 else:
                     poll = min(self.executor.poll_max, poll * 2)
-                    self._watch_for_hangs()
+                    if not self.prompt_notes:  # a rank at a prompt is not hung, nor are those waiting for it
+                        self._watch_for_hangs()
                 for waitable in sorted((w for w in ready if w in self.alive), key=self._error_time):
                     if waitable in self.alive:
                         self._reap(self.alive[waitable], waitable)
@@ -402,8 +407,7 @@ class _Supervisor(PromptDesk, HangWatch):
         if self.executor.keeps_ranks and self.alive and self.lost is None:
             self.lost = "its cell did not finish"  # an error in the supervisor itself
         self.executor.cleanup(lose=self.lost is not None)
-        if self.prompts is not None:
-            self.prompts.close()
+        self._close_prompts()
         self.run.world_lost = self.lost
         self.alive.clear()
         self.run.close_logs()
