@@ -129,6 +129,8 @@ def test_attach_to_a_background_runs_breakpoint(fresh_kernel, method, view):
     assert f"rank 1 of {run_id} is at a breakpoint (Pdb, cell line 7): run `%spawn debug {run_id}` to attach" in status, status
     note = ok(fresh_kernel, "print(bg.ranks[1].note)").stdout
     assert note.startswith("at a breakpoint (Pdb, cell line 7); run %spawn debug"), note  # the chip's note
+    record = ok(fresh_kernel, "from nbspawn.views._bundle import rank_record\nprint(rank_record(bg.ranks[1])['prompt'])")
+    assert record.stdout.strip().splitlines()[-1] == "pdb"  # the widget's rank record: the chip is drawn at a prompt
     talk = converse(fresh_kernel, f"%spawn debug {run_id}", ["p x", "n", "p x", "c"])
     assert talk.result.status == "ok", talk.text
     assert talk.prompts == ["(Pdb rank 1) "] * 4
@@ -139,7 +141,8 @@ def test_attach_to_a_background_runs_breakpoint(fresh_kernel, method, view):
     assert re.search(
         f"run {run_id}: rank 1 went on; the run (goes on in the background|ended \\(succeeded\\))", talk.result.stdout
     )
-    assert ok(fresh_kernel, "bg.wait(60); print(bg.status, bg.ranks[1].note)").stdout.strip() == "succeeded None"
+    done = ok(fresh_kernel, "bg.wait(60); print('END', bg.status, bg.ranks[1].note, bg.ranks[1].prompt)").stdout
+    assert "END succeeded None None" in done
     logs = ok(fresh_kernel, "print(open(bg.ranks[1].stdout_path).read())").stdout
     assert "done 1 11" in logs
     assert "to attach" not in ok(fresh_kernel, "%spawn status").stdout

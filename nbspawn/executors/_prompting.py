@@ -153,16 +153,19 @@ class PromptDesk:
     def _mark_prompts(self) -> None:
         """Each rank at a prompt has a note saying so (its chip: "at a breakpoint (Pdb, cell line 4)"),
         and the view is told when that changes; a rank that went on has its note taken back."""
-        asked = [*self.pending, *([self.asking] if self.asking is not None else [])]
-        notes = {r.rank: r.waiting_note for r in asked if r.kind != "failed"}
+        asked = [r for r in [*self.pending, *([self.asking] if self.asking is not None else [])] if r.kind != "failed"]
+        notes = {r.rank: r.waiting_note for r in asked}
+        kinds = {r.rank: "pdb" if r.kind == "pdb" else "input" for r in asked}
         if self.last_prompted is not None and time.monotonic() < self.sticky_until and self.last_prompted in self.prompt_notes:
             notes.setdefault(self.last_prompted, self.prompt_notes[self.last_prompted])  # mid-session: it comes back
+            kinds.setdefault(self.last_prompted, "pdb")
         if self.run.background and not self.attached:
             notes = {r: f"{note}; run %spawn debug {self.run.run_id} to attach" for r, note in notes.items()}
         if notes == self.prompt_notes:
             return
         for state in self.run.ranks:
             old, new = self.prompt_notes.get(state.rank), notes.get(state.rank)
+            state.prompt = kinds.get(state.rank)
             if new is not None:
                 state.note = new
             elif old is not None and state.note == old:
