@@ -448,18 +448,9 @@ def _status_table() -> str:
         rows.append((run.run_id, f"background {what}", str(run.nprocs), run.status, f"{elapsed:.0f} s", pids or "-", run.run_dir))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows)
-    return table + "".join(f"\n{line}" for line in _waiting_lines())
+    from .executors._debug import waiting_lines
 
-
-def _waiting_lines() -> list[str]:
-    """A background run's ranks at a prompt, and how to attach (``%spawn debug RUN-ID``)."""
-    from .executors._prompting import waiting_runs
-
-    return [
-        f"rank {rank} of {run_id} is {note.split(';', 1)[0]}: run `%spawn debug {run_id}` to attach"
-        for run_id, notes in waiting_runs().items()
-        for rank, note in sorted(notes.items())
-    ]
+    return table + "".join(f"\n{line}" for line in waiting_lines())
 
 
 def _cell_files(shell: InteractiveShell) -> dict[str, int]:

@@ -114,3 +114,12 @@ def post_mortem(world: _world.World, rank: int | None, view: RunView) -> Run:
     job = WorldJob(kept.cell, spec.run_dir, run_id, debug=rank)
     print(f"post-mortem of world {name!r} rank {rank}: {kept.summary} ({kept.cell.label})")
     return execute(spec, view, _world.WorldCell(world, job))
+
+
+def waiting_lines() -> list[str]:
+    """What ``%spawn status`` adds: each background run's rank at a prompt, and how to attach."""
+    return [
+        f"rank {rank} of {run_id} is {note.split(';', 1)[0]}: run `%spawn debug {run_id}` to attach"
+        for run_id, notes in waiting_runs().items()
+        for rank, note in sorted(notes.items())
+    ]

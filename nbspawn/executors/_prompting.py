@@ -78,6 +78,17 @@ class PromptDesk:
     def _check_clocks(self) -> None:
         raise NotImplementedError
 
+    def _init_prompts(self) -> None:
+        self.prompts = None
+        self.pending = []
+        self.last_prompted = None
+        self.sticky_until = 0.0
+        self.post_mortem = None
+        self.prompt_lock = threading.Lock()
+        self.asking = None
+        self.attached = False
+        self.prompt_notes = {}
+
     def _open_prompts(self, answerable: bool) -> None:
         """The prompt channel, where something can answer: the kernel's stdin now, or (a background
         run) a later cell that attaches."""

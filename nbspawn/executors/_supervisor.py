@@ -43,7 +43,7 @@ from ..errors import (
     SpawnTimeoutError,
     SpawnUsageError,
 )
-from ..events._prompts import PromptChannel, PromptRequest, stdin_answerable
+from ..events._prompts import stdin_answerable
 from ..events._where import hang_verdict
 from ..handoff import _shm
 from ..handoff._names import discard_outputs
@@ -148,15 +148,7 @@ class _Supervisor(PromptDesk, HangWatch):
         self.quiet_since = time.monotonic()  # when the ranks last wrote anything
         self.hang_look_after = HANG_FIRST_LOOK
         self.noticed = False  # the ranks' chips say they look hung
-        self.prompts: PromptChannel | None = None  # where ranks ask (None: nothing can answer them)
-        self.pending: list[PromptRequest] = []  # prompts waiting their turn, in arrival order
-        self.last_prompted: int | None = None  # the rank answered last
-        self.sticky_until = 0.0  # ... which keeps the prompt until then (a pdb session under way)
-        self.post_mortem: int | None = None  # the rank told to stop in post-mortem (--pdb)
-        self.prompt_lock = threading.Lock()  # a background run's prompts are shared with a cell attached to it
-        self.asking: PromptRequest | None = None
-        self.attached = False
-        self.prompt_notes: dict[int, str] = {}
+        self._init_prompts()  # the prompt desk's own (executors._prompting)
 
     # -- starting ---------------------------------------------------------------------------------
 
