@@ -184,3 +184,13 @@ def test_an_unattached_prompt_ends_with_stop_and_timeout(fresh_kernel):
     result = ok(fresh_kernel, "bg._done.wait(60); print(bg.status)")
     assert result.stdout.strip() == "timeout"
     assert re.search(r"no kept worlds or background runs|stopped|timeout", ok(fresh_kernel, "%spawn status").stdout)
+
+
+def test_attach_to_a_background_programs_breakpoint(fresh_kernel, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import os\nstep = 3\nif os.environ['RANK'] == '1':\n    breakpoint()\nprint('loss', step * 2)\n")
+    run_id = background(fresh_kernel, f"%spawn --bg -n 2 -- {script}")
+    assert f"rank 1 of {run_id} is at a breakpoint (Pdb, train.py line 5)" in waiting(fresh_kernel)
+    talk = converse(fresh_kernel, "%spawn debug", ["p step", "c"])
+    assert talk.prompts == ["(Pdb rank 1) "] * 2, talk.text
+    assert ok(fresh_kernel, "bg.wait(60); print('END', bg.status)").stdout.strip().endswith("END succeeded")
