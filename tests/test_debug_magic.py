@@ -109,7 +109,8 @@ def waiting(kernel: Kernel, timeout: float = 60) -> str:
 
 
 def background(kernel: Kernel, code: str) -> str:
-    ok(kernel, code)
+    """Start a background run from a cell sent with stdin (a notebook's): its prompts wait for an attach."""
+    assert converse(kernel, code, []).result.status == "ok"
     said = ok(kernel, "bg = nbspawn.last_run(); print('RUN-ID', bg.run_id)").stdout  # the run's own lines may come too
     found = re.search(r"RUN-ID (\S+)", said)
     assert found, said
@@ -194,3 +195,12 @@ def test_attach_to_a_background_programs_breakpoint(fresh_kernel, tmp_path):
     talk = converse(fresh_kernel, "%spawn debug", ["p step", "c"])
     assert talk.prompts == ["(Pdb rank 1) "] * 2, talk.text
     assert ok(fresh_kernel, "bg.wait(60); print('END', bg.status)").stdout.strip().endswith("END succeeded")
+
+
+def test_a_background_run_started_without_stdin_fails_its_prompt_at_once(kernel):
+    ok(kernel, "%%spawn --bg -n 1\ninput('x? ')\n")  # the harness sends allow_stdin=False, as nbclient does
+    start = time.monotonic()
+    result = run(kernel, "bg = nbspawn.last_run(); bg.wait(60)")
+    assert result.status == "error" and "nothing can answer a prompt here" in strip_ansi(result.error.evalue)
+    assert time.monotonic() - start < 30
+    assert "to attach" not in ok(kernel, "%spawn status").stdout

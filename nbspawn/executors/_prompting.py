@@ -90,9 +90,10 @@ class PromptDesk:
         self.prompt_notes = {}
 
     def _open_prompts(self, answerable: bool) -> None:
-        """The prompt channel, where something can answer: the kernel's stdin now, or (a background
-        run) a later cell that attaches."""
-        if self.run.background or answerable:
+        """The prompt channel, where something can answer (``answerable``: the cell that starts the run
+        was sent with stdin): its own input box, or (a background run) a later cell's, which attaches.
+        A run started without stdin (nbclient, papermill) has none: its prompts fail at once."""
+        if answerable:
             self.prompts = PromptChannel.open(self.spec.run_dir, [state.dir for state in self.run.ranks])
         if self.prompts is not None and self.run.background:
             _attachable[self.run.run_id] = self

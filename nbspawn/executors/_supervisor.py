@@ -155,7 +155,7 @@ class _Supervisor(PromptDesk, HangWatch):
     def start(self) -> None:
         now = time.time()
         if not self.remote:
-            self._open_prompts(not self.run.background and stdin_answerable())
+            self._open_prompts(stdin_answerable())
         with interrupts_deferred() as interrupted:
             self.pids = self.executor.start(self.run)
         for rank, pid in enumerate(self.pids):

@@ -2,14 +2,14 @@
 
 A rank has no terminal.  When it asks something, it writes one JSON line to the run's request FIFO
 (``<run-dir>/prompts.fifo``, made by the kernel before the ranks start, only when the kernel can answer:
-a foreground run whose cell was sent with ``allow_stdin``, or a background run) and blocks reading its own answer FIFO
+a run whose cell was sent with ``allow_stdin``; a background one's answers come from a later cell) and blocks reading its own answer FIFO
 (``<rank-dir>/answers.fifo``, made here at the first prompt).  The kernel's supervisor has the request
 FIFO among what it waits on; it shows the rank's output so far, asks the kernel's own ``input()`` (the
 ``input_request`` every frontend answers) with a prompt that names the rank, and writes the answer back.
 
 No request FIFO means nothing can answer (nbclient, nbconvert, papermill; a cluster run): a prompt
-then fails at once, saying so, and nothing waits.  A background run has one: its rank waits until a
-later cell attaches (``%spawn debug RUN-ID``).
+then fails at once, saying so, and nothing waits.  A background run started from a notebook's cell
+has one: its rank waits until a later cell attaches (``%spawn debug RUN-ID``).
 
 pdb is this module's :class:`RankPdb` (``pdb.Pdb`` is replaced in the rank, so ``pdb.set_trace()``,
 ``pdb.post_mortem()`` and ``torch.distributed.breakpoint()`` get it): its prompt names the rank, it
