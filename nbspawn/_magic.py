@@ -41,7 +41,10 @@ FORMS = """\
   %spawn stop [NAME|RUN-ID ...]         stop these kept worlds and background runs (all of them if none is named);
                                         only their logs remain
   %spawn where [NAME|RUN-ID ...]        where every rank of these background runs and kept worlds is right now
-                                        (all of them if none is named): ranks at the same line grouped"""
+                                        (all of them if none is named): ranks at the same line grouped
+  %spawn debug [NAME|RUN-ID] [RANK]     pdb on a rank from this cell: the post-mortem of a kept world's last
+                                        failure (its root cause's rank unless RANK is given), or attach to a
+                                        background run's rank waiting at a breakpoint or input()"""
 
 _ARGPARSE: dict[str, dict[str, Any]] = {"env": {"nargs": "+", "action": "extend"}}
 _GROUP_TITLES = {"common": "options for cells and programs", "cell": "options for cells only", "magic": "how the run is shown"}
@@ -190,6 +193,9 @@ class SpawnMagics(Magics):
             except SpawnUsageError as err:
                 raise UsageError(str(err)) from None
             return None
+        if words[:1] == ["debug"]:
+            self._debug(words[1:])
+            return None
         if words[:1] == ["stop"]:
             try:
                 stopped = _stop(words[1:])
@@ -229,6 +235,20 @@ class SpawnMagics(Magics):
             raise run.error
         user_ns.update(run.outputs)
         return None
+
+    def _debug(self, words: list[str]) -> None:
+        """``%spawn debug [NAME|RUN-ID] [RANK]`` (``executors._debug``): a kept world's post-mortem runs
+        as a cell does (its view, its error); an attach to a background run says how it ended."""
+        from .executors._debug import debug
+
+        try:
+            run, said = debug(words, self._view(self.view))
+        except (SpawnUsageError, ValueError) as err:
+            raise UsageError(str(err)) from None
+        if said:
+            print(said)
+        if run is not None and run.error is not None:
+            raise run.error
 
     def _request(self, args: argparse.Namespace, cell: CellSource | None, program: tuple[str, ...] | None) -> RunRequest:
         """The cell's options, each falling back on its SpawnMagics default."""
@@ -430,7 +450,10 @@ def _status_table() -> str:
         what = "program" if run.spec.program else "cell"
         rows.append((run.run_id, f"background {what}", str(run.nprocs), run.status, f"{elapsed:.0f} s", pids or "-", run.run_dir))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows)
+    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows)
+    from .executors._debug import waiting_lines
+
+    return table + "".join(f"\n{line}" for line in waiting_lines())
 
 
 def _cell_files(shell: InteractiveShell) -> dict[str, int]:

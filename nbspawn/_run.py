@@ -39,6 +39,7 @@ class RankState:
     remote_dir: str | None = None
     # what nbspawn noticed while the rank runs: "waiting in barrier #3 for 25 s; rank 2 has not entered it"
     note: str | None = None
+    prompt: str | None = None  # at a prompt now: "pdb" (a breakpoint, a post-mortem) or "input" (input(), getpass())
     stack_from: int | None = None  # where in stacks.log the dump asked for when it was stopped begins
 
     def read_stacks(self, limit: int | None = None) -> str:

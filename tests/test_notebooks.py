@@ -7,7 +7,9 @@ in a kernel that is the live widget, which the frozen bundle replaces in place w
 
 from __future__ import annotations
 
+import asyncio
 import html
+import queue
 import re
 import subprocess
 import sys
@@ -27,10 +29,55 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
+class AnsweringClient(NotebookClient):
+    """nbclient, answering prompts as a person would: a cell whose metadata holds
+    ``{"nbspawn": {"answers": [...]}}`` is sent with stdin allowed (nbclient never allows it), and
+    each ``input_request`` it makes gets the next answer (what a rank's ``input()`` or pdb asks,
+    notebooks/debugging.ipynb).  The prompts seen are kept, and any prompt past the answers too."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.prompts: list[tuple[int, str]] = []  # (cell index, prompt)
+        self.unanswered: list[tuple[int, str]] = []
+
+    async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):  # type: ignore[override]
+        answers = list(cell.get("metadata", {}).get("nbspawn", {}).get("answers", []))
+        if not answers or self.kc is None:
+            return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+        self.kc.allow_stdin = True
+        task = asyncio.ensure_future(self._answer(cell_index, answers))
+        try:
+            return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+        finally:
+            task.cancel()
+            self.kc.allow_stdin = False
+            if answers:
+                self.unanswered.append((cell_index, f"answers never asked for: {answers}"))
+
+    async def _answer(self, cell_index: int, answers: list[str]) -> None:
+        assert self.kc is not None
+        while True:
+            try:
+                msg = await self.kc.stdin_channel.get_msg(timeout=0.05)
+            except queue.Empty:
+                continue
+            if msg["msg_type"] != "input_request":
+                continue
+            prompt = msg["content"]["prompt"]
+            self.prompts.append((cell_index, prompt))
+            if answers:
+                self.kc.input(answers.pop(0))
+            else:  # past the script: go on (pdb's c), and say so
+                self.unanswered.append((cell_index, prompt))
+                self.kc.input("c")
+
+
 def run_notebook(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 300) -> nbformat.NotebookNode:
     km = AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=_kernel_spec_manager())
-    client = NotebookClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(cwd)}})
-    return client.execute()
+    client = AnsweringClient(nb, km=km, timeout=timeout, resources={"metadata": {"path": str(cwd)}})
+    executed = client.execute()
+    assert not client.unanswered, (client.unanswered, client.prompts)
+    return executed
 
 
 def spawn_outputs(nb: nbformat.NotebookNode) -> list[dict]:

@@ -402,3 +402,21 @@ def test_a_ranks_breakpoint_is_answered_at_the_terminal(terminal):
     terminal.wait_raw(prompt)
     text = terminal.raw.decode("utf-8", "replace")
     assert "[rank1]: after 17" in text and "[rank0]: after 7" in text, terminal.text()
+
+
+def test_a_kept_worlds_post_mortem_at_the_terminal(terminal):
+    """%spawn debug in terminal IPython: the world's failed rank's pdb asks at the terminal."""
+    terminal.run_cell("%%spawn --world t -n 2 --start-method fork --view text\nimport os\nrank = int(os.environ['RANK'])")
+    terminal.run_cell("%%spawn --world t --view text\nbad = rank * 5\nif rank == 1:\n    raise ValueError('no')")
+    terminal.wait_raw(b"ValueError: no")
+    asked = terminal.raw.count(b"(Pdb rank 1)")
+    terminal.run_cell("%spawn debug t")
+    terminal.wait_raw(b"(Pdb rank 1)", asked + 1)
+    terminal.child.sendline("p bad")
+    terminal.wait_raw(b"5\r\n")
+    terminal.wait_raw(b"(Pdb rank 1)", asked + 2)
+    prompt = f"In [{terminal.raw.count(b'In [') + 1}]:".encode()
+    terminal.child.sendline("c")
+    terminal.wait_raw(prompt)
+    terminal.run_cell("%spawn stop t")
+    assert "post-mortem of world 't' rank 1: ValueError: no" in terminal.raw.decode("utf-8", "replace")

@@ -106,3 +106,87 @@ def test_a_quit_debuggers_traceback_ends_in_the_users_code():
         names.append(tb.tb_frame.f_code.co_name)
         tb = tb.tb_next
     assert names == ["test_a_quit_debuggers_traceback_ends_in_the_users_code", "user"]
+
+
+def test_a_pdb_request_says_where_it_stopped_and_the_chip_says_so():
+    line = b'{"rank": 1, "kind": "pdb", "prompt": "(Pdb rank 1) ", "id": 3, "where": "cell line 4"}'
+    request = PromptRequest.parse(line)
+    assert request == PromptRequest(1, "pdb", "(Pdb rank 1) ", 3, False, "cell line 4")
+    assert request.waiting_note == "at a breakpoint (Pdb, cell line 4)"
+    assert PromptRequest(1, "pdb", "", 1).waiting_note == "at a breakpoint (Pdb)"
+    assert PromptRequest(1, "input", "", 1).waiting_note == "waiting for input (input())"
+    assert PromptRequest(1, "input", "", 1, password=True).waiting_note == "waiting for input (getpass)"
+
+
+@pytest.mark.parametrize(
+    ("words", "parsed"),
+    [
+        ([], (None, None)),
+        (["1"], (None, 1)),  # a lone number is a rank, whatever exists
+        (["w"], ("w", None)),
+        (["w", "2"], ("w", 2)),
+        (["7", "0"], ("7", 0)),  # a world named by digits, with its rank
+        (["20261123-231500-ab12"], ("20261123-231500-ab12", None)),
+    ],
+)
+def test_debugs_words_a_last_number_is_the_rank(words, parsed):
+    from nbspawn.executors._debug import parse_debug_words
+
+    assert parse_debug_words(words) == parsed
+
+
+@pytest.mark.parametrize("words", [["a", "b"], ["a", "b", "1"], ["1", "2", "3"]])
+def test_debugs_words_name_one_thing_at_most(words):
+    from nbspawn.errors import SpawnUsageError
+    from nbspawn.executors._debug import parse_debug_words
+
+    with pytest.raises(SpawnUsageError, match="one world or run and one rank at most"):
+        parse_debug_words(words)
+
+
+def test_without_a_rank_the_root_cause_of_the_last_failed_cell_is_debugged():
+    from nbspawn._source import CellSource
+    from nbspawn.executors._debug import default_rank
+    from nbspawn.executors._world import KeptFailure, World
+
+    cell = CellSource("x")
+    world = World(name="w", spec=None, base_dir="/tmp")  # type: ignore[arg-type]  # only its kept failures are read
+    world.kept = {
+        0: KeptFailure(0, cell, 2, "ValueError: late", 20.0),
+        3: KeptFailure(3, cell, 2, "RuntimeError: first", 10.0),
+        1: KeptFailure(1, cell, 1, "KeyError: older cell", 1.0),
+    }
+    assert default_rank(world) == 3
+
+
+def test_a_rank_keeps_a_failure_not_an_interrupt_nor_a_quit_debugger():
+    from nbspawn._source import CellSource
+    from nbspawn.ranks import _world as rank_world
+
+    cell = CellSource("x")
+    before = rank_world._kept
+    try:
+        error = ValueError("bad")
+        rank_world.keep_failure(error, cell)
+        for other in (KeyboardInterrupt(), _prompt.DebuggerQuit("q"), _prompt.NoPromptError("no stdin")):
+            rank_world.keep_failure(other, cell)
+        assert rank_world._kept == (error, cell)
+    finally:
+        rank_world._kept = before
+
+
+def test_an_attached_cell_shows_where_the_rank_stopped_then_what_it_writes(tmp_path, capsys):
+    from nbspawn.executors._prompting import ECHO_LINES, _echo, _tail_offsets
+
+    out, err = tmp_path / "stdout.log", tmp_path / "stderr.log"
+    out.write_text("".join(f"line {i}\n" for i in range(40)))
+    offsets = _tail_offsets(str(out), str(err))  # no stderr.log yet: from its start
+    _echo(str(out), str(err), offsets)
+    shown = capsys.readouterr().out.splitlines()
+    assert shown == [f"line {i}" for i in range(40 - ECHO_LINES, 40)]
+    with out.open("a") as fh:
+        fh.write("(Pdb) answer\n")
+    err.write_text("a warning\n")
+    _echo(str(out), str(err), offsets)
+    said = capsys.readouterr()
+    assert said.out == "(Pdb) answer\n" and said.err == "a warning\n"

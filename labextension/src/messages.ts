@@ -86,6 +86,8 @@ export interface IRankRecord {
   node: string | null;
   /** While it runs and the run looks hung: "waiting in barrier #3 for 25 s; rank 2 has not entered it". */
   note?: string | null;
+  /** At a prompt now: "pdb" (a breakpoint or post-mortem; its note says where) or "input" (input(), getpass()). */
+  prompt?: string | null;
   /** Version 1 bundles only: the kept output (version 2 keeps it in the bundle's `text/html`). */
   output?: OutputChunk[];
 }
@@ -239,7 +241,8 @@ export function parseBundle(data: unknown): IRunBundle {
         stderr_path: strOrNull(r.stderr_path),
         display_path: strOrNull(r.display_path),
         node: strOrNull(r.node),
-        note: strOrNull(r.note)
+        note: strOrNull(r.note),
+        prompt: strOrNull(r.prompt)
       };
     });
   const e = d.error && typeof d.error === 'object' ? record(d.error) : null;

@@ -37,6 +37,7 @@ export function rankKey(r: IRankInfo, run: IRunBundle): string {
     r.stderr_path,
     r.node,
     r.note,
+    r.prompt,
     run.error?.rank === r.rank
   ]);
 }

@@ -408,7 +408,10 @@ export function buildChip(r: IRankInfo, run: IRunBundle): HTMLElement {
   if (run.error && run.error.rank === r.rank) {
     chip.classList.add('nbs-mod-rootcause');
   }
-  if (note) {
+  if (note && r.prompt) {
+    chip.classList.add('nbs-mod-prompt'); // at a breakpoint or input(): the kernel's stdin (or %spawn debug) answers
+    chip.setAttribute('data-prompt', r.prompt);
+  } else if (note) {
     chip.classList.add('nbs-mod-waiting'); // the run looks hung: this rank waits, or others wait for it
   }
   chip.style.setProperty('--nbs-rank-hue', String(rankHue(r.rank)));

@@ -27,10 +27,11 @@ const RUN = {
   ranks: [
     { rank: 0, pid: 11, status: 'done', exit_code: 0, signal: null, duration: 3.2, summary: null, traceback: null,
       elided_lines: 0, stdout_path: '/tmp/logs/r1/0/stdout.log', stderr_path: '/tmp/logs/r1/0/stderr.log',
-      display_path: '/tmp/logs/r1/0/display.jsonl', node: null, note: null },
+      display_path: '/tmp/logs/r1/0/display.jsonl', node: null, note: 'at a breakpoint (Pdb, cell line 4)', prompt: 'pdb' },
     { rank: 1, pid: 12, status: 'failed', exit_code: 1, signal: null, duration: 3.1, summary: 'ValueError: boom',
       traceback: 'Traceback ...', elided_lines: 5, stdout_path: 'hostb:/l/1/stdout.log', stderr_path: null,
-      display_path: null, node: 'node 1 (hostb)', note: 'waiting in barrier #3 for 25 s; rank 0 has not entered it' },
+      display_path: null, node: 'node 1 (hostb)', note: 'waiting in barrier #3 for 25 s; rank 0 has not entered it',
+      prompt: null },
   ],
 };
 
@@ -51,6 +52,7 @@ test('parseBundle keeps a well-formed run record as it is', () => {
   assert.deepEqual(run.error, { rank: 1, summary: 'ValueError: boom', traceback: '' });
   assert.equal(run.ranks.length, 2);
   assert.deepEqual(run.ranks[1], { ...RUN.ranks[1], output: [] });
+  assert.deepEqual(run.ranks[0], { ...RUN.ranks[0], output: [] }); // a rank at a prompt: its note and prompt kept
   assert.equal(run.output_in, 'text/html');
 });
 

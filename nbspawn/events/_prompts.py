@@ -29,14 +29,29 @@ class PromptRequest:
     prompt: str
     id: int
     password: bool = False
+    where: str = ""  # a pdb prompt: where the rank stopped ("cell line 4", "train.py line 12")
 
     @classmethod
     def parse(cls, line: bytes) -> PromptRequest | None:
         try:
             raw = json.loads(line)
-            return cls(int(raw["rank"]), str(raw["kind"]), str(raw.get("prompt", "")), int(raw["id"]), bool(raw.get("password")))
+            return cls(
+                int(raw["rank"]),
+                str(raw["kind"]),
+                str(raw.get("prompt", "")),
+                int(raw["id"]),
+                bool(raw.get("password")),
+                str(raw.get("where") or ""),
+            )
         except (ValueError, KeyError, TypeError):
             return None
+
+    @property
+    def waiting_note(self) -> str:
+        """What the rank's chip says while it waits here: "at a breakpoint (Pdb, cell line 4)"."""
+        if self.kind == "pdb":
+            return f"at a breakpoint (Pdb{', ' + self.where if self.where else ''})"
+        return "waiting for input (getpass)" if self.password else "waiting for input (input())"
 
 
 def stdin_answerable() -> bool:

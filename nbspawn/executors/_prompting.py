@@ -7,6 +7,11 @@ is answered first (yes only to the first one, with ``--pdb``), then the next pro
 asked with the kernel's ``input()`` (a Jupyter ``input_request``).  While the kernel waits, a watcher
 thread keeps the other ranks' output flowing and ends the prompt for Stop, ``--timeout`` or the
 prompting rank's end.  A mixin of ``_supervisor._Supervisor``: the attributes below are the loop's.
+
+A background run has no cell to ask in: its ranks wait at their prompts, their chips say so, and a
+later cell attaches (``%spawn debug RUN-ID [RANK]``, :meth:`PromptDesk.attach`): that cell's own
+``input()`` answers the waiting ranks, one at a time, while the run's thread supervises as before
+(the two share ``pending`` under ``prompt_lock``).  Stop, ``--timeout`` and the rank's end still end it.
 """
 
 from __future__ import annotations
@@ -16,17 +21,34 @@ import builtins
 import contextlib
 import getpass
 import multiprocessing.connection
+import os
+import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .._run import Run
 from .._spec import RunSpec
-from ..events._prompts import PromptChannel, PromptRequest, decorate, leaves, next_prompt
+from ..errors import SpawnUsageError
+from ..events._prompts import PromptChannel, PromptRequest, decorate, leaves, next_prompt, stdin_answerable
 from ..views._protocol import RunView
 
 PROMPT_WATCH = 0.1  # while the kernel waits at a rank's prompt: how often Stop, --timeout and the rank are looked at
 STICKY = 1.0  # seconds a rank in a pdb session keeps the prompt after a command that does not let it run on
+ECHO_LINES = 15  # lines of a background rank's output shown when a cell attaches: where it stopped
+
+_attachable: dict[str, PromptDesk] = {}  # background runs whose ranks may wait at prompts, by run id
+
+
+def attachable(run_id: str) -> PromptDesk | None:
+    """The prompt desk of this background run, if it is running and its ranks can prompt."""
+    return _attachable.get(run_id)
+
+
+def waiting_runs() -> dict[str, dict[int, str]]:
+    """Background runs with ranks waiting at a prompt: run id -> rank -> what it waits at."""
+    return {run_id: dict(desk.prompt_notes) for run_id, desk in list(_attachable.items()) if desk.prompt_notes}
 
 
 class PromptDesk:
@@ -41,6 +63,10 @@ class PromptDesk:
     last_prompted: int | None  # the rank answered last
     sticky_until: float  # ... which keeps the prompt until then (a pdb session under way)
     post_mortem: int | None  # the rank told to stop in post-mortem (--pdb)
+    prompt_lock: threading.Lock  # pending, asking and attached: shared with a cell attached to a background run
+    asking: PromptRequest | None  # the prompt being asked now
+    attached: bool  # a later cell answers this background run's prompts
+    prompt_notes: dict[int, str]  # rank -> what it waits at, as its chip says
 
     # the supervision loop's own
     def _forward_output(self, final: bool = False) -> bool:
@@ -52,9 +78,74 @@ class PromptDesk:
     def _check_clocks(self) -> None:
         raise NotImplementedError
 
+    def _init_prompts(self) -> None:
+        self.prompts = None
+        self.pending = []
+        self.last_prompted = None
+        self.sticky_until = 0.0
+        self.post_mortem = None
+        self.prompt_lock = threading.Lock()
+        self.asking = None
+        self.attached = False
+        self.prompt_notes = {}
+
+    def _open_prompts(self, answerable: bool) -> None:
+        """The prompt channel, where something can answer (``answerable``: the cell that starts the run
+        was sent with stdin): its own input box, or (a background run) a later cell's, which attaches.
+        A run started without stdin (nbclient, papermill) has none: its prompts fail at once."""
+        if answerable:
+            self.prompts = PromptChannel.open(self.spec.run_dir, [state.dir for state in self.run.ranks])
+        if self.prompts is not None and self.run.background:
+            _attachable[self.run.run_id] = self
+
+    def _close_prompts(self) -> None:
+        _attachable.pop(self.run.run_id, None)
+        with self.prompt_lock:
+            self.pending.clear()
+            self._mark_prompts()
+        if self.prompts is not None:
+            self.prompts.close()
+
     def _serve_prompts(self) -> None:
-        """Answer what the ranks asked: whether a failing rank stops in post-mortem, then one prompt."""
+        """Answer what the ranks asked: whether a failing rank stops in post-mortem, then one prompt
+        (a background run's wait for a cell to attach)."""
         assert self.prompts is not None  # only called with a channel
+        with self.prompt_lock:
+            self._take_requests()
+            if self.stop_reason is not None or self.run.background:
+                self._mark_prompts()
+                return
+        alive = set(self.alive.values())
+        sticky = self.last_prompted in alive and time.monotonic() < self.sticky_until
+        chosen = next_prompt(self.pending, self.last_prompted if sticky else None, sticky)
+        if chosen is None:
+            self._mark_prompts()
+            return
+        request = chosen
+        self.pending.remove(request)
+        self.asking = request
+        self._mark_prompts()
+        self._forward_output()  # what the rank printed (pdb's listing) comes before its prompt
+        self.view.flush(self.run)  # shown now, not at the view's next redraw: the prompt blocks it
+        waiting = sorted({r.rank for r in self.pending if r.kind != "failed"} - {request.rank})
+        try:
+            reply = self._ask(request, decorate(request, waiting))
+        finally:
+            self.asking = None
+        if reply is None:  # the prompt was ended (Stop, --timeout, the rank ended): the loop goes on
+            return
+        self.prompts.answer(request, **reply)
+        self.last_prompted = request.rank
+        command = str(reply.get("value", ""))
+        going_on = request.kind != "pdb" or "value" not in reply or leaves(command)
+        self.sticky_until = 0.0 if going_on else time.monotonic() + STICKY
+        if going_on:
+            self._mark_prompts()
+
+    def _take_requests(self) -> None:
+        """New requests read; those of ranks gone dropped; failing ranks told whether to stop in
+        post-mortem; with the run ending, every waiting rank told to stop.  Under ``prompt_lock``."""
+        assert self.prompts is not None
         self.pending.extend(self.prompts.read())
         alive = set(self.alive.values())
         self.pending = [r for r in self.pending if r.rank in alive]
@@ -70,84 +161,226 @@ class PromptDesk:
             for asked in [r for r in self.pending if r.kind != "failed"]:
                 self.pending.remove(asked)
                 self.prompts.answer(asked, stop=True)
+
+    def _mark_prompts(self) -> None:
+        """Each rank at a prompt has a note saying so (its chip: "at a breakpoint (Pdb, cell line 4)"),
+        and the view is told when that changes; a rank that went on has its note taken back."""
+        asked = [r for r in [*self.pending, *([self.asking] if self.asking is not None else [])] if r.kind != "failed"]
+        notes = {r.rank: r.waiting_note for r in asked}
+        kinds = {r.rank: "pdb" if r.kind == "pdb" else "input" for r in asked}
+        if self.last_prompted is not None and time.monotonic() < self.sticky_until and self.last_prompted in self.prompt_notes:
+            notes.setdefault(self.last_prompted, self.prompt_notes[self.last_prompted])  # mid-session: it comes back
+            kinds.setdefault(self.last_prompted, "pdb")
+        if self.run.background and not self.attached:
+            notes = {r: f"{note}; run %spawn debug {self.run.run_id} to attach" for r, note in notes.items()}
+        if notes == self.prompt_notes:
             return
-        sticky = self.last_prompted in alive and time.monotonic() < self.sticky_until
-        chosen = next_prompt(self.pending, self.last_prompted if sticky else None, sticky)
-        if chosen is None:
-            return
-        request = chosen
-        self.pending.remove(request)
-        self._forward_output()  # what the rank printed (pdb's listing) comes before its prompt
-        self.view.flush(self.run)  # shown now, not at the view's next redraw: the prompt blocks it
-        waiting = sorted({r.rank for r in self.pending if r.kind != "failed"} - {request.rank})
-        reply = self._ask(request, decorate(request, waiting))
-        if reply is None:  # the prompt was ended (Stop, --timeout, the rank ended): the loop goes on
-            return
-        self.prompts.answer(request, **reply)
-        self.last_prompted = request.rank
-        command = str(reply.get("value", ""))
-        going_on = request.kind != "pdb" or "value" not in reply or leaves(command)
-        self.sticky_until = 0.0 if going_on else time.monotonic() + STICKY
+        for state in self.run.ranks:
+            old, new = self.prompt_notes.get(state.rank), notes.get(state.rank)
+            state.prompt = kinds.get(state.rank)
+            if new is not None:
+                state.note = new
+            elif old is not None and state.note == old:
+                state.note = None
+        self.prompt_notes = notes
+        self.view.prompts_changed(self.run, dict(notes))
 
     def _ask(self, request: PromptRequest, prompt: str) -> dict[str, Any] | None:
         """The kernel's own input() (a Jupyter input_request), the answer as the rank reads it; None
         if the prompt was ended for Stop, --timeout or the rank's end (a watcher thread interrupts the
         wait).  An interrupt from the user propagates: the run is interrupted as always."""
-        lock, done, why = threading.Lock(), threading.Event(), []
         own = [w for w, r in self.alive.items() if r == request.rank]
 
-        def watch() -> None:
-            while not done.wait(PROMPT_WATCH):
-                with lock:
-                    if done.is_set():
-                        return
-                    reason = None
-                    if time.monotonic() >= self.deadline:
-                        reason = "timeout"
-                    elif self.view.wants_stop() or self.run._stop_requested:
-                        reason = "stop"
-                    elif own and multiprocessing.connection.wait(own, timeout=0):
-                        reason = "ended"
-                    if reason is not None:
-                        why.append(reason)
-                        _thread.interrupt_main()
-                        return
-                    if self._forward_output():  # the other ranks run on meanwhile
-                        self.view.flush(self.run)
+        def look() -> str | None:
+            if time.monotonic() >= self.deadline:
+                return "timeout"
+            if self.view.wants_stop() or self.run._stop_requested:
+                return "stop"
+            if own and multiprocessing.connection.wait(own, timeout=0):
+                return "ended"
+            if self._forward_output():  # the other ranks run on meanwhile
+                self.view.flush(self.run)
+            return None
 
-        watcher = threading.Thread(target=watch, name="nbspawn-prompt", daemon=True)
-        watcher.start()
-        try:
-            try:
-                value = getpass.getpass(prompt) if request.password else builtins.input(prompt)
-                reply: dict[str, Any] = {"value": value}
-            except EOFError:
-                reply = {"eof": True}
-            except KeyboardInterrupt:
-                with lock:
-                    done.set()
-                if not why:
-                    raise
-                self._prompt_ended(why[0])
-                return None
-            except Exception as err:  # the frontend cannot answer (StdinNotImplementedError)
-                reply = {"error": str(err) or type(err).__name__}
-            with lock:
-                done.set()
-            if why:  # ended just as it was answered: its interrupt is on its way
-                with contextlib.suppress(KeyboardInterrupt):
-                    until = time.monotonic() + 0.5
-                    while time.monotonic() < until:
-                        time.sleep(0.01)
-                self._prompt_ended(why[0])
-                return None
-            return reply
-        finally:
-            done.set()
-            watcher.join()
-
-    def _prompt_ended(self, why: str) -> None:
+        reply, why = _input(request, prompt, look)
         if why == "stop" and self.stop_reason is None:
             self._check_stop()
         elif why == "timeout":
             self._check_clocks()
+        return reply
+
+    # -- a later cell attached to a background run ------------------------------------------------
+
+    def attach(self, rank: int | None) -> str:
+        """``%spawn debug RUN-ID [RANK]``: this cell's ``input()`` answers the background run's ranks
+        waiting at a prompt (``rank``'s only, if given), one at a time, each until it goes on (``c``,
+        ``q``, an answer to ``input()``); then this returns, saying how it ended, and the run goes on.
+        An interrupt of this cell detaches: the rank waits again."""
+        run_id = self.run.run_id
+        with self.prompt_lock:
+            waiting = sorted({r.rank for r in self.pending if r.kind != "failed"})
+            if self.attached:
+                raise SpawnUsageError(f"another cell is attached to run {run_id} already")
+            if not waiting or (rank is not None and rank not in waiting):
+                who = "no rank of" if rank is None else f"rank {rank} of"
+                also = f" (waiting: rank {', '.join(map(str, waiting))})" if waiting else ""
+                raise SpawnUsageError(f"{who} run {run_id} is {'' if rank is None else 'not '}waiting at a prompt{also}")
+            if not stdin_answerable():
+                raise SpawnUsageError(
+                    f"%spawn debug {run_id} needs a frontend that answers input(): this cell was sent without stdin "
+                    "(allow_stdin false: nbclient, nbconvert, papermill)"
+                )
+            self.attached = True
+            self._mark_prompts()
+        served = [rank] if rank is not None else waiting
+        print(
+            f"attached to background run {run_id}: rank {', '.join(map(str, served))} at a prompt; c continues, q quits",
+            flush=True,
+        )
+        offsets: dict[int, dict[str, int]] = {}
+        how = "went on"
+        current: PromptRequest | None = None
+        try:
+            how = self._answer_attached(rank, offsets)
+        except KeyboardInterrupt:
+            how = "detached (interrupted): it waits at its prompt again"
+        finally:
+            with self.prompt_lock:
+                current, self.asking = self.asking, None
+                if current is not None:  # asked, not answered: it waits again
+                    self.pending.insert(0, current)
+                self.attached = False
+                self._mark_prompts()
+            for r, offset in offsets.items() if not self.view.prints_output else ():
+                _echo(self.run.ranks[r].stdout_path, self.run.ranks[r].stderr_path, offset)
+        left = sorted(self.prompt_notes)
+        still = f"; rank {', '.join(map(str, left))} waits: %spawn debug {run_id} attaches" if left else ""
+        return f"run {run_id}: {how}{still}"
+
+    def _answer_attached(self, rank: int | None, offsets: dict[int, dict[str, int]]) -> str:
+        last_answer, going_on, last_rank = time.monotonic(), False, None
+        while True:
+            with self.prompt_lock:
+                if self.run.done or self.stop_reason is not None:
+                    went = f"rank {last_rank} went on; " if last_rank is not None and going_on else ""
+                    return f"{went}the run {'ended' if self.run.done else 'is ending'} ({self.run.status if self.run.done else self.stop_reason})"
+                candidates = [r for r in self.pending if r.kind != "failed" and rank in (None, r.rank)]
+                sticky = last_rank is not None and not going_on
+                chosen = next_prompt(candidates, last_rank if sticky else None, sticky)
+                if chosen is not None:
+                    self.pending.remove(chosen)
+                    self.asking = chosen
+            if chosen is None:
+                if sticky and last_rank is not None and self.run.ranks[last_rank].status == "running":
+                    time.sleep(0.02)  # mid-session: it comes back once its command ran
+                    continue
+                if last_rank is not None and self.run.ranks[last_rank].status != "running":
+                    return f"rank {last_rank} ended ({self.run.ranks[last_rank].status})"
+                if time.monotonic() - last_answer > STICKY:
+                    return f"rank {last_rank} went on; the run goes on in the background"
+                time.sleep(0.02)
+                continue
+            state = self.run.ranks[chosen.rank]
+            if chosen.rank not in offsets:  # where it stopped, shown once
+                offsets[chosen.rank] = _tail_offsets(state.stdout_path, state.stderr_path)
+                _echo(state.stdout_path, state.stderr_path, offsets[chosen.rank])
+            elif not self.view.prints_output:  # its answers (p, l) come here, not only to the earlier cell's view
+                _echo(state.stdout_path, state.stderr_path, offsets[chosen.rank])
+            others = sorted({r.rank for r in self.pending if r.kind != "failed"} - {chosen.rank})
+
+            def look(request: PromptRequest = chosen) -> str | None:
+                if self.run.done or self.stop_reason is not None:
+                    return "stop"
+                return "ended" if self.run.ranks[request.rank].status != "running" else None
+
+            reply, why = _input(chosen, decorate(chosen, others), look)
+            if why is not None or reply is None:
+                with self.prompt_lock:
+                    self.asking = None
+                return f"rank {chosen.rank} ended" if why == "ended" else "the run is ending"
+            assert self.prompts is not None
+            with self.prompt_lock:
+                self.asking = None
+                self.prompts.answer(chosen, **reply)
+                last_rank, last_answer = chosen.rank, time.monotonic()
+                going_on = chosen.kind != "pdb" or "value" not in reply or leaves(str(reply.get("value", "")))
+                self._mark_prompts()
+
+
+def _input(request: PromptRequest, prompt: str, look: Callable[[], str | None]) -> tuple[dict[str, Any] | None, str | None]:
+    """This thread's (the kernel's main thread's) ``input()`` for ``request``, and why it was ended if
+    it was: ``look`` (called by a watcher thread every PROMPT_WATCH seconds) says a reason to end it,
+    and the wait is interrupted.  An interrupt from the user propagates."""
+    lock, done, why = threading.Lock(), threading.Event(), []
+
+    def watch() -> None:
+        while not done.wait(PROMPT_WATCH):
+            with lock:
+                if done.is_set():
+                    return
+                reason = look()
+                if reason is not None:
+                    why.append(reason)
+                    _thread.interrupt_main()
+                    return
+
+    watcher = threading.Thread(target=watch, name="nbspawn-prompt", daemon=True)
+    watcher.start()
+    try:
+        try:
+            value = getpass.getpass(prompt) if request.password else builtins.input(prompt)
+            reply: dict[str, Any] = {"value": value}
+        except EOFError:
+            reply = {"eof": True}
+        except KeyboardInterrupt:
+            with lock:
+                done.set()
+            if not why:
+                raise
+            return None, why[0]
+        except Exception as err:  # the frontend cannot answer (StdinNotImplementedError)
+            reply = {"error": str(err) or type(err).__name__}
+        with lock:
+            done.set()
+        if why:  # ended just as it was answered: its interrupt is on its way
+            with contextlib.suppress(KeyboardInterrupt):
+                until = time.monotonic() + 0.5
+                while time.monotonic() < until:
+                    time.sleep(0.01)
+            return None, why[0]
+        return reply, None
+    finally:
+        done.set()
+        watcher.join()
+
+
+def _tail_offsets(*paths: str) -> dict[str, int]:
+    """Where to show a rank's logs from when a cell attaches: its last ECHO_LINES lines (where it stopped)."""
+    offsets = {}
+    for path in paths:
+        try:
+            with open(path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                fh.seek(max(0, size - 8192))
+                data = fh.read()
+        except OSError:
+            offsets[path] = 0
+            continue
+        lines = data.splitlines(keepends=True)[-ECHO_LINES:]
+        offsets[path] = size - sum(len(line) for line in lines)
+    return offsets
+
+
+def _echo(stdout_path: str, stderr_path: str, offsets: dict[str, int]) -> None:
+    """What a background rank wrote since ``offsets``, shown in the attached cell (pdb's listing, p's values)."""
+    for path, stream in ((stdout_path, sys.stdout), (stderr_path, sys.stderr)):
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offsets.get(path, 0))
+                data = fh.read()
+        except OSError:
+            continue
+        offsets[path] = offsets.get(path, 0) + len(data)
+        if data:
+            stream.write(data.decode("utf-8", "replace"))
+            stream.flush()

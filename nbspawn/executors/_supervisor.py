@@ -43,7 +43,7 @@ from ..errors import (
     SpawnTimeoutError,
     SpawnUsageError,
 )
-from ..events._prompts import PromptChannel, PromptRequest, stdin_answerable
+from ..events._prompts import stdin_answerable
 from ..events._where import hang_verdict
 from ..handoff import _shm
 from ..handoff._names import discard_outputs
@@ -148,19 +148,15 @@ class _Supervisor(PromptDesk, HangWatch):
         self.quiet_since = time.monotonic()  # when the ranks last wrote anything
         self.hang_look_after = HANG_FIRST_LOOK
         self.noticed = False  # the ranks' chips say they look hung
-        self.prompts: PromptChannel | None = None  # where ranks ask (None: nothing can answer them)
-        self.pending: list[PromptRequest] = []  # prompts waiting their turn, in arrival order
-        self.last_prompted: int | None = None  # the rank answered last
-        self.sticky_until = 0.0  # ... which keeps the prompt until then (a pdb session under way)
-        self.post_mortem: int | None = None  # the rank told to stop in post-mortem (--pdb)
+        self._init_prompts()  # the prompt desk's own (executors._prompting)
 
     # -- starting ---------------------------------------------------------------------------------
 
     def start(self) -> None:
         now = time.time()
-        if not self.run.background and not self.remote and stdin_answerable():
-            self.prompts = PromptChannel.open(self.spec.run_dir, [state.dir for state in self.run.ranks])
-        if self.remote:
+        if not self.remote:
+            self._open_prompts(stdin_answerable())
+        else:
             executor, run = self.executor, self.run
             run._ask_elsewhere = lambda wait: executor.where(run, wait) or ""
         with interrupts_deferred() as interrupted:
@@ -186,7 +182,7 @@ class _Supervisor(PromptDesk, HangWatch):
                 waitables: list[Any] = list(self.alive)
                 if self.prompts is not None:
                     waitables.append(self.prompts)
-                    if self.pending:
+                    if self.pending and not self.run.background:
                         poll = POLL_MIN
                 wait = min(poll, max(0.0, min(self.deadline, self.escalate_at) - time.monotonic()))
                 ready: list[Any] = multiprocessing.connection.wait(waitables, timeout=wait)
@@ -198,7 +194,8 @@ class _Supervisor(PromptDesk, HangWatch):
                     self._hang_cleared()
                 else:
                     poll = min(self.executor.poll_max, poll * 2)
-                    self._watch_for_hangs()
+                    if not self.prompt_notes:  # a rank at a prompt is not hung, nor are those waiting for it
+                        self._watch_for_hangs()
                 for waitable in sorted((w for w in ready if w in self.alive), key=self._error_time):
                     if waitable in self.alive:
                         self._reap(self.alive[waitable], waitable)
@@ -405,8 +402,7 @@ class _Supervisor(PromptDesk, HangWatch):
         if self.executor.keeps_ranks and self.alive and self.lost is None:
             self.lost = "its cell did not finish"  # an error in the supervisor itself
         self.executor.cleanup(lose=self.lost is not None)
-        if self.prompts is not None:
-            self.prompts.close()
+        self._close_prompts()
         self.run.world_lost = self.lost
         self.alive.clear()
         self.run.close_logs()

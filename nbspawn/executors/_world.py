@@ -44,6 +44,7 @@ from .._options import (
 )
 from .._request import RunRequest, Settings
 from .._run import Run
+from .._source import CellSource
 from .._spec import RunSpec, build_spec, cuda_device_count, new_run_id, resolve_backend, resolve_nprocs
 from ..errors import SpawnUsageError, rank_spans
 from ..handoff._names import pack_namespace, parse_names, pick_shared
@@ -55,6 +56,20 @@ from ._base import Executor
 from ._procs import end_processes, interrupts_deferred, pid_of, prepare_forkserver, signal_group
 
 STOP_WAIT = 5.0  # how long ``stop`` waits for ranks to leave on their own before killing them
+
+
+@dataclass(frozen=True)
+class KeptFailure:
+    """A failure a world's rank keeps for ``%spawn debug`` (``ranks._world.keep_failure`` is its end)."""
+
+    rank: int
+    cell: CellSource  # the cell that failed there
+    cell_no: int  # which of the world's cells it was
+    summary: str  # "ValueError: bad shape"
+    time: float  # when it was recorded: the earliest of a cell's failures is its root cause
+
+
+NOT_KEPT = frozenset({"KeyboardInterrupt", "SystemExit", "GeneratorExit", "DebuggerQuit", "NoPromptError"})
 
 
 @dataclass
@@ -71,6 +86,15 @@ class World:
     started_at: float = field(default_factory=time.time)
     lost_because: str | None = None
     killed: bool = False
+    kept: dict[int, KeptFailure] = field(default_factory=dict)  # rank -> the last failure it keeps
+
+    def keep_failures(self, run: Run, cell: CellSource) -> None:
+        """What each rank that raised in this cell keeps (the ranks' rule: an exception, not an interrupt)."""
+        for state in run.ranks:
+            record = state.read_error() if state.status == "failed" else None
+            if record is not None and record.exc_type and record.exc_type not in NOT_KEPT:
+                summary = f"{record.exc_type}: {record.message}" if record.message else record.exc_type
+                self.kept[state.rank] = KeptFailure(state.rank, cell, self.cells, summary, record.time)
 
     @property
     def pids(self) -> list[int]:
@@ -160,6 +184,7 @@ class WorldCell(Executor):
         self.job = job
         self.started: set[int] = set()  # ranks that said they run the cell (and can be interrupted)
         self.held: dict[int, int] = {}  # rank -> SIGINT held until it has started the cell
+        self.run: Run | None = None
 
     def signal_ranks(self, ranks: list[int], pids: list[int], sig: int) -> None:
         for rank in ranks:
@@ -173,8 +198,9 @@ class WorldCell(Executor):
         signal_group(self.world.pids[rank], sig)
 
     def start(self, run: Run) -> list[int]:
+        self.run = run
         self.world.state = "running"
-        self.world.cells += 1
+        self.world.cells += self.job.debug is None
         run.world, run.world_cell = self.world.name, self.world.cells
         # every rank is sent the cell (--on: those that do not run it are told to sit it out, with none
         # of the kernel's names or --share tensors): a world's first cell makes its process group
@@ -214,6 +240,8 @@ class WorldCell(Executor):
 
     def cleanup(self, lose: bool) -> None:
         world = self.world
+        if self.run is not None and self.job.debug is None:
+            world.keep_failures(self.run, self.job.cell)
         if lose:
             world.kill()
             world.state = "lost"

@@ -2,13 +2,14 @@
 
 A rank has no terminal.  When it asks something, it writes one JSON line to the run's request FIFO
 (``<run-dir>/prompts.fifo``, made by the kernel before the ranks start, only when the kernel can answer:
-a foreground run whose cell was sent with ``allow_stdin``) and blocks reading its own answer FIFO
+a run whose cell was sent with ``allow_stdin``; a background one's answers come from a later cell) and blocks reading its own answer FIFO
 (``<rank-dir>/answers.fifo``, made here at the first prompt).  The kernel's supervisor has the request
 FIFO among what it waits on; it shows the rank's output so far, asks the kernel's own ``input()`` (the
 ``input_request`` every frontend answers) with a prompt that names the rank, and writes the answer back.
 
-No request FIFO means nothing can answer (nbclient, nbconvert, papermill; a background or cluster
-run): a prompt then fails at once, saying so, and nothing waits.
+No request FIFO means nothing can answer (nbclient, nbconvert, papermill; a cluster run): a prompt
+then fails at once, saying so, and nothing waits.  A background run started from a notebook's cell
+has one: its rank waits until a later cell attaches (``%spawn debug RUN-ID``).
 
 pdb is this module's :class:`RankPdb` (``pdb.Pdb`` is replaced in the rank, so ``pdb.set_trace()``,
 ``pdb.post_mortem()`` and ``torch.distributed.breakpoint()`` get it): its prompt names the rank, it
@@ -52,6 +53,7 @@ _answers: str | None = None  # this rank's answer FIFO
 _fd: int | None = None  # its read end, open read-write so reads wait for the kernel instead of seeing EOF
 _asked = 0  # requests sent: each answer names the request it answers
 _depth = 0  # > 0 while a RankPdb reads commands
+_current: RankPdb | None = None  # the RankPdb reading commands now: where it stopped goes with its prompts
 debugged = False  # a debugger ran in this rank: tracing is cleared when the cell ends
 _launcher_file = ""  # a program's: nbspawn/ranks/_program.py, run as __main__
 final_code: CodeType | None = None  # the code that ends the running cell (its trailing expression, if any)
@@ -88,7 +90,7 @@ def available() -> bool:
 def _unavailable(what: str) -> NoPromptError:
     return NoPromptError(
         f"{what} is not available on rank {_rank}: nothing can answer a prompt here. The cell runs without stdin (allow_stdin "
-        "false: nbclient, nbconvert and papermill run notebooks so), in the background (--bg) or on a cluster. "
+        "false: nbclient, nbconvert and papermill run notebooks so) or on a cluster. "
         "Read the value in the kernel before the cell and pass it in; PYTHONBREAKPOINT=0 (--env) skips breakpoint()."
     )
 
@@ -97,7 +99,10 @@ def ask(prompt: str, kind: str = "input", password: bool = False) -> str:
     """The kernel's answer to ``prompt``; raises at once if nothing can answer."""
     if not available():
         raise _unavailable("the debugger's prompt" if kind == "pdb" else "getpass()" if password else "input()")
-    reply = _request({"kind": kind, "prompt": str(prompt)[-MAX_PROMPT:], "password": password})
+    request = {"kind": kind, "prompt": str(prompt)[-MAX_PROMPT:], "password": password}
+    if kind == "pdb":
+        request["where"] = where_stopped()
+    reply = _request(request)
     if reply.get("stop"):
         raise KeyboardInterrupt("the run was stopped while this rank waited at a prompt")
     if reply.get("eof"):
@@ -139,6 +144,17 @@ def _request(request: dict[str, Any]) -> dict[str, Any]:
             if reply.get("id") == _asked:
                 return reply
         buffer = b""  # an answer to a request this rank gave up on
+
+
+def where_stopped() -> str:
+    """Where the debugger reading commands stopped: "cell line 4", "train.py line 12" ("" if none)."""
+    debugger = _current
+    try:
+        frame, lineno = debugger.stack[debugger.curindex]  # type: ignore[union-attr]
+    except (AttributeError, IndexError, TypeError):
+        return ""
+    filename = frame.f_code.co_filename
+    return f"{'cell' if filename == CELL_FILENAME else os.path.basename(filename)} line {lineno}"
 
 
 def rank_input(prompt: object = "") -> str:
@@ -184,13 +200,28 @@ def post_mortem_if_asked(exc: BaseException) -> None:
         return
     if reply.get("value") != "post-mortem":
         return
+    _post_mortem(exc, f"post-mortem of rank {_rank}: q, c or EOF leaves it, and the run ends")
+
+
+def post_mortem_kept(exc: BaseException, label: str) -> None:
+    """``%spawn debug`` on a kept world: post-mortem of the failure this rank kept from an earlier cell
+    (``label``), as IPython's ``%debug`` is of ``sys.last_traceback``; the rank stays as it was."""
+    if not available():
+        raise _unavailable("%spawn debug")
+    _post_mortem(exc, f"post-mortem of rank {_rank}'s last failure ({label}): q, c or EOF leaves it")
+
+
+def _post_mortem(exc: BaseException, note: str) -> None:
     tb = exc.__traceback__
     while tb is not None and _launcher(tb.tb_frame) and tb.tb_next is not None:
         tb = tb.tb_next
     debugger = RankPdb()
-    debugger.message(f"*** {type(exc).__name__}: {exc}\n*** post-mortem of rank {_rank}: q, c or EOF leaves it, and the run ends")
+    debugger.message(f"*** {type(exc).__name__}: {exc}\n*** {note}")
     debugger.reset()
-    debugger.interaction(None, tb)
+    try:
+        debugger.interaction(None, tb)
+    finally:
+        stop_tracing()
 
 
 def stop_tracing() -> None:
@@ -273,12 +304,14 @@ class RankPdb(_Pdb):  # type: ignore[misc,valid-type]
         super().interaction(frame, tb)
 
     def cmdloop(self, intro: str | None = None) -> None:
-        global _depth
+        global _depth, _current
         _depth += 1
+        outer, _current = _current, self
         try:
             cmd.Cmd.cmdloop(self, intro)
         finally:
             _depth -= 1
+            _current = outer
 
     def _cmdloop(self) -> None:
         # pdb's own catches KeyboardInterrupt and asks again: here an interrupt stops the rank

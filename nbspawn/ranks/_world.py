@@ -49,6 +49,7 @@ class WorldJob:
     grace: float = 5.0  # how long a rank may take to bring its GPU in step once the cell failed or was interrupted
     rank_offset: int = 0  # a cluster node's part of a world: its first global rank (directories are by global rank)
     on: frozenset[int] | None = None  # --on: the (global) ranks that run the cell; the others sit it out
+    debug: int | None = None  # %spawn debug: this rank debugs the failure it kept (the others answer at once)
 
     def rank_dir(self, rank: int) -> str:
         return os.path.join(self.run_dir, str(self.rank_offset + rank))
@@ -56,6 +57,29 @@ class WorldJob:
     def runs(self, rank: int) -> bool:
         """Whether the (global) rank runs this cell."""
         return self.on is None or rank in self.on
+
+
+# The last failure of a cell on this rank and that cell (sys.last_traceback's like, as IPython's %debug
+# reads it): what ``%spawn debug`` opens, until a later cell fails here.
+_kept: tuple[BaseException, CellSource] | None = None
+
+
+def keep_failure(exc: BaseException, cell: CellSource) -> None:
+    """A cell raised here: its exception (with its traceback) is kept for ``%spawn debug``; an interrupt,
+    a quit debugger or a prompt nothing could answer is not a failure to debug."""
+    global _kept
+    if isinstance(exc, Exception) and not isinstance(exc, (_prompt.DebuggerQuit, _prompt.NoPromptError)):
+        _kept = (exc, cell)
+
+
+def debug_kept(rank: int) -> None:
+    """A post-mortem job: pdb on the failure this rank kept, at the failed cell's own lines."""
+    if _kept is None:
+        print(f"nbspawn: no failure kept on rank {rank}: no cell has raised here", file=sys.stderr)
+        return
+    exc, cell = _kept
+    cell.compile()  # the failed cell's lines back in linecache (a later cell's replaced them): pdb lists its own
+    _prompt.post_mortem_kept(exc, cell.label)
 
 
 def _ignore_interrupt(signum: int, frame: Any) -> None:
@@ -132,6 +156,10 @@ def _serve(
             conn.send((STARTED, 0))
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        if job.debug is not None:
+            if job.debug == rank:
+                debug_kept(rank)
+            return OK, 0
         if not group:
             _join(group, spec.backend, rank)
         _run(job, rank, namespace, own)
@@ -144,6 +172,8 @@ def _serve(
     except BaseException as exc:
         signal.signal(signal.SIGINT, _ignore_interrupt)
         _rank.write_error(rank_dir, job.cell, exc)
+        if job.debug is None:
+            keep_failure(exc, job.cell)
         outcome = (INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RAISED), 1
     finally:
         signal.signal(signal.SIGINT, _ignore_interrupt)

@@ -78,6 +78,7 @@ def rank_record(state: RankState, elided_lines: int = 0) -> RankRecord:
         "display_path": state.log_path(DISPLAY_FILE),
         "node": state.node,
         "note": state.note,
+        "prompt": state.prompt,
     }
 
 

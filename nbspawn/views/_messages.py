@@ -31,6 +31,7 @@ class RankRecord(TypedDict):
     display_path: str | None
     node: str | None  # a cluster run's rank: "node 1 (hostb)"; its log paths are then host:path
     note: str | None  # while it runs: "waiting in barrier #3 for 25 s; rank 2 has not entered it"
+    prompt: str | None  # at a prompt now: "pdb" (its note: "at a breakpoint (Pdb, cell line 4)") or "input"
 
 
 class RunErrorRecord(TypedDict):

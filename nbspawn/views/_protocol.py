@@ -7,6 +7,8 @@ rank ``output`` and ``display`` come in the order the rank wrote them.
 * ``rich``: the view can draw rich output, so ranks look like a notebook to the code they run;
 * ``read_budget``: bytes per text stream per read (None: everything); what is past it is
   ``skipped`` (counted, and kept in the logs);
+* ``prints_output``: the ranks' output is printed to the kernel's stdout (a cell attached to a
+  background run then need not show it again);
 * ``wants_stop()``: a Stop button (True), or a reason to stop as a failure does (a string: a node
   agent's view, told by the kernel).
 """
@@ -24,6 +26,7 @@ class RunView:
 
     rich: bool = False
     read_budget: int | None = 0
+    prints_output: bool = False  # ranks' output goes to the kernel's own stdout (a text view)
 
     def started(self, run: Run) -> None:
         """The ranks are about to start; ``run.ranks`` exist."""
@@ -47,6 +50,10 @@ class RunView:
     def hang_noticed(self, run: Run, verdict: str | None) -> None:
         """The ranks have been quiet and look hung (``verdict``; the ranks' ``note`` say more), or,
         with None, no longer do."""
+
+    def prompts_changed(self, run: Run, waiting: dict[int, str]) -> None:
+        """Which ranks wait at a prompt now (rank -> what its ``note`` says: "at a breakpoint (Pdb, cell
+        line 4)"); in the background, until a later cell attaches with ``%spawn debug RUN-ID``."""
 
     def flush(self, run: Run) -> None:
         """Show now what the view holds back to redraw at its own pace (a rank's prompt is coming,

@@ -193,6 +193,7 @@ class TextView(RunView):
     """
 
     rich = False  # ranks need not look like a notebook: their displays are drawn as text
+    prints_output = True  # a background run's lines come to whatever cell runs: an attached cell need not echo them
     read_budget: int | None = None  # a terminal shows everything (the logs have it too)
 
     def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None, live: bool | None = None) -> None:
@@ -209,6 +210,7 @@ class TextView(RunView):
         self._prefix_width = len("[rank0]:")
         self._status = StatusComm()  # the labextension's toolbar item; a no-op outside a kernel
         self._said: str | None = None  # the hang last said
+        self._told_waiting: set[int] = set()  # a background run's ranks said to wait at a prompt
 
     def _stream(self, name: str) -> TextIO:
         return self._out[name] or (sys.stdout if name == "stdout" else sys.stderr)
@@ -279,6 +281,18 @@ class TextView(RunView):
             self._emit("stderr", f"nbspawn: looks hung: {verdict}\n")
             self._render(force=True)
         self._said = kind
+
+    def prompts_changed(self, run: Run, waiting: dict[int, str]) -> None:
+        """A background run's rank at a prompt is said once, on stderr, with how to attach (a foreground
+        run's prompt is asked in its own cell)."""
+        if not run.background:
+            return
+        for rank, note in sorted(waiting.items()):
+            if rank not in self._told_waiting and "%spawn debug" in note:
+                what = note.split(";", 1)[0]
+                self._emit("stderr", f"nbspawn: rank {rank} is {what}: run `%spawn debug {run.run_id}` to attach\n")
+                self._render(force=True)
+        self._told_waiting = {r for r in waiting if "%spawn debug" in waiting[r]}
 
     def tick(self, run: Run) -> None:
         self._status.update(run)

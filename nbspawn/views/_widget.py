@@ -165,6 +165,9 @@ class WidgetView(RunView):
     def hang_noticed(self, run: Run, verdict: str | None) -> None:
         self.dirty = True  # the chips' notes go with the next sync
 
+    def prompts_changed(self, run: Run, waiting: dict[int, str]) -> None:
+        self.dirty = True  # a rank's chip says it is at a prompt ("at a breakpoint"), or no longer
+
     def tick(self, run: Run) -> None:
         if self.widget is None and not self.broken and time.time() - run.started_at >= self.live_after:
             self._show_now(run)

@@ -1,11 +1,12 @@
 """A rank's pdb prompt answered in a real browser, in JupyterLab and Notebook 7: the frontend's own
-stdin box (the kernel's input_request) names the rank, `p` shows the rank's value in its pane,
-`c` lets the run end, and the frozen run keeps the session in the rank's pane.  Screenshots go to
-test-artifacts/browser/."""
+stdin box (the kernel's input_request) names the rank, its chip says it is at a breakpoint, `p` shows
+the rank's value in its pane, `c` lets the run end, and the frozen run keeps the session in the rank's
+pane.  Screenshots go to test-artifacts/browser/."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,12 @@ def _answer_the_prompt(pg, cells, artifacts, name: str) -> None:
     view.wait_for(timeout=30_000)
     sync_api.expect(view).to_contain_text("17", timeout=30_000)
     sync_api.expect(cell.locator(".jp-Stdin")).to_have_count(2, timeout=30_000)  # the next prompt
+    # the rank's chip says it is at a prompt (not hung): "at a breakpoint", where in its tooltip
+    chip = view.locator(".nbs-Chip[data-rank='1']")
+    sync_api.expect(chip).to_have_class(re.compile(r"\bnbs-mod-prompt\b"), timeout=30_000)
+    sync_api.expect(chip).to_contain_text("at a breakpoint")
+    assert "cell line 6" in (chip.get_attribute("title") or "")
+    assert "nbs-mod-prompt" not in (view.locator(".nbs-Chip[data-rank='0']").get_attribute("class") or "")
     pg.mouse.move(0, 0)
     shot(cell, artifacts, f"{name}-pdb-prompt.png")
     cell.locator("input.jp-Stdin-input").last.fill("c")
