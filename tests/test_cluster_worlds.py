@@ -241,6 +241,19 @@ def test_the_live_hang_signal_across_nodes(kernel, nodes):
     assert_nothing_left(nodes)
 
 
+def test_a_prompt_in_a_clusters_rank_fails_at_once_saying_why(kernel, nodes):
+    """A rank on another node cannot reach this kernel's stdin: breakpoint() there is a short error at
+    once (the run ends as any failure does), not a hang."""
+    started = time.monotonic()
+    result = run(kernel, "%%spawn --cluster rc -n 1\nimport os\nif os.environ['RANK'] == '1':\n    breakpoint()")
+    assert result.status == "error", result.stdout
+    assert (
+        "breakpoint() is not available on rank 1: a rank on a cluster's node cannot reach the kernel's stdin" in result.error_text
+    ), result.error_text
+    assert time.monotonic() - started < 30
+    assert_nothing_left(nodes)
+
+
 def test_an_engine_that_dies_loses_the_world_naming_its_node(kernel, nodes):
     """Last in this module: node 1 has no engine afterwards."""
     ok(kernel, "%%spawn --cluster rc --world dw -n 2 --backend gloo\nimport time")

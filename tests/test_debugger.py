@@ -279,7 +279,7 @@ def test_timeout_ends_an_unanswered_prompt(kernel):
     assert time.monotonic() - start < 30
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_a_kept_world_debugs_and_lives_on(fresh_kernel, method):
     ok(fresh_kernel, f"%%spawn --world w -n 2 --backend gloo --start-method {method}\nimport os\nrank = int(os.environ['RANK'])")
     code = """%%spawn --world w

@@ -52,7 +52,9 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
     capture_output(rank_dir, spec.rich)
     _install_signal_handlers(rank_dir)
     watch(lambda: _stack_file)  # where it is in its collectives, when the kernel asks where it is
-    _prompt.install(rank, prompts_path(spec.run_dir), RankDir(rank_dir).answers)  # input(), pdb: the kernel answers
+    _prompt.install(
+        spec.rank_offset + rank, prompts_path(spec.run_dir), RankDir(rank_dir).answers
+    )  # input(), pdb: the kernel answers
     code = 0
     try:
         _run_cell(spec, rank, inherited)

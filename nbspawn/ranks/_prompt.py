@@ -88,9 +88,18 @@ def available() -> bool:
 
 
 def _unavailable(what: str) -> NoPromptError:
+    if os.environ.get("GROUP_WORLD_SIZE", "1") != "1":  # a rank of a cluster run
+        why = (
+            "a rank on a cluster's node cannot reach the kernel's stdin (its node's agent, an ipyparallel engine, "
+            "has no channel back for prompts). Debug the cell on this machine first (drop --cluster), or "
+        )
+    else:
+        why = (
+            "nothing can answer a prompt here: the cell runs without stdin (allow_stdin false: nbclient, nbconvert "
+            "and papermill run notebooks so). "
+        )
     return NoPromptError(
-        f"{what} is not available on rank {_rank}: nothing can answer a prompt here. The cell runs without stdin (allow_stdin "
-        "false: nbclient, nbconvert and papermill run notebooks so) or on a cluster. "
+        f"{what} is not available on rank {_rank}: {why}"
         "Read the value in the kernel before the cell and pass it in; PYTHONBREAKPOINT=0 (--env) skips breakpoint()."
     )
 

@@ -102,7 +102,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any]) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     stacks = _stacks_to(between, None)
     watch(lambda: _rank._stack_file)  # where it is in its collectives, when the kernel asks where it is
-    _prompt.install(rank, None, None)  # each cell says where its prompts go
+    _prompt.install(spec.rank_offset + rank, None, None)  # each cell says where its prompts go
     _rank.prepare_rank(rank)
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     own: set[str] = set()  # names world cells assigned in this rank
