@@ -22,7 +22,7 @@ from cluster_harness import (
     ranks_on_every_node,
     wait_for_ranks,
 )
-from cluster_nodes import LocalNodes
+from cluster_nodes import LocalNodes, NetnsNodes, netns_skip_reason
 from kernel_harness import execute, ok, rank_lines, run
 from widget_harness import create_subshell, delete_subshell, send_comm_msg
 
@@ -46,11 +46,15 @@ def world_pids(nodes) -> dict[int, list[int]]:
 
 
 def test_state_and_group_kept_across_three_cells_on_two_nodes(kernel, nodes):
+    check_world_keeps_state(kernel, nodes)
+
+
+def check_world_keeps_state(kernel, nodes) -> None:
     ok(kernel, "lr = 0.1")
     first = ok(
         kernel,
         "%%spawn --cluster rc --world cw -n 2 --backend gloo\nimport os, torch, torch.distributed as dist\n"
-        "t = torch.ones(1) * (dist.get_rank() + 1)\nseen = lr\nprint('pid', os.getpid(), 'node', os.environ['NBSPAWN_NODE'])",
+        "t = torch.ones(1) * (dist.get_rank() + 1)\nseen = lr\nprint('pid', os.getpid(), 'node', os.environ.get('NBSPAWN_NODE'))",
     )
     assert "nbspawn: 2 nodes x 2 ranks" in first.stdout
     before = world_pids(nodes)
@@ -73,6 +77,10 @@ def test_state_and_group_kept_across_three_cells_on_two_nodes(kernel, nodes):
 
 
 def test_a_failed_cell_interrupts_every_node_and_the_world_survives(kernel, nodes):
+    check_failure_survived(kernel, nodes)
+
+
+def check_failure_survived(kernel, nodes) -> None:
     ok(
         kernel,
         "%%spawn --cluster rc --world fw -n 2 --backend gloo\nimport torch, torch.distributed as dist\nx = dist.get_rank()",
@@ -117,6 +125,8 @@ def test_options_that_contradict_a_cluster_world_are_refused(kernel, nodes):
     assert "world 'ow' runs with 2 nodes x -n 1 --backend gloo; this cell asks for -n 2" in refused.error.evalue
     shared = run(kernel, "%%spawn --world ow --share y\nprint(y)")
     assert shared.status == "error" and "--share does not work on a cluster" in shared.error.evalue
+    debug = run(kernel, "%spawn debug ow")
+    assert debug.status == "error" and "world 'ow' runs on a cluster: its ranks cannot reach" in debug.error.evalue
     ok(kernel, "%%spawn --world lw -n 1\npass")  # a kept world on this machine: not the cluster's
     local = run(kernel, "%%spawn --cluster rc --world lw\npass")
     assert local.status == "error" and "world 'lw' is a kept world on this machine, not on --cluster rc" in local.error.evalue
@@ -141,6 +151,10 @@ def test_kernel_death_leaves_nothing_of_a_world_between_cells(nodes):
 
 
 def test_a_background_run_across_nodes_leaves_the_kernel_free_and_is_waited_for(kernel, nodes):
+    check_background_run_waited(kernel, nodes)
+
+
+def check_background_run_waited(kernel, nodes) -> None:
     started = time.monotonic()
     ok(kernel, "%%spawn --cluster rc --bg -n 2 --out r\nimport os, time\ntime.sleep(3)\nr = int(os.environ['RANK']) * 7")
     ok(kernel, "import nbspawn\nbg = nbspawn.last_run()")
@@ -275,3 +289,33 @@ def test_an_engine_that_dies_loses_the_world_naming_its_node(kernel, nodes):
     assert_nothing_left(nodes)
     status = ok(kernel, "%spawn status").stdout
     assert not re.search(r"^dw\s", status, re.M), status
+
+
+# -- real network separation (as root): one network namespace per node -----------------------------
+
+
+@pytest.fixture(scope="module")
+def netns_nodes():
+    reason = netns_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    with NetnsNodes(nodes=2, engines_per_node=1, private_shm=True) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def netns_kernel(netns_nodes):
+    with connected_kernel(netns_nodes) as k:
+        yield k
+
+
+def test_netns_world_keeps_state_across_namespaces(netns_kernel, netns_nodes):
+    check_world_keeps_state(netns_kernel, netns_nodes)
+
+
+def test_netns_world_survives_a_failed_cell(netns_kernel, netns_nodes):
+    check_failure_survived(netns_kernel, netns_nodes)
+
+
+def test_netns_background_run_is_waited_for(netns_kernel, netns_nodes):
+    check_background_run_waited(netns_kernel, netns_nodes)

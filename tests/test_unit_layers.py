@@ -26,6 +26,7 @@ FLOORS = [
     ["nbspawn.executors"],
     ["nbspawn.cluster"],
     ["nbspawn._launch"],
+    ["nbspawn._running"],
     ["nbspawn._api", "nbspawn._magic"],
     ["nbspawn"],  # the package's __init__: the public names
 ]

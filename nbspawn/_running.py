@@ -1,0 +1,92 @@
+"""What runs in this kernel now, said and stopped: ``%spawn status``, ``%spawn stop`` and ``%spawn
+where`` over kept worlds (on this machine and on clusters) and background runs."""
+
+from __future__ import annotations
+
+import time
+
+from .errors import SpawnUsageError
+
+
+def stop(names: list[str]) -> list[str]:
+    """Stop these worlds and background runs (all of them if no name is given)."""
+    from ._launch import stop_worlds
+    from .executors._registry import background_runs
+
+    runs = background_runs()
+    worlds = [n for n in names if n not in runs]
+    chosen = [runs[n] for n in names if n in runs] if names else [r for r in runs.values() if not r.done]
+    stopped = stop_worlds(worlds or None) if worlds or not names else []
+    for run in chosen:
+        run.stop(by="%spawn stop")
+    for run in chosen:
+        run._done.wait()
+        stopped.append(run.run_id)
+    return stopped
+
+
+def where(names: list[str]) -> str:
+    """Every rank's stack now, of these background runs and worlds (all running ones if none is named)."""
+    from ._launch import kept_worlds
+    from ._rankdir import RankDir
+    from .events._where import RankToAsk, where_now
+    from .executors._registry import background_runs
+
+    runs, worlds = background_runs(), kept_worlds()
+    unknown = [n for n in names if n not in runs and n not in worlds]
+    if unknown:
+        known = ", ".join([*worlds, *(r for r, run in runs.items() if not run.done)]) or "none"
+        raise SpawnUsageError(f"no background run or kept world named {unknown[0]!r} (running: {known})")
+    chosen_runs = [runs[n] for n in names if n in runs] if names else [r for r in runs.values() if not r.done]
+    chosen_worlds = [worlds[n] for n in names if n in worlds] if names else list(worlds.values())
+    parts = []
+    for run in chosen_runs:
+        if run.done:
+            parts.append(f"run {run.run_id}: {run.status}, nothing runs (its logs: {run.run_dir})")
+            continue
+        elapsed = time.time() - run.started_at
+        text = run.where()
+        parts.append(f"run {run.run_id} (background, {elapsed:.0f} s):\n{text or '  (no rank is running)'}")
+    for world in chosen_worlds:
+        if not hasattr(world, "processes"):  # a cluster world: its nodes' agents look
+            parts.append(f"world {world.name!r} ({world.state}, {world.cells} cells, on a cluster):\n{world.where()}")
+            continue
+        asked = [RankToAsk(r, pid, RankDir(world.spec.rank_dir(r)).stacks) for r, pid in enumerate(world.pids)]
+        text = where_now(asked, None, idle="idle: waiting for the next cell")
+        parts.append(f"world {world.name!r} ({world.state}, {world.cells} cells):\n{text}")
+    return "\n\n".join(parts) or "nothing is running in the background, and there is no kept world"
+
+
+def status_table() -> str:
+    """Kept worlds and background runs, one line each."""
+    from ._launch import kept_worlds
+    from .executors._registry import background_runs
+
+    worlds, runs = kept_worlds(), background_runs()
+    if not worlds and not runs:
+        return "no kept worlds or background runs (%%spawn --world NAME, %%spawn --bg)"
+    rows = [("name", "kind", "ranks", "state", "cells/elapsed", "pids", "logs")]
+    for world in worlds.values():
+        s = world.status()
+        pids = ",".join(map(str, s["pids"]))
+        rows.append(
+            (
+                s["name"],
+                s.get("kind") or f"world {s['start_method']}/{s['backend']}",
+                str(s["ranks"]),
+                s["state"],
+                f"{s['cells']} cells",
+                pids,
+                s["logs"],
+            )
+        )
+    for run in runs.values():
+        elapsed = (run.ended_at or time.time()) - run.started_at
+        pids = ",".join(str(r.pid) for r in run.ranks if r.status == "running")
+        what = "program" if run.spec.program else "cell"
+        rows.append((run.run_id, f"background {what}", str(run.nprocs), run.status, f"{elapsed:.0f} s", pids or "-", run.run_dir))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows)
+    from .executors._debug import waiting_lines
+
+    return table + "".join(f"\n{line}" for line in waiting_lines())
