@@ -170,6 +170,17 @@ def check_background_run_waited(kernel, nodes) -> None:
     ok(kernel, "%%spawn --cluster rc -n 1\nprint('after')")  # the engines are free again, the port book right
 
 
+def test_a_background_program_across_nodes(kernel, nodes):
+    ok(
+        kernel,
+        "prog = %spawn --cluster rc --bg -n 1 -- python -c \"import os, time; time.sleep(1); print('prog', os.environ['RANK'])\"",
+    )
+    assert ok(kernel, "print(prog.done)").stdout.strip() == "False"
+    ok(kernel, "prog.wait()")
+    assert ok(kernel, "print(prog.status)").stdout.strip() == "succeeded"
+    assert_nothing_left(nodes)
+
+
 def test_a_background_run_across_nodes_is_stopped(kernel, nodes):
     ok(kernel, "%%spawn --cluster rc --bg -n 2\nimport time\ntime.sleep(300)")
     ok(kernel, "import nbspawn\nlong = nbspawn.last_run()")
