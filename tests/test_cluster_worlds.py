@@ -300,6 +300,11 @@ def test_an_engine_that_dies_loses_the_world_naming_its_node(kernel, nodes):
     assert_nothing_left(nodes)
     status = ok(kernel, "%spawn status").stdout
     assert not re.search(r"^dw\s", status, re.M), status
+    # the next cell naming it starts it again where it ran, with its settings (on the node that is left)
+    again = ok(kernel, "%%spawn --world dw\nimport os\nprint('again', os.environ['WORLD_SIZE'], 'x' in dir())")
+    assert "world 'dw' was lost (" in again.stderr and "starts a new one on --cluster rc" in again.stderr, again.stderr
+    assert [rank_lines(again.stdout, r) for r in range(2)] == [["again 2 False"]] * 2, again.stdout
+    ok(kernel, "%spawn stop dw")
 
 
 # -- real network separation (as root): one network namespace per node -----------------------------

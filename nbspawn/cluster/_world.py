@@ -23,6 +23,7 @@ controller, never through the user's.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import os
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._options import parse_kb, parse_on, parse_ranks, parse_seconds, parse_world_name
-from .._request import RunRequest
+from .._request import RunRequest, Settings
 from .._run import Run
 from .._spec import RunSpec, new_run_id, run_directory
 from ..errors import SpawnUsageError
@@ -44,7 +45,20 @@ from ._plan import ClusterPlan, companion_client, refuse_if_busy, resolve_client
 STOP_TIMEOUT = 15.0  # how long a node's agent may take to stop its ranks of a world
 
 _worlds: dict[str, ClusterWorld] = {}
-_lost: dict[str, str] = {}  # name -> why, said once by the next cell naming it
+
+
+@dataclass(frozen=True)
+class LostWorld:
+    """A cluster world that was lost: why, and how it was asked for (the next cell naming it starts
+    it again so, with whatever options that cell gives itself)."""
+
+    why: str
+    cluster: str  # the kernel variable holding the client
+    nodes: int | str | None
+    settings: Settings
+
+
+_lost: dict[str, LostWorld] = {}
 
 
 @dataclass
@@ -54,7 +68,8 @@ class ClusterWorld:
     name: str
     spec: RunSpec  # its first cell's: ranks, backend, environment
     cluster: ClusterPlan
-    node_settings: Any  # the Settings each node's ranks were started with
+    asked: RunRequest  # its first cell's request: how to start it again if it is lost
+    node_settings: Settings  # what each node's ranks were started with
     state: str = "starting"  # starting | idle | running | lost | stopped
     cells: int = 0
     pids: list[int | None] = field(default_factory=list)
@@ -105,21 +120,23 @@ class ClusterWorld:
         text = describe(ranks, stacks, None, idle="idle: waiting for the next cell", collectives=collectives)
         return text + (f"\n({', '.join(silent)} did not answer)" if silent else "")
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """Every node's ranks of the world leave; nothing of it is left on any node."""
         if self.state == "stopped":
             return
-        self._stop_nodes()
+        self._stop_nodes(timeout)
         if self.state != "lost":
             self.state = "stopped"
 
     def lose(self, why: str) -> None:
         self.state, self.lost_because = "lost", why
         _worlds.pop(self.name, None)
-        _lost[self.name] = why
+        asked = self.asked
+        assert asked.cluster is not None  # a cluster world was asked for on a cluster
+        _lost[self.name] = LostWorld(why, asked.cluster, asked.nodes, asked.settings)
         self._stop_nodes()
 
-    def _stop_nodes(self) -> None:
+    def _stop_nodes(self, timeout: float = STOP_TIMEOUT) -> None:
         _worlds.pop(self.name, None)
         _heartbeat.forget(self)
         client = self.cluster.client
@@ -129,7 +146,16 @@ class ClusterWorld:
                 pending.append(client[agent].apply_async(_nodeworld.stop_world, self.name))
         for result in pending:
             with contextlib.suppress(Exception):
-                result.get(timeout=STOP_TIMEOUT)
+                result.get(timeout=timeout)
+
+
+@atexit.register
+def _stop_all_at_exit() -> None:
+    """Kernel shutdown: every cluster world's ranks leave now (else their agents, hearing no more
+    heartbeats, stop them a few seconds later)."""
+    for world in list(_worlds.values()):
+        with contextlib.suppress(Exception):
+            world.stop(timeout=3.0)
 
 
 def worlds() -> dict[str, ClusterWorld]:
@@ -138,7 +164,8 @@ def worlds() -> dict[str, ClusterWorld]:
 
 
 def is_cluster_world(name: str) -> bool:
-    return name in _worlds
+    """A kept world on a cluster, or one lost there (its next cell starts it there again)."""
+    return name in _worlds or name in _lost
 
 
 def stop(names: list[str] | None = None) -> list[str]:
@@ -157,17 +184,20 @@ def plan_cluster_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, Cluster
     from ..handoff._names import parse_names, pickle_names
 
     assert request.world is not None and request.cell is not None  # the dispatch sends only world cells here
-    name = parse_world_name(request.world)
+    name, cell = parse_world_name(request.world), request.cell
     world = _worlds.get(name)
     notes: tuple[str, ...] = ()
-    if name in _lost and world is None:
+    lost = _lost.get(name) if world is None else None
+    if lost is not None:
+        request = _as_before(request, lost)
         notes = (
-            f"nbspawn: world {name!r} was lost ({_lost[name]}); this cell starts a new one: run the cells that set it up again.",
+            f"nbspawn: world {name!r} was lost ({lost.why}); this cell starts a new one on --cluster {request.cluster} "
+            "with its settings, but none of the names its ranks had: run the cells that set them up again.",
         )
     if world is None:
         spec, fresh = plan_cluster(dataclasses.replace(request, on=None), rich)
         on = parse_on(request.on, spec.nprocs, name)
-        world = ClusterWorld(name, spec, fresh.cluster, fresh.job["settings"])
+        world = ClusterWorld(name, spec, fresh.cluster, request, fresh.job["settings"])
         spec = dataclasses.replace(spec, notes=(*spec.notes, *notes), on_ranks=on)
         job = _wire.Job(**{**fresh.job, "on": sorted(on) if on is not None else None})
         return spec, ClusterWorldCell(spec, fresh.cluster, job, world, first=True)
@@ -182,13 +212,13 @@ def plan_cluster_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, Cluster
     shown = parse_ranks(settings.ranks, world.spec.nprocs)
     on = parse_on(request.on, world.spec.nprocs, name)
     parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb")
-    names = pickle_names(request.cell.parse(), request.namespace, request.hidden)
+    names = pickle_names(cell.parse(), request.namespace, request.hidden)
     run_id = new_run_id()
     spec = dataclasses.replace(
         world.spec,
         run_id=run_id,
         run_dir=run_directory(None, run_id),
-        cell=request.cell,
+        cell=cell,
         timeout=timeout,
         grace_period=world.spec.grace_period if grace is None else grace,
         shown_ranks=shown,
@@ -200,7 +230,7 @@ def plan_cluster_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, Cluster
     )
     job = _wire.Job(
         run_id=run_id,
-        cell=request.cell,
+        cell=cell,
         program=None,
         names=names,
         out_names=list(out_names),
@@ -211,6 +241,20 @@ def plan_cluster_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, Cluster
         on=sorted(on) if on is not None else None,
     )
     return spec, ClusterWorldCell(spec, world.cluster, job, world, first=False)
+
+
+def _as_before(request: RunRequest, lost: LostWorld) -> RunRequest:
+    """A lost world's next cell: where and how it ran, except what this cell gives itself."""
+    given, settings, before = request.settings.given, request.settings, lost.settings
+    settings = dataclasses.replace(
+        settings,
+        nprocs=settings.nprocs if "-n" in given else before.nprocs,
+        start_method=settings.start_method if "--start-method" in given else before.start_method,
+        backend=settings.backend if "--backend" in given else before.backend,
+        env=settings.env if "--env" in given else before.env,
+    )
+    nodes = request.nodes if request.nodes is not None else lost.nodes
+    return dataclasses.replace(request, cluster=request.cluster or lost.cluster, nodes=nodes, settings=settings)
 
 
 def _check_settings(world: ClusterWorld, request: RunRequest) -> None:
