@@ -1,6 +1,6 @@
 /**
  * What the output model keeps of a rank's output: entries (a line, or a display item) and what one
- * batch of output changed.  No DOM: `output.ts` makes them, `render.ts` and `pane.ts` draw them.
+ * batch of output changed.  No DOM: `output.ts` makes them, `lines.ts` and `pane.ts` draw them.
  */
 
 import { IDisplayItem, WIDGET_MIME, record } from './messages';

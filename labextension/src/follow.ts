@@ -172,7 +172,7 @@ export class RunFollower {
 
   /**
    * The widget's state and the kept tail, asked on a subshell of our own: the main shell is busy
-   * running the cell (`createSubshell` tells why it goes on the control channel directly).
+   * running the cell (`kernel.ts`'s `subshellRequest` tells why it goes on the control channel directly).
    */
   private async _ask(kernel: Kernel.IKernelConnection): Promise<void> {
     this._asking = true;

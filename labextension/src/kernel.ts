@@ -23,29 +23,36 @@ export function usable(kernel: Kernel.IKernelConnection | null | undefined): ker
   return !!kernel && !kernel.isDisposed && kernel.status !== 'dead';
 }
 
+/** The subshell requests (JEP 91) this page sends, with their content. */
+type SubshellRequest =
+  | { msgType: 'create_subshell_request'; content: KernelMessage.ICreateSubshellRequestMsg['content'] }
+  | { msgType: 'delete_subshell_request'; content: KernelMessage.IDeleteSubshellRequestMsg['content'] };
+
 /**
- * A new subshell of `kernel`, or null if it has none (no answer in `ANSWER_MS` and a bit).  Asked
- * on the control channel directly: a page connected mid-run has no `kernel_info_reply` yet (that
- * request waits for the busy main shell), so the services do not know whether it has subshells.
+ * Send one subshell request on the control channel and wait for its reply: the reply's content, or
+ * null when there is none in `ANSWER_MS` and a bit, or the request could not be sent.  Sent on the
+ * control channel directly: a page connected mid-run has no `kernel_info_reply` yet (that request
+ * waits for the busy main shell), so the services do not know whether the kernel has subshells.
  */
-export async function createSubshell(kernel: Kernel.IKernelConnection): Promise<string | null> {
+async function subshellRequest(
+  kernel: Kernel.IKernelConnection,
+  request: SubshellRequest
+): Promise<Record<string, unknown> | null> {
   let future: Kernel.IControlFuture | null = null;
   let timer = 0;
   try {
-    const msg = KernelMessage.createMessage({
-      msgType: 'create_subshell_request',
-      channel: 'control',
-      username: kernel.username,
-      session: kernel.clientId,
-      content: {}
-    });
+    const common = { channel: 'control', username: kernel.username, session: kernel.clientId } as const;
+    // createMessage's overloads take one message type at a time, hence one call per request type
+    const msg =
+      request.msgType === 'create_subshell_request'
+        ? KernelMessage.createMessage({ ...common, ...request })
+        : KernelMessage.createMessage({ ...common, ...request });
     future = kernel.sendControlMessage(msg, true, true);
     const timeout = new Promise<null>(resolve => (timer = window.setTimeout(() => resolve(null), ANSWER_MS + 3000)));
     const reply = await Promise.race([future.done, timeout]);
-    const id = record(reply?.content).subshell_id;
-    return typeof id === 'string' && id ? id : null;
+    return reply ? record(reply.content) : null;
   } catch {
-    return null;
+    return null; // no such request, or gone with its kernel
   } finally {
     window.clearTimeout(timer);
     if (future && !future.isDisposed) {
@@ -54,21 +61,16 @@ export async function createSubshell(kernel: Kernel.IKernelConnection): Promise<
   }
 }
 
+/** A new subshell of `kernel`, or null if it has none (`subshellRequest` tells when). */
+export async function createSubshell(kernel: Kernel.IKernelConnection): Promise<string | null> {
+  const id = (await subshellRequest(kernel, { msgType: 'create_subshell_request', content: {} }))?.subshell_id;
+  return typeof id === 'string' && id ? id : null;
+}
+
 /** Ask the kernel to delete a subshell (nothing if there is none, or the kernel is gone). */
 export function deleteSubshell(kernel: Kernel.IKernelConnection, id: string | null): void {
   if (id && usable(kernel)) {
-    try {
-      const msg = KernelMessage.createMessage({
-        msgType: 'delete_subshell_request',
-        channel: 'control',
-        username: kernel.username,
-        session: kernel.clientId,
-        content: { subshell_id: id }
-      });
-      kernel.sendControlMessage(msg, true, true);
-    } catch {
-      // gone with its kernel
-    }
+    void subshellRequest(kernel, { msgType: 'delete_subshell_request', content: { subshell_id: id } });
   }
 }
 

@@ -5,10 +5,12 @@
  * `WINDOW` entries are in the DOM (older kept ones one click away).
  */
 
+import { h } from './dom';
 import { Entry, ILiveUpdate, emptyUpdate } from './entry';
+import { elidedNode, emptyOutput, entryNode } from './lines';
 import { IRankInfo, IRunBundle } from './messages';
 import { LiveOutput } from './output';
-import { elidedNode, emptyOutput, entryNode, h, mergedHead, paneHead, tracebackBox } from './render';
+import { mergedHead, paneHead, tracebackBox } from './panehead';
 
 /** A tab: a rank, or every rank merged. */
 export type Sel = number | 'merged';

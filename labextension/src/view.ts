@@ -5,20 +5,13 @@
  * `Pane` (pane.ts).
  */
 
+import { h } from './dom';
 import { formatElapsed } from './format';
+import { buildBanner, buildHeader, metaEntry } from './header';
 import { IRunBundle } from './messages';
 import { ILiveSource, ILiveUpdate, LiveOutput } from './output';
 import { Pane, Sel, rankKey } from './pane';
-import {
-  attachTabKeys,
-  buildBanner,
-  buildChip,
-  buildHeader,
-  buildMergedTab,
-  h,
-  markSelected,
-  metaEntry
-} from './render';
+import { attachTabKeys, buildChip, buildMergedTab, markSelected } from './tabs';
 
 export type { Sel } from './pane';
 

@@ -16,7 +16,7 @@
  *   Where button), answered with `{type: "where", text}`: every rank's stack now, grouped.
  *
  * When the run ends the kernel replaces this widget's output with the frozen bundle
- * (`application/vnd.nbspawn.run+json`), drawn by `render.ts`, as this view is.
+ * (`application/vnd.nbspawn.run+json`), drawn by the run renderer (`mime.ts`) with this same view (`view.ts`).
  */
 
 import { IRunBundle, WidgetRequest, decodeWidgetMessage, parseBundle, record } from './messages';

@@ -66,10 +66,29 @@ test('the wire, the model and the text modules need no DOM module and no Jupyter
   }
 });
 
-test('render.ts draws from the model, not from the view', () => {
+/** The stateless DOM builders of the run view's pieces (`view.ts` and `pane.ts` put them together). */
+const BUILDERS = ['dom', 'lines', 'panehead', 'header', 'tabs'];
+
+test('the DOM builders draw from the model, not from the view', () => {
   const g = graph();
-  for (const up of ['view', 'pane', 'output', 'widget', 'mime', 'reattach']) {
-    assert.ok(!reach(g, 'render').has(up), `render reaches ${up}`);
+  for (const name of BUILDERS) {
+    assert.ok(g.has(name), `no module ${name}`);
+    for (const up of ['view', 'pane', 'output', 'widget', 'mime', 'reattach']) {
+      assert.ok(!reach(g, name).has(up), `${name} reaches ${up}`);
+    }
+  }
+});
+
+test('dom.ts (the element builder every piece uses) imports nothing', () => {
+  assert.deepEqual([...graph().get('dom')], []);
+});
+
+test('the line and pane-head pieces know nothing of the header and tabs above them', () => {
+  const g = graph();
+  for (const name of ['lines', 'panehead']) {
+    for (const up of ['header', 'tabs']) {
+      assert.ok(!reach(g, name).has(up), `${name} reaches ${up}`);
+    }
   }
 });
 

@@ -1,0 +1,179 @@
+/**
+ * The top of the run view: the header (status badge, rank counts, start method, backend, time, run
+ * id, logs, and the live view's extras) and the banner naming a failed run's root cause.
+ * Stateless builders; `view.ts` puts them together and rebuilds them when their data changes.
+ */
+
+import { h } from './dom';
+import { formatDuration } from './format';
+import { IRunBundle } from './messages';
+
+export const RUN_STATUS_LABEL: Record<string, string> = {
+  running: 'running',
+  succeeded: 'succeeded',
+  failed: 'failed',
+  timeout: 'timed out',
+  interrupted: 'interrupted',
+  stopped: 'stopped'
+};
+
+/** What the banner says of a run the user stopped with its Stop button. */
+export const STOPPED_BY_USER = 'stopped by you (Stop)';
+
+/** `n word`, with an s unless n is 1. */
+export function plural(n: number, word: string): string {
+  return `${n} ${word}${n === 1 ? '' : 's'}`;
+}
+
+/** A small "copy" button that puts `text` on the clipboard. */
+function copyButton(text: string, label: string): HTMLElement {
+  const btn = h(
+    'button',
+    { class: 'nbs-Copy', type: 'button', title: `Copy ${label}`, 'aria-label': `Copy ${label}` },
+    'copy'
+  );
+  btn.addEventListener('click', ev => {
+    ev.stopPropagation();
+    void navigator.clipboard?.writeText(text).then(
+      () => {
+        btn.textContent = 'copied';
+        window.setTimeout(() => (btn.textContent = 'copy'), 1200);
+      },
+      () => undefined
+    );
+  });
+  return btn;
+}
+
+/** A labelled path (the run's log directory) in full, with a button that copies it. */
+function pathLine(label: string, path: string | null): HTMLElement | null {
+  if (!path) {
+    return null;
+  }
+  return h(
+    'span',
+    { class: 'nbs-Path' },
+    h('span', { class: 'nbs-Path-label' }, label),
+    h('code', { class: 'nbs-Path-value', title: path }, path),
+    copyButton(path, label)
+  );
+}
+
+/** Extras of a live run's header (the widget): shown instead of "took", and buttons. */
+export interface IHeaderExtras {
+  /** Meta entries inserted after "backend" (the live view's elapsed-time counter). */
+  meta?: Node[];
+  /** Controls at the end of the header's first row (the live view's Stop button). */
+  actions?: Node[];
+}
+
+/** The header: status badge, rank count and per-status counts, then start method, backend, time, run id, logs. */
+export function buildHeader(run: IRunBundle, extras: IHeaderExtras = {}): HTMLElement {
+  const counts = new Map<string, number>();
+  for (const r of run.ranks) {
+    counts.set(r.status, (counts.get(r.status) ?? 0) + 1);
+  }
+  const countText = ['failed', 'stopped', 'running', 'done']
+    .filter(s => counts.get(s))
+    .map(s => `${counts.get(s)} ${s}`)
+    .join(' · ');
+  const meta = h('div', { class: 'nbs-Header-meta' });
+  const addMeta = (label: string, value: string, cls = '') => {
+    if (value) {
+      meta.appendChild(metaEntry(label, value, cls));
+    }
+  };
+  if (run.world) {
+    addMeta('world', run.world_cell ? `${run.world} · cell ${run.world_cell}` : run.world, 'nbs-mod-mono');
+  }
+  if (run.program) {
+    addMeta('program', run.program, 'nbs-mod-mono');
+  } else {
+    addMeta('start', run.start_method);
+    addMeta('backend', run.backend);
+  }
+  for (const node of extras.meta ?? []) {
+    meta.appendChild(node);
+  }
+  addMeta('took', formatDuration(run.duration));
+  addMeta('run', run.run_id, 'nbs-mod-mono');
+  const logs = pathLine('logs', run.log_dir);
+  if (logs) {
+    logs.classList.add('nbs-Meta');
+    meta.appendChild(logs);
+  }
+  const actions = extras.actions?.length
+    ? h('span', { class: 'nbs-Header-actions' }, ...extras.actions)
+    : null;
+  return h(
+    'div',
+    { class: 'nbs-Header' },
+    h(
+      'div',
+      { class: 'nbs-Header-main' },
+      h(
+        'span',
+        { class: 'nbs-Badge', 'data-status': run.status },
+        RUN_STATUS_LABEL[run.status] ?? run.status
+      ),
+      h('span', { class: 'nbs-Header-title' }, plural(run.nprocs, 'rank')),
+      countText ? h('span', { class: 'nbs-Header-counts' }, countText) : null,
+      actions
+    ),
+    meta
+  );
+}
+
+/** One `label value` entry of the header's second row. */
+export function metaEntry(label: string, value: string | Node, cls = ''): HTMLElement {
+  return h(
+    'span',
+    { class: `nbs-Meta ${cls}`.trim() },
+    h('span', { class: 'nbs-Meta-label' }, label),
+    typeof value === 'string' ? h('span', { class: 'nbs-Meta-value' }, value) : value
+  );
+}
+
+/** The first line of a summary (an exception's message may run on). */
+function oneLine(text: string): string {
+  const line = text.split('\n').find(l => l.trim()) ?? '';
+  return line.length > 240 ? line.slice(0, 239) + '\u2026' : line;
+}
+
+/**
+ * A run-level error: one line naming the root cause, which selects that rank's pane (where its
+ * traceback is); for a timeout, an interrupt or a stop with no rank to blame, the details.
+ */
+export function buildBanner(run: IRunBundle, pick?: (rank: number) => void): HTMLElement[] {
+  const err = run.status === 'stopped' && !run.error ? { rank: null, summary: '', traceback: '' } : run.error;
+  if (!err || !(err.summary || err.traceback || run.status === 'stopped')) {
+    return [];
+  }
+  const errRank = err.rank;
+  const errRankKnown = errRank !== null && run.status !== 'stopped' && run.ranks.some(r => r.rank === errRank);
+  const text =
+    run.status === 'stopped' ? STOPPED_BY_USER : oneLine(err.summary) || RUN_STATUS_LABEL[run.status] || run.status;
+  const banner = h(
+    'div',
+    { class: 'nbs-Banner', role: 'alert' },
+    h('span', { class: 'nbs-Banner-icon', 'aria-hidden': 'true' }, '!'),
+    h('span', { class: 'nbs-Banner-text' }, errRankKnown ? h('strong', {}, `rank ${errRank}: `) : null, text)
+  );
+  if (errRankKnown && pick) {
+    banner.classList.add('nbs-mod-link');
+    banner.title = `Show rank ${errRank} and its traceback`;
+    banner.addEventListener('click', () => pick(errRank));
+  }
+  const nodes = [banner];
+  if (!errRankKnown && err.traceback) {
+    nodes.push(
+      h(
+        'details',
+        { class: 'nbs-RunTraceback' },
+        h('summary', {}, 'details'),
+        h('pre', { class: 'nbs-Traceback-text' }, err.traceback)
+      )
+    );
+  }
+  return nodes;
+}

@@ -1,0 +1,122 @@
+/**
+ * The run view's tabs: the "merged" tab and one status chip per rank, with arrow-key moves between
+ * them and which one is selected.  Stateless builders; `view.ts` keeps the selection.
+ */
+
+import { h } from './dom';
+import { formatDuration } from './format';
+import { rankHue } from './lines';
+import { IRankInfo, IRunBundle } from './messages';
+
+/** A chip's icon by rank status. */
+const RANK_ICON: Record<string, string> = {
+  done: '\u2713', // ✓
+  failed: '\u2715', // ✕
+  stopped: '\u25a0', // ■
+  running: '' // spinner drawn in CSS
+};
+
+/** The "merged" tab (every rank, prefixed lines). */
+export function buildMergedTab(): HTMLElement {
+  return h(
+    'button',
+    {
+      class: 'nbs-Tab nbs-Tab-merged',
+      type: 'button',
+      role: 'tab',
+      'data-tab': 'merged',
+      title: 'Every rank, lines prefixed with [rank{r}]'
+    },
+    h('span', { class: 'nbs-Tab-icon', 'aria-hidden': 'true' }, '\u2261'),
+    'merged'
+  );
+}
+
+/** A rank's tab: its status chip (spinner, ✓ with duration, ✕ with the exception, ■ with the signal). */
+export function buildChip(r: IRankInfo, run: IRunBundle): HTMLElement {
+  const note = r.status === 'running' && r.note ? r.note : null;
+  const detail =
+    r.status === 'failed'
+      ? r.summary ?? (r.exit_code !== null ? `exit ${r.exit_code}` : 'failed')
+      : r.status === 'stopped'
+        ? r.signal ?? 'stopped'
+        : r.status === 'done'
+          ? formatDuration(r.duration)
+          : note
+            ? note.split(/; | \(/)[0] // "waiting in barrier #3 for 25 s", "has not entered barrier #3"
+            : 'running';
+  const title = [
+    `rank ${r.rank}: ${r.status}`,
+    note,
+    r.summary,
+    r.duration !== null ? formatDuration(r.duration) : null,
+    r.exit_code !== null ? `exit code ${r.exit_code}` : null
+  ]
+    .filter(Boolean)
+    .join(' — ');
+  const chip = h(
+    'button',
+    {
+      class: 'nbs-Tab nbs-Chip',
+      type: 'button',
+      role: 'tab',
+      'data-rank': String(r.rank),
+      'data-status': r.status,
+      title
+    },
+    h('span', { class: 'nbs-Chip-icon', 'aria-hidden': 'true' }, RANK_ICON[r.status] ?? ''),
+    h('span', { class: 'nbs-Chip-rank' }, String(r.rank)),
+    detail ? h('span', { class: 'nbs-Chip-detail' }, detail) : null
+  );
+  if (run.error && run.error.rank === r.rank) {
+    chip.classList.add('nbs-mod-rootcause');
+  }
+  if (note && r.prompt) {
+    chip.classList.add('nbs-mod-prompt'); // at a breakpoint or input(): the kernel's stdin (or %spawn debug) answers
+    chip.setAttribute('data-prompt', r.prompt);
+  } else if (note) {
+    chip.classList.add('nbs-mod-waiting'); // the run looks hung: this rank waits, or others wait for it
+  }
+  chip.style.setProperty('--nbs-rank-hue', String(rankHue(r.rank)));
+  return chip;
+}
+
+/** Which tab a tab element stands for. */
+export function tabKey(el: Element): number | 'merged' {
+  const rank = el.getAttribute('data-rank');
+  return rank === null ? 'merged' : Number(rank);
+}
+
+/** Arrow keys, Home and End move between the tabs of `tabs`. */
+export function attachTabKeys(tabs: HTMLElement, pick: (sel: number | 'merged') => void): void {
+  tabs.addEventListener('keydown', ev => {
+    const els = [...tabs.querySelectorAll<HTMLElement>('.nbs-Tab')];
+    const cur = els.findIndex(el => el.getAttribute('aria-selected') === 'true');
+    let next = -1;
+    if (ev.key === 'ArrowRight' || ev.key === 'ArrowDown') {
+      next = (cur + 1) % els.length;
+    } else if (ev.key === 'ArrowLeft' || ev.key === 'ArrowUp') {
+      next = (cur - 1 + els.length) % els.length;
+    } else if (ev.key === 'Home') {
+      next = 0;
+    } else if (ev.key === 'End') {
+      next = els.length - 1;
+    }
+    if (next >= 0 && els.length) {
+      ev.preventDefault();
+      pick(tabKey(els[next]));
+      // the tab may have been re-created by the pick
+      tabs.querySelectorAll<HTMLElement>('.nbs-Tab')[next]?.focus();
+    }
+  });
+}
+
+/** Mark one tab selected (and focusable), the others not. */
+export function markSelected(tabs: HTMLElement, sel: number | 'merged'): void {
+  for (const el of tabs.querySelectorAll<HTMLElement>('.nbs-Tab')) {
+    const on = tabKey(el) === sel;
+    el.setAttribute('aria-selected', on ? 'true' : 'false');
+    el.tabIndex = on ? 0 : -1;
+    el.classList.toggle('nbs-mod-selected', on);
+  }
+}
