@@ -2,9 +2,10 @@
 127.0.0.1 with a private config, data, settings and workspace dir (serve, serving), notebooks written
 for it (write_notebook, notebook, code_cell), Chromium pages that record dialogs and errors (Page), and
 what the tests do in them: open a notebook in either front end and wait for its kernel (open_notebook,
-notebook_url, notebook_root, wait_until_ready), run a cell (run_cell), find a run's views (live_view,
-frozen_run, chip_statuses, select_pane), wait on the page (wait_for_js), save (save_until) and take
-screenshots (shot, page_shot).  tests/browser/conftest.py holds the fixtures (artifacts, browser, page).
+notebook_url, notebook_root, wait_until_ready; Front, for a test run in both, FRONTS), run a cell
+(run_cell), find a run's views (live_view, frozen_run, chip_statuses, select_pane), wait on the page
+(wait_for_js), save (save_until) and take screenshots (shot, page_shot).  tests/browser/conftest.py
+holds the fixtures (artifacts, browser, page).
 
 Importing this module skips the importing test module when playwright or jupyterlab is missing.
 """
@@ -332,6 +333,29 @@ def _dismiss_dialog(pg) -> None:
         accept = dialog.first.locator(".jp-Dialog-button.jp-mod-accept")
         (accept.first if accept.count() else dialog.first.locator(".jp-Dialog-button").last).click()
         dialog.first.wait_for(state="detached", timeout=10_000)
+
+
+# The front ends a test may run in both of, by the name a test gives them: the server app of each.
+FRONTS = {"lab": "lab", "nb7": "notebook"}
+
+
+class Front:
+    """One front end (``lab`` or ``nb7``, FRONTS) on a page of its own, a notebook open in it: its cells."""
+
+    def __init__(self, name: str, p: Page, cells):
+        self.name = name
+        self.p = p
+        self.pg = p.page
+        self.cells = cells
+
+    def cell(self, i: int):
+        return self.cells.nth(i)
+
+    def frozen(self, i: int, timeout: float = 120_000):
+        """Cell ``i``'s frozen run, once drawn and the cell's execution over."""
+        run = frozen_run(self.cell(i), timeout)
+        sync_api.expect(self.cell(i).locator(".jp-InputPrompt")).to_have_text(re.compile(r"\[\d+\]"), timeout=30_000)
+        return run
 
 
 # -- run views ----------------------------------------------------------------------------------
