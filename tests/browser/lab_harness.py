@@ -26,10 +26,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import pytest
 
 from nbspawn.views._widget import widget_available
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Dialog, Locator
+    from playwright.sync_api import Page as PwPage
 
 CHROMIUM = os.environ.get("NBSPAWN_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -221,15 +226,19 @@ class Page:
     """A page that records dialogs (alert() must never run) and console errors; a context manager
     that closes its browser context on the way out."""
 
-    def __init__(self, browser, width=1280, height=1000, color_scheme="light"):
+    def __init__(
+        self, browser: Browser, width: int = 1280, height: int = 1000, color_scheme: Literal["light", "dark"] = "light"
+    ) -> None:
         self.context = browser.new_context(viewport={"width": width, "height": height}, color_scheme=color_scheme)
         self.page = self.context.new_page()
         self.dialogs: list[str] = []
         self.errors: list[str] = []
         self.watch(self.page)
 
-    def watch(self, page):
-        def on_dialog(d):
+    def watch(self, page: PwPage) -> PwPage:
+        """Record ``page``'s dialogs and errors too (a second tab, a reloaded page)."""
+
+        def on_dialog(d: Dialog) -> None:
             self.dialogs.append(d.message)
             d.dismiss()
 
@@ -241,13 +250,13 @@ class Page:
         """The page errors that come from nbspawn's front end or anywidget (JupyterLab's own are not ours)."""
         return [e for e in self.errors if "nbs" in e or "anywidget" in e]
 
-    def close(self):
+    def close(self) -> None:
         self.context.close()
 
     def __enter__(self) -> Page:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -272,12 +281,12 @@ def notebook_url(server: Server, name: str) -> str:
     return lab_url(server, name) if server.app == "lab" else server.url(f"/notebooks/{name}")
 
 
-def notebook_root(pg, server: Server):
+def notebook_root(pg: PwPage, server: Server) -> Locator:
     """The element that holds the open notebook: JupyterLab's visible panel, Notebook 7's body."""
     return pg.locator(LAB_PANEL if server.app == "lab" else "body")
 
 
-def wait_until_ready(root):
+def wait_until_ready(root: Locator) -> Locator:
     """The notebook under ``root`` drawn and its kernel idle; its cells."""
     cells = root.locator(CELLS)
     cells.first.wait_for(timeout=90_000)
@@ -285,13 +294,13 @@ def wait_until_ready(root):
     return cells
 
 
-def open_notebook(pg, server: Server, name: str):
+def open_notebook(pg: PwPage, server: Server, name: str) -> Locator:
     """Open ``name`` in the server's front end (notebook_url) and wait until it is ready; its cells."""
     pg.goto(notebook_url(server, name))
     return wait_until_ready(notebook_root(pg, server))
 
 
-def open_lab_notebook(page, lab: Server, name: str):
+def open_lab_notebook(page: PwPage, lab: Server, name: str) -> Locator:
     """Open ``name`` in JupyterLab; its first run view (a saved run, drawn by the renderer)."""
     page.goto(lab_url(lab, name))
     run = page.locator(f"{LAB_PANEL} .nbs-Run").first
@@ -299,11 +308,11 @@ def open_lab_notebook(page, lab: Server, name: str):
     return run
 
 
-def pane_text(run) -> str:
+def pane_text(run: Locator) -> str:
     return run.locator(".nbs-Pane-host").inner_text()
 
 
-def run_cell(pg, cell, until: str | re.Pattern[str] | None = None, timeout: float = 120_000) -> None:
+def run_cell(pg: PwPage, cell: Locator, until: str | re.Pattern[str] | None = None, timeout: float = 120_000) -> None:
     """Select a cell and run it (Shift+Enter), retrying until its prompt shows it ran or runs; with
     ``until``, then wait (``timeout`` ms) for the prompt to read that (``"[1]:"``: it ran first)."""
     prompt = cell.locator(".jp-InputPrompt")
@@ -323,7 +332,7 @@ def run_cell(pg, cell, until: str | re.Pattern[str] | None = None, timeout: floa
         sync_api.expect(prompt).to_have_text(until, timeout=timeout)
 
 
-def _dismiss_dialog(pg) -> None:
+def _dismiss_dialog(pg: PwPage) -> None:
     """A JupyterLab dialog open before a cell is clicked (seen now and then on a loaded machine, as a
     fresh server's first page settles its kernel): said on the test's output, then accepted, as a user
     would, so it does not swallow the click."""
@@ -342,16 +351,16 @@ FRONTS = {"lab": "lab", "nb7": "notebook"}
 class Front:
     """One front end (``lab`` or ``nb7``, FRONTS) on a page of its own, a notebook open in it: its cells."""
 
-    def __init__(self, name: str, p: Page, cells):
+    def __init__(self, name: str, p: Page, cells: Locator) -> None:
         self.name = name
         self.p = p
         self.pg = p.page
         self.cells = cells
 
-    def cell(self, i: int):
+    def cell(self, i: int) -> Locator:
         return self.cells.nth(i)
 
-    def frozen(self, i: int, timeout: float = 120_000):
+    def frozen(self, i: int, timeout: float = 120_000) -> Locator:
         """Cell ``i``'s frozen run, once drawn and the cell's execution over."""
         run = frozen_run(self.cell(i), timeout)
         sync_api.expect(self.cell(i).locator(".jp-InputPrompt")).to_have_text(re.compile(r"\[\d+\]"), timeout=30_000)
@@ -361,27 +370,27 @@ class Front:
 # -- run views ----------------------------------------------------------------------------------
 
 
-def live_view(cell, timeout: float = 60_000, *, widget: bool = False):
+def live_view(cell: Locator, timeout: float = 60_000, *, widget: bool = False) -> Locator:
     """The cell's live run view, once drawn; ``widget``: the live widget's own (not a reattached one)."""
     view = cell.locator(WIDGET_VIEW if widget else LIVE_VIEW)
     view.wait_for(timeout=timeout)
     return view
 
 
-def frozen_run(cell, timeout: float = 60_000):
+def frozen_run(cell: Locator, timeout: float = 60_000) -> Locator:
     """The cell's frozen run (the renderer's), once drawn."""
     run = cell.locator(FROZEN_RUN)
     run.wait_for(timeout=timeout)
     return run
 
 
-def chip_statuses(view) -> list[str | None]:
+def chip_statuses(view: Locator) -> list[str | None]:
     """Each rank chip's status in a run view, in rank order."""
     chips = view.locator(".nbs-Chip")
     return [chips.nth(i).get_attribute("data-status") for i in range(chips.count())]
 
 
-def select_pane(view, tab: int | str):
+def select_pane(view: Locator, tab: int | str) -> Locator:
     """Select a tab in a run view (a rank, or ``"merged"``); its pane's output, once shown."""
     if tab == "merged":
         view.locator(".nbs-Tab-merged").click()
@@ -392,12 +401,12 @@ def select_pane(view, tab: int | str):
     return pane
 
 
-def wait_for_js(element, predicate: str, timeout: float = 30_000) -> None:
+def wait_for_js(element: Locator, predicate: str, timeout: float = 30_000) -> None:
     """Wait until ``predicate`` (a JavaScript function of the element) holds for ``element``'s node."""
     element.page.wait_for_function(predicate, arg=element.element_handle(), timeout=timeout)
 
 
-def save_until(pg, path: Path, predicate: Callable[[dict], bool]) -> dict:
+def save_until(pg: PwPage, path: Path, predicate: Callable[[dict], bool]) -> dict:
     """Ctrl+S until the notebook on disk satisfies ``predicate`` (a save is asynchronous); that notebook."""
     deadline = time.monotonic() + 30
     while True:
@@ -413,7 +422,7 @@ def save_until(pg, path: Path, predicate: Callable[[dict], bool]) -> dict:
 # -- screenshots ---------------------------------------------------------------------------------
 
 
-def shot(locator, artifacts: Path, name: str, *, unhover: bool = False) -> None:
+def shot(locator: Locator, artifacts: Path, name: str, *, unhover: bool = False) -> None:
     """A screenshot of one element; ``unhover``: the mouse moved to the page's corner first, so that no
     tooltip or hover style is in the picture."""
     if unhover:
@@ -422,6 +431,6 @@ def shot(locator, artifacts: Path, name: str, *, unhover: bool = False) -> None:
     locator.screenshot(path=str(artifacts / name), animations="disabled")
 
 
-def page_shot(pg, artifacts: Path, name: str) -> None:
+def page_shot(pg: PwPage, artifacts: Path, name: str) -> None:
     """A screenshot of the whole page."""
     pg.screenshot(path=str(artifacts / name))
