@@ -1,8 +1,11 @@
 """The browser tests' harness: a jupyter server (``lab`` or ``notebook``) from this interpreter on
-127.0.0.1 with a private config, data, settings and workspace dir (serve), notebooks written for it
-(notebook, code_cell), Chromium pages that record dialogs and errors (Page), and what the tests do in
-them (lab_url, open_lab_notebook, run_cell, pane_text, shot).  tests/browser/conftest.py holds the
-fixtures (artifacts, browser, page).
+127.0.0.1 with a private config, data, settings and workspace dir (serve, serving), notebooks written
+for it (write_notebook, notebook, code_cell), Chromium pages that record dialogs and errors (Page), and
+what the tests do in them: open a notebook in either front end and wait for its kernel (open_notebook,
+notebook_url, notebook_root, wait_until_ready; Front, for a test run in both, FRONTS), run a cell
+(run_cell), find a run's views (live_view, frozen_run, chip_statuses, select_pane), wait on the page
+(wait_for_js), save (save_until) and take screenshots (shot, page_shot).  tests/browser/conftest.py
+holds the fixtures (artifacts, browser, page).
 
 Importing this module skips the importing test module when playwright or jupyterlab is missing.
 """
@@ -20,10 +23,18 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import pytest
+
+from nbspawn.views._widget import widget_available
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Dialog, Locator
+    from playwright.sync_api import Page as PwPage
 
 CHROMIUM = os.environ.get("NBSPAWN_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -43,6 +54,9 @@ NEEDS_CHROMIUM = pytest.mark.skipif(
     not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)),
     reason=f"no Chromium at {CHROMIUM} (apt-get install chromium, or set NBSPAWN_CHROMIUM)",
 )
+
+# a test module's pytestmark: skip it where the live widget's bundle is not built
+NEEDS_WIDGET = pytest.mark.skipif(not widget_available(), reason="nbspawn/_static/widget.js is not built")
 
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed (pip install playwright; no browser download needed)"
@@ -76,11 +90,19 @@ def code_cell(i: int, source: str, outputs: list | None = None) -> dict:
     }
 
 
+def write_notebook(root: Path, name: str, cells: list[str | dict]) -> Path:
+    """``root/name``: a notebook of ``cells`` (a source is a code cell of its own; a dict, a cell as it is)."""
+    path = root / name
+    path.write_text(json.dumps(notebook([code_cell(i, c) if isinstance(c, str) else c for i, c in enumerate(cells)])))
+    return path
+
+
 # -- servers ------------------------------------------------------------------------------------
 
 
 @dataclass
 class Server:
+    app: str  # "lab" (JupyterLab) or "notebook" (Notebook 7)
     base: str
     token: str
     root: Path
@@ -143,7 +165,7 @@ def _start(app: str, tmp: Path) -> Server:
         cmd.append("--allow-root")  # containers and CI images run as root
     log = tmp / f"{app}-server.log"
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=root)
-    server = Server(f"http://127.0.0.1:{port}", token, root, proc, log)
+    server = Server(app, f"http://127.0.0.1:{port}", token, root, proc, log)
     deadline = time.monotonic() + 120
     while True:
         if proc.poll() is not None:
@@ -191,21 +213,32 @@ def serve(app: str, tmp: Path, write: Callable[[Path], None]) -> Iterator[Server
         _stop(server)
 
 
+@contextmanager
+def serving(app: str, tmp: Path, write: Callable[[Path], None]) -> Iterator[Server]:
+    """serve() as a context manager: for a fixture that holds more than the server (a page too)."""
+    yield from serve(app, tmp, write)
+
+
 # -- pages --------------------------------------------------------------------------------------
 
 
 class Page:
-    """A page that records dialogs (alert() must never run) and console errors."""
+    """A page that records dialogs (alert() must never run) and console errors; a context manager
+    that closes its browser context on the way out."""
 
-    def __init__(self, browser, width=1280, height=1000, color_scheme="light"):
+    def __init__(
+        self, browser: Browser, width: int = 1280, height: int = 1000, color_scheme: Literal["light", "dark"] = "light"
+    ) -> None:
         self.context = browser.new_context(viewport={"width": width, "height": height}, color_scheme=color_scheme)
         self.page = self.context.new_page()
         self.dialogs: list[str] = []
         self.errors: list[str] = []
         self.watch(self.page)
 
-    def watch(self, page):
-        def on_dialog(d):
+    def watch(self, page: PwPage) -> PwPage:
+        """Record ``page``'s dialogs and errors too (a second tab, a reloaded page)."""
+
+        def on_dialog(d: Dialog) -> None:
             self.dialogs.append(d.message)
             d.dismiss()
 
@@ -213,8 +246,29 @@ class Page:
         page.on("pageerror", lambda e: self.errors.append(str(e)))
         return page
 
-    def close(self):
+    def nbspawn_errors(self) -> list[str]:
+        """The page errors that come from nbspawn's front end or anywidget (JupyterLab's own are not ours)."""
+        return [e for e in self.errors if "nbs" in e or "anywidget" in e]
+
+    def close(self) -> None:
         self.context.close()
+
+    def __enter__(self) -> Page:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# The notebook a page shows: JupyterLab's visible notebook panel, or Notebook 7's page; its cells; its
+# kernel, idle (the execution indicator in the notebook's toolbar).
+LAB_PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+CELLS = ".jp-Notebook .jp-Cell"
+KERNEL_IDLE = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
+# A run's views in a cell: the live one (the widget's, or the reattaching renderer's), the frozen one.
+LIVE_VIEW = ".nbs-Run.nbs-mod-live"
+WIDGET_VIEW = ".nbs-Widget .nbs-Run.nbs-mod-live"
+FROZEN_RUN = ".nbs-RunRenderer .nbs-Run"
 
 
 def lab_url(lab: Server, name: str) -> str:
@@ -222,19 +276,45 @@ def lab_url(lab: Server, name: str) -> str:
     return lab.url(f"/lab/workspaces/t{secrets.token_hex(4)}/tree/{name}?reset")
 
 
-def open_lab_notebook(page, lab: Server, name: str):
+def notebook_url(server: Server, name: str) -> str:
+    """Where ``name`` opens: a fresh JupyterLab workspace (lab_url), or Notebook 7's notebook page."""
+    return lab_url(server, name) if server.app == "lab" else server.url(f"/notebooks/{name}")
+
+
+def notebook_root(pg: PwPage, server: Server) -> Locator:
+    """The element that holds the open notebook: JupyterLab's visible panel, Notebook 7's body."""
+    return pg.locator(LAB_PANEL if server.app == "lab" else "body")
+
+
+def wait_until_ready(root: Locator) -> Locator:
+    """The notebook under ``root`` drawn and its kernel idle; its cells."""
+    cells = root.locator(CELLS)
+    cells.first.wait_for(timeout=90_000)
+    root.locator(KERNEL_IDLE).first.wait_for(timeout=90_000)
+    return cells
+
+
+def open_notebook(pg: PwPage, server: Server, name: str) -> Locator:
+    """Open ``name`` in the server's front end (notebook_url) and wait until it is ready; its cells."""
+    pg.goto(notebook_url(server, name))
+    return wait_until_ready(notebook_root(pg, server))
+
+
+def open_lab_notebook(page: PwPage, lab: Server, name: str) -> Locator:
+    """Open ``name`` in JupyterLab; its first run view (a saved run, drawn by the renderer)."""
     page.goto(lab_url(lab, name))
-    run = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .nbs-Run").first
+    run = page.locator(f"{LAB_PANEL} .nbs-Run").first
     run.wait_for(state="visible", timeout=90_000)
     return run
 
 
-def pane_text(run) -> str:
+def pane_text(run: Locator) -> str:
     return run.locator(".nbs-Pane-host").inner_text()
 
 
-def run_cell(pg, cell) -> None:
-    """Select a cell and run it (Shift+Enter), retrying until its prompt shows it ran or runs."""
+def run_cell(pg: PwPage, cell: Locator, until: str | re.Pattern[str] | None = None, timeout: float = 120_000) -> None:
+    """Select a cell and run it (Shift+Enter), retrying until its prompt shows it ran or runs; with
+    ``until``, then wait (``timeout`` ms) for the prompt to read that (``"[1]:"``: it ran first)."""
     prompt = cell.locator(".jp-InputPrompt")
     for _ in range(3):
         _dismiss_dialog(pg)
@@ -243,13 +323,16 @@ def run_cell(pg, cell) -> None:
         pg.keyboard.press("Shift+Enter")
         try:
             sync_api.expect(prompt).to_have_text(re.compile(r"\[[*0-9]+\]"), timeout=10_000)
-            return
+            break
         except AssertionError:
             continue
-    raise AssertionError(f"the cell did not run: prompt {prompt.inner_text()!r}")
+    else:
+        raise AssertionError(f"the cell did not run: prompt {prompt.inner_text()!r}")
+    if until is not None:
+        sync_api.expect(prompt).to_have_text(until, timeout=timeout)
 
 
-def _dismiss_dialog(pg) -> None:
+def _dismiss_dialog(pg: PwPage) -> None:
     """A JupyterLab dialog open before a cell is clicked (seen now and then on a loaded machine, as a
     fresh server's first page settles its kernel): said on the test's output, then accepted, as a user
     would, so it does not swallow the click."""
@@ -261,6 +344,93 @@ def _dismiss_dialog(pg) -> None:
         dialog.first.wait_for(state="detached", timeout=10_000)
 
 
-def shot(locator, artifacts: Path, name: str) -> None:
+# The front ends a test may run in both of, by the name a test gives them: the server app of each.
+FRONTS = {"lab": "lab", "nb7": "notebook"}
+
+
+class Front:
+    """One front end (``lab`` or ``nb7``, FRONTS) on a page of its own, a notebook open in it: its cells."""
+
+    def __init__(self, name: str, p: Page, cells: Locator) -> None:
+        self.name = name
+        self.p = p
+        self.pg = p.page
+        self.cells = cells
+
+    def cell(self, i: int) -> Locator:
+        return self.cells.nth(i)
+
+    def frozen(self, i: int, timeout: float = 120_000) -> Locator:
+        """Cell ``i``'s frozen run, once drawn and the cell's execution over."""
+        run = frozen_run(self.cell(i), timeout)
+        sync_api.expect(self.cell(i).locator(".jp-InputPrompt")).to_have_text(re.compile(r"\[\d+\]"), timeout=30_000)
+        return run
+
+
+# -- run views ----------------------------------------------------------------------------------
+
+
+def live_view(cell: Locator, timeout: float = 60_000, *, widget: bool = False) -> Locator:
+    """The cell's live run view, once drawn; ``widget``: the live widget's own (not a reattached one)."""
+    view = cell.locator(WIDGET_VIEW if widget else LIVE_VIEW)
+    view.wait_for(timeout=timeout)
+    return view
+
+
+def frozen_run(cell: Locator, timeout: float = 60_000) -> Locator:
+    """The cell's frozen run (the renderer's), once drawn."""
+    run = cell.locator(FROZEN_RUN)
+    run.wait_for(timeout=timeout)
+    return run
+
+
+def chip_statuses(view: Locator) -> list[str | None]:
+    """Each rank chip's status in a run view, in rank order."""
+    chips = view.locator(".nbs-Chip")
+    return [chips.nth(i).get_attribute("data-status") for i in range(chips.count())]
+
+
+def select_pane(view: Locator, tab: int | str) -> Locator:
+    """Select a tab in a run view (a rank, or ``"merged"``); its pane's output, once shown."""
+    if tab == "merged":
+        view.locator(".nbs-Tab-merged").click()
+    else:
+        view.locator(f".nbs-Chip[data-rank='{tab}']").click()
+    pane = view.locator(f".nbs-Pane[data-rank='{tab}'] .nbs-Output")
+    pane.wait_for(timeout=10_000)
+    return pane
+
+
+def wait_for_js(element: Locator, predicate: str, timeout: float = 30_000) -> None:
+    """Wait until ``predicate`` (a JavaScript function of the element) holds for ``element``'s node."""
+    element.page.wait_for_function(predicate, arg=element.element_handle(), timeout=timeout)
+
+
+def save_until(pg: PwPage, path: Path, predicate: Callable[[dict], bool]) -> dict:
+    """Ctrl+S until the notebook on disk satisfies ``predicate`` (a save is asynchronous); that notebook."""
+    deadline = time.monotonic() + 30
+    while True:
+        pg.keyboard.press("Control+s")
+        pg.wait_for_timeout(1000)
+        nb = json.loads(path.read_text())
+        if predicate(nb):
+            return nb
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the saved notebook never matched: {json.dumps(nb)[:3000]}")
+
+
+# -- screenshots ---------------------------------------------------------------------------------
+
+
+def shot(locator: Locator, artifacts: Path, name: str, *, unhover: bool = False) -> None:
+    """A screenshot of one element; ``unhover``: the mouse moved to the page's corner first, so that no
+    tooltip or hover style is in the picture."""
+    if unhover:
+        locator.page.mouse.move(0, 0)
     locator.scroll_into_view_if_needed()
     locator.screenshot(path=str(artifacts / name), animations="disabled")
+
+
+def page_shot(pg: PwPage, artifacts: Path, name: str) -> None:
+    """A screenshot of the whole page."""
+    pg.screenshot(path=str(artifacts / name))

@@ -8,30 +8,25 @@ Screenshots go to test-artifacts/browser/.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
 from cluster_nodes import LocalNodes
 from lab_harness import (  # the servers, browser pages and helpers (the fixtures: tests/browser/conftest.py)
+    NEEDS_WIDGET,
     Page,
-    code_cell,
-    lab_url,
-    notebook,
+    frozen_run,
+    live_view,
+    open_notebook,
     run_cell,
     serve,
     shot,
     sync_api,
+    write_notebook,
 )
 
-from nbspawn.views._widget import widget_available
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(not widget_available(), reason="nbspawn/_static/widget.js is not built"),
-]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300), NEEDS_WIDGET]
 
 TRAIN = """\
 %%spawn --cluster rc -n 2
@@ -58,27 +53,20 @@ def lab(tmp_path_factory, nodes):
     )
 
     def write(root: Path) -> None:
-        (root / "cluster.ipynb").write_text(json.dumps(notebook([code_cell(0, connect), code_cell(1, TRAIN)])))
+        write_notebook(root, "cluster.ipynb", [connect, TRAIN])
 
     yield from serve("lab", tmp_path_factory.mktemp("cluster-lab"), write)
 
 
 def test_lab_cluster_run_names_each_ranks_node(lab, browser, artifacts):
-    p = Page(browser, width=1200, height=1000)
-    pg = p.page
-    try:
-        pg.goto(lab_url(lab, "cluster.ipynb"))
-        panel = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
-        cells = panel.locator(".jp-Cell")
-        cells.first.wait_for(timeout=90_000)
-        panel.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000)
-        run_cell(pg, cells.nth(0))
-        sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=120_000)
+    with Page(browser, width=1200, height=1000) as p:
+        pg = p.page
+        cells = open_notebook(pg, lab, "cluster.ipynb")
+        run_cell(pg, cells.nth(0), until="[1]:")
 
         run = cells.nth(1)
         run_cell(pg, run)
-        view = run.locator(".nbs-Widget .nbs-Run.nbs-mod-live")
-        view.wait_for(timeout=60_000)
+        view = live_view(run, widget=True)
         sync_api.expect(view.locator(".nbs-Chip")).to_have_count(4)
         view.locator(".nbs-Chip[data-rank='3']").click()
         title = view.locator(".nbs-Pane[data-rank='3'] .nbs-Pane-title")
@@ -86,11 +74,9 @@ def test_lab_cluster_run_names_each_ranks_node(lab, browser, artifacts):
         sync_api.expect(view.locator(".nbs-Pane[data-rank='3'] .nbs-Output")).to_contain_text(
             "rank 3 on node 1: step 1", timeout=15_000
         )
-        pg.mouse.move(0, 0)
-        shot(view, artifacts, "lab-cluster-live.png")
+        shot(view, artifacts, "lab-cluster-live.png", unhover=True)
 
-        frozen = run.locator(".nbs-RunRenderer .nbs-Run")
-        frozen.wait_for(timeout=60_000)
+        frozen = frozen_run(run)
         # the failed rank's pane: its node and its traceback
         frozen.locator(".nbs-Chip[data-rank='2']").click()
         failed = frozen.locator(".nbs-Pane[data-rank='2']")
@@ -100,7 +86,4 @@ def test_lab_cluster_run_names_each_ranks_node(lab, browser, artifacts):
         sync_api.expect(error).to_contain_text(re.compile(r"rank 2 on node 1 \(node\d\)"))
         path = failed.locator(".nbs-File").first.get_attribute("title") or ""
         assert re.match(r"^[^/\s]+:/.+/2/stdout\.log", path), path  # host:/path on its node
-        pg.mouse.move(0, 0)
-        shot(run, artifacts, "lab-cluster-frozen.png")
-    finally:
-        p.close()
+        shot(run, artifacts, "lab-cluster-frozen.png", unhover=True)

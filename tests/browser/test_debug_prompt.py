@@ -5,20 +5,24 @@ pane.  Screenshots go to test-artifacts/browser/."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
-from lab_harness import Page, code_cell, lab_url, notebook, run_cell, serve, shot, sync_api
+from lab_harness import (  # the servers, browser pages and helpers (the fixtures: tests/browser/conftest.py)
+    NEEDS_WIDGET,
+    Page,
+    frozen_run,
+    live_view,
+    open_notebook,
+    run_cell,
+    serve,
+    shot,
+    sync_api,
+    write_notebook,
+)
 
-from nbspawn.views._widget import widget_available
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(not widget_available(), reason="nbspawn/_static/widget.js is not built"),
-]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300), NEEDS_WIDGET]
 
 BREAK = """\
 %%spawn -n 2
@@ -31,7 +35,7 @@ print("after", x)
 
 
 def _write(root: Path) -> None:
-    (root / "debug.ipynb").write_text(json.dumps(notebook([code_cell(i, s) for i, s in enumerate(["%load_ext nbspawn", BREAK])])))
+    write_notebook(root, "debug.ipynb", ["%load_ext nbspawn", BREAK])
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +48,9 @@ def nb7(tmp_path_factory):
     yield from serve("notebook", tmp_path_factory.mktemp("debug-nb7"), _write)
 
 
-def _answer_the_prompt(pg, cells, artifacts, name: str) -> None:
-    run_cell(pg, cells.nth(0))
-    sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=120_000)
+def _answer_the_prompt(pg, server, artifacts, name: str) -> None:
+    cells = open_notebook(pg, server, "debug.ipynb")
+    run_cell(pg, cells.nth(0), until="[1]:")
     cell = cells.nth(1)
     run_cell(pg, cell)
     stdin = cell.locator(".jp-Stdin")
@@ -55,8 +59,7 @@ def _answer_the_prompt(pg, cells, artifacts, name: str) -> None:
     box.last.fill("p x")
     box.last.press("Enter")
     # the rank's answer is in its pane (the live view is shown for a prompt, however quick the run)
-    view = cell.locator(".nbs-Run.nbs-mod-live")
-    view.wait_for(timeout=30_000)
+    view = live_view(cell, 30_000)
     sync_api.expect(view).to_contain_text("17", timeout=30_000)
     sync_api.expect(cell.locator(".jp-Stdin")).to_have_count(2, timeout=30_000)  # the next prompt
     # the rank's chip says it is at a prompt (not hung): "at a breakpoint", where in its tooltip
@@ -65,40 +68,22 @@ def _answer_the_prompt(pg, cells, artifacts, name: str) -> None:
     sync_api.expect(chip).to_contain_text("at a breakpoint")
     assert "cell line 6" in (chip.get_attribute("title") or "")
     assert "nbs-mod-prompt" not in (view.locator(".nbs-Chip[data-rank='0']").get_attribute("class") or "")
-    pg.mouse.move(0, 0)
-    shot(cell, artifacts, f"{name}-pdb-prompt.png")
+    shot(cell, artifacts, f"{name}-pdb-prompt.png", unhover=True)
     cell.locator("input.jp-Stdin-input").last.fill("c")
     cell.locator("input.jp-Stdin-input").last.press("Enter")
-    frozen = cell.locator(".nbs-RunRenderer .nbs-Run")
-    frozen.wait_for(timeout=60_000)
+    frozen = frozen_run(cell)
     frozen.locator(".nbs-Chip[data-rank='1']").click()
     pane = frozen.locator(".nbs-Pane[data-rank='1'] .nbs-Output")
     sync_api.expect(pane).to_contain_text("after 17", timeout=30_000)  # drawn at the next animation frame
     assert '-> print("after", x)' in pane.inner_text()  # the session stays in rank 1's pane
-    pg.mouse.move(0, 0)
-    shot(cell, artifacts, f"{name}-pdb-done.png")
+    shot(cell, artifacts, f"{name}-pdb-done.png", unhover=True)
 
 
 def test_jupyterlab_answers_a_ranks_pdb_prompt(lab, browser, artifacts):
-    p = Page(browser, width=1200, height=1000)
-    try:
-        p.page.goto(lab_url(lab, "debug.ipynb"))
-        panel = p.page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
-        cells = panel.locator(".jp-Cell")
-        cells.first.wait_for(timeout=90_000)
-        panel.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000)
-        _answer_the_prompt(p.page, cells, artifacts, "lab")
-    finally:
-        p.close()
+    with Page(browser, width=1200, height=1000) as p:
+        _answer_the_prompt(p.page, lab, artifacts, "lab")
 
 
 def test_notebook7_answers_a_ranks_pdb_prompt(nb7, browser, artifacts):
-    p = Page(browser, width=1200, height=1000)
-    try:
-        p.page.goto(nb7.url("/notebooks/debug.ipynb"))
-        cells = p.page.locator(".jp-Cell")
-        cells.first.wait_for(timeout=90_000)
-        p.page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
-        _answer_the_prompt(p.page, cells, artifacts, "nb7")
-    finally:
-        p.close()
+    with Page(browser, width=1200, height=1000) as p:
+        _answer_the_prompt(p.page, nb7, artifacts, "nb7")

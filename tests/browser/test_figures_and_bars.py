@@ -15,31 +15,26 @@ Screenshots go to test-artifacts/browser/ (figures-*, bars-*, placeholder-*).  A
 
 from __future__ import annotations
 
-import json
-import re
-
 import pytest
 from lab_harness import (  # the servers, browser pages and helpers (the fixtures: tests/browser/conftest.py)
     ARTIFACTS,
+    FRONTS,
     NEEDS_CHROMIUM,
+    NEEDS_WIDGET,
+    Front,
     Page,
-    code_cell,
-    lab_url,
-    notebook,
+    live_view,
+    open_notebook,
+    page_shot,
     run_cell,
-    serve,
+    select_pane,
+    serving,
     shot,
     sync_api,
+    write_notebook,
 )
 
-from nbspawn.views._widget import widget_available
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.timeout(300),
-    NEEDS_CHROMIUM,
-    pytest.mark.skipif(not widget_available(), reason="nbspawn/_static/widget.js is not built"),
-]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300), NEEDS_CHROMIUM, NEEDS_WIDGET]
 pytest.importorskip("tqdm", reason="tqdm is not installed (pip install -e '.[test]')")
 pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install -e '.[test]')")
 
@@ -87,69 +82,33 @@ C_FIGURE, C_BARS, C_PROGRAM = 1, 2, 3
 
 
 def _write(root) -> None:
-    (root / "figures.ipynb").write_text(json.dumps(notebook([code_cell(i, s) for i, s in enumerate(CELLS)])))
+    write_notebook(root, "figures.ipynb", CELLS)
 
 
-class Front:
-    """One front end (``lab`` or ``nb7``): its page, with the notebook open and nbspawn loaded."""
-
-    def __init__(self, name: str, p: Page):
-        self.name = name
-        self.p = p
-        self.pg = p.page
-        root = ".jp-NotebookPanel:not(.lm-mod-hidden) " if name == "lab" else ""
-        self.cells = self.pg.locator(f"{root}.jp-Notebook .jp-Cell")
-
-    def cell(self, i: int):
-        return self.cells.nth(i)
+class FigureFront(Front):
+    """A front end with figures.ipynb open and nbspawn loaded."""
 
     def live(self, i: int):
+        """Run cell ``i``; its live view (a picture of the page if none comes)."""
         run_cell(self.pg, self.cell(i))
-        view = self.cell(i).locator(".nbs-Run.nbs-mod-live")
         try:
-            view.wait_for(timeout=90_000)
+            return live_view(self.cell(i), 90_000)
         except Exception:
-            self.pg.screenshot(path=str(ARTIFACTS / f"figures-{self.name}-no-live-view.png"))
+            page_shot(self.pg, ARTIFACTS, f"figures-{self.name}-no-live-view.png")
             raise
-        return view
-
-    def frozen(self, i: int):
-        run = self.cell(i).locator(".nbs-RunRenderer .nbs-Run")
-        run.wait_for(timeout=120_000)
-        sync_api.expect(self.cell(i).locator(".jp-InputPrompt")).to_have_text(re.compile(r"\[\d+\]"), timeout=30_000)
-        return run
 
 
-@pytest.fixture(scope="module", params=["lab", "nb7"])
+@pytest.fixture(scope="module", params=list(FRONTS))
 def front(request, browser, artifacts, tmp_path_factory):
     name = request.param
-    server_gen = serve("lab" if name == "lab" else "notebook", tmp_path_factory.mktemp(f"figures-{name}"), _write)
-    server = next(server_gen)
-    p = Page(browser, width=1200, height=1000)
-    try:
-        pg = p.page
-        pg.goto(lab_url(server, "figures.ipynb") if name == "lab" else server.url("/notebooks/figures.ipynb"))
-        f = Front(name, p)
-        f.cell(0).wait_for(timeout=90_000)
-        pg.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
-        run_cell(pg, f.cell(0))
-        sync_api.expect(f.cell(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=120_000)
-        yield f
+    with (
+        serving(FRONTS[name], tmp_path_factory.mktemp(f"figures-{name}"), _write) as server,
+        Page(browser, width=1200, height=1000) as p,
+    ):
+        cells = open_notebook(p.page, server, "figures.ipynb")
+        run_cell(p.page, cells.nth(0), until="[1]:")
+        yield FigureFront(name, p, cells)
         assert p.dialogs == [], p.dialogs
-    finally:
-        p.close()
-        next(server_gen, None)
-
-
-def _pane(view, sel):
-    """Select a tab (a rank, or "merged") in a run view; its pane's output."""
-    if sel == "merged":
-        view.locator(".nbs-Tab-merged").click()
-    else:
-        view.locator(f".nbs-Chip[data-rank='{sel}']").click()
-    pane = view.locator(f".nbs-Pane[data-rank='{sel}'] .nbs-Output")
-    pane.wait_for(timeout=10_000)
-    return pane
 
 
 # -- 10. a figure is shown whole --------------------------------------------------------------------
@@ -198,21 +157,19 @@ def test_a_default_size_figure_is_shown_whole_live_and_frozen(front, artifacts):
     view = front.live(C_FIGURE)
     boxes = {}
     for rank in (0, 1):
-        pane = _pane(view, rank)
+        pane = select_pane(view, rank)
         sync_api.expect(pane).to_contain_text(f"rank {rank} plotting", timeout=60_000)
         boxes[f"live {rank}"] = _figure(pg, pane, f"{front.name} live, rank {rank}")
-    pg.mouse.move(0, 0)
-    shot(view, artifacts, f"figures-{front.name}-live.png")
+    shot(view, artifacts, f"figures-{front.name}-live.png", unhover=True)
     # the merged view opens at its bottom: the newest figure is whole there too
-    boxes["live merged"] = _figure(pg, _pane(view, "merged"), f"{front.name} live, merged")
+    boxes["live merged"] = _figure(pg, select_pane(view, "merged"), f"{front.name} live, merged")
 
     frozen = front.frozen(C_FIGURE)
     for rank in (0, 1):
-        pane = _pane(frozen, rank)
+        pane = select_pane(frozen, rank)
         boxes[f"frozen {rank}"] = _figure(pg, pane, f"{front.name} frozen, rank {rank}")
-    pg.mouse.move(0, 0)
-    shot(frozen, artifacts, f"figures-{front.name}-frozen.png")
-    boxes["frozen merged"] = _figure(pg, _pane(frozen, "merged"), f"{front.name} frozen, merged")
+    shot(frozen, artifacts, f"figures-{front.name}-frozen.png", unhover=True)
+    boxes["frozen merged"] = _figure(pg, select_pane(frozen, "merged"), f"{front.name} frozen, merged")
     shot(frozen, artifacts, f"figures-{front.name}-frozen-merged.png")
     print(front.name, {k: (round(b["width"]), round(b["height"]), b["cls"], b["outH"], b["maxH"]) for k, b in boxes.items()})
 
@@ -251,12 +208,11 @@ def _order(pg, pane, rank: int) -> dict:
 def test_a_bar_stays_where_it_was_last_seen_when_the_view_freezes(front, artifacts):
     pg = front.pg
     view = front.live(C_BARS)
-    pane = _pane(view, 0)
+    pane = select_pane(view, 0)
     sync_api.expect(pane).to_contain_text("rank 0 halfway", timeout=60_000)
     pg.wait_for_timeout(400)
     running = _order(pg, pane, 0)
-    pg.mouse.move(0, 0)
-    shot(view, artifacts, f"bars-{front.name}-live-widget.png")
+    shot(view, artifacts, f"bars-{front.name}-live-widget.png", unhover=True)
     assert running["order"][-2:] == ["rank 0 halfway", "epoch-r0 (widget)"], (
         f"live: the bar is not below the line printed meanwhile: {running}"
     )
@@ -276,11 +232,10 @@ def test_a_bar_stays_where_it_was_last_seen_when_the_view_freezes(front, artifac
     assert live["lastInView"] and "tail-r0" in live["lastText"], f"live: {live}"
 
     frozen = front.frozen(C_BARS)
-    pane = _pane(frozen, 0)
+    pane = select_pane(frozen, 0)
     pg.wait_for_timeout(300)
     end = _order(pg, pane, 0)
-    pg.mouse.move(0, 0)
-    shot(frozen, artifacts, f"bars-{front.name}-frozen.png")
+    shot(frozen, artifacts, f"bars-{front.name}-frozen.png", unhover=True)
     assert end["order"] == live["order"], f"the bars moved when the view froze: live {live['order']}, frozen {end['order']}"
     assert end["lastInView"] and "tail-r0" in end["lastText"], f"frozen: the open bar is not the last thing in view: {end}"
 
@@ -307,21 +262,19 @@ def test_no_placeholder_under_a_programs_printed_lines(front, artifacts):
     sync_api.expect(view.locator(".nbs-Pane .nbs-Output")).to_contain_text("program line two", timeout=60_000)
     pg.wait_for_timeout(300)
     merged = _placeholders(pg, view)
-    pg.mouse.move(0, 0)
-    shot(view, artifacts, f"placeholder-{front.name}-live.png")
+    shot(view, artifacts, f"placeholder-{front.name}-live.png", unhover=True)
     assert merged and merged[0]["lines"] >= 2 and merged[0]["empty"] == 0, f"live: a placeholder under printed lines: {merged}"
     assert "no output" not in view.locator(".nbs-Pane").inner_text()
     # the placeholder itself still works: rank 1 printed nothing
-    _pane(view, 1)
+    select_pane(view, 1)
     quiet = _placeholders(pg, view)
     assert quiet[0]["lines"] == 0 and quiet[0]["shown"] == 1, f"live: rank 1 printed nothing but shows no placeholder: {quiet}"
-    pane0 = _pane(view, 0)
+    pane0 = select_pane(view, 0)
     sync_api.expect(pane0).to_contain_text("program line one")
     assert _placeholders(pg, view)[0]["empty"] == 0
 
     frozen = front.frozen(C_PROGRAM)
-    pane0 = _pane(frozen, 0)
+    pane0 = select_pane(frozen, 0)
     sync_api.expect(pane0).to_contain_text("program line two")
     assert _placeholders(pg, frozen)[0]["empty"] == 0
-    pg.mouse.move(0, 0)
-    shot(frozen, artifacts, f"placeholder-{front.name}-frozen.png")
+    shot(frozen, artifacts, f"placeholder-{front.name}-frozen.png", unhover=True)

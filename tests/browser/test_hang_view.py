@@ -10,20 +10,24 @@ test-artifacts/browser/.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
-from lab_harness import Page, code_cell, lab_url, notebook, run_cell, serve, shot, sync_api
+from lab_harness import (  # the servers, browser pages and helpers (the fixtures: tests/browser/conftest.py)
+    NEEDS_WIDGET,
+    Page,
+    frozen_run,
+    live_view,
+    open_notebook,
+    run_cell,
+    serve,
+    shot,
+    sync_api,
+    write_notebook,
+)
 
-from nbspawn.views._widget import widget_available
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(not widget_available(), reason="nbspawn/_static/widget.js is not built"),
-]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300), NEEDS_WIDGET]
 
 HANG = """\
 %%spawn -n 4 --backend gloo
@@ -37,7 +41,7 @@ else:
 
 
 def _write(root: Path) -> None:
-    (root / "hang.ipynb").write_text(json.dumps(notebook([code_cell(i, s) for i, s in enumerate(["%load_ext nbspawn", HANG])])))
+    write_notebook(root, "hang.ipynb", ["%load_ext nbspawn", HANG])
 
 
 @pytest.fixture(scope="module")
@@ -46,21 +50,14 @@ def lab(tmp_path_factory):
 
 
 def test_a_hang_is_seen_live_asked_where_and_explained(lab, browser, artifacts):
-    p = Page(browser, width=1200, height=1000)
-    pg = p.page
-    try:
-        pg.goto(lab_url(lab, "hang.ipynb"))
-        panel = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
-        cells = panel.locator(".jp-Cell")
-        cells.first.wait_for(timeout=90_000)
-        panel.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000)
-        run_cell(pg, cells.nth(0))
-        sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=120_000)
+    with Page(browser, width=1200, height=1000) as p:
+        pg = p.page
+        cells = open_notebook(pg, lab, "hang.ipynb")
+        run_cell(pg, cells.nth(0), until="[1]:")
 
         hang = cells.nth(1)
         run_cell(pg, hang)
-        view = hang.locator(".nbs-Widget .nbs-Run.nbs-mod-live")
-        view.wait_for(timeout=60_000)
+        view = live_view(hang, widget=True)
 
         # ---- the live signal: amber chips within a few seconds, no option given --------------------
         waiting = view.locator(".nbs-Chip.nbs-mod-waiting")
@@ -80,19 +77,14 @@ def test_a_hang_is_seen_live_asked_where_and_explained(lab, browser, artifacts):
         text = answer.inner_text()
         assert re.search(r"\[in barrier #1 for \d+ s\]", text), text
         assert "rank 2: Cell In[2], line 7: time.sleep(300)" in text
-        pg.mouse.move(0, 0)
-        shot(view, artifacts, "hang-live-where.png")
+        shot(view, artifacts, "hang-live-where.png", unhover=True)
         view.locator(".nbs-Where-close").click()
         sync_api.expect(view.locator(".nbs-Where")).to_be_hidden()
 
         # ---- Stop: the verdict heads the error -----------------------------------------------------
         view.locator(".nbs-Stop").click()
-        frozen = hang.locator(".nbs-RunRenderer .nbs-Run")
-        frozen.wait_for(timeout=60_000)
+        frozen_run(hang)
         output = hang.locator(".jp-OutputArea")
         sync_api.expect(output).to_contain_text("Hang: rank 2 never entered barrier #1", timeout=30_000)
         assert hang.locator(".nbs-mod-waiting").count() == 0  # the frozen run has no live notes
-        pg.mouse.move(0, 0)
-        shot(hang, artifacts, "hang-stopped.png")
-    finally:
-        p.close()
+        shot(hang, artifacts, "hang-stopped.png", unhover=True)

@@ -11,23 +11,25 @@ extension built and installed (`pip install -e ".[test,lab]"` does both).
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
-from lab_harness import (
+from lab_harness import (  # the servers, browser pages and helpers (the fixtures: tests/browser/conftest.py)
+    KERNEL_IDLE,
     NEEDS_CHROMIUM,
     Page,
     code_cell,
-    lab_url,
-    notebook,
+    notebook_root,
     open_lab_notebook,
+    open_notebook,
+    page_shot,
     pane_text,
     run_cell,
     serve,
     shot,
     sync_api,
+    write_notebook,
     write_settings,
 )
 
@@ -242,17 +244,13 @@ STATUS_CELLS = [
 
 
 def _write_notebooks(root: Path) -> None:
-    (root / "run.ipynb").write_text(json.dumps(notebook([
-        code_cell(0, "%%spawn -n 4 --backend gloo\ntrain()", [run_output(sample_run())]),
-    ]), indent=1))  # fmt: skip
-    (root / "many.ipynb").write_text(json.dumps(notebook([
-        code_cell(0, "%%spawn -n 64\nload_shards()", [run_output(many_ranks_run(64))]),
-    ]), indent=1))  # fmt: skip
-    (root / "small.ipynb").write_text(json.dumps(notebook([
+    write_notebook(root, "run.ipynb", [code_cell(0, "%%spawn -n 4 --backend gloo\ntrain()", [run_output(sample_run())])])
+    write_notebook(root, "many.ipynb", [code_cell(0, "%%spawn -n 64\nload_shards()", [run_output(many_ranks_run(64))])])
+    write_notebook(root, "small.ipynb", [
         code_cell(0, "%%spawn -n 1 --start-method spawn\nprint(t)", [run_output(single_rank_run())]),
         code_cell(1, "%%spawn -n 3\ntrain()", [run_output(running_run())]),
-    ]), indent=1))  # fmt: skip
-    (root / "status.ipynb").write_text(json.dumps(notebook([code_cell(i, s) for i, s in enumerate(STATUS_CELLS)])))
+    ])  # fmt: skip
+    write_notebook(root, "status.ipynb", STATUS_CELLS)
 
 
 @pytest.fixture(scope="module")
@@ -295,8 +293,7 @@ def test_lab_renders_a_failed_run(lab, page, artifacts):
     assert "Cell In[5], line 12" in tb.locator(".nbs-Traceback-text").inner_text()
     assert run.locator(".nbs-Banner").inner_text().startswith("!")  # run-level banner names the rank
     assert "rank 1:" in run.locator(".nbs-Banner").inner_text()
-    pg.mouse.move(0, 0)
-    shot(run, artifacts, "lab-failed-rank.png")
+    shot(run, artifacts, "lab-failed-rank.png", unhover=True)
 
     # rank 0: ANSI colours, stderr apart, the tqdm line settled to its final state
     run.locator(".nbs-Chip[data-rank='0']").click()
@@ -360,8 +357,8 @@ def test_lab_renders_a_failed_run(lab, page, artifacts):
     pg.keyboard.press("ArrowRight")
     assert run.locator(".nbs-Tab[aria-selected='true']").get_attribute("data-rank") == "0"
 
-    pg.screenshot(path=str(artifacts / "lab-page.png"))
-    assert page.dialogs == [] and not any("nbs" in e for e in page.errors), (page.dialogs, page.errors)
+    page_shot(pg, artifacts, "lab-page.png")
+    assert page.dialogs == [] and not page.nbspawn_errors(), (page.dialogs, page.errors)
 
 
 def test_lab_renders_64_ranks(lab, page, artifacts):
@@ -377,13 +374,12 @@ def test_lab_renders_64_ranks(lab, page, artifacts):
         assert box["x"] >= run_box["x"] and box["x"] + box["width"] <= run_box["x"] + run_box["width"]
     assert run.locator(".nbs-Tab[aria-selected='true']").get_attribute("data-rank") == "37"
     assert "shard 37 is empty" in run.locator(".nbs-Traceback").inner_text()
-    page.page.mouse.move(0, 0)
-    shot(run, artifacts, "lab-64-ranks.png")
+    shot(run, artifacts, "lab-64-ranks.png", unhover=True)
 
 
 def test_lab_renders_one_rank_and_a_running_run(lab, page, artifacts):
     open_lab_notebook(page.page, lab, "small.ipynb")
-    runs = page.page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .nbs-Run")
+    runs = notebook_root(page.page, lab).locator(".nbs-Run")
     sync_api.expect(runs).to_have_count(2)
     one, running = runs.nth(0), runs.nth(1)
     # one rank: no merged tab, its pane shown
@@ -398,27 +394,24 @@ def test_lab_renders_one_rank_and_a_running_run(lab, page, artifacts):
     assert running.locator(".nbs-Tab[aria-selected='true']").get_attribute("data-tab") == "merged"
     merged = running.locator(".nbs-mod-merged").inner_text()
     assert "[rank1]" in merged and "41/100" in merged
-    page.page.mouse.move(0, 0)
-    shot(one, artifacts, "lab-one-rank.png")
+    shot(one, artifacts, "lab-one-rank.png", unhover=True)
     shot(running, artifacts, "lab-running.png")
 
 
 def test_lab_dark_theme(lab, browser, artifacts):
     home_settings = lab.root.parent / "home" / "settings"
     write_settings(home_settings, theme="JupyterLab Dark")
-    p = Page(browser, color_scheme="dark")
     try:
-        run = open_lab_notebook(p.page, lab, "run.ipynb")
-        p.page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
-        p.page.wait_for_timeout(500)
-        p.page.mouse.move(0, 0)
-        shot(run, artifacts, "lab-dark-failed-rank.png")
-        run.locator(".nbs-Chip[data-rank='0']").click()
-        shot(run, artifacts, "lab-dark-rank0.png")
-        run.locator(".nbs-Tab-merged").click()
-        shot(run, artifacts, "lab-dark-merged.png")
+        with Page(browser, color_scheme="dark") as p:
+            run = open_lab_notebook(p.page, lab, "run.ipynb")
+            p.page.wait_for_function("document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
+            p.page.wait_for_timeout(500)
+            shot(run, artifacts, "lab-dark-failed-rank.png", unhover=True)
+            run.locator(".nbs-Chip[data-rank='0']").click()
+            shot(run, artifacts, "lab-dark-rank0.png")
+            run.locator(".nbs-Tab-merged").click()
+            shot(run, artifacts, "lab-dark-merged.png")
     finally:
-        p.close()
         write_settings(home_settings)
 
 
@@ -440,21 +433,17 @@ def test_notebook7_renders_the_run(nb7, page, artifacts):
     assert run.get_by_text("<script>alert(1)</script>", exact=True).is_visible()
     nb.wait_for_timeout(300)
     assert page.dialogs == []
-    nb.mouse.move(0, 0)
-    shot(run, artifacts, "nb7-rank2.png")
-    nb.screenshot(path=str(artifacts / "nb7-page.png"))
+    shot(run, artifacts, "nb7-rank2.png", unhover=True)
+    page_shot(nb, artifacts, "nb7-page.png")
 
 
 def test_lab_status_item_follows_the_comm_and_stops_the_run(lab, page, artifacts):
     pg = page.page
-    pg.goto(lab_url(lab, "status.ipynb"))
-    panel = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
-    cells = panel.locator(".jp-Cell")
-    cells.first.wait_for(timeout=90_000)
+    cells = open_notebook(pg, lab, "status.ipynb")  # the kernel up
+    panel = notebook_root(pg, lab)
     status = panel.locator(".nbs-Status")
     status.wait_for(state="attached", timeout=30_000)
     assert status.is_hidden()  # nothing running yet
-    panel.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000)  # kernel up
 
     run_cell(pg, cells.nth(0))  # the comm opens: 4 ranks running
     status.wait_for(state="visible", timeout=30_000)
@@ -474,7 +463,7 @@ def test_lab_status_item_follows_the_comm_and_stops_the_run(lab, page, artifacts
     status.locator(".nbs-Status-stop").click()
     status.wait_for(state="hidden", timeout=30_000)
     sync_api.expect(cells.nth(2).locator(".jp-OutputArea")).to_contain_text("KeyboardInterrupt", timeout=30_000)
-    pg.screenshot(path=str(artifacts / "lab-status-after-stop.png"))
+    page_shot(pg, artifacts, "lab-status-after-stop.png")
 
     # a kernel restart ends the run in the toolbar, and the comm target still works afterwards
     run_cell(pg, cells.nth(0))
@@ -483,7 +472,7 @@ def test_lab_status_item_follows_the_comm_and_stops_the_run(lab, page, artifacts
     pg.locator(".lm-Menu-itemLabel", has_text="Restart Kernel…").first.click()
     pg.locator(".jp-Dialog .jp-mod-accept").click()
     status.wait_for(state="hidden", timeout=30_000)
-    panel.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+    panel.locator(KERNEL_IDLE).wait_for(timeout=60_000)
     run_cell(pg, cells.nth(0))
     status.wait_for(state="visible", timeout=30_000)
     assert status.locator(".nbs-Status-label").inner_text() == "nbspawn: 4 ranks running"

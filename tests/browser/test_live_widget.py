@@ -13,30 +13,29 @@ and installed (`pip install -e ".[test,lab]"`), and nbspawn/_static/widget.js.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
 
 import pytest
 from lab_harness import (  # the servers, browser pages and helpers (the fixtures: tests/browser/conftest.py)
+    NEEDS_WIDGET,
     Page,
-    code_cell,
-    lab_url,
-    notebook,
+    chip_statuses,
+    frozen_run,
+    live_view,
+    notebook_root,
+    open_notebook,
+    page_shot,
     run_cell,
     serve,
     shot,
     sync_api,
+    wait_for_js,
+    write_notebook,
 )
 
-from nbspawn.views._widget import widget_available
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.timeout(600),
-    pytest.mark.skipif(not widget_available(), reason="nbspawn/_static/widget.js is not built"),
-]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(600), NEEDS_WIDGET]
 
 LOAD = "%load_ext nbspawn"
 
@@ -88,8 +87,8 @@ print(f"rank {rank} finished")
 
 
 def _write(root: Path) -> None:
-    (root / "live.ipynb").write_text(json.dumps(notebook([code_cell(i, s) for i, s in enumerate([LOAD, TRAIN, FOREVER])])))
-    (root / "nb7-live.ipynb").write_text(json.dumps(notebook([code_cell(i, s) for i, s in enumerate([LOAD, SHORT])])))
+    write_notebook(root, "live.ipynb", [LOAD, TRAIN, FOREVER])
+    write_notebook(root, "nb7-live.ipynb", [LOAD, SHORT])
 
 
 @pytest.fixture(scope="module")
@@ -102,39 +101,23 @@ def nb7(tmp_path_factory):
     yield from serve("notebook", tmp_path_factory.mktemp("live-nb7"), _write)
 
 
-def _statuses(view) -> list[str | None]:
-    chips = view.locator(".nbs-Chip")
-    return [chips.nth(i).get_attribute("data-status") for i in range(chips.count())]
-
-
-def _wait(pg, predicate_js: str, arg, timeout: float = 30_000):
-    pg.wait_for_function(predicate_js, arg=arg, timeout=timeout)
-
-
 def test_lab_live_run_stop_and_reload(lab, browser, artifacts):
-    p = Page(browser, width=1200, height=1100)
-    pg = p.page
-    try:
-        pg.goto(lab_url(lab, "live.ipynb"))
-        panel = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
-        cells = panel.locator(".jp-Cell")
-        cells.first.wait_for(timeout=90_000)
-        panel.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000)
-        run_cell(pg, cells.nth(0))
-        sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=120_000)
+    with Page(browser, width=1200, height=1100) as p:
+        pg = p.page
+        cells = open_notebook(pg, lab, "live.ipynb")
+        run_cell(pg, cells.nth(0), until="[1]:")
 
         # ---- a live run: chips, the clock, the bar redrawn in place ---------------------------------
         train = cells.nth(1)
         run_cell(pg, train)
-        view = train.locator(".nbs-Widget .nbs-Run.nbs-mod-live")
-        view.wait_for(timeout=60_000)
+        view = live_view(train, widget=True)
         sync_api.expect(view.locator(".nbs-Chip")).to_have_count(4)
         sync_api.expect(view.locator(".nbs-Chip[data-status='running']")).to_have_count(4, timeout=15_000)
         assert view.locator(".nbs-Badge").inner_text().strip().lower() == "running"
         assert view.locator(".nbs-Stop").is_visible()
         # the merged view first: every rank's lines, colour-coded prefixes
         assert view.locator(".nbs-Tab[aria-selected='true']").get_attribute("data-tab") == "merged"
-        _wait(pg, "v => v.querySelectorAll('.nbs-mod-merged .nbs-Line').length >= 12", view.element_handle())
+        wait_for_js(view, "v => v.querySelectorAll('.nbs-mod-merged .nbs-Line').length >= 12")
         clock = view.locator(".nbs-Clock")
         first = clock.inner_text()
         pg.wait_for_timeout(1300)
@@ -160,8 +143,7 @@ def test_lab_live_run_stop_and_reload(lab, browser, artifacts):
         assert green.inner_text() == "ok"
         assert pane.locator(".nbs-Line.nbs-stderr").count() == 1  # the bar, marked as stderr
         view.locator(".nbs-Tab-merged").click()
-        pg.mouse.move(0, 0)
-        shot(view, artifacts, "live-running.png")
+        shot(view, artifacts, "live-running.png", unhover=True)
 
         # ---- rank 1 fails: its chip, its pane selected with the traceback, the others still going ----
         failed = view.locator(".nbs-Chip[data-rank='1'][data-status='failed']")
@@ -172,97 +154,77 @@ def test_lab_live_run_stop_and_reload(lab, browser, artifacts):
         sync_api.expect(tb).to_be_visible()
         assert "ValueError: rank 1 diverged: loss is nan" in tb.inner_text()
         assert "Cell In[2], line 13" in tb.inner_text()
-        assert "running" in _statuses(view)  # the others are being stopped, not yet gone
-        pg.mouse.move(0, 0)
-        shot(view, artifacts, "live-failed-rank.png")
+        assert "running" in chip_statuses(view)  # the others are being stopped, not yet gone
+        shot(view, artifacts, "live-failed-rank.png", unhover=True)
 
         # ---- the end: the live view is replaced in place by the frozen run --------------------------
-        frozen = train.locator(".nbs-RunRenderer .nbs-Run")
-        frozen.wait_for(timeout=30_000)
+        frozen = frozen_run(train, 30_000)
         assert train.locator(".nbs-mod-live").count() == 0
-        assert _statuses(frozen) == ["stopped", "failed", "stopped", "stopped"]
+        assert chip_statuses(frozen) == ["stopped", "failed", "stopped", "stopped"]
         assert frozen.locator(".nbs-Tab[aria-selected='true']").get_attribute("data-rank") == "1"
         sync_api.expect(train.locator(".jp-OutputArea")).to_contain_text("RankRaisedError")
         frozen.locator(".nbs-Chip[data-rank='0']").click()
         bars = [line for line in frozen.locator(".nbs-Output").inner_text().splitlines() if line.startswith("train:")]
         assert len(bars) == 1, bars
         frozen.locator(".nbs-Chip[data-rank='1']").click()
-        pg.mouse.move(0, 0)
-        shot(frozen, artifacts, "frozen-after-run.png")
+        shot(frozen, artifacts, "frozen-after-run.png", unhover=True)
 
         # ---- Stop, mid-run -------------------------------------------------------------------------
         forever = cells.nth(2)
         run_cell(pg, forever)
-        live = forever.locator(".nbs-Run.nbs-mod-live")
-        live.wait_for(timeout=60_000)
-        _wait(pg, "v => (v.textContent.match(/tick \\d+/g) || []).length >= 8", live.element_handle())
+        live = live_view(forever)
+        wait_for_js(live, "v => (v.textContent.match(/tick \\d+/g) || []).length >= 8")
         stop = live.locator(".nbs-Stop")
         stop.click()
         clicked = time.monotonic()
         # the button says it is stopping, unless the run was already over and frozen by then
-        _wait(
-            pg,
+        wait_for_js(
+            forever,
             "c => !!c.querySelector('.nbs-RunRenderer .nbs-Run') || /Stopping/.test(c.querySelector('.nbs-Stop')?.textContent || '')",
-            forever.element_handle(),
         )
-        frozen2 = forever.locator(".nbs-RunRenderer .nbs-Run")
-        frozen2.wait_for(timeout=20_000)
+        frozen2 = frozen_run(forever, 20_000)
         took = time.monotonic() - clicked
         assert took < 10, took
-        assert _statuses(frozen2) == ["stopped"] * 4
+        assert chip_statuses(frozen2) == ["stopped"] * 4
         assert frozen2.locator(".nbs-Badge").inner_text().strip().lower() == "stopped"
         sync_api.expect(forever.locator(".jp-OutputArea")).to_contain_text("the run was stopped (Stop button)")
         sync_api.expect(forever.locator(".jp-InputPrompt")).to_have_text(re.compile(r"\[\d+\]"))
-        pg.mouse.move(0, 0)
-        shot(frozen2, artifacts, "frozen-stopped.png")
+        shot(frozen2, artifacts, "frozen-stopped.png", unhover=True)
 
         # ---- save, reload: the labextension draws the frozen runs, no widget needed ------------------
         pg.keyboard.press("Control+s")
         pg.wait_for_timeout(1500)
         pg.reload()
-        panel = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+        panel = notebook_root(pg, lab)
         runs = panel.locator(".nbs-RunRenderer .nbs-Run")
         runs.first.wait_for(timeout=90_000)
         sync_api.expect(runs).to_have_count(2)
         assert panel.locator(".nbs-mod-live").count() == 0
         reloaded = runs.nth(0)
-        assert _statuses(reloaded) == ["stopped", "failed", "stopped", "stopped"]
+        assert chip_statuses(reloaded) == ["stopped", "failed", "stopped", "stopped"]
         assert reloaded.locator(".nbs-Tab[aria-selected='true']").get_attribute("data-rank") == "1"
         assert "ValueError: rank 1 diverged" in reloaded.locator(".nbs-Traceback").inner_text()
-        assert _statuses(runs.nth(1)) == ["stopped"] * 4
-        pg.mouse.move(0, 0)
-        shot(reloaded, artifacts, "frozen-reloaded.png")
-        pg.screenshot(path=str(artifacts / "live-lab-page.png"))
+        assert chip_statuses(runs.nth(1)) == ["stopped"] * 4
+        shot(reloaded, artifacts, "frozen-reloaded.png", unhover=True)
+        page_shot(pg, artifacts, "live-lab-page.png")
         assert p.dialogs == [], p.dialogs
-        assert not [e for e in p.errors if "nbs" in e or "anywidget" in e], p.errors
-    finally:
-        p.close()
+        assert not p.nbspawn_errors(), p.errors
 
 
 def test_notebook7_live_widget(nb7, browser, artifacts):
-    p = Page(browser, width=1200, height=1000)
-    try:
-        p.page.goto(nb7.url("/notebooks/nb7-live.ipynb"))
+    with Page(browser, width=1200, height=1000) as p:
         pg = p.page
-        cells = pg.locator(".jp-Cell")
-        cells.first.wait_for(timeout=90_000)
-        pg.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
-        run_cell(pg, cells.nth(0))
-        sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=120_000)
+        cells = open_notebook(pg, nb7, "nb7-live.ipynb")
+        run_cell(pg, cells.nth(0), until="[1]:")
         run_cell(pg, cells.nth(1))
-        view = cells.nth(1).locator(".nbs-Run.nbs-mod-live")
-        view.wait_for(timeout=60_000)
+        view = live_view(cells.nth(1))
         sync_api.expect(view.locator(".nbs-Chip")).to_have_count(4)
-        _wait(pg, "v => /progress\\s+\\d+%/.test(v.textContent)", view.element_handle())
-        pg.mouse.move(0, 0)
-        shot(view, artifacts, "nb7-live.png")
-        frozen = cells.nth(1).locator(".nbs-RunRenderer .nbs-Run")
-        frozen.wait_for(timeout=30_000)
-        assert _statuses(frozen) == ["done"] * 4
+        wait_for_js(view, "v => /progress\\s+\\d+%/.test(v.textContent)")
+        shot(view, artifacts, "nb7-live.png", unhover=True)
+        frozen = frozen_run(cells.nth(1), 30_000)
+        assert chip_statuses(frozen) == ["done"] * 4
         text = frozen.locator(".nbs-Output").inner_text()
         assert all(f"rank {r} finished" in text for r in range(4))
         assert text.count("progress 100%") == 4 and "progress  50%" not in text
         shot(frozen, artifacts, "nb7-frozen.png")
         assert p.dialogs == []
-    finally:
-        p.close()

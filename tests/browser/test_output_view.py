@@ -19,30 +19,29 @@ Needs what test_lab_renderer.py needs, and matplotlib and tqdm in the kernel's e
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
 
 import pytest
 from lab_harness import (  # the servers, browser pages and helpers (the fixtures: tests/browser/conftest.py)
+    FRONTS,
+    NEEDS_WIDGET,
+    Front,
     Page,
-    code_cell,
-    lab_url,
-    notebook,
+    live_view,
+    open_notebook,
+    page_shot,
     run_cell,
-    serve,
+    select_pane,
+    serving,
     shot,
     sync_api,
+    wait_for_js,
+    write_notebook,
 )
 
-from nbspawn.views._widget import widget_available
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.timeout(600),
-    pytest.mark.skipif(not widget_available(), reason="nbspawn/_static/widget.js is not built"),
-]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(600), NEEDS_WIDGET]
 pytest.importorskip("tqdm", reason="tqdm is not installed (pip install -e '.[test]')")
 pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install -e '.[test]')")
 
@@ -172,21 +171,11 @@ try {
 
 
 def _write(root) -> None:
-    (root / "output.ipynb").write_text(json.dumps(notebook([code_cell(i, s) for i, s in enumerate(CELLS)])))
+    write_notebook(root, "output.ipynb", CELLS)
 
 
-class Front:
-    """One front end (``lab`` or ``nb7``): its page, with the notebook open and nbspawn loaded."""
-
-    def __init__(self, name: str, p: Page):
-        self.name = name
-        self.p = p
-        self.pg = p.page
-        root = ".jp-NotebookPanel:not(.lm-mod-hidden) " if name == "lab" else ""
-        self.cells = self.pg.locator(f"{root}.jp-Notebook .jp-Cell")
-
-    def cell(self, i: int):
-        return self.cells.nth(i)
+class OutputFront(Front):
+    """A front end with output.ipynb open and nbspawn loaded, its long tasks observed from the start."""
 
     def now(self) -> float:
         return self.pg.evaluate("performance.now()")
@@ -198,15 +187,7 @@ class Front:
         return t0
 
     def live(self, i: int):
-        view = self.cell(i).locator(".nbs-Run.nbs-mod-live")
-        view.wait_for(timeout=90_000)
-        return view
-
-    def frozen(self, i: int, timeout: float = 120_000):
-        run = self.cell(i).locator(".nbs-RunRenderer .nbs-Run")
-        run.wait_for(timeout=timeout)
-        sync_api.expect(self.cell(i).locator(".jp-InputPrompt")).to_have_text(re.compile(r"\[\d+\]"), timeout=30_000)
-        return run
+        return live_view(self.cell(i), 90_000)
 
     def long_tasks(self, since: float, until: float) -> list[float]:
         err = self.pg.evaluate("window.__nbsLongTaskError || null")
@@ -221,38 +202,23 @@ class Front:
         return "\n".join(f"  frame {d:.0f} ms (style+layout {sl} ms): {'; '.join(sc) or '-'}" for _, d, sl, sc in frames[:top])
 
 
-@pytest.fixture(scope="module", params=["lab", "nb7"])
+@pytest.fixture(scope="module", params=list(FRONTS))
 def front(request, browser, artifacts, tmp_path_factory):
     name = request.param
-    server_gen = serve("lab" if name == "lab" else "notebook", tmp_path_factory.mktemp(f"output-{name}"), _write)
-    server = next(server_gen)
-    p = Page(browser, width=1200, height=1000)
-    try:
+    with (
+        serving(FRONTS[name], tmp_path_factory.mktemp(f"output-{name}"), _write) as server,
+        Page(browser, width=1200, height=1000) as p,
+    ):
         p.context.add_init_script(LONGTASK_OBSERVER)
         pg = p.page
-        pg.goto(lab_url(server, "output.ipynb") if name == "lab" else server.url("/notebooks/output.ipynb"))
-        f = Front(name, p)
-        f.cell(0).wait_for(timeout=90_000)
-        pg.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
+        cells = open_notebook(pg, server, "output.ipynb")
         dialog = pg.locator(".jp-Dialog")
         if dialog.count():
-            pg.screenshot(path=str(artifacts / f"{name}-output-dialog.png"))
+            page_shot(pg, artifacts, f"{name}-output-dialog.png")
             pytest.fail(f"{name} opened a dialog: {dialog.first.inner_text()!r}", pytrace=False)
-        run_cell(pg, f.cell(0))
-        sync_api.expect(f.cell(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=120_000)
-        yield f
+        run_cell(pg, cells.nth(0), until="[1]:")
+        yield OutputFront(name, p, cells)
         assert p.dialogs == [], p.dialogs
-    finally:
-        p.close()
-        next(server_gen, None)
-
-
-def _pane(view, rank: int):
-    """Select ``rank``'s tab in a run view; its pane's output."""
-    view.locator(f".nbs-Chip[data-rank='{rank}']").click()
-    pane = view.locator(f".nbs-Pane[data-rank='{rank}'] .nbs-Output")
-    pane.wait_for(timeout=10_000)
-    return pane
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,11 +228,7 @@ def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(fron
     pg = front.pg
     t0 = front.start(C_FLOOD)
     view = front.live(C_FLOOD)
-    pg.wait_for_function(
-        "v => v.querySelectorAll('.nbs-Chip[data-status=\"running\"]').length === 16",
-        arg=view.element_handle(),
-        timeout=60_000,
-    )
+    wait_for_js(view, "v => v.querySelectorAll('.nbs-Chip[data-status=\"running\"]').length === 16", 60_000)
     pg.wait_for_timeout(2500)  # the flood is on
 
     # another cell, edited meanwhile: every typed character arrives
@@ -281,7 +243,7 @@ def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(fron
     typing_s = time.monotonic() - typed_at
     pg.keyboard.press("Escape")
     pg.mouse.move(0, 0)
-    pg.screenshot(path=str(artifacts / f"{front.name}-flood-page.png"))
+    page_shot(pg, artifacts, f"{front.name}-flood-page.png")
     shot(view, artifacts, f"{front.name}-flood-live.png")
     still_live = front.cell(C_FLOOD).locator(".nbs-mod-live").count() == 1
 
@@ -311,11 +273,7 @@ def test_stop_within_a_second_during_a_flood(front, artifacts):
     cell = front.cell(C_FOREVER)
     front.start(C_FOREVER)
     view = front.live(C_FOREVER)
-    pg.wait_for_function(
-        "v => v.querySelectorAll('.nbs-Chip[data-status=\"running\"]').length === 16",
-        arg=view.element_handle(),
-        timeout=60_000,
-    )
+    wait_for_js(view, "v => v.querySelectorAll('.nbs-Chip[data-status=\"running\"]').length === 16", 60_000)
     pg.wait_for_timeout(3000)
     # when the click reached the page (the event's own time) and when the cell's execution ended
     pg.evaluate(
@@ -348,8 +306,7 @@ def test_stop_within_a_second_during_a_flood(front, artifacts):
         "Object.entries(window.__nbsStopMarks).map(([k, t]) => `${k} ${((t - window.__nbsClicked) / 1000).toFixed(2)} s`)"
     )
     frozen = front.frozen(C_FOREVER)
-    pg.mouse.move(0, 0)
-    shot(frozen, artifacts, f"{front.name}-flood-stopped.png")
+    shot(frozen, artifacts, f"{front.name}-flood-stopped.png", unhover=True)
     figures = f"{front.name}: Stop during a 16-rank flood: the cell ended {took:.2f} s after the click ({wall:.2f} s as the test saw it; after the click: {', '.join(marks)})"
     print(figures)
     assert took <= STOP_MAX_S, figures
@@ -417,7 +374,7 @@ def _rich_checks(pg, pane, rank: int, where: str) -> dict:
     img = pane.locator("img.nbs-Rich-img")
     assert img.count() >= 1, f"{where}: no <img> in rank {rank}'s pane: {pane.inner_html()[:1500]}"
     sync_api.expect(img.first).to_be_visible()
-    pg.wait_for_function("i => i.complete && i.naturalWidth > 0", arg=img.first.element_handle(), timeout=10_000)
+    wait_for_js(img.first, "i => i.complete && i.naturalWidth > 0", 10_000)
     frame = pane.locator("iframe.nbs-Rich-frame")
     assert frame.count() >= 1, f"{where}: no HTML iframe in rank {rank}'s pane: {pane.inner_html()[:1500]}"
     table = frame.first.content_frame.locator("table.losses")
@@ -448,21 +405,19 @@ def test_rich_output_in_the_pane_live_and_frozen(front, artifacts):
     pg = front.pg
     front.start(C_RICH)
     view = front.live(C_RICH)
-    pane = _pane(view, 0)
+    pane = select_pane(view, 0)
     sync_api.expect(pane).to_contain_text("rank 0 halfway there", timeout=60_000)
     pg.wait_for_timeout(500)
     live = _rich_checks(pg, pane, 0, "live")
-    pg.mouse.move(0, 0)
-    shot(view, artifacts, f"{front.name}-rich-live.png")
+    shot(view, artifacts, f"{front.name}-rich-live.png", unhover=True)
     assert live["bar"] is not None, f"live: no tqdm.auto bar in rank 0's pane: {pane.inner_text()[-1500:]}"
     assert live["after"] and live["last"], f"live: the bar is not at the bottom of the pane: {live}"
 
     frozen = front.frozen(C_RICH)
-    pane = _pane(frozen, 0)
+    pane = select_pane(frozen, 0)
     end = _rich_checks(pg, pane, 0, "frozen")
     text = pane.inner_text()
-    pg.mouse.move(0, 0)
-    shot(frozen, artifacts, f"{front.name}-rich-frozen.png")
+    shot(frozen, artifacts, f"{front.name}-rich-frozen.png", unhover=True)
     assert end["bar"] is not None, f"frozen: no tqdm.auto bar in rank 0's pane: {text[-1500:]}"
     assert "50/50" in end["bar"] or end["value"] == 50, f"frozen: the bar did not finish: {end}"
     assert "rank 0 done" in text and "rank 1" not in text, text[-1500:]
@@ -481,7 +436,7 @@ def test_plain_tqdm_bar_stays_at_the_bottom_and_is_not_an_error(front, artifacts
     pg = front.pg
     front.start(C_BAR)
     view = front.live(C_BAR)
-    pane = _pane(view, 0)
+    pane = select_pane(view, 0)
     sync_api.expect(pane).to_contain_text("rank 0 step 20", timeout=60_000)
     seen = []
     for _ in range(3):
@@ -508,8 +463,7 @@ def test_plain_tqdm_bar_stays_at_the_bottom_and_is_not_an_error(front, artifacts
             )
         )
         pg.wait_for_timeout(700)
-    pg.mouse.move(0, 0)
-    shot(view, artifacts, f"{front.name}-bar-at-bottom.png")
+    shot(view, artifacts, f"{front.name}-bar-at-bottom.png", unhover=True)
     for s in seen:
         assert s.get("bar") and s.get("printed"), f"no bar or no printed line in rank 0's pane: {s}"
         assert s["bars"] == 1, f"the bar is drawn more than once: {s}"
@@ -519,7 +473,7 @@ def test_plain_tqdm_bar_stays_at_the_bottom_and_is_not_an_error(front, artifacts
     assert len({s["bar"] for s in seen}) >= 2, f"the bar did not move: {seen}"
 
     frozen = front.frozen(C_BAR)
-    pane = _pane(frozen, 0)
+    pane = select_pane(frozen, 0)
     text = pane.inner_text()
     shot(frozen, artifacts, f"{front.name}-bar-frozen.png")
     assert text.count("train-r0") == 1 and "60/60" in text, text[-1500:]

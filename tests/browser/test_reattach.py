@@ -21,23 +21,26 @@ from pathlib import Path
 
 import pytest
 from lab_harness import (  # the servers, browser pages and helpers (the fixtures: tests/browser/conftest.py)
+    KERNEL_IDLE,
+    NEEDS_WIDGET,
     Page,
-    code_cell,
-    lab_url,
-    notebook,
+    chip_statuses,
+    frozen_run,
+    live_view,
+    notebook_root,
+    notebook_url,
+    open_notebook,
+    page_shot,
     run_cell,
+    save_until,
     serve,
     shot,
     sync_api,
+    wait_for_js,
+    write_notebook,
 )
 
-from nbspawn.views._widget import widget_available
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.timeout(600),
-    pytest.mark.skipif(not widget_available(), reason="nbspawn/_static/widget.js is not built"),
-]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(600), NEEDS_WIDGET]
 
 LIVE_MIME = "application/vnd.nbspawn.live+json"
 RUN_MIME = "application/vnd.nbspawn.run+json"
@@ -113,9 +116,8 @@ LAB_STATUS_JS = """() => {
 
 
 def _write(root: Path) -> None:
-    cells = [LOAD, LONG, STALE]
-    (root / "reattach.ipynb").write_text(json.dumps(notebook([code_cell(i, s) for i, s in enumerate(cells)])))
-    (root / "nb7-reattach.ipynb").write_text(json.dumps(notebook([code_cell(i, s) for i, s in enumerate([LOAD, FOREVER])])))
+    write_notebook(root, "reattach.ipynb", [LOAD, LONG, STALE])
+    write_notebook(root, "nb7-reattach.ipynb", [LOAD, FOREVER])
 
 
 @pytest.fixture(scope="module")
@@ -128,39 +130,24 @@ def nb7(tmp_path_factory):
     yield from serve("notebook", tmp_path_factory.mktemp("reattach-nb7"), _write)
 
 
-def _statuses(view) -> list[str | None]:
-    chips = view.locator(".nbs-Chip")
-    return [chips.nth(i).get_attribute("data-status") for i in range(chips.count())]
-
-
 def _saved_outputs(path: Path, index: int) -> list[dict]:
     return json.loads(path.read_text())["cells"][index]["outputs"]
 
 
 def _save(pg, path: Path, predicate) -> list:
-    """Ctrl+S until the file on disk satisfies ``predicate`` (a save is asynchronous)."""
-    deadline = time.monotonic() + 30
-    while True:
-        pg.keyboard.press("Control+s")
-        pg.wait_for_timeout(1000)
-        nb = json.loads(path.read_text())
-        if predicate(nb):
-            return nb["cells"]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the saved notebook never matched: {json.dumps(nb)[:3000]}")
+    """Ctrl+S until the file on disk satisfies ``predicate``; its cells."""
+    return save_until(pg, path, predicate)["cells"]
 
 
 def _start_and_reload(pg, cells, index: int, artifacts: Path, prefix: str) -> None:
     """Run cell ``index`` (a %%spawn cell), see its live widget, save mid-run, reload the page."""
     run_cell(pg, cells.nth(index))
-    live = cells.nth(index).locator(".nbs-Widget .nbs-Run.nbs-mod-live")
-    live.wait_for(timeout=60_000)
+    live = live_view(cells.nth(index), widget=True)
     # the widget is drawn by way of the reattaching renderer, which only delegates on this page
     reattach = cells.nth(index).locator(".nbs-Reattach")
     assert reattach.get_attribute("data-mode") in (None, "delegate")
-    pg.wait_for_function("v => (v.textContent.match(/tick \\d+/g) || []).length >= 4", arg=live.element_handle(), timeout=30_000)
-    pg.mouse.move(0, 0)
-    shot(live, artifacts, f"{prefix}-before-reload.png")
+    wait_for_js(live, "v => (v.textContent.match(/tick \\d+/g) || []).length >= 4")
+    shot(live, artifacts, f"{prefix}-before-reload.png", unhover=True)
     pg.keyboard.press("Control+s")
     pg.wait_for_timeout(1200)
     pg.reload()
@@ -168,17 +155,11 @@ def _start_and_reload(pg, cells, index: int, artifacts: Path, prefix: str) -> No
 
 def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts):
     path = lab.root / "reattach.ipynb"
-    p = Page(browser, width=1200, height=1100)
-    pg = p.page
-    pg.add_init_script(WATCH_JS)
-    try:
-        pg.goto(lab_url(lab, "reattach.ipynb"))
-        panel = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
-        cells = panel.locator(".jp-Cell")
-        cells.first.wait_for(timeout=90_000)
-        panel.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000)
-        run_cell(pg, cells.nth(0))
-        sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=120_000)
+    with Page(browser, width=1200, height=1100) as p:
+        pg = p.page
+        pg.add_init_script(WATCH_JS)
+        cells = open_notebook(pg, lab, "reattach.ipynb")
+        run_cell(pg, cells.nth(0), until="[1]:")
         started = time.monotonic()
         _start_and_reload(pg, cells, 1, artifacts, "reattach-lab")
         # the file saved mid-run holds the live display, with its run's ids
@@ -187,7 +168,7 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts):
         assert set(live_info) >= {"run_id", "model_id", "display_id", "started_at", "nprocs"}
 
         # ---- after the reload: the placeholder or the live view, never an error ------------------
-        panel = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+        panel = notebook_root(pg, lab)
         cell = panel.locator(".jp-Cell").nth(1)
         reattach = cell.locator(".nbs-Reattach")
         reattach.wait_for(timeout=90_000)
@@ -201,15 +182,12 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts):
             shot(reattach, artifacts, "reattach-lab-placeholder.png")
         except sync_api.TimeoutError:
             pass
-        view = reattach.locator(".nbs-Run.nbs-mod-live")
-        view.wait_for(timeout=30_000)
+        view = live_view(reattach, 30_000)
         assert reattach.get_attribute("data-mode") == "live"
         sync_api.expect(view.locator(".nbs-Chip")).to_have_count(4)
         sync_api.expect(view.locator(".nbs-Chip[data-status='running']")).to_have_count(4)
         # the kept tail came back (replay), and new lines keep coming
-        pg.wait_for_function(
-            "v => (v.textContent.match(/tick \\d+/g) || []).length >= 10", arg=view.element_handle(), timeout=20_000
-        )
+        wait_for_js(view, "v => (v.textContent.match(/tick \\d+/g) || []).length >= 10", 20_000)
         ticks = lambda: max(int(n) for n in re.findall(r"tick (\d+)", view.inner_text()))  # noqa: E731
         before = ticks()
         clock = view.locator(".nbs-Clock").inner_text()
@@ -224,42 +202,35 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts):
         # the kernel's status is that of the running cell
         status = pg.evaluate(LAB_STATUS_JS)
         assert status == "Busy", status
-        pg.mouse.move(0, 0)
-        shot(view, artifacts, "reattach-lab-live.png")
-        pg.screenshot(path=str(artifacts / "reattach-lab-page.png"))
+        shot(view, artifacts, "reattach-lab-live.png", unhover=True)
+        page_shot(pg, artifacts, "reattach-lab-page.png")
 
         # ---- a second tab, opened mid-run, reattaches too ------------------------------------------
         pg2 = p.watch(p.context.new_page())
         pg2.add_init_script(WATCH_JS)
-        pg2.goto(lab_url(lab, "reattach.ipynb"))
-        cell2 = pg2.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell").nth(1)
+        pg2.goto(notebook_url(lab, "reattach.ipynb"))
+        cell2 = notebook_root(pg2, lab).locator(".jp-Cell").nth(1)
         view2 = cell2.locator(".nbs-Reattach[data-mode='live'] .nbs-Run.nbs-mod-live")
         view2.wait_for(timeout=90_000)
-        pg2.wait_for_function(
-            "v => (v.textContent.match(/tick \\d+/g) || []).length >= 10", arg=view2.element_handle(), timeout=20_000
-        )
-        pg2.mouse.move(0, 0)
-        shot(view2, artifacts, "reattach-lab-second-tab.png")
+        wait_for_js(view2, "v => (v.textContent.match(/tick \\d+/g) || []).length >= 10", 20_000)
+        shot(view2, artifacts, "reattach-lab-second-tab.png", unhover=True)
         assert pg2.evaluate(LAB_STATUS_JS) == "Busy"
         assert pg.evaluate(LAB_STATUS_JS) == "Busy"  # the second tab's subshell did not change it
 
         # ---- the end: the frozen run in the cell, and in the notebook --------------------------------
         (lab.root / END).write_text("")
-        frozen = cell.locator(".nbs-RunRenderer .nbs-Run")
-        frozen.wait_for(timeout=30_000)
-        frozen2 = cell2.locator(".nbs-RunRenderer .nbs-Run")
-        frozen2.wait_for(timeout=30_000)
-        assert _statuses(frozen2) == ["done"] * 4
+        frozen = frozen_run(cell, 30_000)
+        frozen2 = frozen_run(cell2, 30_000)
+        assert chip_statuses(frozen2) == ["done"] * 4
         assert pg2.evaluate("window.__nbsErrors") == [], pg2.evaluate("window.__nbsErrors")
         pg2.close()  # unsaved: the first tab saves
         assert cell.locator(".nbs-mod-live").count() == 0
         assert cell.locator(".nbs-Reattach").count() == 0  # the output area draws the new bundle itself
-        assert _statuses(frozen) == ["done"] * 4
+        assert chip_statuses(frozen) == ["done"] * 4
         text = frozen.locator(".nbs-Output").inner_text()
         assert all(f"rank {r} finished after" in text for r in range(4)), text
-        pg.mouse.move(0, 0)
-        shot(frozen, artifacts, "reattach-lab-frozen.png")
-        sync_api.expect(panel.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(1, timeout=30_000)
+        shot(frozen, artifacts, "reattach-lab-frozen.png", unhover=True)
+        sync_api.expect(panel.locator(KERNEL_IDLE)).to_have_count(1, timeout=30_000)
 
         cells_saved = _save(pg, path, lambda nb: any(RUN_MIME in o.get("data", {}) for o in nb["cells"][1]["outputs"]))
         outs = cells_saved[1]["outputs"]
@@ -283,54 +254,40 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts):
         modes = pg.evaluate("window.__nbsModes")
         assert "live" in modes and "lost" in modes, modes
         assert p.dialogs == [], p.dialogs
-        assert not [e for e in p.errors if "nbs" in e or "anywidget" in e], p.errors
-    finally:
-        p.close()
+        assert not p.nbspawn_errors(), p.errors
 
 
 def test_notebook7_reload_mid_run_reattaches_and_stops(nb7, browser, artifacts):
     path = nb7.root / "nb7-reattach.ipynb"
-    p = Page(browser, width=1200, height=1000)
-    pg = p.page
-    pg.add_init_script(WATCH_JS)
-    try:
-        pg.goto(nb7.url("/notebooks/nb7-reattach.ipynb"))
-        cells = pg.locator(".jp-Cell")
-        cells.first.wait_for(timeout=90_000)
-        pg.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
-        run_cell(pg, cells.nth(0))
-        sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=120_000)
+    with Page(browser, width=1200, height=1000) as p:
+        pg = p.page
+        pg.add_init_script(WATCH_JS)
+        cells = open_notebook(pg, nb7, "nb7-reattach.ipynb")
+        run_cell(pg, cells.nth(0), until="[1]:")
         _start_and_reload(pg, cells, 1, artifacts, "reattach-nb7")
 
         cell = pg.locator(".jp-Cell").nth(1)
         reattach = cell.locator(".nbs-Reattach")
         reattach.wait_for(timeout=90_000)
-        view = reattach.locator(".nbs-Run.nbs-mod-live")
-        view.wait_for(timeout=30_000)
+        view = live_view(reattach, 30_000)
         sync_api.expect(view.locator(".nbs-Chip")).to_have_count(2)
-        pg.wait_for_function(
-            "v => (v.textContent.match(/tick \\d+/g) || []).length >= 6", arg=view.element_handle(), timeout=20_000
-        )
-        pg.mouse.move(0, 0)
-        shot(view, artifacts, "reattach-nb7-live.png")
+        wait_for_js(view, "v => (v.textContent.match(/tick \\d+/g) || []).length >= 6", 20_000)
+        shot(view, artifacts, "reattach-nb7-live.png", unhover=True)
 
         # Stop, from the reattached view (its message goes on the page's own subshell)
         stop = view.locator(".nbs-Stop")
         stop.click()
         clicked = time.monotonic()
-        frozen = cell.locator(".nbs-RunRenderer .nbs-Run")
-        frozen.wait_for(timeout=20_000)
+        frozen = frozen_run(cell, 20_000)
         took = time.monotonic() - clicked
         assert took < 5, took
-        assert _statuses(frozen) == ["stopped"] * 2
+        assert chip_statuses(frozen) == ["stopped"] * 2
         shot(frozen, artifacts, "reattach-nb7-frozen.png")
         cells_saved = _save(pg, path, lambda nb: any(RUN_MIME in o.get("data", {}) for o in nb["cells"][1]["outputs"]))
         data = next(o["data"] for o in cells_saved[1]["outputs"] if o["output_type"] == "display_data")
         assert RUN_MIME in data and LIVE_MIME not in data and data[RUN_MIME]["status"] == "stopped"
         assert pg.evaluate("window.__nbsErrors") == [], pg.evaluate("window.__nbsErrors")
         assert p.dialogs == [], p.dialogs
-    finally:
-        p.close()
 
 
 def test_lab_notebook_closed_and_opened_again_mid_run(lab, browser, artifacts):
@@ -339,20 +296,14 @@ def test_lab_notebook_closed_and_opened_again_mid_run(lab, browser, artifacts):
     output area of this view asked for, replaces it."""
     path = lab.root / "reattach.ipynb"
     (lab.root / END).unlink(missing_ok=True)
-    p = Page(browser, width=1200, height=1100)
-    pg = p.page
-    pg.add_init_script(WATCH_JS)
-    try:
-        pg.goto(lab_url(lab, "reattach.ipynb"))
-        panel = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
-        cells = panel.locator(".jp-Cell")
-        cells.first.wait_for(timeout=90_000)
-        panel.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=90_000)
-        run_cell(pg, cells.nth(0))
-        sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text(re.compile(r"\[\d+\]:"), timeout=120_000)
+    with Page(browser, width=1200, height=1100) as p:
+        pg = p.page
+        pg.add_init_script(WATCH_JS)
+        cells = open_notebook(pg, lab, "reattach.ipynb")
+        panel = notebook_root(pg, lab)
+        run_cell(pg, cells.nth(0), until=re.compile(r"\[\d+\]:"))
         run_cell(pg, cells.nth(1))
-        live = cells.nth(1).locator(".nbs-Widget .nbs-Run.nbs-mod-live")
-        live.wait_for(timeout=60_000)
+        live_view(cells.nth(1), widget=True)
         _save(pg, path, lambda nb: any(LIVE_MIME in o.get("data", {}) for o in nb["cells"][1]["outputs"]))
 
         pg.locator(".jp-mod-current .lm-TabBar-tabCloseIcon, .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabCloseIcon").first.click()
@@ -360,22 +311,17 @@ def test_lab_notebook_closed_and_opened_again_mid_run(lab, browser, artifacts):
         pg.locator(
             ".jp-DirListing-item[title*='reattach.ipynb'] .jp-DirListing-itemText", has_text=re.compile(r"^reattach\.ipynb$")
         ).dblclick()
-        panel = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+        panel = notebook_root(pg, lab)
         cell = panel.locator(".jp-Cell").nth(1)
-        view = cell.locator(".nbs-Reattach .nbs-Run.nbs-mod-live")
-        view.wait_for(timeout=60_000)
+        view = live_view(cell.locator(".nbs-Reattach"))
         assert cell.locator(".nbs-Reattach").get_attribute("data-mode") == "live"
-        pg.mouse.move(0, 0)
-        shot(view, artifacts, "reattach-lab-reopened.png")
+        shot(view, artifacts, "reattach-lab-reopened.png", unhover=True)
 
         (lab.root / END).write_text("")
-        frozen = cell.locator(".nbs-RunRenderer .nbs-Run")
-        frozen.wait_for(timeout=30_000)
-        assert _statuses(frozen) == ["done"] * 4
+        frozen = frozen_run(cell, 30_000)
+        assert chip_statuses(frozen) == ["done"] * 4
         assert cell.locator(".nbs-mod-live").count() == 0
         cells_saved = _save(pg, path, lambda nb: any(RUN_MIME in o.get("data", {}) for o in nb["cells"][1]["outputs"]))
         assert LIVE_MIME not in json.dumps(cells_saved[1]["outputs"])
         assert pg.evaluate("window.__nbsErrors") == [], pg.evaluate("window.__nbsErrors")
         assert p.dialogs == [], p.dialogs
-    finally:
-        p.close()

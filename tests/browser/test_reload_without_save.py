@@ -17,27 +17,34 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from lab_harness import (  # the servers, browser pages and helpers (the fixtures: tests/browser/conftest.py)
+    FROZEN_RUN,
+    KERNEL_IDLE,
+    NEEDS_WIDGET,
     Page,
-    code_cell,
-    lab_url,
-    notebook,
+    Server,
+    chip_statuses,
+    frozen_run,
+    live_view,
+    notebook_root,
+    notebook_url,
+    page_shot,
     run_cell,
+    save_until,
     serve,
     shot,
     sync_api,
+    wait_for_js,
+    wait_until_ready,
+    write_notebook,
 )
 
-from nbspawn.views._widget import widget_available
-
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(not widget_available(), reason="nbspawn/_static/widget.js is not built"),
-]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(300), NEEDS_WIDGET]
 
 LIVE_MIME = "application/vnd.nbspawn.live+json"
 RUN_MIME = "application/vnd.nbspawn.run+json"
@@ -66,8 +73,7 @@ STOP_STYLE = """e => { const s = getComputedStyle(e);
 
 def _write(root: Path) -> None:
     for name in NAMES:
-        cells = [code_cell(0, LOAD), code_cell(1, LONG.format(flag=FLAG.format(name=name)))]
-        (root / f"{name}.ipynb").write_text(json.dumps(notebook(cells)))
+        write_notebook(root, f"{name}.ipynb", [LOAD, LONG.format(flag=FLAG.format(name=name))])
 
 
 @pytest.fixture(scope="module")
@@ -80,45 +86,45 @@ def nb7(tmp_path_factory):
     yield from serve("notebook", tmp_path_factory.mktemp("reload-nb7"), _write)
 
 
-def _saved_run_ids(path: Path) -> list[str]:
-    outs = json.loads(path.read_text())["cells"][1]["outputs"]
+def _run_ids(nb: dict) -> list[str]:
+    """The run ids of the frozen runs in a notebook's long cell."""
+    outs = nb["cells"][1]["outputs"]
     return [o["data"][RUN_MIME]["run_id"] for o in outs if RUN_MIME in o.get("data", {})]
 
 
-def _save_until(pg, path: Path, predicate) -> None:
-    """Ctrl+S until the file satisfies ``predicate`` (a save is asynchronous)."""
-    deadline = time.monotonic() + 30
-    while not predicate():
-        assert time.monotonic() < deadline, f"the saved notebook never matched: {path.read_text()[:2000]}"
-        pg.keyboard.press("Control+s")
-        pg.wait_for_timeout(800)
+def _saved_run_ids(path: Path) -> list[str]:
+    return _run_ids(json.loads(path.read_text()))
+
+
+@contextmanager
+def _shot_on_failure(p: Page, artifacts: Path) -> Iterator[None]:
+    """A failing test leaves a picture of its page (whichever page it has by then)."""
+    try:
+        yield
+    except Exception:
+        page_shot(p.page, artifacts, f"reload-failed-{time.strftime('%H%M%S')}.png")
+        raise
 
 
 def _rerun_unsaved(pg, root, server, name: str, artifacts: Path, prefix: str) -> tuple[str, dict]:
     """Run the long cell to its end and save; re-run it (live, not saved).  Returns the first run's id
     and the live widget's Stop style."""
     path, flag = server.root / f"{name}.ipynb", server.root / FLAG.format(name=name)
-    cells = root.locator(".jp-Cell")
-    cells.first.wait_for(timeout=90_000)
-    root.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").first.wait_for(timeout=90_000)
-    run_cell(pg, cells.nth(0))
-    sync_api.expect(cells.nth(0).locator(".jp-InputPrompt")).to_have_text("[1]:", timeout=120_000)
+    cells = wait_until_ready(root)
+    run_cell(pg, cells.nth(0), until="[1]:")
 
     flag.write_text("")  # the first run ends at once
-    run_cell(pg, cells.nth(1))
-    sync_api.expect(cells.nth(1).locator(".jp-InputPrompt")).to_have_text("[2]:", timeout=120_000)
-    cells.nth(1).locator(".nbs-RunRenderer .nbs-Run").wait_for(timeout=60_000)
-    _save_until(pg, path, lambda: len(_saved_run_ids(path)) == 1)
+    run_cell(pg, cells.nth(1), until="[2]:")
+    frozen_run(cells.nth(1))
+    save_until(pg, path, lambda nb: len(_run_ids(nb)) == 1)
     first = _saved_run_ids(path)[0]
 
     flag.unlink()
     run_cell(pg, cells.nth(1))
-    live = cells.nth(1).locator(".nbs-Widget .nbs-Run.nbs-mod-live")
-    live.wait_for(timeout=60_000)
-    pg.wait_for_function("v => /tick 4/.test(v.textContent)", arg=live.element_handle(), timeout=30_000)
+    live = live_view(cells.nth(1), widget=True)
+    wait_for_js(live, "v => /tick 4/.test(v.textContent)")
     style = live.locator(".nbs-Stop").evaluate(STOP_STYLE)
-    pg.mouse.move(0, 0)
-    shot(live, artifacts, f"{prefix}-before-reload.png")
+    shot(live, artifacts, f"{prefix}-before-reload.png", unhover=True)
     assert _saved_run_ids(path) == [first]  # no save since the re-run started
     return first, style
 
@@ -136,14 +142,13 @@ def _follow_live_then_freeze(pg, root, server, name, first, style, artifacts, pr
     path, flag = server.root / f"{name}.ipynb", server.root / FLAG.format(name=name)
     cell = root.locator(".jp-Cell").nth(1)
     reattach = cell.locator(".nbs-Reattach[data-mode='live']")
-    view = reattach.locator(".nbs-Run.nbs-mod-live")
-    view.wait_for(timeout=60_000)
+    view = live_view(reattach)
     run_id = reattach.get_attribute("data-run-id")
     assert run_id and run_id != first, (run_id, first)
     assert cell.locator(".nbs-RunRenderer").count() == 0, "the previous run's frozen output is still shown"
     sync_api.expect(view.locator(".nbs-Chip[data-status='running']")).to_have_count(2)
     ticks = lambda: max(int(n) for n in re.findall(r"tick (\d+)", view.inner_text()))  # noqa: E731
-    pg.wait_for_function("v => /tick \\d+/.test(v.textContent)", arg=view.element_handle(), timeout=20_000)
+    wait_for_js(view, "v => /tick \\d+/.test(v.textContent)", 20_000)
     before = ticks()
     pg.wait_for_timeout(1200)
     assert ticks() > before, "the reattached view does not follow the run"
@@ -155,95 +160,67 @@ def _follow_live_then_freeze(pg, root, server, name, first, style, artifacts, pr
     r, g, b = (int(x) for x in re.findall(r"\d+", got["color"])[:3])
     assert r > 150 and g < 100 and b < 100, got
     assert got["radius"] not in ("0px", ""), got
-    pg.mouse.move(0, 0)
-    shot(view, artifacts, f"{prefix}-reattached-live.png")
+    shot(view, artifacts, f"{prefix}-reattached-live.png", unhover=True)
 
     flag.write_text("")
-    frozen = cell.locator(".nbs-RunRenderer .nbs-Run")
-    frozen.wait_for(timeout=30_000)
+    frozen = frozen_run(cell, 30_000)
     assert cell.locator(".nbs-mod-live").count() == 0
-    assert [c.get_attribute("data-status") for c in frozen.locator(".nbs-Chip").all()] == ["done"] * 2
+    assert chip_statuses(frozen) == ["done"] * 2
     text = frozen.inner_text()
     counts = [int(n) for n in re.findall(r"finished after (\d+) ticks", text)]
     assert len(counts) == 2 and min(counts) > 0, text  # the re-run's end, not the first run's (0 ticks)
-    pg.mouse.move(0, 0)
-    shot(frozen, artifacts, f"{prefix}-frozen.png")
-    _save_until(pg, path, lambda: _saved_run_ids(path) == [run_id])
+    shot(frozen, artifacts, f"{prefix}-frozen.png", unhover=True)
+    save_until(pg, path, lambda nb: _run_ids(nb) == [run_id])
     assert LIVE_MIME not in json.dumps(json.loads(path.read_text())["cells"][1]["outputs"])
 
 
+def _reload_mid_rerun(p: Page, server: Server, artifacts: Path, prefix: str) -> None:
+    """Re-run the cell unsaved, reload ~4 s after the re-run started: the reattached view follows the
+    new run to its end."""
+    url = notebook_url(server, "running.ipynb")
+    p.page.goto(url)
+    first, style = _rerun_unsaved(p.page, notebook_root(p.page, server), server, "running", artifacts, prefix)
+    p.page.wait_for_timeout(2500)  # ~4 s after the re-run started
+    pg = _reload(p, url)
+    _follow_live_then_freeze(pg, notebook_root(pg, server), server, "running", first, style, artifacts, prefix)
+    assert not p.nbspawn_errors(), p.errors
+
+
 def test_lab_reload_mid_rerun_without_save_shows_the_new_run(lab, browser, artifacts):
-    p = Page(browser, width=1200, height=900)
-    pg = p.page
-    try:
-        url = lab_url(lab, "running.ipynb")
-        pg.goto(url)
-        root = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
-        first, style = _rerun_unsaved(pg, root, lab, "running", artifacts, "reload-lab")
-        pg.wait_for_timeout(2500)  # ~4 s after the re-run started
-        pg = _reload(p, url)
-        root = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
-        _follow_live_then_freeze(pg, root, lab, "running", first, style, artifacts, "reload-lab")
-        assert not [e for e in p.errors if "nbs" in e or "anywidget" in e], p.errors
-    except Exception:
-        p.page.screenshot(path=str(artifacts / f"reload-failed-{time.strftime('%H%M%S')}.png"))
-        raise
-    finally:
-        p.close()
+    with Page(browser, width=1200, height=900) as p, _shot_on_failure(p, artifacts):
+        _reload_mid_rerun(p, lab, artifacts, "reload-lab")
 
 
 def test_lab_reload_after_the_rerun_ended_without_save_shows_its_end(lab, browser, artifacts):
     path, flag = lab.root / "ended.ipynb", lab.root / FLAG.format(name="ended")
-    p = Page(browser, width=1200, height=900)
-    pg = p.page
-    try:
-        url = lab_url(lab, "ended.ipynb")
+    with Page(browser, width=1200, height=900) as p, _shot_on_failure(p, artifacts):
+        pg = p.page
+        url = notebook_url(lab, "ended.ipynb")
         pg.goto(url)
-        root = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+        root = notebook_root(pg, lab)
         first, _ = _rerun_unsaved(pg, root, lab, "ended", artifacts, "reload-lab-ended")
         flag.write_text("")
         cell = root.locator(".jp-Cell").nth(1)
-        cell.locator(".nbs-RunRenderer .nbs-Run").wait_for(timeout=30_000)
-        root.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=30_000)
+        frozen_run(cell, 30_000)
+        root.locator(KERNEL_IDLE).wait_for(timeout=30_000)
         assert _saved_run_ids(path) == [first]
         pg = _reload(p, url)
-        root = pg.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+        root = notebook_root(pg, lab)
         cell = root.locator(".jp-Cell").nth(1)
 
-        frozen = cell.locator(".nbs-RunRenderer .nbs-Run")
+        frozen = cell.locator(FROZEN_RUN)
         # the file's (first) run shows first; the kernel's answer replaces it
         sync_api.expect(frozen).to_contain_text(re.compile(r"finished after [1-9]\d* ticks"), timeout=60_000)
         assert frozen.count() == 1
         counts = [int(n) for n in re.findall(r"finished after (\d+) ticks", frozen.inner_text())]
         assert len(counts) == 2 and min(counts) > 0, frozen.inner_text()  # not the first run (0 ticks)
         sync_api.expect(cell.locator(".jp-InputPrompt")).to_have_text("[3]:")
-        pg.mouse.move(0, 0)
-        shot(frozen, artifacts, "reload-lab-ended-frozen.png")
-        _save_until(pg, path, lambda: _saved_run_ids(path) not in ([], [first]))
+        shot(frozen, artifacts, "reload-lab-ended-frozen.png", unhover=True)
+        save_until(pg, path, lambda nb: _run_ids(nb) not in ([], [first]))
         assert len(_saved_run_ids(path)) == 1
-        assert not [e for e in p.errors if "nbs" in e or "anywidget" in e], p.errors
-    except Exception:
-        p.page.screenshot(path=str(artifacts / f"reload-failed-{time.strftime('%H%M%S')}.png"))
-        raise
-    finally:
-        p.close()
+        assert not p.nbspawn_errors(), p.errors
 
 
 def test_notebook7_reload_mid_rerun_without_save_shows_the_new_run(nb7, browser, artifacts):
-    p = Page(browser, width=1200, height=900)
-    pg = p.page
-    try:
-        url = nb7.url("/notebooks/running.ipynb")
-        pg.goto(url)
-        root = pg.locator("body")
-        first, style = _rerun_unsaved(pg, root, nb7, "running", artifacts, "reload-nb7")
-        pg.wait_for_timeout(2500)
-        pg = _reload(p, url)
-        root = pg.locator("body")
-        _follow_live_then_freeze(pg, root, nb7, "running", first, style, artifacts, "reload-nb7")
-        assert not [e for e in p.errors if "nbs" in e or "anywidget" in e], p.errors
-    except Exception:
-        p.page.screenshot(path=str(artifacts / f"reload-failed-{time.strftime('%H%M%S')}.png"))
-        raise
-    finally:
-        p.close()
+    with Page(browser, width=1200, height=900) as p, _shot_on_failure(p, artifacts):
+        _reload_mid_rerun(p, nb7, artifacts, "reload-nb7")
