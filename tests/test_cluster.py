@@ -254,6 +254,24 @@ def test_output_reaches_the_kernel_batched_within_budget(kernel, nodes):
     assert_nothing_left(nodes)
 
 
+def test_two_kernels_on_the_same_engines_keep_their_own_ports(kernel, nodes):
+    """Each kernel remembers the port node 0's agent told it for its next run; another kernel's probe
+    and runs there must not free it (the first kernel's next run then failed with EADDRINUSE)."""
+    ok(kernel, "%%spawn --cluster rc -n 1\npass")
+    book = "from nbspawn.cluster._plan import _known\nfacts = _known[rc][1]\nprint(facts[min(facts)]['port'])"
+    booked = int(ok(kernel, book).stdout)
+    with connected_kernel(nodes) as other:
+        ok(other, "%%spawn --cluster rc -n 1\npass")
+    agent = sorted(nodes.engine_pids)[0]
+    held = nodes.client()[agent].apply_sync(eval, "sorted(__import__('nbspawn.cluster._agent', fromlist=['_'])._listeners)")
+    assert booked in held, (booked, held)
+    again = ok(
+        kernel, "%%spawn --cluster rc -n 1 --backend gloo\nimport torch.distributed as dist\nprint('size', dist.get_world_size())"
+    )
+    assert again.stdout.count("size 2") == 2, again.stdout
+    assert_nothing_left(nodes)
+
+
 def test_kernel_death_stops_every_node_within_seconds(nodes):
     with connected_kernel(nodes) as k:
         k.client.execute("%%spawn --cluster rc -n 2\nimport time\ntime.sleep(120)")

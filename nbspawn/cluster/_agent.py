@@ -60,28 +60,29 @@ _stop_asked = False
 _where_asked = 0  # how many times the kernel asked where the ranks are
 _where_told = 0
 _store: Any = None  # node 0's TCPStore of the last run
-_listener: socket.socket | None = None  # the port node 0's next TCPStore will listen on, held open
+# ports node 0's next TCPStores will listen on, held open, newest last: one per kernel (or client)
+# that asked, since each remembers the port it was told (another kernel's probe must not free it)
+_listeners: dict[int, socket.socket] = {}
+HELD_PORTS = 8
 
 
 def _reserve(address: str) -> int:
     """Hold a listening socket on a free port of ``address`` until a run's TCPStore takes it over:
     the port is told to every node before the run, and nothing else can take it meanwhile."""
-    global _listener
-    if _listener is not None:
-        _listener.close()
-    _listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    _listener.bind((address, 0))
-    _listener.listen(1024)
-    return int(_listener.getsockname()[1])
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind((address, 0))
+    listener.listen(1024)
+    port = int(listener.getsockname()[1])
+    _listeners[port] = listener
+    while len(_listeners) > HELD_PORTS:  # the oldest: a kernel that has not run here for long re-probes
+        _listeners.pop(next(iter(_listeners))).close()
+    return port
 
 
 def _take_listener(port: int) -> int | None:
-    """The held socket's descriptor, given away (the TCPStore closes it), if it holds ``port``."""
-    global _listener
-    if _listener is None or _listener.getsockname()[1] != port:
-        return None
-    fd, _listener = _listener.detach(), None
-    return fd
+    """The held socket's descriptor for ``port``, given away (the TCPStore closes it)."""
+    listener = _listeners.pop(port, None)
+    return None if listener is None else listener.detach()
 
 
 def _beat(_signum: int, _frame: object) -> None:
