@@ -36,8 +36,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from .._options import parse_env
+from .._request import Settings
 from .._run import RankState, Run
-from .._spec import RunSpec
+from .._spec import Placement, RunSpec
 from ..errors import SpawnOutputError
 from ..events._where import RankToAsk, rank_collectives, rank_stacks
 from ..executors._fresh import FreshRanks
@@ -309,7 +310,7 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
     import cloudpickle
 
     from .._program import parse_program
-    from .._spec import Handoff, Placement, build_spec
+    from .._spec import Handoff, build_spec
     from ..executors._supervisor import execute
     from ..handoff._shm import Payload, forget_arrivals, new_run_prefix
 
@@ -327,20 +328,7 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
             return Handoff({"__name__": "__main__", "__builtins__": builtins, **names}, None, out_names, prefix)
         return Handoff(None, Payload(names), out_names, prefix)
 
-    settings = job["settings"]
-    user_env = parse_env(settings.env)
-    node_env = _socket_interface(node["master_addr"], user_env)
-    if node.get("cuda_visible") is not None and "CUDA_VISIBLE_DEVICES" not in user_env:
-        node_env["CUDA_VISIBLE_DEVICES"] = str(node["cuda_visible"])  # every GPU of the node, not the agent's one
-    settings = dataclasses.replace(settings, env={**node_env, **user_env})
-    placement = Placement(
-        master_addr=node["master_addr"],
-        master_port=node["master_port"],
-        rank_offset=node["offset"],
-        world_size=node["world_size"],
-        node_rank=node["index"],
-        nnodes=node["nnodes"],
-    )
+    settings, placement = node_placement(job, node)
     with _working_directory(job["cwd"]):
         program = parse_program(job["program"]) if job["program"] is not None else None
         spec = build_spec(
@@ -365,6 +353,25 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
         "next_port": next_port,  # held for the next run: it needs no probe to know node 0's port
         "lost": None,
     }
+
+
+def node_placement(job: _wire.Job, node: _wire.Spot) -> tuple[Settings, Placement]:
+    """This node's settings (its socket interface and GPUs in the ranks' environment, unless the user
+    set them) and its ranks' place in the world: what a run and a kept world on it are built from."""
+    settings = job["settings"]
+    user_env = parse_env(settings.env)
+    node_env = _socket_interface(node["master_addr"], user_env)
+    if node.get("cuda_visible") is not None and "CUDA_VISIBLE_DEVICES" not in user_env:
+        node_env["CUDA_VISIBLE_DEVICES"] = str(node["cuda_visible"])  # every GPU of the node, not the agent's one
+    placement = Placement(
+        master_addr=node["master_addr"],
+        master_port=node["master_port"],
+        rank_offset=node["offset"],
+        world_size=node["world_size"],
+        node_rank=node["index"],
+        nnodes=node["nnodes"],
+    )
+    return dataclasses.replace(settings, env={**node_env, **user_env}), placement
 
 
 class _NodeCellRanks(FreshRanks):

@@ -24,8 +24,7 @@ import threading
 import time
 from typing import Any
 
-from .._options import parse_env
-from .._spec import Placement, build_spec
+from .._spec import build_spec
 from ..executors import _world
 from ..executors._world import WorldCell
 from . import _agent, _wire
@@ -116,20 +115,7 @@ def _world_for(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> tupl
         return world, None
     if world is not None:  # a part left by a kernel that died, under the same name: not this world
         _stop_here(name)
-    settings = job["settings"]
-    user_env = parse_env(settings.env)
-    node_env = _agent._socket_interface(node["master_addr"], user_env)
-    if node.get("cuda_visible") is not None and "CUDA_VISIBLE_DEVICES" not in user_env:
-        node_env["CUDA_VISIBLE_DEVICES"] = str(node["cuda_visible"])
-    settings = dataclasses.replace(settings, env={**node_env, **user_env})
-    placement = Placement(
-        master_addr=node["master_addr"],
-        master_port=node["master_port"],
-        rank_offset=node["offset"],
-        world_size=node["world_size"],
-        node_rank=node["index"],
-        nnodes=node["nnodes"],
-    )
+    settings, placement = _agent.node_placement(job, node)
     with _agent._working_directory(job["cwd"]):
         spec = build_spec(job["cell"], settings, rich=job["rich"], run_id=job["run_id"], placement=placement)
     next_port = None
