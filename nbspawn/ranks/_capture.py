@@ -34,8 +34,9 @@ import sys
 import threading
 import time
 from html import escape
-from typing import Any
+from typing import Any, NamedTuple
 
+from .._comms import kernel_owns_comms
 from .._rankdir import DISPLAY, FILES, ORDER, ORDER_RECORD
 
 
@@ -223,8 +224,28 @@ class _RankKernel:
     """Stands for the kernel where a rank has none (spawn, forkserver): ipywidgets' ``Output`` sets its
     ``msg_id`` from the parent request it finds here, and that is what starts a capture."""
 
+    def __init__(self) -> None:
+        self.comm_manager = _RankComms()
+
     def get_parent(self, channel: str = "shell") -> dict[str, Any]:
         return _RANK_PARENT
+
+
+class _RankComms:
+    """The comm manager ipykernel 6.17's ``Comm`` registers with: a rank's comms by id, nothing routed."""
+
+    def __init__(self) -> None:
+        self.comms: dict[str, Any] = {}
+
+    def register_comm(self, comm: Any) -> str:
+        self.comms[comm.comm_id] = comm
+        return str(comm.comm_id)
+
+    def unregister_comm(self, comm: Any) -> None:
+        self.comms.pop(comm.comm_id, None)
+
+    def get_comm(self, comm_id: str) -> Any:
+        return self.comms.get(comm_id)
 
 
 class _OutputWidgets:
@@ -489,7 +510,7 @@ _outputs = _OutputWidgets()
 
 
 @functools.cache
-def rank_classes() -> tuple[type, type | None]:
+def rank_classes() -> tuple[type, RankCommClasses]:
     """The display publisher and comm a rank uses, made once: in the kernel before it forks (so forked
     ranks inherit them: a traitlets class costs milliseconds to make), else in the rank."""
     from IPython.core.displaypub import DisplayPublisher
@@ -519,35 +540,75 @@ def rank_classes() -> tuple[type, type | None]:
         def set_parent(self, parent: Any) -> None:
             """ipywidgets' ``Output.__enter__`` sets the shell's parent message: a rank has none to follow."""
 
+    return RankDisplayPublisher, _rank_comm_classes()
+
+
+def _widget_message(comm_id: str, msg_type: str, data: Any, keys: dict[str, Any]) -> None:
+    """What a widget's comm would send its front end, recorded instead (or routed to an Output)."""
+    if msg_type == "comm_open":
+        if keys.get("target_name") == "jupyter.widget" and isinstance(data, dict):
+            state = data.get("state", {})
+            if _outputs.opened(comm_id, state):
+                return
+            write_display({"widget": comm_id, "state": state, "open": True})
+    elif msg_type == "comm_msg":
+        if isinstance(data, dict) and data.get("method") == "update":
+            state = data.get("state", {})
+            if _outputs.updated(comm_id, state):
+                return
+            write_display({"widget": comm_id, "state": state})
+    elif msg_type == "comm_close" and not _finished:  # not the clean-up at exit
+        if _outputs.closed(comm_id):
+            return
+        write_display({"widget": comm_id, "closed": True})
+
+
+class RankCommClasses(NamedTuple):
+    """The comm classes a rank's widgets get, one per place ipywidgets may take its comms from."""
+
+    comm_package: type | None  # for ``comm.create_comm`` (ipykernel >= 6.18)
+    kernel_comm: type | None  # for ``ipykernel.comm.Comm`` (ipykernel < 6.18)
+
+
+def _rank_comm_classes() -> RankCommClasses:
+    """The comms a rank's widgets get: ``comm``'s kind, and on ipykernel < 6.18 (Colab's and Kaggle's
+    6.17.1) ``ipykernel.comm.Comm``'s kind too, since ipywidgets 7 always, and ipywidgets 8 there,
+    make theirs from ``ipykernel.comm.Comm`` (see ``nbspawn._comms``)."""
+    comm_package: type | None = None
+    kernel_comm: type | None = None
     try:
         from comm.base_comm import BaseComm
-    except ImportError:  # pragma: no cover - comm comes with ipykernel
-        return RankDisplayPublisher, None
+    except ImportError:  # Colab: ipykernel 6.17 without the comm package
+        pass
+    else:
 
-    class RankComm(BaseComm):
-        """A widget's comm in a rank: its state goes to display.jsonl, nothing to a frontend."""
+        class RankComm(BaseComm):
+            """A widget's comm in a rank: its state goes to display.jsonl, nothing to a frontend."""
 
-        kernel = _RankKernel()  # what ipywidgets' Output asks for the message it captures
+            kernel = _RankKernel()  # what ipywidgets' Output asks for the message it captures
 
-        def publish_msg(self, msg_type: str, data: Any = None, metadata: Any = None, buffers: Any = None, **keys: Any) -> None:
-            if msg_type == "comm_open":
-                if keys.get("target_name") == "jupyter.widget" and isinstance(data, dict):
-                    state = data.get("state", {})
-                    if _outputs.opened(self.comm_id, state):
-                        return
-                    write_display({"widget": self.comm_id, "state": state, "open": True})
-            elif msg_type == "comm_msg":
-                if isinstance(data, dict) and data.get("method") == "update":
-                    state = data.get("state", {})
-                    if _outputs.updated(self.comm_id, state):
-                        return
-                    write_display({"widget": self.comm_id, "state": state})
-            elif msg_type == "comm_close" and not _finished:  # not the clean-up at exit
-                if _outputs.closed(self.comm_id):
-                    return
-                write_display({"widget": self.comm_id, "closed": True})
+            def publish_msg(
+                self, msg_type: str, data: Any = None, metadata: Any = None, buffers: Any = None, **keys: Any
+            ) -> None:
+                _widget_message(self.comm_id, msg_type, data, keys)
 
-    return RankDisplayPublisher, RankComm
+        comm_package = RankComm
+    if kernel_owns_comms():
+        from ipykernel.comm import Comm
+        from traitlets import Any as AnyTrait
+
+        class RankKernelComm(Comm):
+            """ipykernel 6.17's comm in a rank: opened against a stand-in kernel, recorded like ``RankComm``."""
+
+            kernel = AnyTrait(_RankKernel())
+
+            def _publish_msg(
+                self, msg_type: str, data: Any = None, metadata: Any = None, buffers: Any = None, **keys: Any
+            ) -> None:
+                _widget_message(self.comm_id, msg_type, data, keys)
+
+        kernel_comm = RankKernelComm
+    return RankCommClasses(comm_package, kernel_comm)
 
 
 def _capture_display(rich: bool) -> None:
@@ -557,11 +618,10 @@ def _capture_display(rich: bool) -> None:
     shell = _rank_shell(rich)
     if shell is None:
         return
-    publisher, rank_comm = rank_classes()
+    publisher, rank_comms = rank_classes()
     _silence_the_kernel(shell)
     shell.display_pub = publisher(shell=None)
-    if rank_comm is not None:
-        _capture_comms(rank_comm)
+    _capture_comms(rank_comms)
 
 
 def _rank_shell(rich: bool) -> Any:
@@ -601,14 +661,22 @@ def _drop(*_args: Any, **_kwargs: Any) -> None:
     return None
 
 
-def _capture_comms(rank_comm: type) -> None:
+def _capture_comms(rank_comms: RankCommClasses) -> None:
     """Widgets made in a rank (tqdm.notebook's bar) keep their state here and record it in display.jsonl."""
-    import comm
-    from comm.base_comm import CommManager
+    if rank_comms.comm_package is not None:
+        import comm
+        from comm.base_comm import CommManager
 
-    manager = CommManager()
-    comm.create_comm = rank_comm
-    comm.get_comm_manager = lambda: manager
+        manager = CommManager()
+        comm.create_comm = rank_comms.comm_package
+        comm.get_comm_manager = lambda: manager
+    if rank_comms.kernel_comm is not None:  # where ipywidgets 7 (imported already, or later) and 8 get theirs
+        import ipykernel.comm
+
+        setattr(ipykernel.comm, "Comm", rank_comms.kernel_comm)  # noqa: B010 - ipykernel's stubs lack it
+        widgets = sys.modules.get("ipywidgets.widgets.widget")
+        if widgets is not None and hasattr(widgets, "Comm"):
+            setattr(widgets, "Comm", rank_comms.kernel_comm)  # noqa: B010
 
 
 def finished() -> None:

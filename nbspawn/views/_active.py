@@ -23,6 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from .._comms import comm_manager
 from ._messages import ActiveRequest, ActiveRun, ActiveRunsMessage, LiveInfo
 
 TARGET = "nbspawn.active"
@@ -143,9 +144,7 @@ def install() -> None:
         return
     _installed.add(id(kernel))
     try:
-        from comm import get_comm_manager
-
-        get_comm_manager().register_target(TARGET, _on_open)
+        comm_manager().register_target(TARGET, _on_open)
         shell.events.register("pre_run_cell", _pre_run_cell)
     except Exception as err:  # reattaching is never worth failing a run for
         log.debug("nbspawn.active not installed: %s", err)

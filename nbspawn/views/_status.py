@@ -16,6 +16,7 @@ import logging
 import time
 from typing import Any
 
+from .._comms import create_comm
 from .._run import Run
 from ._messages import RunStatus
 
@@ -65,8 +66,6 @@ class StatusComm:
         self.wanted = False
         data = status_data(run)
         try:
-            from comm import create_comm
-
             self.comm = create_comm(target_name=TARGET, data=data)
             self.last = data
         except Exception as err:  # a status item is never worth failing a run for
