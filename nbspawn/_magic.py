@@ -25,7 +25,7 @@ from ._launch import start
 from ._options import Option, options_in, with_debug_collectives
 from ._request import RunRequest, Settings, given_options
 from ._run import Run
-from ._source import CellSource, CellSyntaxError
+from ._source import CellSource, CellSyntaxError, cell_files
 from .errors import SpawnUsageError
 from .views._protocol import RunView
 from .views._text import TextView
@@ -297,7 +297,7 @@ class SpawnMagics(Magics):
             share=args.share,
             out=args.out,
             background=args.background,
-            cell_numbers=_cell_files(shell),
+            cell_numbers=cell_files(shell),
         )
 
     def _view(self, choice: str) -> RunView:
@@ -317,7 +317,7 @@ class SpawnMagics(Magics):
     def _cell_number(self) -> int:
         """The ``In[N]`` of the running cell, the number IPython's own tracebacks give it.
 
-        IPython caches each cell under a file name (``shell.compile._filename_map``: name -> number)
+        IPython caches each cell under a file name (``_source.cell_files``: name -> number)
         just before running it, and ipykernel names that file by a hash of the source alone, so a
         re-run cell keeps its name (and its place in the map) and only its number changes.  The
         running cell is the outermost frame on this stack whose file is a cached cell: the magic is
@@ -328,7 +328,7 @@ class SpawnMagics(Magics):
 
         shell = self.shell
         assert shell is not None  # a magic runs in a shell
-        cells = _cell_files(shell)
+        cells = cell_files(shell)
         number = None
         frame: FrameType | None = sys._getframe(1)
         while frame is not None:
@@ -378,8 +378,3 @@ def report_background_failures(*_info: object) -> None:
             f"  run.wait() raises its error (the run is also nbspawn.last_run() or in %spawn status); logs: {run.run_dir}",
             file=sys.stderr,
         )
-
-
-def _cell_files(shell: InteractiveShell) -> dict[str, int]:
-    """IPython's map from each cell's compiled filename to its execution number."""
-    return dict(getattr(shell.compile, "_filename_map", {}))

@@ -15,6 +15,7 @@ import re
 import traceback
 from dataclasses import dataclass
 from types import CodeType
+from typing import Any
 
 CELL_FILENAME = "<nbspawn-cell>"
 STILL_STARTING = "  (still starting: the cell had not begun)"
@@ -189,3 +190,33 @@ def program_stack(dump: str) -> str:
     frames = [f for f in frames if not any(s in f for s in ("nbspawn/ranks/_program.py", "/runpy.py", "<frozen runpy>"))]
     frames.reverse()
     return "\n".join("  " + f for f in frames)
+
+
+_HISTORY_NAMES: dict[int, dict[str, int]] = {}  # id(shell) -> the cell files named so far (IPython 7)
+
+
+def cell_files(shell: Any) -> dict[str, int]:
+    """IPython's map from each cell's compiled file name to its execution number (``Cell In[N]``).
+
+    IPython 8 and later keep it (``shell.compile._filename_map``).  IPython 7 (Colab's and Kaggle's
+    7.34) names a cell's file the same way (``compile.get_code_name(raw, transformed, number)``, a hash
+    of the source under ipykernel) but keeps no map, so it is rebuilt here from the history, one new
+    cell at a time: the name ``run_cell`` cached each stored cell under.
+    """
+    compiler = getattr(shell, "compile", None)
+    kept = getattr(compiler, "_filename_map", None)
+    if isinstance(kept, dict):
+        return dict(kept)
+    history = getattr(shell, "history_manager", None)
+    name_of = getattr(compiler, "get_code_name", None)
+    if history is None or name_of is None:
+        return {}
+    raw, parsed = history.input_hist_raw, history.input_hist_parsed
+    names = _HISTORY_NAMES.setdefault(id(shell), {})
+    done = max(names.values(), default=0)
+    for number in range(done + 1, min(len(raw), len(parsed))):
+        try:
+            names[name_of(raw[number], parsed[number], number)] = number
+        except Exception:  # a compiler of another make: its cells stay unnamed
+            return names
+    return dict(names)
