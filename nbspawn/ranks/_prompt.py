@@ -72,6 +72,18 @@ def install(rank: int, prompts: str | None, answers: str | None, launcher: str =
     sys.breakpointhook = rank_breakpoint
     pdb.Pdb = RankPdb  # type: ignore[misc]  # pdb.post_mortem and torch.distributed.breakpoint make one
     pdb.set_trace = rank_set_trace  # (ipykernel's is IPython's, which a forked rank inherits)
+    _distributed_pdb_is_ours()
+
+
+def _distributed_pdb_is_ours() -> None:
+    """torch < 2.11 made ``torch.distributed._DistributedPdb`` at import, a subclass of the ``pdb.Pdb`` of
+    that moment, whose ``interaction`` calls ``pdb.Pdb.interaction(self)``: now RankPdb's, on an object
+    that is no RankPdb (``TypeError: super(type, obj)``).  Its ``breakpoint()`` makes a RankPdb instead.
+    (torch 2.11 makes the class at each call, on ``pdb.Pdb``: RankPdb already.)  ``import torch`` has
+    imported ``torch.distributed`` by the time a rank gets here."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and isinstance(getattr(dist, "_DistributedPdb", None), type):
+        dist._DistributedPdb = RankPdb  # type: ignore[attr-defined]
 
 
 def use(prompts: str | None, answers: str | None) -> None:
