@@ -12,6 +12,7 @@ The same launcher is callable from Python: :func:`launch`; the last run is :func
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from ._api import launch, stop, worlds
@@ -57,10 +58,26 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
 
     ipython.register_magics(SpawnMagics(shell=ipython))
     ipython.events.register("pre_run_cell", report_background_failures)
+    _tell_hosted_runtime()
     if getattr(ipython, "kernel", None) is not None:  # a page opened before the first run asks too
         from .views import _active
 
         _active.install()
+
+
+_told = False
+
+
+def _tell_hosted_runtime() -> None:
+    """On Colab or Kaggle, what differs there: once per kernel, in one line."""
+    global _told
+    from ._hosted import hosted_runtime, notice
+
+    host = hosted_runtime()
+    line = notice(host)
+    if line and not _told:
+        _told = True
+        print(line, file=sys.stderr)
 
 
 def _jupyter_labextension_paths() -> list[dict[str, Any]]:
