@@ -42,7 +42,7 @@ def converse(kernel: Kernel, code: str, answers: list[str] | Answer, timeout: fl
         if time.monotonic() > deadline:
             raise TimeoutError(f"no end within {timeout} s; prompts {prompts}; stdout {''.join(stdout)[-3000:]!r}")
         try:
-            msg = kc.stdin_channel.get_msg(timeout=0.02)
+            msg = kc.get_stdin_msg(timeout=0.02)
         except queue.Empty:
             pass
         else:
@@ -269,7 +269,7 @@ def test_timeout_ends_an_unanswered_prompt(kernel):
     kc = kernel.client
     msg_id = kc.execute("%%spawn -n 1 --timeout 3\ninput('never answered? ')\n", allow_stdin=True)
     start = time.monotonic()
-    msg = kc.stdin_channel.get_msg(timeout=60)
+    msg = kc.get_stdin_msg(timeout=60)
     assert msg["content"]["prompt"] == "[rank 0] never answered? "
     reply = kc.get_shell_msg(timeout=60)
     while reply["parent_header"].get("msg_id") != msg_id:

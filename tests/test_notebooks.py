@@ -58,7 +58,7 @@ class AnsweringClient(NotebookClient):
         assert self.kc is not None
         while True:
             try:
-                msg = await self.kc.stdin_channel.get_msg(timeout=0.05)
+                msg = await self.kc.get_stdin_msg(timeout=0.05)
             except queue.Empty:
                 continue
             if msg["msg_type"] != "input_request":
