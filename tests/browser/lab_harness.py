@@ -61,7 +61,6 @@ NEEDS_WIDGET = pytest.mark.skipif(not widget_available(), reason="nbspawn/_stati
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="playwright is not installed (pip install playwright; no browser download needed)"
 )
-pytest.importorskip("jupyterlab", reason="jupyterlab is not installed (pip install -e '.[lab]')")
 
 
 # -- notebooks ----------------------------------------------------------------------------------
@@ -102,7 +101,7 @@ def write_notebook(root: Path, name: str, cells: list[str | dict]) -> Path:
 
 @dataclass
 class Server:
-    app: str  # "lab" (JupyterLab) or "notebook" (Notebook 7)
+    app: str  # "lab" (JupyterLab), "notebook" (Notebook 7) or "classic" (Notebook 6.5, Colab's widget stack)
     base: str
     token: str
     root: Path
@@ -154,10 +153,11 @@ def _start(app: str, tmp: Path) -> Server:
     env.pop("JUPYTER_PATH", None)
     write_settings(home / "settings")
     port, token = _free_port(), secrets.token_hex(16)
+    server_app = "NotebookApp" if app == "classic" else "ServerApp"  # Notebook 6.5 runs its own server
     cmd = [
         sys.executable, "-m", "jupyterlab" if app == "lab" else "notebook",
-        "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",
-        f"--ServerApp.token={token}", f"--ServerApp.root_dir={root}",
+        "--no-browser", "--ip=127.0.0.1", f"--port={port}", f"--{server_app}.port_retries=0",
+        f"--{server_app}.token={token}", f"--{server_app}.{'notebook_dir' if app == 'classic' else 'root_dir'}={root}",
     ]  # fmt: skip
     if app == "lab":
         cmd.append("--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate")
@@ -191,6 +191,17 @@ def _stop(server: Server) -> None:
         server.proc.wait(10)
 
 
+def _require_classic_notebook() -> None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("notebook")
+    except PackageNotFoundError:
+        found = "none"
+    if not found.startswith("6."):
+        pytest.skip(f"needs the classic Notebook 6.x (found {found}): the Colab runtime job (.ci/runtime colab-gpu) runs it")
+
+
 def _require_extension() -> None:
     if not _extension_installed():
         pytest.fail(
@@ -201,10 +212,16 @@ def _require_extension() -> None:
 
 
 def serve(app: str, tmp: Path, write: Callable[[Path], None]) -> Iterator[Server]:
-    """A jupyter server (``lab`` or ``notebook``) with the extension, holding ``write``'s notebooks."""
-    if app == "notebook":
-        pytest.importorskip("notebook", reason="notebook 7 is not installed (pip install -e '.[lab]')")
-    _require_extension()
+    """A jupyter server (``lab``, ``notebook`` or ``classic``) holding ``write``'s notebooks; JupyterLab
+    and Notebook 7 with nbspawn's extension, the classic Notebook 6.5 with what widgetsnbextension and
+    anywidget install for it (no nbspawn extension: as on Colab)."""
+    if app == "classic":
+        _require_classic_notebook()
+    else:
+        pytest.importorskip("jupyterlab", reason="jupyterlab is not installed (pip install -e '.[lab]')")
+        if app == "notebook":
+            pytest.importorskip("notebook", reason="notebook 7 is not installed (pip install -e '.[lab]')")
+        _require_extension()
     server = _start(app, tmp)
     write(server.root)
     try:
