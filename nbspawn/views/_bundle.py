@@ -6,7 +6,8 @@ shows the run on GitHub, nbviewer, nbconvert and VS Code, not "model not found"
 
 * ``application/vnd.nbspawn.run+json``: the run's facts (ranks, statuses, tracebacks, log paths);
 * ``text/html``: a collapsible section per rank with its output tail, stored **once**, here: every
-  byte of worker text escaped, colours as inline styles, displays as their static form, no script;
+  byte of worker text escaped, colours as inline styles, displays as their static form, a rank's own
+  HTML made inert (``_safehtml``: nothing in a saved notebook can act when it is reopened);
   the JupyterLab renderer reads the tails back from it;
 * ``text/plain``: a short summary.
 
@@ -20,14 +21,14 @@ import base64
 import html
 import json
 import re
-from html.parser import HTMLParser
-from typing import Any, ClassVar
+from typing import Any
 
 from .._rankdir import DISPLAY_FILE, STDERR, STDOUT
 from .._run import RankState, Run
 from ..errors import RankExitedError, RankRaisedError, rank_spans
 from ..events._display import WIDGET_MIME
 from ._messages import RankRecord, RunRecord
+from ._safehtml import safe_html
 from ._sgr import ESCAPE, SGR, Style, apply_sgr, sgr_params, sgr_sequence, style_after, style_css
 from ._tail import TAIL_LINES, Display, Entry, Line, OutputTail
 from ._text import erase_backspaces
@@ -165,73 +166,6 @@ def _run_html(text: str, style: Style) -> str:
     return f'<span data-sgr="{params}" style="{style_css(style)}">{body}</span>'
 
 
-class _Balancer(HTMLParser):
-    """Rank HTML made safe to nest: tags balanced, scripts dropped, so it cannot swallow our layout."""
-
-    VOID: ClassVar[frozenset[str]] = frozenset(
-        {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
-    )
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=False)
-        self.out: list[str] = []
-        self.stack: list[str] = []
-        self.skipping = 0
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag in ("script", "iframe", "object"):
-            self.skipping += tag not in self.VOID
-            return
-        if self.skipping:
-            return
-        attributes = "".join(
-            f' {name}="{html.escape(value or "", quote=True)}"' for name, value in attrs if not name.startswith("on")
-        )
-        self.out.append(f"<{tag}{attributes}>")
-        if tag not in self.VOID:
-            self.stack.append(tag)
-
-    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.handle_starttag(tag, attrs)
-        if tag not in self.VOID and self.stack and self.stack[-1] == tag:
-            self.stack.pop()
-            self.out.append(f"</{tag}>")
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in ("script", "iframe", "object"):
-            self.skipping = max(0, self.skipping - 1)
-            return
-        if self.skipping or tag not in self.stack:
-            return
-        while self.stack:
-            open_tag = self.stack.pop()
-            self.out.append(f"</{open_tag}>")
-            if open_tag == tag:
-                break
-
-    def handle_data(self, data: str) -> None:
-        if not self.skipping:
-            self.out.append(html.escape(data, quote=False))
-
-    def handle_entityref(self, name: str) -> None:
-        if not self.skipping:
-            self.out.append(f"&{name};")
-
-    def handle_charref(self, name: str) -> None:
-        if not self.skipping:
-            self.out.append(f"&#{name};")
-
-    def result(self) -> str:
-        self.close()
-        return "".join(self.out) + "".join(f"</{tag}>" for tag in reversed(self.stack))
-
-
-def balanced_html(text: str) -> str:
-    parser = _Balancer()
-    parser.feed(text)
-    return parser.result()
-
-
 def _widget_html(tree: dict[str, Any]) -> str:
     kind = tree.get("type")
     if kind == "box":
@@ -262,7 +196,7 @@ def display_html(item: dict[str, Any]) -> str:
         encoded = base64.b64encode(str(value).encode("utf-8")).decode("ascii")
         return f'<div{attr}><img src="data:image/svg+xml;base64,{encoded}"{size} style="max-width:100%;height:auto"></div>'
     if mime == "text/html":
-        return f"<div{attr}>{balanced_html(str(value))}</div>"
+        return f"<div{attr}>{safe_html(str(value))}</div>"
     text = html.escape(str(value), quote=False).replace("\n", NEWLINE)
     return f'<div{attr}><pre style="margin:0;white-space:pre-wrap">{text}</pre></div>'
 
