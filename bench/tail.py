@@ -4,9 +4,12 @@ Feeds 20,000 ``\\r`` redraws of a bar, coloured (several SGR codes a frame, as t
 Lightning and HF bars print them) and plain, through the kernel-side tail of one rank
 (``nbspawn.views._tail.OutputTail.add``), and prints the cost per redraw in each window of redraws and
 the kept line's length: flat when the tail keeps the style in force, growing when it keeps the codes'
-history.  Then what freezing the line into the saved HTML costs.
+history.  Then what freezing the line into the saved HTML costs.  With ``--kernel``, also the
+kernel's own CPU time for a ``%%spawn -n 2 --view widget`` cell whose ranks each draw a bar of N
+flushed redraws 0.5 ms apart, through a real ipykernel (bench/launch.py's ``Kernel``), plain and
+coloured.
 
-    .venv/bin/python bench/tail.py [--redraws 20000] [--windows 5]
+    .venv/bin/python bench/tail.py [--redraws 20000] [--windows 5] [--kernel 3000,12000]
 
 To compare with another checkout, run it with that checkout first on PYTHONPATH.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import nbspawn
 from nbspawn.views._bundle import line_html
@@ -55,10 +59,49 @@ def run(frame: object, redraws: int, windows: int) -> tuple[list[tuple[int, floa
     return rows, (time.process_time() - start) * 1e3
 
 
+KERNEL_SETUP = "%load_ext nbspawn\n%config SpawnMagics.live_after = 0\n"
+# a pause between redraws, as a real bar has: the kernel then reads them a few at a time (a burst
+# written at once is read as one chunk, which hides what each redraw costs)
+KERNEL_CELL = """%%spawn -n 2 --view widget
+import sys, time
+{frame}
+for i in range({redraws}):
+    print(frame(i), end="", file=sys.stderr, flush=True)
+    time.sleep(0.0005)
+print(file=sys.stderr)
+"""
+
+
+def kernel_rows(counts: list[int]) -> list[tuple[str, int, float]]:
+    """(bar, redraws per rank, the kernel's CPU seconds for the cell) through a real kernel."""
+    import inspect
+
+    import psutil
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from launch import Kernel
+
+    kernel = Kernel(timeout=600)
+    rows = []
+    try:
+        kernel.run(KERNEL_SETUP)
+        process = psutil.Process(kernel.pid)
+        for count in counts:
+            for name, frame in (("plain", plain), ("coloured", coloured)):
+                source = inspect.getsource(frame).replace(f"def {name}(", "def frame(")
+                before = sum(process.cpu_times()[:2])
+                kernel.run(KERNEL_CELL.format(frame=source, redraws=count))
+                rows.append((name, count, sum(process.cpu_times()[:2]) - before))
+    finally:
+        kernel.close()
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--redraws", type=int, default=20_000)
     parser.add_argument("--windows", type=int, default=5)
+    parser.add_argument("--kernel", default="", help="redraws per rank through a real kernel, comma-separated (e.g. 3000,12000)")
     args = parser.parse_args()
     print(f"nbspawn from {nbspawn.__file__}")
     print(f"{'bar':<9} {'redraws':>8} {'µs/redraw':>10} {'kept chars':>11}")
@@ -67,6 +110,10 @@ def main() -> int:
         for upto, cost, kept in rows:
             print(f"{name:<9} {upto:>8} {cost:>10.1f} {kept:>11}")
         print(f"{name:<9} {'frozen':>8} {freeze_ms:>9.2f}ms")
+    if args.kernel:
+        print(f"\n{'bar':<9} {'redraws':>8} {'kernel CPU s':>13}   (%%spawn -n 2 --view widget, a real kernel)")
+        for name, count, cpu in kernel_rows([int(n) for n in args.kernel.split(",")]):
+            print(f"{name:<9} {count:>8} {cpu:>13.2f}")
     return 0
 
 

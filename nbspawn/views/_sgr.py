@@ -22,7 +22,7 @@ Style = dict[str, Any]
 
 # CSI sequences, OSC strings (a title, an OSC 8 link: ESC ] ... BEL or ESC \, or not ended yet at the
 # end of the text), a charset choice, then any other two-byte escape: nothing of them is shown
-ESCAPE = re.compile(r"\x1b\[[0-9;:?<=>]*[ -/]*[@-~]|\x1b\][^\x07\x1b\r\n]*(?:\x07|\x1b\\|\Z)|\x1b[()*+][ -~]|\x1b[@-Z\\-_]")
+ESCAPE = re.compile(r"\x1b(?:\[[0-9;:?<=>]*[ -/]*[@-~]|\][^\x07\x1b\r\n]*(?:\x07|\x1b\\|\Z)|[()*+][ -~]|[@-Z\\-_])")
 SGR = re.compile(r"\x1b\[([0-9;:]*)m")
 
 _FLAGS = {"bold": 1, "dim": 2, "italic": 3, "underline": 4, "inverse": 7, "strike": 9}

@@ -276,5 +276,6 @@ def _settle_rewrites_line(line: str) -> str:
             break
     else:
         return line
-    colours = sgr_sequence(style_after("\r".join(parts[:k])))
+    before = "\r".join(parts[:k])
+    colours = sgr_sequence(style_after(before)) if "\x1b" in before else ""
     return colours + "\r" + "\r".join(parts[k:])
