@@ -43,13 +43,12 @@ import wcwidth
 from .._run import RankState, Run
 from ..events._widgetbar import widget_text
 from ._protocol import RunView
+from ._sgr import ESCAPE
 from ._status import StatusComm
 
 MAX_PENDING = 1 << 16  # a "line" longer than this is shown in pieces
 REDRAW_EVERY = 0.1  # seconds: a live footer is redrawn at most ten times a second
 WIDGET_MIME = "application/vnd.nbspawn.widget+json"
-# CSI sequences, OSC strings (a window title: ESC ] ... BEL or ESC \), then any other escape
-_CSI = re.compile(r"\x1b\[[0-9;:?<=>]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]?")
 _TAG = re.compile(r"<[^>]*>")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # an escape or a control: where a run of text ends
 _ERASE_LINE, _UP = "\x1b[K", "\x1b[A"
@@ -187,7 +186,7 @@ def clip(line: str, width: int) -> str:
     while pos < len(line):
         ch = line[pos]
         if ch == "\x1b":
-            match = _CSI.match(line, pos)
+            match = ESCAPE.match(line, pos)  # a lone ESC is dropped by itself
             end = match.end() if match else pos + 1
             sequence = line[pos:end]
             if sequence.startswith("\x1b[") and sequence.endswith("m"):
