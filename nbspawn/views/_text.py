@@ -168,9 +168,9 @@ def _regional(ch: str) -> bool:
 
 
 def columns(cluster: str) -> int:
-    """Terminal columns of one grapheme cluster (wcwidth); -1 for one a terminal does not print.
-    An old wcwidth measures code points one by one: a joined emoji then counts too wide (clipped
-    early, never past the edge)."""
+    """Terminal columns of one grapheme cluster (wcwidth's ``width``, or before 0.3 ``wcswidth``,
+    which already measures a ZWJ sequence, a flag, a VS16 emoji whole); -1 for one a terminal does
+    not print."""
     measure = getattr(wcwidth, "width", None)
     return int(measure(cluster)) if measure is not None else int(wcwidth.wcswidth(cluster))
 
