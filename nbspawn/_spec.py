@@ -11,6 +11,7 @@ the backend given the GPUs, OpenMP threads per rank, ``-n auto``); each is asked
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import secrets
@@ -146,11 +147,82 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def usable_cpus() -> int:
+def usable_cpus(cgroup_file: str = "/proc/self/cgroup", cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """The CPUs this process may use: those it may run on (``sched_getaffinity``), no more than its
+    cgroup's CPU quota allows (docker ``--cpus``, hosted notebook runtimes), rounded up, at least 1.
+    A quota of 1.5 CPUs on a 64-core host is 2, not 64: ranks sized for the host's cores would
+    oversubscribe the quota and be throttled.  The paths are arguments for tests."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(cgroup_file, cgroup_root)
+    if quota is not None:
+        cpus = min(cpus, math.ceil(quota))
+    return max(1, cpus)
+
+
+def cgroup_cpu_quota(cgroup_file: str = "/proc/self/cgroup", cgroup_root: str = "/sys/fs/cgroup") -> float | None:
+    """CPUs' worth of time per period this process's cgroups allow (quota / period), the tightest of
+    its cgroup and every cgroup above it, in cgroup v2 (``cpu.max``) and v1 (``cpu.cfs_quota_us`` /
+    ``cpu.cfs_period_us``); None where there is no quota (or no cgroup file to read)."""
+    try:
+        with open(cgroup_file) as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    limits: list[float] = []
+    for line in lines:
+        _hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if not controllers:  # v2: one hierarchy, at the root or, beside v1 (hybrid), at unified/
+            root = (
+                cgroup_root
+                if os.path.exists(os.path.join(cgroup_root, "cgroup.controllers"))
+                else os.path.join(cgroup_root, "unified")
+            )
+            limits += _along(root, path, _v2_limit)
+        elif "cpu" in controllers.split(","):  # v1: the cpu controller's own mount
+            for mount in dict.fromkeys((controllers, "cpu,cpuacct", "cpuacct,cpu", "cpu")):
+                root = os.path.join(cgroup_root, mount)
+                if os.path.isdir(root):
+                    limits += _along(root, path, _v1_limit)
+                    break
+    return min(limits) if limits else None
+
+
+def _along(root: str, path: str, limit_of: Callable[[str], float | None]) -> list[float]:
+    """The limits of the cgroup at ``root/path`` and of each one above it, up to ``root`` itself (in a
+    container, ``path`` may name a cgroup outside its view: ``root`` is then its own cgroup)."""
+    limits = []
+    parts = [p for p in path.split("/") if p and p != ".."]
+    for depth in range(len(parts), -1, -1):
+        limit = limit_of(os.path.join(root, *parts[:depth]))
+        if limit is not None:
+            limits.append(limit)
+    return limits
+
+
+def _v2_limit(directory: str) -> float | None:
+    """``cpu.max``: ``"$QUOTA $PERIOD"``, the quota ``max`` when there is none."""
+    try:
+        with open(os.path.join(directory, "cpu.max")) as fh:
+            quota, _, period = fh.read().strip().partition(" ")
+        return int(quota) / int(period or 100000) if quota != "max" and int(quota) > 0 else None
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _v1_limit(directory: str) -> float | None:
+    """``cpu.cfs_quota_us`` (-1 when there is none) over ``cpu.cfs_period_us``."""
+    try:
+        with open(os.path.join(directory, "cpu.cfs_quota_us")) as fh:
+            quota = int(fh.read().strip())
+        with open(os.path.join(directory, "cpu.cfs_period_us")) as fh:
+            period = int(fh.read().strip())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
 
 
 def cuda_device_count(user_env: Mapping[str, str] | None = None) -> int:

@@ -5,6 +5,9 @@
 #   NBSPAWN_TORCH_SPEC  what to install when the venv has no torch (default: torch==2.13.0, a CPU
 #                       wheel). Torch goes in first, on its own, because letting pip resolve the bare
 #                       `torch>=2.4` of pyproject.toml would pull a multi-GB CUDA build.
+#   NBSPAWN_EXTRAS      the project's extras to install (default: test,lab,frameworks; CI runs them
+#                       all). test,lab leaves out lightning, transformers and accelerate (~280 MB):
+#                       tests/test_frameworks.py then skips, saying so.
 #   PYTHON              interpreter that creates the venv (default: python3)
 #
 # Idempotent: a stamp file newer than pyproject.toml means nothing changed, and pip is not run.
@@ -13,6 +16,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${NBSPAWN_VENV:-$root/.venv}"
 torch_spec="${NBSPAWN_TORCH_SPEC:-torch==2.13.0}"
+extras="${NBSPAWN_EXTRAS:-test,lab,frameworks}"
 stamp="$venv/.nbspawn-setup-stamp"
 py="$venv/bin/python"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
@@ -24,8 +28,9 @@ if [[ ! -x "$py" ]]; then
     "${PYTHON:-python3}" -m venv "$venv"
 fi
 
-# Fast path: the stamp is current and both packages are still there (find_spec imports nothing).
-if [[ -f "$stamp" && "$stamp" -nt "$root/pyproject.toml" ]] &&
+# Fast path: the stamp is current, for these extras, and both packages are still there (find_spec
+# imports nothing).
+if [[ -f "$stamp" && "$stamp" -nt "$root/pyproject.toml" && "$(cat "$stamp")" == "$extras" ]] &&
     "$py" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('torch') and u.find_spec('nbspawn')))"; then
     exit 0
 fi
@@ -41,8 +46,8 @@ constraints="$(mktemp)"
 trap 'rm -f "$constraints"' EXIT
 echo "torch==$torch_version" >"$constraints"
 
-say "installing nbspawn (editable) with [test,lab] next to torch $torch_version"
-"$py" -m pip install --constraint "$constraints" --editable "$root[test,lab]"
+say "installing nbspawn (editable) with [$extras] next to torch $torch_version"
+"$py" -m pip install --constraint "$constraints" --editable "$root[$extras]"
 
-touch "$stamp"
+echo "$extras" >"$stamp"
 say "ready: $venv"

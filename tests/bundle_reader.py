@@ -102,3 +102,75 @@ def rank_outputs(page: str) -> dict[int, RankOutput]:
     reader.feed(page)
     reader.close()
     return reader.ranks
+
+
+# -- what a saved snapshot must never hold (issue 30, item 2) ---------------------------------------
+
+# rank HTML that could act in a trusted notebook reopened later; each piece with a visible word that
+# stays, so a test sees the sanitizer kept the text and dropped the markup
+HOSTILE_HTML = [
+    '<a href="javascript:alert(1)">js-link</a>',
+    '<a href="JaVaScRiPt&#58;alert(1)">js-entity-link</a>',
+    '<a href="data:text/html,<script>alert(1)</script>">data-link</a>',
+    '<meta http-equiv="refresh" content="0;url=https://example.invalid/">refresh',
+    '<base href="https://example.invalid/">base',
+    '<form action="https://example.invalid/"><input name="q"><button>form-button</button></form>',
+    '<link rel="stylesheet" href="https://example.invalid/x.css">link',
+    '<embed src="data:text/html;base64,PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg==">embed',
+    '<span style="color:red;background:url(javascript:alert(1))">style-url</span>',
+    '<span style="width:expression(alert(1))">style-expression</span>',
+    '<span style="background:u\\72l(https://example.invalid/t.png)">style-escape</span>',
+    "<script>alert(1)</script>script",
+    '<img src="x" onerror="alert(1)">img-onerror',
+    '<div onclick="alert(1)" onmouseover="alert(2)">div-onclick</div>',
+    '<iframe src="https://example.invalid/"></iframe>iframe',
+    '<object data="https://example.invalid/x.swf"></object>object',
+    "<svg><script>alert(1)</script></svg>svg",
+    '<span data-s="o" data-rank="7" class="nbspawn-output jp-Dialog">fake-line</span>',
+    "</div></details></div>unbalanced",
+]
+# what stays shown: a DataFrame-like table, inline styles, a data: image, a safe link
+SHOWN_HTML = (
+    '<table border="1" class="dataframe"><thead><tr style="text-align: right;"><th>a</th></tr></thead>'
+    '<tbody><tr><td style="color: rgb(1, 2, 3); font-weight: bold">42</td></tr></tbody></table>'
+    '<pre style="white-space:pre;font-family:Menlo,monospace"><span style="color: #800000">rich</span></pre>'
+    '<img src="data:image/png;base64,iVBORw0KGgo=" width="4"><a href="https://pytorch.org/">docs</a>'
+)
+
+
+class _Markup(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str]]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, {name: value or "" for name, value in attrs}))
+
+
+def markup(page: str) -> list[tuple[str, dict[str, str]]]:
+    """Every start tag in ``page``, with its attributes."""
+    parser = _Markup()
+    parser.feed(page)
+    parser.close()
+    return parser.tags
+
+
+def acting_markup(page: str) -> list[str]:
+    """What in ``page`` could act or reach out: elements that run, navigate, submit, fetch or frame,
+    event handlers, ``javascript:``/``data:`` links, CSS functions that fetch or run."""
+    found = []
+    for tag, attrs in markup(page):
+        if tag in {"script", "meta", "base", "form", "input", "button", "link", "embed", "iframe", "object", "svg", "style"}:
+            found.append(f"<{tag}>")
+        for name, value in attrs.items():
+            lowered = value.lower().replace(" ", "")
+            if name.startswith("on"):
+                found.append(f"{tag} {name}")
+            elif name in ("href", "src", "action") and (
+                lowered.startswith(("javascript:", "vbscript:"))
+                or (lowered.startswith("data:") and not (tag == "img" and lowered.startswith("data:image/")))
+            ):
+                found.append(f"{tag} {name}={value}")
+            elif name == "style" and any(s in lowered for s in ("url(", "expression(", "\\", "javascript:")):
+                found.append(f"{tag} style={value}")
+    return found

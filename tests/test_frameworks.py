@@ -19,7 +19,11 @@ from widget_harness import spawn_widget
 # found, not imported: this test process forks ranks of its own elsewhere (tests/test_terminal.py),
 # and what it imported (tqdm.auto, resolved once) they would inherit
 _MISSING = [m for m in ("lightning", "transformers", "accelerate", "rich") if importlib.util.find_spec(m) is None]
-pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"not installed: {_MISSING}")
+pytestmark = pytest.mark.skipif(
+    bool(_MISSING),
+    reason=f"not installed: {', '.join(_MISSING)} (the `frameworks` extra: pip install -e '.[test,frameworks]', "
+    "or scripts/setup.sh with its default NBSPAWN_EXTRAS)",
+)
 
 WIDGET = "application/vnd.nbspawn.widget+json"
 

@@ -11,7 +11,7 @@ import struct
 import pytest
 
 from nbspawn.events._widgetbar import widget_text
-from nbspawn.views._text import WIDGET_MIME, clip, erase_backspaces, item_text, settle_line
+from nbspawn.views._text import WIDGET_MIME, clip, columns, erase_backspaces, graphemes, item_text, joined_clusters, settle_line
 
 # -- settle_line, erase_backspaces ----------------------------------------------------------------
 
@@ -178,3 +178,50 @@ def test_clip_drops_other_escapes_and_controls():
 
 def test_clip_drops_an_osc_sequence():
     assert clip("\x1b]0;title\x07abc", 10) == "abc"
+
+
+# -- clip: grapheme clusters whole, measured by wcwidth (issue 30, item 5) ---------------------------
+
+FAMILY = "\U0001f468\u200d\U0001f469\u200d\U0001f467"  # man ZWJ woman ZWJ girl: one emoji, 2 columns
+FLAGS = "\U0001f1eb\U0001f1f7\U0001f1e9\U0001f1ea"  # FR DE
+THUMB = "\U0001f44d\U0001f3fd"  # thumbs up, medium skin tone
+HEART = "\u2764\ufe0f"  # heart + VS16: emoji presentation, 2 columns
+
+
+@pytest.mark.parametrize(
+    ("line", "width", "shown"),
+    [
+        ("ab" + FAMILY, 3, "ab"),  # never a lone man, never a trailing joiner
+        ("ab" + FAMILY, 4, "ab" + FAMILY),
+        ("ab" + FAMILY + "!", 5, "ab" + FAMILY + "!"),
+        (FLAGS, 1, ""),
+        (FLAGS, 3, FLAGS[:2]),  # never half a flag
+        (FLAGS, 4, FLAGS),
+        (THUMB + "!", 2, THUMB),  # the skin tone stays with its hand
+        (THUMB + "!", 1, ""),
+        (HEART + "x", 2, HEART),
+        ("\x1b[32m" + FAMILY + "\x1b[0m ok", 2, "\x1b[32m" + FAMILY + "\x1b[0m\x1b[0m"),
+    ],
+)
+def test_clip_never_cuts_a_grapheme_cluster(line, width, shown):
+    assert clip(line, width) == shown
+
+
+@pytest.mark.parametrize(
+    ("text", "clusters"),
+    [
+        ("ab" + FAMILY + "!", ["a", "b", FAMILY, "!"]),
+        (FLAGS + "x", [FLAGS[:2], FLAGS[2:], "x"]),
+        (THUMB + HEART, [THUMB, HEART]),
+        ("e\u0301x", ["e\u0301", "x"]),
+    ],
+)
+def test_clusters_as_wcwidth_and_as_an_old_wcwidth_tell_them(text, clusters):
+    """``graphemes`` (Unicode's rules, wcwidth >= 0.3) and ``joined_clusters`` (what clip falls back
+    on with an older wcwidth, as a runtime may have) agree on what a bar's text holds."""
+    assert list(graphemes(text)) == clusters
+    assert list(joined_clusters(text)) == clusters
+
+
+def test_a_cluster_is_measured_whole():
+    assert [columns(c) for c in (FAMILY, FLAGS[:2], THUMB, HEART, "e\u0301", "日", "a")] == [2, 2, 2, 2, 1, 2, 1]

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from bundle_reader import rank_outputs
+from bundle_reader import HOSTILE_HTML, SHOWN_HTML, acting_markup, rank_outputs
 from kernel_harness import execute, strip_ansi
 from widget_harness import WIDGET_ID, create_subshell, delete_subshell, live_at_once, send_comm_msg, sort_out, spawn_widget
 
@@ -164,6 +164,35 @@ def test_worker_markup_is_escaped(kernel):
         assert rank_output(run.frozen, r).startswith("<script>alert(1)</script>\n")
         assert "<script" not in run.frozen["text/plain"]
         assert "<script>alert(1)</script>" in run.live_text()[r]
+
+
+def test_rank_html_is_saved_inert_and_colours_as_set(kernel):
+    """Issue 30: a rank's HTML that could act is saved inert, what shows stays; the SGR cases a
+    coloured bar prints reach the saved HTML as a terminal shows them, with no raw escape."""
+    body = (
+        "from IPython.display import display\n"
+        f"for value in {[*HOSTILE_HTML, SHOWN_HTML]!r}:\n"
+        "    display({'text/html': value, 'text/plain': 'html'}, raw=True)\n"
+        "print('\\x1b[38;5;208mA\\x1b[39mB \\x1b[1;38;2;10;20;30mC\\x1b[22mD \\x1b[4;9mE\\x1b[0m', flush=True)\n"
+        "print('\\x1b]8;;https://example.org\\x1b\\\\link\\x1b]8;;\\x1b\\\\ \\x1b[38:2::255:0:0mred\\x1b[0m', flush=True)\n"
+        "for i in range(500):\n"
+        "    print(f'\\r\\x1b[32m{i}\\x1b[39m/500', end='', flush=True)\n"
+    )
+    result, run = spawn_widget(kernel, body, options="-n 1")
+    assert result.status == "ok", result.error_text
+    page = run.frozen["text/html"]
+    assert acting_markup(page) == [] and "alert" not in page and "\x1b" not in page
+    saved = rank_outputs(page)[0]
+    assert len(saved.displays) == len(HOSTILE_HTML) + 1
+    assert "<table" in saved.displays[-1]["html"] and 'src="data:image/png' in saved.displays[-1]["html"]
+    assert [text for _, text in saved.lines] == ["AB CD E\n", "link red\n", "499/500"]
+    runs = re.findall(r'<span data-sgr="([^"]*)" style="([^"]*)">([^<]*)</span>', page)
+    assert ("38;5;208", "color:rgb(255,135,0)", "A") in runs and not [r for r in runs if r[2] == "B"]
+    assert ("1;38;2;10;20;30", "color:rgb(10,20,30);font-weight:bold", "C") in runs
+    assert ("38;2;10;20;30", "color:rgb(10,20,30)", "D ") in runs
+    assert ("4;9;38;2;10;20;30", "color:rgb(10,20,30);text-decoration:underline line-through", "E") in runs
+    assert ("38;2;255;0;0", "color:rgb(255,0,0)", "red") in runs
+    assert ("32", "color:#116329", "499") in runs
 
 
 def test_progress_bar_settles_to_its_final_state(kernel):

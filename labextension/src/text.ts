@@ -53,12 +53,72 @@ export function sameStyle(a: ITextStyle, b: ITextStyle): boolean {
   );
 }
 
-/** Apply the parameters of one SGR sequence (`ESC [ params m`) to a style. */
+/** A parameter's value: empty is 0 (as terminals read it), anything else not a number is NaN. */
+function sgrNumber(p: string | undefined): number {
+  return p === undefined ? NaN : p === '' ? 0 : /^[0-9]+$/.test(p) ? Number(p) : NaN;
+}
+
+/** `#rrggbb` from three parameters, or undefined if one is not a number. */
+function sgrRGB(values: string[]): string | undefined {
+  const n = values.map(sgrNumber);
+  if (n.length !== 3 || n.some(v => !Number.isFinite(v))) {
+    return undefined;
+  }
+  return '#' + n.map(v => Math.min(255, v).toString(16).padStart(2, '0')).join('');
+}
+
+/**
+ * The colour of a colon-form `38:5:n`, `38:2::r:g:b` (ITU T.416: a colour-space slot before r, g, b)
+ * or `38:2:r:g:b` (the slot left out, as many programs write it); `sub` is what follows the 38.
+ */
+function colonColour(sub: string[]): number | string | undefined {
+  const kind = sgrNumber(sub[0]);
+  if (kind === 5 && sub.length >= 2) {
+    const n = sgrNumber(sub[1]);
+    return n <= 255 ? n : undefined;
+  }
+  if (kind === 2 && sub.length >= 5) {
+    return sgrRGB(sub.slice(2, 5));
+  }
+  if (kind === 2 && sub.length === 4) {
+    return sgrRGB(sub.slice(1, 4));
+  }
+  return undefined;
+}
+
+/**
+ * Apply the parameters of one SGR sequence (`ESC [ params m`) to a style.  A colon group
+ * (`38:2::r:g:b`, `4:3`) carries its own sub-parameters and never takes the next groups; the
+ * semicolon form `38;2;r;g;b` does.  Twin of `nbspawn.views._sgr.apply_sgr`.
+ */
 export function applySGR(style: ITextStyle, params: string): ITextStyle {
-  const codes = params === '' ? [0] : params.split(/[;:]/).map(p => (p === '' ? 0 : Number(p)));
+  const groups = params === '' ? ['0'] : params.split(';');
   const s: { -readonly [K in keyof ITextStyle]: ITextStyle[K] } = { ...style };
-  for (let i = 0; i < codes.length; i++) {
-    const c = codes[i];
+  for (let i = 0; i < groups.length; i++) {
+    const group = groups[i];
+    let c: number;
+    if (group.includes(':')) {
+      const sub = group.split(':');
+      c = sgrNumber(sub[0]);
+      if (c === 38 || c === 48) {
+        const colour = colonColour(sub.slice(1));
+        if (colour !== undefined) {
+          s[c === 38 ? 'fg' : 'bg'] = colour;
+        }
+        continue;
+      }
+      if (c === 4) {
+        // 4:0 no underline, 4:1..4:5 one of its shapes
+        if (sub.length > 1 && sgrNumber(sub[1]) === 0) {
+          delete s.underline;
+        } else {
+          s.underline = true;
+        }
+        continue;
+      }
+    } else {
+      c = sgrNumber(group);
+    }
     if (!Number.isFinite(c)) {
       continue;
     }
@@ -103,15 +163,18 @@ export function applySGR(style: ITextStyle, params: string): ITextStyle {
       s.bg = c - 100 + 8;
     } else if (c === 38 || c === 48) {
       const key = c === 38 ? 'fg' : 'bg';
-      if (codes[i + 1] === 5 && i + 2 < codes.length) {
-        const n = codes[i + 2];
-        if (n >= 0 && n <= 255) {
+      const kind = sgrNumber(groups[i + 1]);
+      if (kind === 5 && i + 2 < groups.length) {
+        const n = sgrNumber(groups[i + 2]);
+        if (n <= 255) {
           s[key] = n;
         }
         i += 2;
-      } else if (codes[i + 1] === 2 && i + 4 < codes.length) {
-        const [r, g, b] = codes.slice(i + 2, i + 5).map(v => Math.max(0, Math.min(255, v | 0)));
-        s[key] = '#' + [r, g, b].map(v => v.toString(16).padStart(2, '0')).join('');
+      } else if (kind === 2 && i + 4 < groups.length) {
+        const rgb = sgrRGB(groups.slice(i + 2, i + 5));
+        if (rgb !== undefined) {
+          s[key] = rgb;
+        }
         i += 4;
       } else {
         break; // malformed: ignore the rest, as terminals do

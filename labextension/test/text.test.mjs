@@ -40,6 +40,20 @@ test('SGR: 16, 256 and true colours, attributes, resets', () => {
   assert.deepEqual(applySGR({ fg: 3, bold: true }, '22'), { fg: 3 });
   assert.deepEqual(applySGR({ fg: 3 }, ''), {});
   assert.deepEqual(applySGR({}, '94;101'), { fg: 12, bg: 9 });
+  // colon forms: T.416's colour-space slot before r, g, b (issue 30), the slot left out, 256 colours
+  assert.deepEqual(applySGR({}, '38:2::10:20:30'), { fg: '#0a141e' });
+  assert.deepEqual(applySGR({}, '38:2:7:10:20:30'), { fg: '#0a141e' });
+  assert.deepEqual(applySGR({}, '38:2:10:20:30'), { fg: '#0a141e' });
+  assert.deepEqual(applySGR({}, '48:5:208'), { bg: 208 });
+  assert.deepEqual(applySGR({}, '38:2::10:20:30;1'), { fg: '#0a141e', bold: true });
+  assert.deepEqual(applySGR({ underline: true }, '4:0'), {});
+  assert.deepEqual(applySGR({}, '4:3'), { underline: true });
+  // what the saved snapshot's data-sgr holds (nbspawn.views._sgr.sgr_params) reads back whole
+  assert.deepEqual(applySGR({}, '1;4;9;38;2;10;20;30;48;5;250'), {
+    bold: true, underline: true, strike: true, fg: '#0a141e', bg: 250
+  });
+  assert.deepEqual(applySGR({ fg: '#0a141e', bold: true }, '22'), { fg: '#0a141e' });
+  assert.deepEqual(applySGR({ fg: 208 }, '39'), {});
   const t = new TerminalText();
   t.write('stdout', 'a\x1b[1mb\x1b[0mc\n');
   assert.deepEqual(t.lines[0].segments.map(s => [s.text, s.style]), [['a', {}], ['b', { bold: true }], ['c', {}]]);

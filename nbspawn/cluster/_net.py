@@ -4,18 +4,20 @@ Never from the hostname: on Debian and Ubuntu a machine's own hostname resolves 
 MASTER_ADDR or a gloo device bound to it works on one machine and breaks across two
 (``connectFullMesh failed``).  Instead the kernel's routing table is asked which source address it
 would use to reach a peer (a UDP ``connect`` sends nothing), and that address's interface is found
-with ``SIOCGIFADDR``.  Everything here runs on the node, inside its engine.
+among every address of every interface (``psutil.net_if_addrs``: secondary IPv4 addresses and IPv6
+ones too, which the ``SIOCGIFADDR`` ioctl, one primary IPv4 address an interface, never saw).
+Everything here runs on the node, inside its engine.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import ipaddress
 import os
 import socket
-import struct
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-_SIOCGIFADDR = 0x8915
 # not a real peer: asking the route toward it gives the address of the default route's interface
 _FAR_AWAY = "10.254.254.254"
 
@@ -26,9 +28,10 @@ def node_name() -> str:
 
 
 def source_address(peer: str) -> str | None:
-    """This machine's address on the route toward ``peer``; None if there is no route."""
+    """This machine's address on the route toward ``peer`` (IPv4 or IPv6); None if there is no route."""
+    family = socket.AF_INET6 if ":" in peer else socket.AF_INET
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
             sock.connect((peer, 9))
             return str(sock.getsockname()[0])
     except OSError:
@@ -51,15 +54,30 @@ def routable_address(controller_host: str | None) -> str | None:
 
 def interface_of(address: str) -> str | None:
     """The network interface that carries ``address`` (for GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for _index, name in socket.if_nameindex():
-            try:
-                reply = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
-            except OSError:  # no IPv4 address
-                continue
-            if socket.inet_ntoa(reply[20:24]) == address:
-                return name
+    import psutil
+
+    return interface_with(address, psutil.net_if_addrs())
+
+
+def interface_with(address: str, interfaces: Mapping[str, Iterable[Any]]) -> str | None:
+    """The interface of ``interfaces`` (name -> its addresses, as ``psutil.net_if_addrs`` gives
+    them: each with an ``address``) that has ``address``, IPv4 or IPv6, primary or not; an IPv6
+    address's zone (``fe80::1%eth0``) is not part of it.  None: no interface has it."""
+    wanted = _ip(address)
+    if wanted is None:
+        return None
+    for name, addresses in interfaces.items():
+        if any(_ip(str(getattr(entry, "address", ""))) == wanted for entry in addresses):
+            return name
     return None
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """An IP address without its IPv6 zone; None for a MAC address or anything else."""
+    try:
+        return ipaddress.ip_address(text.split("%", 1)[0])
+    except ValueError:
+        return None
 
 
 def url_host(url: str) -> str | None:

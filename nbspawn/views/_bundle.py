@@ -6,7 +6,8 @@ shows the run on GitHub, nbviewer, nbconvert and VS Code, not "model not found"
 
 * ``application/vnd.nbspawn.run+json``: the run's facts (ranks, statuses, tracebacks, log paths);
 * ``text/html``: a collapsible section per rank with its output tail, stored **once**, here: every
-  byte of worker text escaped, colours as inline styles, displays as their static form, no script;
+  byte of worker text escaped, colours as inline styles, displays as their static form, a rank's own
+  HTML made inert (``_safehtml``: nothing in a saved notebook can act when it is reopened);
   the JupyterLab renderer reads the tails back from it;
 * ``text/plain``: a short summary.
 
@@ -19,15 +20,17 @@ from __future__ import annotations
 import base64
 import html
 import json
-from html.parser import HTMLParser
-from typing import Any, ClassVar
+import re
+from typing import Any
 
 from .._rankdir import DISPLAY_FILE, STDERR, STDOUT
 from .._run import RankState, Run
 from ..errors import RankExitedError, RankRaisedError, rank_spans
 from ..events._display import WIDGET_MIME
 from ._messages import RankRecord, RunRecord
-from ._tail import ANSI, TAIL_LINES, Display, Entry, Line, OutputTail
+from ._safehtml import safe_html
+from ._sgr import ESCAPE, SGR, Style, apply_sgr, sgr_params, sgr_sequence, style_after, style_css
+from ._tail import TAIL_LINES, Display, Entry, Line, OutputTail
 from ._text import erase_backspaces
 
 MIME = "application/vnd.nbspawn.run+json"
@@ -107,7 +110,7 @@ def run_record(run: Run, elided: dict[int, int] | None = None) -> RunRecord:
         "status": run.status,
         "world": run.world,
         "world_cell": run.world_cell,
-        "error": None if error is None else {"rank": root.rank if root else None, "summary": ANSI.sub("", summary or "")},
+        "error": None if error is None else {"rank": root.rank if root else None, "summary": ESCAPE.sub("", summary or "")},
         "output_in": "text/html",
         "ranks": [rank_record(state, elided.get(state.rank, 0)) for state in ranks],
     }
@@ -115,91 +118,28 @@ def run_record(run: Run, elided: dict[int, int] | None = None) -> RunRecord:
 
 # -- text/html ----------------------------------------------------------------------------------------
 
-_BASIC = [
-    "#24292f", "#cf222e", "#116329", "#4d2d00", "#0969da", "#8250df", "#1b7c83", "#6e7781",
-    "#57606a", "#a40e26", "#1a7f37", "#633c01", "#218bff", "#a475f9", "#3192aa", "#8c959f",
-]  # fmt: skip
 _STATUS_COLOURS = {"done": "#1a7f37", "failed": "#cf222e", "stopped": "#9a6700", "running": "#0969da"}
 _STREAM_CODE = {"stdout": "o", "stderr": "e"}
-
-
-def _colour(params: list[int], i: int) -> tuple[str | None, int]:
-    """A 38/48 extended colour starting at params[i] (the 5 or 2); returns (css, params used)."""
-    if i < len(params) and params[i] == 5 and i + 1 < len(params):
-        n = params[i + 1]
-        if n < 16:
-            return _BASIC[n], 2
-        if n < 232:
-            n -= 16
-            steps = [0, 95, 135, 175, 215, 255]
-            return f"rgb({steps[n // 36]},{steps[n // 6 % 6]},{steps[n % 6]})", 2
-        v = 8 + (n - 232) * 10
-        return f"rgb({v},{v},{v})", 2
-    if i < len(params) and params[i] == 2 and i + 3 < len(params):
-        r, g, b = (max(0, min(255, v)) for v in params[i + 1 : i + 4])
-        return f"rgb({r},{g},{b})", 4
-    return None, len(params)
-
-
-def _style(codes: list[int]) -> str:
-    css: dict[str, str] = {}
-    i = 0
-    while i < len(codes):
-        c = codes[i]
-        if c == 1:
-            css["font-weight"] = "bold"
-        elif c == 2:
-            css["opacity"] = "0.7"
-        elif c == 3:
-            css["font-style"] = "italic"
-        elif c == 4:
-            css["text-decoration"] = "underline"
-        elif c == 9:
-            css["text-decoration"] = "line-through"
-        elif 30 <= c <= 37 or 90 <= c <= 97:
-            css["color"] = _BASIC[c - 30 if c < 90 else c - 82]
-        elif 40 <= c <= 47 or 100 <= c <= 107:
-            css["background"] = _BASIC[c - 40 if c < 100 else c - 92]
-        elif c in (38, 48):
-            value, used = _colour(codes, i + 1)
-            if value:
-                css["color" if c == 38 else "background"] = value
-            i += used
-        i += 1
-    return ";".join(f"{k}:{v}" for k, v in css.items())
-
-
-def _sgr_state(state: list[int], params: str) -> list[int]:
-    """The SGR parameters in force after ``ESC[params m``: 0 resets, the rest accumulate."""
-    codes = [int(p) if p.isdigit() else 0 for p in params.replace(":", ";").split(";")] if params else [0]
-    out = list(state)
-    for c in codes:
-        if c == 0:
-            out = []
-        elif c in (22, 23, 24, 27, 29, 39, 49):
-            undo = {22: (1, 2), 23: (3,), 24: (4,), 27: (7,), 29: (9,), 39: tuple(range(30, 38)) + tuple(range(90, 98)),
-                    49: tuple(range(40, 48)) + tuple(range(100, 108))}[c]  # fmt: skip
-            out = [x for x in out if x not in undo]
-        else:
-            out.append(c)
-    return out
+# what a terminal does not print (a bell, a lone escape); \t, \n and \r are the text's own
+_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def line_html(line: Line) -> str:
-    """One line as ``<span data-s>``, colour runs as ``<span data-sgr>`` with inline styles."""
+    """One line as ``<span data-s>``, colour runs as ``<span data-sgr>`` with inline styles: the style
+    in force (``_sgr``), its parameters written once, which ``labextension/src/mime.ts`` reads back."""
     text = _settled_with_colours(line.text)
     parts: list[str] = []
-    state: list[int] = []
+    style: Style = {}
     last = 0
-    for match in ANSI.finditer(text):
+    for match in ESCAPE.finditer(text):
         if match.start() > last:
-            parts.append(_run_html(text[last : match.start()], state))
-        seq = match.group(0)
-        if seq.endswith("m"):
-            state = _sgr_state(state, seq[2:-1])
+            parts.append(_run_html(text[last : match.start()], style))
+        sgr = SGR.fullmatch(match.group(0))
+        if sgr:
+            style = apply_sgr(style, sgr.group(1))
         last = match.end()
     if last < len(text):
-        parts.append(_run_html(text[last:], state))
+        parts.append(_run_html(text[last:], style))
     # a character reference, not a newline: nbformat saves a string with newlines as one JSON string
     # per line, which would add ~10 bytes a line to the saved notebook
     end = NEWLINE if line.complete else ""
@@ -207,87 +147,23 @@ def line_html(line: Line) -> str:
 
 
 def _settled_with_colours(text: str) -> str:
-    """A line's final state with its colour codes: the part after the last rewrite, \\b applied."""
+    """A line's final state with the colours in force: the part after the last rewrite, \\b applied."""
     if "\r" in text:
-        colours = "".join(m.group(0) for m in ANSI.finditer(text.rsplit("\r", 1)[0]) if m.group(0).endswith("m"))
-        segments = [s for s in text.split("\r") if ANSI.sub("", s)]
-        text = colours + (segments[-1] if segments else "")
+        parts = text.split("\r")
+        shown = [k for k, part in enumerate(parts) if ESCAPE.sub("", part)]
+        if not shown:
+            return ""
+        k = shown[-1]
+        text = sgr_sequence(style_after("\r".join(parts[:k]))) + parts[k]
     return erase_backspaces(text)
 
 
-def _run_html(text: str, state: list[int]) -> str:
-    body = html.escape(text, quote=False)
-    if not state:
+def _run_html(text: str, style: Style) -> str:
+    body = html.escape(_CONTROLS.sub("", text), quote=False)
+    params = sgr_params(style)
+    if not params:
         return body
-    params = ";".join(map(str, state))
-    return f'<span data-sgr="{params}" style="{_style(state)}">{body}</span>'
-
-
-class _Balancer(HTMLParser):
-    """Rank HTML made safe to nest: tags balanced, scripts dropped, so it cannot swallow our layout."""
-
-    VOID: ClassVar[frozenset[str]] = frozenset(
-        {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
-    )
-
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=False)
-        self.out: list[str] = []
-        self.stack: list[str] = []
-        self.skipping = 0
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag in ("script", "iframe", "object"):
-            self.skipping += tag not in self.VOID
-            return
-        if self.skipping:
-            return
-        attributes = "".join(
-            f' {name}="{html.escape(value or "", quote=True)}"' for name, value in attrs if not name.startswith("on")
-        )
-        self.out.append(f"<{tag}{attributes}>")
-        if tag not in self.VOID:
-            self.stack.append(tag)
-
-    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.handle_starttag(tag, attrs)
-        if tag not in self.VOID and self.stack and self.stack[-1] == tag:
-            self.stack.pop()
-            self.out.append(f"</{tag}>")
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in ("script", "iframe", "object"):
-            self.skipping = max(0, self.skipping - 1)
-            return
-        if self.skipping or tag not in self.stack:
-            return
-        while self.stack:
-            open_tag = self.stack.pop()
-            self.out.append(f"</{open_tag}>")
-            if open_tag == tag:
-                break
-
-    def handle_data(self, data: str) -> None:
-        if not self.skipping:
-            self.out.append(html.escape(data, quote=False))
-
-    def handle_entityref(self, name: str) -> None:
-        if not self.skipping:
-            self.out.append(f"&{name};")
-
-    def handle_charref(self, name: str) -> None:
-        if not self.skipping:
-            self.out.append(f"&#{name};")
-
-    def result(self) -> str:
-        self.close()
-        return "".join(self.out) + "".join(f"</{tag}>" for tag in reversed(self.stack))
-
-
-def balanced_html(text: str) -> str:
-    parser = _Balancer()
-    parser.feed(text)
-    return parser.result()
+    return f'<span data-sgr="{params}" style="{style_css(style)}">{body}</span>'
 
 
 def _widget_html(tree: dict[str, Any]) -> str:
@@ -320,7 +196,7 @@ def display_html(item: dict[str, Any]) -> str:
         encoded = base64.b64encode(str(value).encode("utf-8")).decode("ascii")
         return f'<div{attr}><img src="data:image/svg+xml;base64,{encoded}"{size} style="max-width:100%;height:auto"></div>'
     if mime == "text/html":
-        return f"<div{attr}>{balanced_html(str(value))}</div>"
+        return f"<div{attr}>{safe_html(str(value))}</div>"
     text = html.escape(str(value), quote=False).replace("\n", NEWLINE)
     return f'<div{attr}><pre style="margin:0;white-space:pre-wrap">{text}</pre></div>'
 

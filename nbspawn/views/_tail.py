@@ -22,16 +22,15 @@ At most ``limit`` entries are kept; the older ones are counted as elided (the lo
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
 from ..events._display import WIDGET_MIME
+from ._sgr import ESCAPE, sgr_sequence, style_after
 from ._text import settle_line
 
 TAIL_LINES = 2000  # entries per rank, in the kernel and in the browser
-ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-_SGR = re.compile(r"\x1b\[[0-9;:]*m")
+ANSI = ESCAPE  # every escape sequence: none of them is shown
 
 
 class Line:
@@ -277,5 +276,6 @@ def _settle_rewrites_line(line: str) -> str:
             break
     else:
         return line
-    colours = "".join(_SGR.findall("\r".join(parts[:k])))
+    before = "\r".join(parts[:k])
+    colours = sgr_sequence(style_after(before)) if "\x1b" in before else ""
     return colours + "\r" + "\r".join(parts[k:])

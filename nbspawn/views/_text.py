@@ -35,20 +35,22 @@ import shutil
 import struct
 import sys
 import time
-import unicodedata
+from collections.abc import Iterator
 from typing import Any, TextIO
+
+import wcwidth
 
 from .._run import RankState, Run
 from ..events._widgetbar import widget_text
 from ._protocol import RunView
+from ._sgr import ESCAPE
 from ._status import StatusComm
 
 MAX_PENDING = 1 << 16  # a "line" longer than this is shown in pieces
 REDRAW_EVERY = 0.1  # seconds: a live footer is redrawn at most ten times a second
 WIDGET_MIME = "application/vnd.nbspawn.widget+json"
-# CSI sequences, OSC strings (a window title: ESC ] ... BEL or ESC \), then any other escape
-_CSI = re.compile(r"\x1b\[[0-9;:?<=>]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]?")
 _TAG = re.compile(r"<[^>]*>")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # an escape or a control: where a run of text ends
 _ERASE_LINE, _UP = "\x1b[K", "\x1b[A"
 
 
@@ -136,14 +138,46 @@ def _finished_bar(item: dict[str, Any]) -> bool | None:
 # -- the terminal -----------------------------------------------------------------------------------
 
 
-def _char_width(ch: str) -> int:
-    if unicodedata.combining(ch):
-        return 0
-    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+def graphemes(text: str) -> Iterator[str]:
+    """``text``'s grapheme clusters: what a terminal draws as one character (``e`` + a combining
+    accent, a flag, a ZWJ emoji family), segmented by Unicode's rules (wcwidth >= 0.3), else, with
+    the older wcwidth a runtime may already have, by :func:`joined_clusters`."""
+    segment = getattr(wcwidth, "iter_graphemes", None)
+    return iter(segment(text)) if segment is not None else joined_clusters(text)
+
+
+def joined_clusters(text: str) -> Iterator[str]:
+    """Clusters as far as an old wcwidth can tell them: a zero-width character (an accent, a
+    joiner, a variation selector, a skin tone) or one after a zero-width joiner stays with the
+    character before it, and two regional indicators make one flag."""
+    cluster = ""
+    for ch in text:
+        flag = len(cluster) == 1 and _regional(cluster) and _regional(ch)
+        if cluster and (flag or cluster[-1] == "\u200d" or wcwidth.wcwidth(ch) == 0 or "\U0001f3fb" <= ch <= "\U0001f3ff"):
+            cluster += ch
+        else:
+            if cluster:
+                yield cluster
+            cluster = ch
+    if cluster:
+        yield cluster
+
+
+def _regional(ch: str) -> bool:
+    return "\U0001f1e6" <= ch <= "\U0001f1ff"
+
+
+def columns(cluster: str) -> int:
+    """Terminal columns of one grapheme cluster (wcwidth's ``width``, or before 0.3 ``wcswidth``,
+    which already measures a ZWJ sequence, a flag, a VS16 emoji whole); -1 for one a terminal does
+    not print."""
+    measure = getattr(wcwidth, "width", None)
+    return int(measure(cluster)) if measure is not None else int(wcwidth.wcswidth(cluster))
 
 
 def clip(line: str, width: int) -> str:
-    """``line`` cut to ``width`` terminal columns; colours (SGR) kept, other escapes and controls dropped."""
+    """``line`` cut to ``width`` terminal columns, never inside a grapheme cluster (a joined emoji, a
+    letter and its accents); colours (SGR) kept, other escapes and controls dropped."""
     out: list[str] = []
     used = 0
     coloured = False
@@ -152,7 +186,7 @@ def clip(line: str, width: int) -> str:
     while pos < len(line):
         ch = line[pos]
         if ch == "\x1b":
-            match = _CSI.match(line, pos)
+            match = ESCAPE.match(line, pos)  # a lone ESC is dropped by itself
             end = match.end() if match else pos + 1
             sequence = line[pos:end]
             if sequence.startswith("\x1b[") and sequence.endswith("m"):
@@ -160,14 +194,20 @@ def clip(line: str, width: int) -> str:
                 coloured = True
             pos = end
             continue
-        pos += 1
         if ch < " " or ch == "\x7f":
+            pos += 1
             continue
-        w = _char_width(ch)
-        if used + w > width:
-            break
-        out.append(ch)
-        used += w
+        control = _CONTROL.search(line, pos)
+        end = control.start() if control else len(line)
+        for cluster in graphemes(line[pos:end]):
+            w = columns(cluster)
+            if w < 0:  # not printable (a C1 control)
+                continue
+            if used + w > width:
+                return "".join(out) + ("\x1b[0m" if coloured else "")
+            out.append(cluster)
+            used += w
+        pos = end
     if coloured:
         out.append("\x1b[0m")
     return "".join(out)
