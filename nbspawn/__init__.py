@@ -55,7 +55,9 @@ __all__ = [
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
     from ._magic import SpawnMagics, report_background_failures
+    from ._source import record_cell_files
 
+    record_cell_files(ipython)  # IPython 7: Cell In[N] in tracebacks needs it
     ipython.register_magics(SpawnMagics(shell=ipython))
     ipython.events.register("pre_run_cell", report_background_failures)
     _tell_hosted_runtime()

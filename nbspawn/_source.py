@@ -192,31 +192,43 @@ def program_stack(dump: str) -> str:
     return "\n".join("  " + f for f in frames)
 
 
-_HISTORY_NAMES: dict[int, dict[str, int]] = {}  # id(shell) -> the cell files named so far (IPython 7)
-
-
 def cell_files(shell: Any) -> dict[str, int]:
-    """IPython's map from each cell's compiled file name to its execution number (``Cell In[N]``).
-
-    IPython 8 and later keep it (``shell.compile._filename_map``).  IPython 7 (Colab's and Kaggle's
-    7.34) names a cell's file the same way (``compile.get_code_name(raw, transformed, number)``, a hash
-    of the source under ipykernel) but keeps no map, so it is rebuilt here from the history, one new
-    cell at a time: the name ``run_cell`` cached each stored cell under.
-    """
+    """IPython's map from each cell's compiled file name to its execution number (``Cell In[N]``):
+    IPython 8 and later keep it (``shell.compile._filename_map``), and on IPython 7 ``record_cell_files``
+    keeps it from ``%load_ext nbspawn`` on."""
     compiler = getattr(shell, "compile", None)
     kept = getattr(compiler, "_filename_map", None)
-    if isinstance(kept, dict):
-        return dict(kept)
+    if not isinstance(kept, dict):
+        kept = getattr(compiler, "_nbspawn_cell_files", None)
+    return dict(kept) if isinstance(kept, dict) else {}
+
+
+def record_cell_files(shell: Any) -> None:
+    """IPython 7 (Colab's and Kaggle's 7.34) names each cell's file as IPython 8 does (a hash of its
+    source, under ipykernel) but keeps no map from name to number: from now on, remember the name
+    ``compile.cache`` gives each cell.  The cells run before come from the history, as well as it can
+    say: it keeps a cell's source without its trailing newlines, which are part of the name, so each is
+    named without and with one."""
+    compiler = getattr(shell, "compile", None)
+    cache = getattr(compiler, "cache", None)
+    if compiler is None or cache is None or hasattr(compiler, "_filename_map") or hasattr(compiler, "_nbspawn_cell_files"):
+        return
+    files: dict[str, int] = {}
     history = getattr(shell, "history_manager", None)
     name_of = getattr(compiler, "get_code_name", None)
-    if history is None or name_of is None:
-        return {}
-    raw, parsed = history.input_hist_raw, history.input_hist_parsed
-    names = _HISTORY_NAMES.setdefault(id(shell), {})
-    done = max(names.values(), default=0)
-    for number in range(done + 1, min(len(raw), len(parsed))):
-        try:
-            names[name_of(raw[number], parsed[number], number)] = number
-        except Exception:  # a compiler of another make: its cells stay unnamed
-            return names
-    return dict(names)
+    if history is not None and name_of is not None:
+        raw, parsed = history.input_hist_raw, history.input_hist_parsed
+        for number in range(1, min(len(raw), len(parsed))):
+            try:
+                for ending in ("", "\n"):
+                    files[name_of(raw[number] + ending, parsed[number] + ending, number)] = number
+            except Exception:  # a compiler of another make: the earlier cells stay unnamed
+                break
+
+    def cache_and_remember(transformed_code: str, number: int = 0, raw_code: str | None = None) -> str:
+        name = cache(transformed_code, number, raw_code)
+        files[name] = number
+        return str(name)
+
+    compiler.cache = cache_and_remember
+    compiler._nbspawn_cell_files = files

@@ -24,6 +24,12 @@ from ipykernel.kernelspec import write_kernel_spec
 from jupyter_client import BlockingKernelClient, KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
+# Python 3.13's breakpoint() and pdb.set_trace() stop on their own line, older Pythons' on the next one
+# (what a user of each sees in a notebook too): a debugger test answers TO_NEXT_LINE first to stand where
+# the older ones stop, and names the line it stops on with STOP_LINE_SHIFT.
+BREAKPOINT_STOPS_ON_ITS_LINE = sys.version_info >= (3, 13)
+TO_NEXT_LINE = ["n"] if BREAKPOINT_STOPS_ON_ITS_LINE else []
+STOP_LINE_SHIFT = -1 if BREAKPOINT_STOPS_ON_ITS_LINE else 0
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 KERNEL_NAME = "python3"
 # `import nbspawn` too, so cells can call nbspawn.last_run() as they would after the README's setup.

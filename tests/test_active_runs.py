@@ -142,9 +142,10 @@ def _wait_idle(client, msg_id: str, timeout: float = 60) -> None:
 
 @pytest.mark.timeout(180)
 def test_a_kernel_says_which_cell_runs_what_while_busy_and_after(fresh_kernel, tmp_path):
-    from widget_harness import create_subshell, delete_subshell, live_at_once
+    from widget_harness import create_subshell, delete_subshell, live_at_once, skip_without_subshells
 
     client = fresh_kernel.client
+    skip_without_subshells(client)
     live_at_once(fresh_kernel)
     flag = tmp_path / "end.flag"
     first = _execute_in_cell(client, LONG.format(flag=str(flag)), "cell-long")

@@ -8,7 +8,7 @@ import re
 import time
 
 import pytest
-from kernel_harness import Kernel, ok, rank_lines, run, strip_ansi
+from kernel_harness import STOP_LINE_SHIFT, TO_NEXT_LINE, Kernel, ok, rank_lines, run, strip_ansi
 from test_debugger import converse
 
 from nbspawn.views._widget import widget_available
@@ -127,20 +127,25 @@ def background(kernel: Kernel, code: str) -> str:
 def test_attach_to_a_background_runs_breakpoint(fresh_kernel, method, view):
     run_id = background(fresh_kernel, BACKGROUND.replace("--bg", f"--bg --start-method {method} --view {view}"))
     status = waiting(fresh_kernel)
-    assert f"rank 1 of {run_id} is at a breakpoint (Pdb, cell line 7): run `%spawn debug {run_id}` to attach" in status, status
+    line = 7 + STOP_LINE_SHIFT
+    assert f"rank 1 of {run_id} is at a breakpoint (Pdb, cell line {line}): run `%spawn debug {run_id}` to attach" in status, (
+        status
+    )
     note = ok(fresh_kernel, "print(bg.ranks[1].note)").stdout
-    assert note.startswith("at a breakpoint (Pdb, cell line 7); run %spawn debug"), note  # the chip's note
+    assert note.startswith(f"at a breakpoint (Pdb, cell line {line}); run %spawn debug"), note  # the chip's note
     record = ok(fresh_kernel, "from nbspawn.views._bundle import rank_record\nprint(rank_record(bg.ranks[1])['prompt'])")
     assert record.stdout.strip().splitlines()[-1] == "pdb"  # the widget's rank record: the chip is drawn at a prompt
-    talk = converse(fresh_kernel, f"%spawn debug {run_id}", ["p x", "n", "p x", "c"])
+    answers = [*TO_NEXT_LINE, "p x", "n", "p x", "c"]
+    talk = converse(fresh_kernel, f"%spawn debug {run_id}", answers)
     assert talk.result.status == "ok", talk.text
-    assert talk.prompts == ["(Pdb rank 1) "] * 4
+    assert talk.prompts == ["(Pdb rank 1) "] * len(answers)
     # a text view's lines come to this cell; a widget's pane is in the earlier cell, so they are shown here too
     out = rank_lines(talk.result.stdout, 1) if view == "text" else talk.result.stdout.splitlines()
     assert "-> x += 1" in talk.result.stdout  # where it stopped, shown when the cell attached
     assert "10" in out and "11" in out, talk.result.stdout  # p x, before and after n, shown in this cell
     assert re.search(
-        f"run {run_id}: rank 1 went on; the run (goes on in the background|ended \\(succeeded\\))", talk.result.stdout
+        f"run {run_id}: rank 1 went on(; the run goes on in the background|; the run ended \\(succeeded\\)| and ended \\(done\\))",
+        talk.result.stdout,
     )
     done = ok(fresh_kernel, "bg.wait(60); print('END', bg.status, bg.ranks[1].note, bg.ranks[1].prompt)").stdout
     assert "END succeeded None None" in done
@@ -191,7 +196,7 @@ def test_attach_to_a_background_programs_breakpoint(fresh_kernel, tmp_path):
     script = tmp_path / "train.py"
     script.write_text("import os\nstep = 3\nif os.environ['RANK'] == '1':\n    breakpoint()\nprint('loss', step * 2)\n")
     run_id = background(fresh_kernel, f"%spawn --bg -n 2 -- {script}")
-    assert f"rank 1 of {run_id} is at a breakpoint (Pdb, train.py line 5)" in waiting(fresh_kernel)
+    assert f"rank 1 of {run_id} is at a breakpoint (Pdb, train.py line {5 + STOP_LINE_SHIFT})" in waiting(fresh_kernel)
     talk = converse(fresh_kernel, "%spawn debug", ["p step", "c"])
     assert talk.prompts == ["(Pdb rank 1) "] * 2, talk.text
     assert ok(fresh_kernel, "bg.wait(60); print('END', bg.status)").stdout.strip().endswith("END succeeded")

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
-from kernel_harness import ExecResult, Kernel, ok, rank_lines, run, strip_ansi
+from kernel_harness import TO_NEXT_LINE, ExecResult, Kernel, ok, rank_lines, run, strip_ansi
 
 METHODS = ["fork", "spawn", "forkserver"]
 
@@ -107,9 +107,10 @@ if rank == 1:
     z = y * 2
 print("done", rank, x)
 """
-    talk = converse(kernel, code, ["l", "p x", "n", "n", "p y", "w", "c"])
+    answers = [*TO_NEXT_LINE, "l", "p x", "n", "n", "p y", "w", "c"]
+    talk = converse(kernel, code, answers)
     assert talk.result.status == "ok", talk.text
-    assert talk.prompts == ["(Pdb rank 1) "] * 7, talk.prompts
+    assert talk.prompts == ["(Pdb rank 1) "] * len(answers), talk.prompts
     lines = rank_lines(talk.result.stdout, 1)
     text = "\n".join(lines)
     assert "-> y = x + 1" in text  # stopped at the line after breakpoint()
@@ -148,7 +149,7 @@ pdb.set_trace()
 r = f(3)
 print("r =", r)
 """
-    talk = converse(kernel, code, ["s", "s", "n", "p b", "c"])
+    talk = converse(kernel, code, [*TO_NEXT_LINE, "s", "s", "n", "p b", "c"])
     assert talk.result.status == "ok", talk.text
     text = "\n".join(rank_lines(talk.result.stdout, 0))
     assert "--Call--" in text and "f()" in text
@@ -289,7 +290,7 @@ if rank == 1:
     v += 1
 print("v", v)
 """
-    talk = converse(fresh_kernel, code, ["l", "p v", "n", "p v", "c"])
+    talk = converse(fresh_kernel, code, [*TO_NEXT_LINE, "l", "p v", "n", "p v", "c"])
     assert talk.result.status == "ok", talk.text
     lines = rank_lines(talk.result.stdout, 1)
     assert "101" in lines and "102" in lines and "v 102" in lines
@@ -314,7 +315,7 @@ breakpoint()
 b = a * 3
 b + 1
 """
-    talk = converse(kernel, code, ["n", "p b", "n"])
+    talk = converse(kernel, code, [*TO_NEXT_LINE, "n", "p b", "n"])
     assert talk.result.status == "ok", talk.text
     text = "\n".join(rank_lines(talk.result.stdout, 0))
     assert "-> b + 1" in text  # `n` went on into the trailing expression
@@ -328,9 +329,10 @@ def test_breakpoint_in_a_program(kernel, tmp_path):
     script.write_text(
         "import os\nstep = 3\nif os.environ['RANK'] == '1':\n    breakpoint()\nloss = step * 2\nprint('loss', loss, os.environ['RANK'])\n"
     )
-    talk = converse(kernel, f"%spawn -n 2 -- {script}", ["p step", "n", "p loss", "c"])
+    answers = [*TO_NEXT_LINE, "p step", "n", "p loss", "c"]
+    talk = converse(kernel, f"%spawn -n 2 -- {script}", answers)
     assert talk.result.status == "ok", talk.text
-    assert talk.prompts == ["(Pdb rank 1) "] * 4
+    assert talk.prompts == ["(Pdb rank 1) "] * len(answers)
     text = "\n".join(rank_lines(talk.result.stdout, 0) + rank_lines(talk.result.stdout, 1))
     assert "train.py(5)<module>()" in text and "-> loss = step * 2" in text
     assert "6" in rank_lines(talk.result.stdout, 1)

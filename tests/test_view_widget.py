@@ -21,7 +21,16 @@ from pathlib import Path
 import pytest
 from bundle_reader import HOSTILE_HTML, SHOWN_HTML, acting_markup, rank_outputs
 from kernel_harness import execute, strip_ansi
-from widget_harness import WIDGET_ID, create_subshell, delete_subshell, live_at_once, send_comm_msg, sort_out, spawn_widget
+from widget_harness import (
+    WIDGET_ID,
+    create_subshell,
+    delete_subshell,
+    live_at_once,
+    send_comm_msg,
+    skip_without_subshells,
+    sort_out,
+    spawn_widget,
+)
 
 from nbspawn.views._bundle import MIME, TAIL_LINES
 from nbspawn.views._widget import MAX_BYTES_PER_MESSAGE, widget_available
@@ -242,9 +251,7 @@ def test_failed_rank_in_the_widget_and_the_bundle(kernel):
 
 def test_stop_and_replay_reach_the_kernel_while_the_cell_runs(kernel):
     client = kernel.client
-    info = client.kernel_info(reply=True, timeout=30)["content"]
-    if "kernel subshells" not in info.get("supported_features", []):
-        pytest.skip("this ipykernel has no subshells (ipykernel >= 7 has)")
+    skip_without_subshells(client)
     subshell = create_subshell(client)
     code = (
         "%%spawn -n 4 --view widget\nimport os, time\nprint('rank', os.environ['RANK'], 'is up', flush=True)\ntime.sleep(120)\n"

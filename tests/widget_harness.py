@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from kernel_harness import ExecResult, execute
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -116,6 +117,14 @@ def send_comm_msg(client, comm_id: str, content: dict, subshell_id: str | None) 
     if subshell_id is not None:
         msg["header"]["subshell_id"] = subshell_id
     client.shell_channel.send(msg)
+
+
+def skip_without_subshells(client) -> None:
+    """Skip a test of what a page asks while a cell runs where the kernel has no subshells (ipykernel < 7,
+    as on Colab and Kaggle: a comm message waits there until the running cell ends)."""
+    info = client.kernel_info(reply=True, timeout=30)["content"]
+    if "kernel subshells" not in info.get("supported_features", []):
+        pytest.skip("this ipykernel has no subshells (ipykernel >= 7 has): comms wait for the running cell")
 
 
 def create_subshell(client) -> str:

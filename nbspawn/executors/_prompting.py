@@ -275,7 +275,9 @@ class PromptDesk:
                     time.sleep(0.02)  # mid-session: it comes back once its command ran
                     continue
                 if last_rank is not None and self.run.ranks[last_rank].status != "running":
-                    return f"rank {last_rank} ended ({self.run.ranks[last_rank].status})"
+                    # it may end before the run does (the others still finishing): say it was let go all the same
+                    went = "went on and " if going_on else ""
+                    return f"rank {last_rank} {went}ended ({self.run.ranks[last_rank].status})"
                 if time.monotonic() - last_answer > STICKY:
                     return f"rank {last_rank} went on; the run goes on in the background"
                 time.sleep(0.02)
