@@ -1,6 +1,9 @@
 # Targets, all working from a fresh clone:
 #   make lab    set everything up, then open notebooks/quickstart.ipynb in JupyterLab
 #   make test   set everything up, lint and type-check, then run the whole test suite (extra pytest args: PYTEST_ARGS=...)
+#   make runtimes  the test suite again on the stacks users are on (.ci/runtime, .ci/runtimes/*.txt): Colab's
+#               and Kaggle's runtimes as they ship (installing nbspawn must change none of their versions) and
+#               the ends of the torch range (2.4 on Python 3.10, 2.14.1); each job builds its own venv in .venvs/
 #   make lint   the checks only: ruff (lint and format) and mypy, as pinned in the `test` extra; the
 #               extension's ESLint, type check and unit tests (npm)
 # Setup is scripts/setup.sh (a no-op when nothing changed); NBSPAWN_VENV and NBSPAWN_TORCH_SPEC pass through.
@@ -13,7 +16,7 @@ PYTEST_ARGS ?=
 # jupyter server refuses to start as root without this (containers, CI images)
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test lint
+.PHONY: lab test lint runtimes runtime-colab-gpu runtime-kaggle-gpu runtime-floor runtime-newest
 
 lab:
 	bash scripts/setup.sh
@@ -34,3 +37,18 @@ test:
 	"$(NBSPAWN_VENV)/bin/python" -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [[ $$rc -eq 5 ]]; then echo "make test: no tests were collected" >&2; fi; \
 	exit $$rc
+
+# Each job: `.ci/runtime NAME PYTEST-ARGS`; which tests each runs is chosen for CI's time budget (the
+# jobs' durations are in the README's "Colab and Kaggle" section). `make -k runtimes` runs them all
+# whatever fails. Each needs `make test`'s build of the extension (it installs the clone).
+KERNEL_TESTS := tests --ignore=tests/test_cluster_nodes.py --ignore=tests/test_cluster_worlds.py --ignore=tests/test_frameworks.py
+TORCH_RANGE_TESTS := tests/test_spawn_core.py tests/test_worlds.py tests/test_debugger.py tests/test_handoff.py tests/test_rank_output.py
+runtimes: runtime-colab-gpu runtime-kaggle-gpu runtime-floor runtime-newest
+runtime-colab-gpu:
+	bash .ci/runtime colab-gpu $(KERNEL_TESTS) -q
+runtime-kaggle-gpu:
+	bash .ci/runtime kaggle-gpu -m "not browser" $(KERNEL_TESTS) -q
+runtime-floor:
+	bash .ci/runtime floor -m "not browser" $(TORCH_RANGE_TESTS) -q
+runtime-newest:
+	bash .ci/runtime newest -m "not browser" $(TORCH_RANGE_TESTS) -q

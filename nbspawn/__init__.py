@@ -60,25 +60,21 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
     record_cell_files(ipython)  # IPython 7: Cell In[N] in tracebacks needs it
     ipython.register_magics(SpawnMagics(shell=ipython))
     ipython.events.register("pre_run_cell", report_background_failures)
-    _tell_hosted_runtime()
+    _tell_hosted_runtime(ipython)
     if getattr(ipython, "kernel", None) is not None:  # a page opened before the first run asks too
         from .views import _active
 
         _active.install()
 
 
-_told = False
-
-
-def _tell_hosted_runtime() -> None:
-    """On Colab or Kaggle, what differs there: once per kernel, in one line."""
-    global _told
+def _tell_hosted_runtime(ipython: InteractiveShell) -> None:
+    """On Colab or Kaggle, what differs there: once per kernel (the shell remembers it across a
+    ``%reload_ext``), in one line."""
     from ._hosted import hosted_runtime, notice
 
-    host = hosted_runtime()
-    line = notice(host)
-    if line and not _told:
-        _told = True
+    line = notice(hosted_runtime())
+    if line and not getattr(ipython, "_nbspawn_told_runtime", False):
+        ipython._nbspawn_told_runtime = True  # type: ignore[attr-defined]
         print(line, file=sys.stderr)
 
 
