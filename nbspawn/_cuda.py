@@ -121,10 +121,16 @@ def fork_blocker(facts: ForkFacts) -> str | None:
         return "CUDA is already initialized in this kernel"
     if facts.gpus <= 0:
         return None
+    if facts.torch_poisoned and facts.driver_initialized is False:
+        # the one poisoning call that does not run cuInit (Module.cpp: _cuda_getArchFlags)
+        return (
+            "torch.cuda.get_arch_list() ran in this kernel: it registers torch's at-fork handler, after which "
+            "forked processes cannot use CUDA"
+        )
     if facts.torch_poisoned:
         return (
-            "torch has asked the CUDA runtime about this machine in this kernel (torch.cuda.is_available(), "
-            "get_arch_list(), or device_count() where NVML cannot answer), after which forked processes cannot use CUDA"
+            "torch.cuda.is_available() (or device_count() where NVML cannot answer) ran in this kernel: it "
+            "initializes the CUDA driver (cudaGetDeviceCount runs cuInit), after which forked processes cannot use CUDA"
         )
     if facts.driver_initialized:
         return "the CUDA driver is initialized in this kernel (by a library such as CuPy, JAX or Numba)"
@@ -348,7 +354,11 @@ def torch_poisoned_fork() -> bool:
 
 
 def fork_facts(gpus: int) -> ForkFacts:
-    """This kernel's facts (the costlier ones asked only where the cheaper did not already say no)."""
+    """This kernel's facts (the costlier ones asked only where the cheaper did not already say no).
+
+    torch's fork probe is asked even when the driver is initialized: ``torch.cuda.is_available()``
+    runs ``cuInit`` itself (``cudaGetDeviceCount``), so an initialized driver is most often torch's
+    own doing, and the culprit to name is torch's call, not "a library such as CuPy"."""
     torch = _torch()
     if torch is None:
         return ForkFacts(gpus=gpus)
@@ -356,10 +366,7 @@ def fork_facts(gpus: int) -> ForkFacts:
         return ForkFacts(gpus=gpus, torch_initialized=True)
     if gpus <= 0 or not compiled_with_cuda(torch):
         return ForkFacts(gpus=gpus)
-    driver = driver_initialized()
-    if driver is not False:
-        return ForkFacts(gpus=gpus, driver_initialized=driver)
-    return ForkFacts(gpus=gpus, torch_poisoned=torch_poisoned_fork())
+    return ForkFacts(gpus=gpus, torch_poisoned=torch_poisoned_fork(), driver_initialized=driver_initialized())
 
 
 def collect_ipc() -> None:

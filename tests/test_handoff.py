@@ -169,3 +169,73 @@ def test_no_segment_descriptor_or_file_outlives_a_run_whatever_its_end(fresh_ker
             kept = {"stdout.log", "stderr.log", "error.json", "stacks.log", "collectives.json"}
             leftovers = {p.name for p in rank_dir.iterdir()} - kept
             assert not leftovers, f"{rank_dir}: {leftovers}"
+
+
+# -- what a run holds once it is over (issue 25) --------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_the_last_run_does_not_pin_the_tensors_its_cell_used(kernel, method):
+    """nbspawn.last_run() keeps the run's spec, whose payload held every object the cell used: after
+    `del t` the tensor (on a GPU box its memory, or the CPU copy made for the ranks) stayed allocated.
+    The payload lets go once the ranks have it (item 5)."""
+    ok(kernel, "import gc, weakref, torch\nt = torch.ones(1000)\nkept = weakref.ref(t)")
+    ok(kernel, f"%%spawn -n 2 --start-method {method}\nprint(t.sum().item())")
+    assert ok(
+        kernel, "import nbspawn\nassert nbspawn.last_run() is not None\ndel t\ngc.collect()\nprint(kept() is None)"
+    ).stdout == ("True\n")
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_forkserver_rank_drops_what_it_received_before_it_leaves(kernel, tmp_path, fails):
+    """A forkserver rank leaves through os._exit, with no interpreter shutdown: whatever it still
+    holds is never freed, and a CUDA IPC block stays in the kernel's limbo (torch decrements its ref
+    counter only in the storage's deleter).  So the rank drops what it received before it leaves,
+    whether its cell succeeded or failed: the finalizer of the tensor it received runs (item 4)."""
+    freed = tmp_path / "freed"
+    ok(kernel, "import torch\nreceived_by_rank = torch.ones(1000)")
+    code = (
+        "%%spawn -n 1 --start-method forkserver\nimport weakref\n"
+        f"weakref.finalize(received_by_rank, open, {str(freed)!r}, 'w')\n"
+        + ("raise ValueError('the cell failed')\n" if fails else "")
+    )
+    result = execute(kernel.client, code, timeout=120)
+    assert result.status == ("error" if fails else "ok"), result.error_text
+    assert freed.exists()
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_a_world_rank_drops_share_names_after_each_cell(kernel, method):
+    """A kept world's rank drops the --share names it did not assign once the cell is over (the next
+    cell that uses one gets it again): nothing of the kernel's shared memory (a CUDA IPC reference on
+    a GPU box) is held between cells (item 4)."""
+    world = f"drop{time.monotonic_ns() % 10**8}"
+    ok(kernel, "import torch\ng = torch.zeros(1000)")
+    try:
+        ok(
+            kernel,
+            f"%%spawn --world {world} -n 1 --start-method {method} --share g\nimport gc, weakref\ng.add_(1)\nref = weakref.ref(g)",
+        )
+        result = ok(kernel, f"%%spawn --world {world}\ngc.collect()\nprint(ref() is None, 'g' in globals())")
+        assert result.stdout.strip().endswith("True False"), result.stdout
+        assert ok(kernel, "print(g[0].item())").stdout == "1.0\n"  # the write reached the kernel
+        again = ok(kernel, f"%%spawn --world {world} --share g\nprint(g[0].item())")  # and g comes again when used
+        assert again.stdout.strip().endswith("1.0")
+    finally:
+        ok(kernel, f"%spawn stop {world}")
+
+
+def test_a_forkserver_rank_sees_the_kernels_environment_as_it_is_now(fresh_kernel):
+    """The fork server keeps the environment the kernel had when it started; a variable set (or
+    removed) in the notebook since must reach the ranks as it reaches spawned and forked ones:
+    CUDA_VISIBLE_DEVICES, NCCL_*, PYTORCH_CUDA_ALLOC_CONF (item 7).  Fresh ranks and a world's."""
+    kernel = fresh_kernel
+    ok(kernel, "import os\nos.environ['NBSPAWN_EARLY'] = 'early'")
+    ok(kernel, "%%spawn -n 1 --start-method forkserver\npass")  # the fork server runs from here on, with EARLY
+    ok(kernel, "os.environ['NBSPAWN_LATE'] = 'set later'\ndel os.environ['NBSPAWN_EARLY']")
+    show = "import os\nprint(os.environ.get('NBSPAWN_LATE'), os.environ.get('NBSPAWN_EARLY'), os.environ['RANK'])"
+    fresh = ok(kernel, f"%%spawn -n 2 --start-method forkserver\n{show}")
+    assert "[rank1]: set later None 1" in fresh.stdout, fresh.stdout
+    world = ok(kernel, f"%%spawn --world envw -n 1 --start-method forkserver\n{show}")
+    assert "[rank0]: set later None 0" in world.stdout, world.stdout
+    ok(kernel, "%spawn stop envw")
