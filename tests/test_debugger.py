@@ -212,6 +212,26 @@ print("after", value)
     assert "after 40" in rank_lines(talk.result.stdout, 0)
 
 
+def test_groups_keep_torchs_timeout_until_a_rank_stops_at_a_prompt(kernel):
+    """Where the kernel answers prompts (always, in a notebook) the ranks' groups used to wait an hour,
+    so NCCL's watchdog and its dump on timeout never fired.  They keep torch's own timeout (gloo's 30
+    minutes here; nccl's 10), and only a rank that stops at a prompt raises its own to an hour, for
+    the collectives it issues from then on (issue 25, item 9; README, CUDA)."""
+    code = """%%spawn -n 2 --backend gloo
+import torch, torch.distributed as dist
+def timeout():
+    return dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).options._timeout
+print("before", timeout())
+if dist.get_rank() == 0:
+    breakpoint()
+print("after", timeout())
+"""
+    talk = converse(kernel, code, ["c"])
+    assert talk.result.status == "ok", talk.text
+    said = {r: [line for line in rank_lines(talk.result.stdout, r) if line.startswith(("before", "after"))] for r in (0, 1)}
+    assert said == {0: ["before 0:30:00", "after 1:00:00"], 1: ["before 0:30:00", "after 0:30:00"]}
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_pdb_option_stops_the_first_failing_rank_in_post_mortem(kernel, method):
     code = f"""%%spawn -n 2 --pdb --start-method {method}

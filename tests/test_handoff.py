@@ -239,3 +239,19 @@ def test_a_forkserver_rank_sees_the_kernels_environment_as_it_is_now(fresh_kerne
     world = ok(kernel, f"%%spawn --world envw -n 1 --start-method forkserver\n{show}")
     assert "[rank0]: set later None 0" in world.stdout, world.stdout
     ok(kernel, "%spawn stop envw")
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_the_error_record_is_written_before_what_the_rank_received_is_freed(kernel, method):
+    """Freeing what a rank received can take the process down (on a GPU box: CUDA IPC storages on a
+    broken context, std::terminate).  The rank's error record is written first, so the real traceback
+    is what the kernel shows (issue 25, item 8); here the object a rank frees aborts it itself."""
+    ok(
+        kernel,
+        "import os\nKERNEL = os.getpid()\n"
+        "class AbortsWhenFreedInARank:\n    def __del__(self):\n        if os.getpid() != KERNEL:\n            os.abort()\n"
+        "bomb = AbortsWhenFreedInARank()",
+    )
+    said = fail(kernel, f"%%spawn -n 1 --start-method {method}\nprint(type(bomb).__name__)\nraise ValueError('the real error')")
+    assert "ValueError: the real error" in said, said
+    ok(kernel, "del bomb")

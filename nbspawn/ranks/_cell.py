@@ -254,21 +254,20 @@ def init_process_group(backend: str, rank: int) -> ModuleType | None:
     and ``new_group`` can split it)."""
     if backend == "none":
         return None
-    from datetime import timedelta
-
     import torch
     import torch.distributed as dist
 
-    # where the kernel answers prompts, a rank at a breakpoint must not make the others' collectives
-    # time out while a person types: an hour, as torch.distributed.breakpoint gives its ranks
-    timeout = timedelta(seconds=_prompt.LONG_TIMEOUT_S) if _prompt.available() else None
+    # torch's own timeouts (nccl 10 min, gloo 30 min), whether or not the kernel answers prompts: NCCL's
+    # watchdog, its flight-recorder dump on timeout and TORCH_NCCL_ASYNC_ERROR_HANDLING handle a real
+    # hang as torch intends.  A debugger prompt gets longer where torch can give it (_prompt.extend_timeouts
+    # and torch.distributed.breakpoint: the collectives issued from then on; README, "CUDA and NCCL").
     if backend == "nccl":
         device = _cuda.rank_device(rank, torch.cuda.device_count())
         assert device is not None  # nccl is refused without GPUs
         torch.cuda.set_device(device)
-        dist.init_process_group(backend, device_id=torch.device("cuda", device), timeout=timeout)
+        dist.init_process_group(backend, device_id=torch.device("cuda", device))
     else:
-        dist.init_process_group(backend, timeout=timeout)
+        dist.init_process_group(backend)
     return dist
 
 

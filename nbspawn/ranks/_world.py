@@ -211,7 +211,6 @@ def _sit_out(job: WorldJob, rank: int, backend: str, group: list[Any]) -> None:
     group is tried again, with the others, at the next cell."""
     if group:
         return
-    _prompt.use(prompts_path(job.run_dir), None)  # the group's timeouts as its peers have them
     try:
         group.append(_rank.init_process_group(backend, rank))
     except Exception as exc:
