@@ -225,6 +225,21 @@ def test_a_world_rank_drops_share_names_after_each_cell(kernel, method):
         ok(kernel, f"%spawn stop {world}")
 
 
+def test_a_world_rank_drops_share_names_after_a_failed_cell_too(kernel):
+    """A failed cell's exception is kept for %spawn debug, with its traceback and the frames in it:
+    none of them may hold what the kernel shared (item 4)."""
+    world = f"dropf{time.monotonic_ns() % 10**8}"
+    ok(kernel, "import torch\ng = torch.zeros(1000)")
+    try:
+        ok(kernel, f"%%spawn --world {world} -n 1 --start-method spawn\nimport gc, weakref")
+        failed = execute(kernel.client, f"%%spawn --world {world} --share g\nref = weakref.ref(g)\nraise ValueError('after')")
+        assert failed.status == "error"
+        result = ok(kernel, f"%%spawn --world {world}\ngc.collect()\nprint(ref() is None)")
+        assert result.stdout.strip().endswith("True"), result.stdout
+    finally:
+        ok(kernel, f"%spawn stop {world}")
+
+
 def test_a_forkserver_rank_sees_the_kernels_environment_as_it_is_now(fresh_kernel):
     """The fork server keeps the environment the kernel had when it started; a variable set (or
     removed) in the notebook since must reach the ranks as it reaches spawned and forked ones:

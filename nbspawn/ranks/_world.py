@@ -260,9 +260,9 @@ def _run(job: WorldJob, rank: int, namespace: dict[str, Any], own: set[str]) -> 
     if job.names is not None:
         from ..handoff._names import unpack_namespace
 
-        for name, value in unpack_namespace(job.names).items():
-            if name not in own:  # a name this rank's cells assigned is the rank's own
-                namespace[name] = value
+        # a name this rank's cells assigned is the rank's own; no loop variable is left bound in this
+        # frame, which a failed cell's kept traceback holds (it would keep a --share tensor alive)
+        namespace.update({name: value for name, value in unpack_namespace(job.names).items() if name not in own})
     code, last = job.cell.compile()
     try:
         _rank.execute_cell(code, last, namespace)
