@@ -53,10 +53,11 @@ __all__ = [
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
-    from ._magic import SpawnMagics, report_background_failures
+    from ._magic import SpawnMagics, note_cuda_culprit, report_background_failures
 
     ipython.register_magics(SpawnMagics(shell=ipython))
     ipython.events.register("pre_run_cell", report_background_failures)
+    ipython.events.register("post_run_cell", note_cuda_culprit)
     if getattr(ipython, "kernel", None) is not None:  # a page opened before the first run asks too
         from .views import _active
 

@@ -404,11 +404,13 @@ def test_two_cluster_nodes_on_distinct_gpus_all_reduce_over_nccl_with_the_engine
 
 
 def test_the_refusal_after_is_available_names_torchs_call(fresh_kernel):
-    """is_available() runs cuInit: the refusal names it, not "a library such as CuPy" (item 1)."""
+    """is_available() runs cuInit: the refusal names it, not "a library such as CuPy", and the cell line
+    that called it (item 1)."""
     ok(fresh_kernel, "import torch\nprint(torch.cuda.is_available())")
     refused = execute(fresh_kernel.client, "%%spawn -n 1 --start-method fork\npass", timeout=60)
     said = refused.stderr + refused.error_text
     assert refused.status == "error" and "torch.cuda.is_available()" in said and "CuPy" not in said, said
+    assert re.search(r"first at Cell In\[\d+\], line 2: print\(torch\.cuda\.is_available\(\)\)", said), said
 
 
 @pytest.mark.parametrize("fails", [False, True])

@@ -182,6 +182,43 @@ def test_the_refusal_names_the_call_the_facts_point_at(facts, named):
     assert reason is not None and named in reason
 
 
+@pytest.mark.parametrize(
+    ("source", "named"),
+    [
+        (
+            "import torch\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'",
+            "Cell In[3], line 2: device = 'cuda' if torch.cuda.is_available() else 'cpu'",
+        ),
+        ("# torch.cuda.is_available() in a comment\nx = torch.ones(2).cuda()", "Cell In[3], line 2: x = torch.ones(2).cuda()"),
+        ("import cupy as cp\na = cp.zeros(3)", "Cell In[3], line 1: import cupy as cp"),
+        ("w = torch.zeros(3, device='cuda:1')", "Cell In[3], line 1: w = torch.zeros(3, device='cuda:1')"),
+        ("run_my_setup()", "Cell In[3]"),  # nothing on a line says: the cell alone
+    ],
+)
+def test_the_cell_line_that_touched_cuda_is_found(source, named):
+    assert _cuda.culprit_line("Cell In[3]", source) == named
+
+
+def test_the_first_cell_that_touched_cuda_is_named_in_the_refusal(monkeypatch):
+    """After each kernel cell nbspawn asks whether CUDA is now touched (the driver initialized); the
+    first such cell is the culprit the refusal names, with its line (issue 25, item 1)."""
+    monkeypatch.setattr(_cuda, "_culprit", None)
+    monkeypatch.setattr(_cuda, "compiled_with_cuda", lambda torch=None: True)
+    monkeypatch.setattr(_cuda, "driver_initialized", lambda: False)
+    _cuda.note_cell("Cell In[1]", "import torch")
+    assert _cuda._culprit is None  # nothing touched yet
+    monkeypatch.setattr(_cuda, "driver_initialized", lambda: True)
+    _cuda.note_cell("Cell In[2]", "import torch\nif torch.cuda.is_available():\n    print('gpu')")
+    _cuda.note_cell("Cell In[3]", "x = torch.ones(1).cuda()")  # later cells do not replace the first
+    monkeypatch.setattr(_cuda, "torch_poisoned_fork", lambda: True)
+    reason = _cuda.fork_blocker(_cuda.fork_facts(1))
+    assert reason is not None
+    assert (
+        "torch.cuda.is_available() (or device_count() where NVML cannot answer) ran in this kernel (first at Cell In[2], line 2: if torch.cuda.is_available():)"
+        in reason
+    )
+
+
 def test_driver_facts_without_libcuda_loaded():
     """This process has no libcuda mapped (CPU torch): the driver cannot have been initialized here."""
     with open("/proc/self/maps") as fh:
