@@ -82,8 +82,14 @@ def recent_collectives() -> list[dict[str, Any]]:
     import torch
 
     entries: list[dict[str, Any]] = []
+    failed: Exception | None = None
     for dump in recorders(torch._C._distributed_c10d, bool(torch.cuda.is_initialized())):
-        entries.extend(json.loads(dump()).get("entries", []))
+        try:
+            entries.extend(json.loads(dump()).get("entries", []))
+        except Exception as err:  # one recorder that cannot be read leaves the other's entries
+            failed = err
+    if failed is not None and not entries:
+        raise failed
     entries.sort(key=lambda entry: entry.get("time_created_ns") or 0)
     return [summary(entry) for entry in entries[-KEPT:]]
 
