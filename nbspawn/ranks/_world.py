@@ -225,31 +225,32 @@ def keep_in_step(rank: int, job: WorldJob, namespace: dict[str, Any], own: set[s
     off by one; so does a rank whose GPU raised a CUDA error (a device-side assert is sticky: its
     context is unusable).  Then what ``--share`` sent is dropped (the next cell that uses it gets
     it again): CUDA IPC reference counts reach the kernel, which can free a shared tensor on ``del``."""
-    if _rank._cuda_in_use():
-        broken: Exception | None = None
-        try:
-            settled = _rank.settle_devices(job.grace)
-        except Exception as exc:
-            settled, broken = False, exc
-        if not settled:
-            if broken is not None:
-                said = str(broken).strip().splitlines()[0] if str(broken).strip() else ""
-                why = (
-                    f"rank {rank}'s GPU raised {type(broken).__name__}{': ' + said if said else ''}; a CUDA error such as "
-                    "a device-side assert stays with the process (every later CUDA call fails)"
-                )
-            else:
-                why = (
-                    f"rank {rank}'s GPU work did not finish within {job.grace:g} s of the cell's end: its NCCL "
-                    "collectives are out of step with the other ranks'"
-                )
-            print(f"nbspawn: {why}, so this world cannot go on; start it again.", file=sys.stderr)
-            _rank.abort_groups()
-            finished()
-            _rank._flush()
-            os._exit(_rank.EXIT_RAISED)
+    if not _rank._cuda_in_use():
+        return
+    broken: Exception | None = None
+    try:
+        settled = _rank.settle_devices(job.grace)
+    except Exception as exc:
+        settled, broken = False, exc
+    if not settled:
+        if broken is not None:
+            said = str(broken).strip().splitlines()[0] if str(broken).strip() else ""
+            why = (
+                f"rank {rank}'s GPU raised {type(broken).__name__}{': ' + said if said else ''}; a CUDA error such as "
+                "a device-side assert stays with the process (every later CUDA call fails)"
+            )
+        else:
+            why = (
+                f"rank {rank}'s GPU work did not finish within {job.grace:g} s of the cell's end: its NCCL "
+                "collectives are out of step with the other ranks'"
+            )
+        print(f"nbspawn: {why}, so this world cannot go on; start it again.", file=sys.stderr)
+        _rank.abort_groups()
+        finished()
+        _rank._flush()
+        os._exit(_rank.EXIT_RAISED)
     dropped = [name for name in job.shared if name not in own and namespace.pop(name, None) is not None]
-    if dropped and _rank._cuda_in_use():
+    if dropped:
         import gc
 
         gc.collect()
