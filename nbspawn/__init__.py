@@ -54,13 +54,14 @@ __all__ = [
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
-    from ._magic import SpawnMagics, report_background_failures
+    from ._magic import SpawnMagics, note_cuda_culprit, report_background_failures
     from ._source import record_cell_files
 
     record_cell_files(ipython)  # IPython 7: Cell In[N] in tracebacks needs it
     ipython.register_magics(SpawnMagics(shell=ipython))
     ipython.events.register("pre_run_cell", report_background_failures)
     _tell_hosted_runtime(ipython)
+    ipython.events.register("post_run_cell", note_cuda_culprit)
     if getattr(ipython, "kernel", None) is not None:  # a page opened before the first run asks too
         from .views import _active
 

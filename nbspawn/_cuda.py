@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -113,24 +114,48 @@ class ForkFacts:
     torch_initialized: bool = False  # torch.cuda.is_initialized() (or this process is itself a bad fork)
     torch_poisoned: bool = False  # torch's at-fork handler is registered: a forked child is "in bad fork"
     driver_initialized: bool | None = False  # cuInit ran here (None: libcuda is loaded, and could not be asked)
+    culprit: str = ""  # the kernel cell line after which CUDA was first found touched (note_cell), if known
 
 
 def fork_blocker(facts: ForkFacts) -> str | None:
     """Why forked ranks could not use the GPUs, in nbspawn's words; None if they could (or there are none)."""
+    at = f" (first at {facts.culprit})" if facts.culprit else ""
     if facts.torch_initialized:
-        return "CUDA is already initialized in this kernel"
+        return f"CUDA is already initialized in this kernel{at}"
     if facts.gpus <= 0:
         return None
+    if facts.torch_poisoned and facts.driver_initialized is False:
+        # the one poisoning call that does not run cuInit (Module.cpp: _cuda_getArchFlags)
+        return (
+            "torch.cuda.get_arch_list() ran in this kernel: it registers torch's at-fork handler, after which "
+            "forked processes cannot use CUDA"
+        )
     if facts.torch_poisoned:
         return (
-            "torch has asked the CUDA runtime about this machine in this kernel (torch.cuda.is_available(), "
-            "get_arch_list(), or device_count() where NVML cannot answer), after which forked processes cannot use CUDA"
+            f"torch.cuda.is_available() (or device_count() where NVML cannot answer) ran in this kernel{at}: it "
+            "initializes the CUDA driver (cudaGetDeviceCount runs cuInit), after which forked processes cannot use CUDA"
         )
     if facts.driver_initialized:
-        return "the CUDA driver is initialized in this kernel (by a library such as CuPy, JAX or Numba)"
+        return f"the CUDA driver is initialized in this kernel (by a library such as CuPy, JAX or Numba){at}"
     if facts.driver_initialized is None:
         return "the CUDA driver is loaded in this kernel and nbspawn cannot tell whether it was initialized"
     return None
+
+
+# a line that touches CUDA (the calls that initialize the driver or poison fork, CUDA tensors, other libraries)
+_TOUCHES_CUDA = re.compile(
+    r"is_available\s*\(|device_count\s*\(|get_arch_list\s*\(|\.cuda\s*\(|[\"']cuda[\"':]|\bcupy\b|\bjax\b|\bnumba\b"
+)
+
+
+def culprit_line(label: str, source: str) -> str:
+    """Where in a cell CUDA was most likely touched: ``Cell In[3], line 2: if torch.cuda.is_available():``
+    (its first line that calls one of the culprits), else the cell alone (``Cell In[3]``)."""
+    for number, line in enumerate(source.splitlines(), 1):
+        code = line.strip()
+        if code and not code.startswith("#") and _TOUCHES_CUDA.search(code):
+            return f"{label}, line {number}: {code}"
+    return label
 
 
 def decide_start_method(requested: str, available: list[str], blocker: str | None) -> tuple[str, list[str]]:
@@ -348,18 +373,38 @@ def torch_poisoned_fork() -> bool:
 
 
 def fork_facts(gpus: int) -> ForkFacts:
-    """This kernel's facts (the costlier ones asked only where the cheaper did not already say no)."""
+    """This kernel's facts (the costlier ones asked only where the cheaper did not already say no).
+
+    torch's fork probe is asked even when the driver is initialized: ``torch.cuda.is_available()``
+    runs ``cuInit`` itself (``cudaGetDeviceCount``), so an initialized driver is most often torch's
+    own doing, and the culprit to name is torch's call, not "a library such as CuPy"."""
     torch = _torch()
     if torch is None:
         return ForkFacts(gpus=gpus)
     if torch.cuda.is_initialized() or torch.cuda._is_in_bad_fork():
-        return ForkFacts(gpus=gpus, torch_initialized=True)
+        return ForkFacts(gpus=gpus, torch_initialized=True, culprit=_culprit or "")
     if gpus <= 0 or not compiled_with_cuda(torch):
         return ForkFacts(gpus=gpus)
-    driver = driver_initialized()
-    if driver is not False:
-        return ForkFacts(gpus=gpus, driver_initialized=driver)
-    return ForkFacts(gpus=gpus, torch_poisoned=torch_poisoned_fork())
+    return ForkFacts(
+        gpus=gpus, torch_poisoned=torch_poisoned_fork(), driver_initialized=driver_initialized(), culprit=_culprit or ""
+    )
+
+
+_culprit: str | None = None  # culprit_line of the first kernel cell after which CUDA was found touched
+
+
+def note_cell(label: str, source: str) -> None:
+    """After each of the kernel's own cells (IPython's post_run_cell): the first cell after which CUDA is
+    touched in this kernel (the driver initialized: ``torch.cuda.is_available()``, a CUDA tensor, CuPy)
+    is remembered with its likeliest line, so that a refusal to fork names it.  Costs nothing on a CPU
+    build, before torch is imported and once found; else a read of ``/proc/self/maps`` (about 1 ms).
+    ``get_arch_list()`` initializes nothing, so it is named by the call alone."""
+    global _culprit
+    torch = _torch()
+    if _culprit is not None or torch is None or not compiled_with_cuda(torch):
+        return
+    if torch.cuda.is_initialized() or driver_initialized() is not False:
+        _culprit = culprit_line(label, source)
 
 
 def collect_ipc() -> None:

@@ -20,7 +20,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, argument_group, magic_arguments, parse_argstring
 from traitlets import Float, Int, Unicode, Union
 
-from . import _running
+from . import _cuda, _running
 from ._launch import start
 from ._options import Option, options_in, with_debug_collectives
 from ._request import RunRequest, Settings, given_options
@@ -365,6 +365,16 @@ def _parsed(magic: Callable[..., Any], line: str) -> argparse.Namespace:
             _ARGS.clear()
         _ARGS[key] = parse_argstring(magic, line)
     return argparse.Namespace(**vars(_ARGS[key]))
+
+
+def note_cuda_culprit(result: Any) -> None:
+    """After each cell: the first one that touched CUDA in this kernel, remembered for a refusal to fork
+    (``_cuda.note_cell``).  ``result`` is IPython's ExecutionResult."""
+    info = getattr(result, "info", None)
+    source = getattr(info, "raw_cell", None)
+    count = getattr(result, "execution_count", None)
+    if isinstance(source, str):
+        _cuda.note_cell(f"Cell In[{count}]" if count is not None else "a cell", source)
 
 
 def report_background_failures(*_info: object) -> None:

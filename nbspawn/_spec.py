@@ -78,6 +78,12 @@ class RunSpec:
     # --on: the (global) ranks of a kept world that run this cell; None: every rank.  The others are
     # sent the cell only to be told to sit it out (nbspawn.ranks._world), and are not supervised.
     on_ranks: frozenset[int] | None = None
+    # forkserver: the kernel's environment when the run was planned.  The fork server keeps the one the
+    # kernel had when it started, so a later os.environ["NCCL_P2P_DISABLE"] = "1" (or CUDA_VISIBLE_DEVICES,
+    # PYTORCH_CUDA_ALLOC_CONF) would never reach a rank, while -n auto and the device mapping read the
+    # kernel's current values; the rank makes its environment this one first (ranks._cell.apply_kernel_env).
+    # None: fork and spawn ranks inherit the kernel's current environment.
+    kernel_env: dict[str, str] | None = None
 
     def runs(self, rank: int) -> bool:
         """Whether the rank (its index on this node, as in ``rank_dir``) runs the cell (``--on``)."""
@@ -427,6 +433,7 @@ def build_spec(
         node_rank=placement.node_rank if placement else 0,
         nnodes=placement.nnodes if placement else 1,
         agent_store=placement.agent_store if placement else False,
+        kernel_env=dict(os.environ) if method == "forkserver" else None,
     )
 
 

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -321,3 +322,84 @@ def leak_snapshot(pid: int, tmp_dir: str) -> dict:
         "shm": sorted(e for e in os.listdir("/dev/shm") if e.startswith(f"nbspawn.{pid}.") or not e.startswith("nbspawn.")),
         "tmp": tmp,
     }
+
+
+# -- a frontend that answers the kernel's prompts (stdin channel) ----------------------------------
+
+
+@dataclass
+class Conversation:
+    result: ExecResult
+    prompts: list[str] = field(default_factory=list)  # every input_request's prompt, in order
+    passwords: list[bool] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return strip_ansi(self.result.stdout + self.result.stderr + self.result.error_text)
+
+
+Answer = Callable[[str], str | None]  # prompt -> what to type (None: interrupt the kernel instead)
+
+
+def converse(kernel: Kernel, code: str, answers: list[str] | Answer, timeout: float = 120) -> Conversation:
+    """Run ``code`` with stdin allowed (as a notebook runs cells: the kernel can answer a rank's
+    prompts), answering each input_request in turn, until the kernel is idle."""
+    kc = kernel.client
+    script = list(answers) if isinstance(answers, list) else None
+    msg_id = kc.execute(code, store_history=True, allow_stdin=True)
+    deadline = time.monotonic() + timeout
+    stdout, stderr, outputs, prompts, passwords = [], [], [], [], []
+    error = None
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no end within {timeout} s; prompts {prompts}; stdout {''.join(stdout)[-3000:]!r}")
+        try:
+            msg = kc.get_stdin_msg(timeout=0.02)
+        except queue.Empty:
+            pass
+        else:
+            if msg["msg_type"] == "input_request" and msg["parent_header"].get("msg_id") == msg_id:
+                prompt = msg["content"]["prompt"]
+                prompts.append(prompt)
+                passwords.append(bool(msg["content"].get("password")))
+                if script is not None:
+                    assert script, f"an unexpected prompt {prompt!r}; stdout {''.join(stdout)[-2000:]!r}"
+                    reply: str | None = script.pop(0)
+                else:
+                    assert not isinstance(answers, list)
+                    reply = answers(prompt)
+                if reply is None:
+                    kernel.manager.interrupt_kernel()
+                else:
+                    kc.input(reply)
+        idle = False
+        while True:
+            try:
+                msg = kc.get_iopub_msg(timeout=0)
+            except queue.Empty:
+                break
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "status" and content["execution_state"] == "idle":
+                idle = True
+                break
+            outputs.append({"msg_type": kind, **content})
+            if kind == "stream":
+                (stdout if content["name"] == "stdout" else stderr).append(content["text"])
+            elif kind == "error":
+                error = content
+        if idle:
+            break
+    reply_msg = kc.get_shell_msg(timeout=30)
+    while reply_msg["parent_header"].get("msg_id") != msg_id:
+        reply_msg = kc.get_shell_msg(timeout=30)
+    content = reply_msg["content"]
+    info = None
+    if content["status"] == "error":
+        source = content if "ename" in content else (error or {})
+        info = ErrorInfo(source.get("ename", ""), source.get("evalue", ""), list(source.get("traceback", [])))
+    result = ExecResult(content["status"], content.get("execution_count"), "".join(stdout), "".join(stderr), outputs, info)
+    if script:
+        raise AssertionError(f"prompts never asked for {script}; prompts seen {prompts}; text {result.stdout[-2000:]!r}")
+    return Conversation(result, prompts, passwords)

@@ -8,6 +8,9 @@ tests/test_unit_cuda.py.  Run this file on a GPU machine: it takes a few minutes
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import signal
 import subprocess
 import threading
 import time
@@ -15,28 +18,65 @@ import time
 import psutil
 import pytest
 import torch
-from kernel_harness import descendants, execute, ok, rank_lines
+from kernel_harness import converse, execute, ok, rank_lines, run
 
 GPUS = torch.cuda.device_count()  # NVML: does not initialize CUDA in the test process
 
+
+def _nvidia_smi_gpus() -> list[str]:
+    """The GPUs nvidia-smi lists (``GPU 0: NVIDIA H100 ... (UUID: GPU-...)``); none where it is missing."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line for line in out.splitlines() if line.startswith("GPU ")]
+
+
+SMI_GPUS = _nvidia_smi_gpus()
+if SMI_GPUS and torch.version.cuda is None and torch.version.hip is None:
+    # every test here would skip as "no CUDA GPU visible" on the very machine they are meant for
+    pytest.fail(
+        f"nvidia-smi lists {len(SMI_GPUS)} GPU(s) but this torch ({torch.__version__}) is built without CUDA: "
+        "install a CUDA build of torch in this environment to run tests/test_cuda.py",
+        pytrace=False,
+    )
+
 pytestmark = [
     pytest.mark.timeout(300),
-    pytest.mark.skipif(GPUS == 0, reason="no CUDA GPU visible (CPU-only CI): these tests need a GPU machine"),
+    pytest.mark.skipif(
+        GPUS == 0,
+        reason="no CUDA GPU visible (CPU-only CI): these tests need a GPU machine"
+        + (f" (nvidia-smi lists {len(SMI_GPUS)}: check CUDA_VISIBLE_DEVICES and the driver)" if SMI_GPUS else ""),
+    ),
 ]
 two_gpus = pytest.mark.skipif(GPUS < 2, reason="needs two or more GPUs")
 
 CUDA_TIMEOUT = 180  # a cell's limit: CUDA's first initialisation in a process is slow
+MEMORY_SLACK = 64 << 20  # bytes of GPU memory that may differ from before a run (another process's noise)
 
 
-def _gpu_pids() -> set[int]:
-    """Processes that hold a CUDA context, as nvidia-smi sees them (empty where it is missing)."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return set()
-    return {int(line) for line in out.split() if line.strip().isdigit()}
+def _used_gpu_memory() -> list[int]:
+    """Bytes in use on each GPU, as the driver counts them: every process's, whatever PID namespace it
+    runs in (nvidia-smi lists no process inside a container, so "no process on the GPU" proves nothing
+    there).  Asked here, in the test process, whose own CUDA context is part of the baseline."""
+    return [total - free for free, total in (torch.cuda.mem_get_info(index) for index in range(GPUS))]
+
+
+def _gpu_memory_back_to(before: list[int], within: float = 20.0) -> list[int]:
+    """Wait until every GPU's used memory is back to ``before`` (a rank's context, its allocations and
+    NCCL's buffers are gone); what is in use then."""
+    deadline = time.monotonic() + within
+    while True:
+        used = _used_gpu_memory()
+        if all(now <= then + MEMORY_SLACK for now, then in zip(used, before, strict=True)) or time.monotonic() > deadline:
+            return used
+        time.sleep(0.2)
+
+
+def _kernel_gpu_memory(kernel) -> int:
+    """What the kernel's caching allocator holds for tensors, after freeing what ranks released."""
+    out = ok(kernel, "import gc, torch\ngc.collect()\ntorch.cuda.ipc_collect()\nprint(torch.cuda.memory_allocated())").stdout
+    return int(out.strip())
 
 
 # -- one GPU --------------------------------------------------------------------------------------
@@ -127,7 +167,8 @@ def test_a_kernel_module_used_without_share_arrives_as_leaf_parameters_on_each_r
     """A kernel `Linear().cuda()` used by a cell without --share (defect 4): sent as CPU data and
     placed in place on the rank's own GPU under no_grad, so Parameters stay leaf Parameters (an
     optimizer takes them, backward fills .grad) and no rank opens a context on the kernel's GPU
-    unless it is its own."""
+    unless it is its own.  One SGD step of lr 0.1 on a gradient of ones is compared with a tolerance:
+    float32 rounding makes w - 0.1 + 0.1 differ from w in the last bit for most weights."""
     ok(fresh_kernel, "import torch\nm = torch.nn.Linear(4, 2).cuda()\nw0 = m.weight.detach().cpu().clone()")
     code = (
         "%%spawn -n auto\n"
@@ -138,7 +179,7 @@ def test_a_kernel_module_used_without_share_arrives_as_leaf_parameters_on_each_r
         "opt.step()\n"
         "others = [i for i in range(torch.cuda.device_count()) if i != local and torch._C._cuda_hasPrimaryContext(i)]\n"
         "print(type(m.weight).__name__, m.weight.is_leaf, m.weight.grad is not None, "
-        "m.weight.device.index == local, others, torch.equal(m.weight.detach().cpu() + 0.1, w0))"
+        "m.weight.device.index == local, others, torch.allclose(m.weight.detach().cpu() + 0.1, w0, atol=1e-6))"
     )
     result = ok(fresh_kernel, code, timeout=CUDA_TIMEOUT)
     for rank in range(GPUS):
@@ -258,7 +299,9 @@ def test_cuda_share_to_ranks_that_see_other_gpus_is_refused(fresh_kernel):
 def test_a_rank_raising_while_another_waits_in_all_reduce_fails_within_the_grace_period(fresh_kernel):
     """Rank 1 raises; rank 0 waits in an all_reduce it can never complete.  The failing rank aborts
     its communicators and leaves with os._exit (defect 7); the supervisor stops rank 0 within the
-    grace period; no rank is left holding a GPU."""
+    grace period; no rank is left holding GPU memory (asked of the driver: nvidia-smi's process list is
+    empty inside a container)."""
+    before = _used_gpu_memory()
     code = (
         "%%spawn -n 2 --backend nccl --start-method spawn --grace-period 5\n"
         "import torch, torch.distributed as dist\n"
@@ -270,9 +313,8 @@ def test_a_rank_raising_while_another_waits_in_all_reduce_fails_within_the_grace
     took = time.monotonic() - began
     assert result.status == "error" and "boom" in result.stderr + result.error_text
     assert took < 60, took  # CUDA start-up included; never the NCCL timeout (10 min)
-    time.sleep(1.0)
-    left = {p.pid for p in descendants(fresh_kernel.pid)}
-    assert not (left & _gpu_pids())
+    used = _gpu_memory_back_to(before)
+    assert all(now <= then + MEMORY_SLACK for now, then in zip(used, before, strict=True)), (before, used)
 
 
 @two_gpus
@@ -356,3 +398,277 @@ def test_two_cluster_nodes_on_distinct_gpus_all_reduce_over_nccl_with_the_engine
                 lambda: __import__("sys").modules.get("torch") is None or not __import__("torch").cuda.is_initialized()
             )
             assert all(untouched)
+
+
+# -- issue 25: memory comes back, NCCL hangs are diagnosed, the right culprit is named ------------
+
+
+def test_the_refusal_after_is_available_names_torchs_call(fresh_kernel):
+    """is_available() runs cuInit: the refusal names it, not "a library such as CuPy", and the cell line
+    that called it (item 1)."""
+    ok(fresh_kernel, "import torch\nprint(torch.cuda.is_available())")
+    refused = execute(fresh_kernel.client, "%%spawn -n 1 --start-method fork\npass", timeout=60)
+    said = refused.stderr + refused.error_text
+    assert refused.status == "error" and "torch.cuda.is_available()" in said and "CuPy" not in said, said
+    assert re.search(r"first at Cell In\[\d+\], line 2: print\(torch\.cuda\.is_available\(\)\)", said), said
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_forkserver_rank_gives_the_kernels_shared_gpu_memory_back(fresh_kernel, fails):
+    """A forkserver rank leaves through os._exit: it drops its CUDA IPC references first, whether its
+    cell succeeded or raised, so `del g` frees the kernel's memory (item 4)."""
+    ok(fresh_kernel, "import torch, gc\ng = torch.zeros(1 << 20, device='cuda')", timeout=CUDA_TIMEOUT)
+    code = "%%spawn -n 1 --start-method forkserver --share g\ng.add_(1)\n" + (
+        "raise ValueError('after writing')\n" if fails else ""
+    )
+    result = execute(fresh_kernel.client, code, timeout=CUDA_TIMEOUT)
+    assert result.status == ("error" if fails else "ok"), result.error_text
+    assert ok(fresh_kernel, "print(g[0].item())").stdout == "1.0\n"
+    ok(fresh_kernel, "del g")
+    assert _kernel_gpu_memory(fresh_kernel) == 0
+
+
+def test_a_world_gives_shared_gpu_memory_back_between_cells_and_after_a_failed_cell(fresh_kernel):
+    """A world's rank drops --share names after every cell, a failed one included (item 4)."""
+    ok(fresh_kernel, "import torch, gc\ng = torch.zeros(1 << 20, device='cuda')", timeout=CUDA_TIMEOUT)
+    ok(fresh_kernel, "%%spawn --world gm -n 1 --start-method spawn --share g\ng.add_(1)", timeout=CUDA_TIMEOUT)
+    failed = execute(fresh_kernel.client, "%%spawn --world gm --share g\ng.add_(1)\nraise ValueError('x')", timeout=CUDA_TIMEOUT)
+    assert failed.status == "error"
+    assert ok(fresh_kernel, "print(g[0].item())").stdout == "2.0\n"
+    ok(fresh_kernel, "del g")
+    assert _kernel_gpu_memory(fresh_kernel) == 0  # while the world lives
+    ok(fresh_kernel, "%spawn stop gm")
+
+
+def test_the_last_run_does_not_pin_a_cuda_tensor_its_cell_used(fresh_kernel):
+    """last_run() keeps the run's spec, whose payload held every object the cell used: `del g` left g's
+    GPU memory allocated (item 5)."""
+    ok(fresh_kernel, "import torch, gc\ng = torch.ones(1 << 20, device='cuda')", timeout=CUDA_TIMEOUT)
+    result = ok(fresh_kernel, "%%spawn -n 1 --start-method spawn\nprint(g.sum().item())", timeout=CUDA_TIMEOUT)
+    assert rank_lines(result.stdout, 0) == [f"{float(1 << 20)}"]
+    ok(fresh_kernel, "del g")
+    assert _kernel_gpu_memory(fresh_kernel) == 0
+
+
+def test_a_lost_nccl_world_starts_again_after_the_kernel_used_cuda(fresh_kernel):
+    """A world started by auto (fork: the kernel had not touched CUDA) is lost; the kernel then uses
+    CUDA; the next cell starts the world again under forkserver, with a note, instead of refusing an
+    explicit fork the user never asked for (item 6)."""
+    first = ok(
+        fresh_kernel,
+        "%%spawn --world lostw -n 1 --backend nccl\nimport os, torch, torch.distributed as dist\nprint('pid', os.getpid())",
+        timeout=CUDA_TIMEOUT,
+    )
+    assert "forkserver" not in first.stderr
+    pid = int(re.search(r"pid (\d+)", first.stdout).group(1))
+    os.kill(pid, signal.SIGKILL)  # the OOM killer, or NCCL's watchdog
+    time.sleep(0.5)
+    ok(fresh_kernel, "import torch\nx = torch.ones(1, device='cuda')", timeout=CUDA_TIMEOUT)
+    lost = run(fresh_kernel, "%%spawn --world lostw\npass")
+    assert lost.status == "error" and "was lost between cells: rank 0 died (SIGKILL)" in lost.error_text
+    again = ok(
+        fresh_kernel,
+        "%%spawn --world lostw\nimport torch, torch.distributed as dist\nt = torch.ones(1, device='cuda')\ndist.all_reduce(t)\nprint(t.item())",
+        timeout=CUDA_TIMEOUT,
+    )
+    assert "uses --start-method forkserver" in again.stderr and "was lost" in again.stderr
+    assert rank_lines(again.stdout, 0) == ["1.0"]
+    ok(fresh_kernel, "%spawn stop lostw")
+
+
+def test_environment_set_after_the_fork_server_started_reaches_an_nccl_rank(fresh_kernel):
+    """NCCL_DEBUG set in the notebook after the fork server started: the rank's NCCL reads it when its
+    communicator is made (item 7)."""
+    ok(fresh_kernel, "%%spawn -n 1 --start-method forkserver\npass", timeout=CUDA_TIMEOUT)
+    ok(fresh_kernel, "import os\nos.environ['NCCL_DEBUG'] = 'INFO'")
+    result = ok(
+        fresh_kernel,
+        "%%spawn -n 1 --start-method forkserver --backend nccl\nimport os\nprint(os.environ.get('NCCL_DEBUG'))",
+        timeout=CUDA_TIMEOUT,
+    )
+    assert "INFO" in rank_lines(result.stdout, 0)
+    assert "NCCL INFO" in result.stdout + result.stderr  # NCCL itself read it
+    ok(fresh_kernel, "del os.environ['NCCL_DEBUG']")
+
+
+DEVICE_ASSERT = "t = torch.zeros(2, device='cuda')\nt[torch.tensor([5], device='cuda')] = 1.0\n"  # out of bounds, on the GPU
+
+
+def test_a_device_side_assert_fails_a_fresh_rank_with_its_cuda_error(fresh_kernel):
+    """The assert surfaces only at the next synchronize, after the cell's last line: the rank fails
+    with the CUDA error (written before any GPU clean-up), not as a success (item 8)."""
+    result = execute(
+        fresh_kernel.client, "%%spawn -n 1 --start-method spawn\nimport torch\n" + DEVICE_ASSERT, timeout=CUDA_TIMEOUT
+    )
+    said = result.stderr + result.error_text
+    assert result.status == "error" and "device-side assert" in said, said
+
+
+def test_a_device_side_assert_loses_a_world(fresh_kernel):
+    """A sticky CUDA error leaves the rank's context unusable: the world is lost, not carried on (item 8)."""
+    ok(fresh_kernel, "%%spawn --world da -n 1 --start-method spawn\nimport torch", timeout=CUDA_TIMEOUT)
+    result = execute(fresh_kernel.client, "%%spawn --world da\n" + DEVICE_ASSERT, timeout=CUDA_TIMEOUT)
+    said = result.stderr + result.error_text
+    assert result.status == "error" and "device-side assert" in said and "lost" in said, said
+    again = ok(fresh_kernel, "%%spawn --world da\nimport torch\nprint(torch.ones(1, device='cuda').item())", timeout=CUDA_TIMEOUT)
+    assert rank_lines(again.stdout, 0) == ["1.0"] and "was lost" in again.stderr
+    ok(fresh_kernel, "%spawn stop da")
+
+
+def test_nccl_groups_keep_torchs_ten_minutes(fresh_kernel):
+    """NCCL's watchdog and dump-on-timeout fire at torch's timeout, not after an hour (item 9)."""
+    result = ok(
+        fresh_kernel,
+        "%%spawn -n 1 --backend nccl\nimport torch, torch.distributed as dist\n"
+        "print(dist.distributed_c10d._get_default_group()._get_backend(torch.device('cuda')).options._timeout)",
+        timeout=CUDA_TIMEOUT,
+    )
+    assert rank_lines(result.stdout, 0) == ["0:10:00"]
+
+
+def test_a_pinned_kernel_tensor_stays_pinned_and_share_refuses_one(fresh_kernel):
+    """A pinned tensor a cell uses goes as a shared copy; --share, which moves memory in place, refuses
+    it (item 10)."""
+    ok(fresh_kernel, "import torch\np = torch.arange(4.0).pin_memory()", timeout=CUDA_TIMEOUT)
+    result = ok(fresh_kernel, "%%spawn -n 2 --start-method spawn\nprint(p.sum().item())", timeout=CUDA_TIMEOUT)
+    assert rank_lines(result.stdout, 1) == ["6.0"]
+    assert ok(fresh_kernel, "print(p.is_pinned(), p.is_shared())").stdout == "True False\n"
+    refused = execute(fresh_kernel.client, "%%spawn -n 1 --start-method spawn --share p\npass", timeout=60)
+    assert refused.status == "error" and "pinned" in refused.error_text and "Traceback" not in refused.error_text
+
+
+def test_cuda_visible_devices_as_a_uuid(fresh_kernel):
+    """CUDA_VISIBLE_DEVICES may name GPUs by UUID: -n auto counts them, the rank sees that GPU."""
+    uuid = re.search(r"\(UUID: (GPU-[0-9a-f-]+)\)", SMI_GPUS[-1]) if SMI_GPUS else None
+    if uuid is None:
+        pytest.skip("nvidia-smi -L gives no GPU UUID here")
+    result = ok(
+        fresh_kernel,
+        f"%%spawn -n auto --env CUDA_VISIBLE_DEVICES={uuid[1]}\nimport torch\n"
+        "print(torch.cuda.device_count(), str(torch.cuda.get_device_properties(0).uuid))",
+        timeout=CUDA_TIMEOUT,
+    )
+    lines = rank_lines(result.stdout, 0)
+    assert len(lines) == 1 and lines[0].startswith("1 ") and uuid[1].removeprefix("GPU-") in lines[0]
+    assert rank_lines(result.stdout, 1) == []
+
+
+# -- issue 25 on two GPUs: NCCL hangs diagnosed, debugging under NCCL -----------------------------
+
+NCCL_HANG = (
+    "%%spawn -n 2 --backend nccl --start-method spawn{options}\n"
+    "import time, torch, torch.distributed as dist\n"
+    "t = torch.ones(1, device='cuda')\n"
+    "dist.all_reduce(t)\n"
+    "if dist.get_rank() == 0:\n"
+    "    dist.all_reduce(t)\n"
+    "    print(t.item())\n"
+    "else:\n"
+    "    time.sleep(300)\n"
+)
+
+
+@two_gpus
+def test_an_nccl_hang_gets_its_verdict_and_live_signal(fresh_kernel):
+    """Rank 0's second all_reduce is enqueued and never completes (rank 1 sleeps); rank 0's Python is
+    at t.item(), not in distributed_c10d.py.  NCCL's own flight recorder says so (items 2-3): the
+    live signal names the missing rank, and so does the verdict at --timeout."""
+    result = run(fresh_kernel, NCCL_HANG.format(options=" --timeout 25"), timeout=CUDA_TIMEOUT)
+    assert result.error.ename == "SpawnTimeoutError"
+    said = result.stderr + result.error_text
+    assert re.search(r"rank 1 never entered all_reduce #\d+ \(it is at .*time\.sleep\(300\)", said), said
+    assert re.search(r"rank 0 waited in it for \d+ s at Cell In\[\d+\], line 7: print\(t\.item\(\)\)", said), said
+    assert any(line.startswith("nbspawn: looks hung: ") for line in result.stderr.splitlines()), result.stderr
+
+
+@two_gpus
+def test_where_and_chips_of_a_background_nccl_run(fresh_kernel):
+    """%spawn where on a background NCCL run: rank 0 is in its second all_reduce (from NCCL's
+    recorder), rank 1 after its first; the ranks' notes (the chips) say who waits for whom (items 2-3)."""
+    ok(fresh_kernel, NCCL_HANG.format(options=" --bg"), timeout=CUDA_TIMEOUT)
+    ok(fresh_kernel, "import nbspawn\nhung = nbspawn.last_run()")
+    try:
+        deadline = time.monotonic() + 120
+        while not re.search(r"\[in all_reduce #\d+ for \d+ s\]", text := ok(fresh_kernel, "%spawn where").stdout):
+            assert time.monotonic() < deadline, text
+            time.sleep(1.0)
+        assert re.search(
+            r"^rank 0: Cell In\[\d+\], line 7: print\(t\.item\(\)\)  \[in all_reduce #\d+ for \d+ s\]$", text, re.M
+        ), text
+        assert re.search(r"^rank 1: .*time\.sleep\(300\)  \[after all_reduce #\d+\]$", text, re.M), text
+        while "waiting in all_reduce #" not in (notes := ok(fresh_kernel, "print([r.note for r in hung.ranks])").stdout):
+            assert time.monotonic() < deadline, notes
+            time.sleep(1.0)
+        assert "rank 1 has not entered it" in notes and "has not entered all_reduce #" in notes, notes
+    finally:
+        ok(fresh_kernel, "hung.stop(); hung._done.wait(30)")
+
+
+@two_gpus
+def test_pdb_and_distributed_breakpoint_under_nccl(fresh_kernel):
+    """A rank stopped in breakpoint() while the other waits in an NCCL all_reduce: the prompt is
+    answered, both complete.  torch.distributed.breakpoint(rank=1): every rank's groups get an hour
+    before the barrier after it (README, CUDA)."""
+    code = (
+        "%%spawn -n 2 --backend nccl\nimport torch, torch.distributed as dist\n"
+        "t = torch.ones(1, device='cuda') * (dist.get_rank() + 1)\n"
+        "if dist.get_rank() == 1:\n    breakpoint()\n"
+        "dist.all_reduce(t)\nprint('sum', t.item())\n"
+    )
+    talk = converse(fresh_kernel, code, ["p t.item()", "c"], timeout=CUDA_TIMEOUT)
+    assert talk.result.status == "ok", talk.text
+    assert "2.0" in rank_lines(talk.result.stdout, 1) and "sum 3.0" in rank_lines(talk.result.stdout, 0)
+    code = (
+        "%%spawn -n 2 --backend nccl\nimport torch, torch.distributed as dist\n"
+        "value = 40 + dist.get_rank()\ndist.breakpoint(rank=1)\n"
+        "print('after', value, dist.distributed_c10d._get_default_group()._get_backend(torch.device('cuda')).options._timeout)\n"
+    )
+    talk = converse(fresh_kernel, code, ["up", "p value", "c"], timeout=CUDA_TIMEOUT)
+    assert talk.result.status == "ok", talk.text
+    assert "after 40 1:00:00" in rank_lines(talk.result.stdout, 0) and "41" in rank_lines(talk.result.stdout, 1)
+
+
+@two_gpus
+def test_a_rank_oom_killed_between_nccl_world_cells_loses_the_world_and_its_memory(fresh_kernel):
+    """The OOM killer takes a rank between cells: the next cell says the world was lost, nothing of it
+    holds GPU memory any more, and the cell after starts it again."""
+    before = _used_gpu_memory()
+    first = ok(
+        fresh_kernel,
+        "%%spawn --world oom -n 2 --backend nccl\nimport os, torch, torch.distributed as dist\n"
+        "big = torch.ones(1 << 26, device='cuda')\nprint('pid', os.getpid())",
+        timeout=CUDA_TIMEOUT,
+    )
+    pids = [int(re.search(r"pid (\d+)", " ".join(rank_lines(first.stdout, r))).group(1)) for r in range(2)]
+    os.kill(pids[1], signal.SIGKILL)
+    time.sleep(0.5)
+    lost = run(fresh_kernel, "%%spawn --world oom\nprint(big.sum().item())")
+    assert lost.status == "error" and "was lost between cells: rank 1 died (SIGKILL)" in lost.error_text
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    used = _gpu_memory_back_to(before)
+    assert all(now <= then + MEMORY_SLACK for now, then in zip(used, before, strict=True)), (before, used)
+    again = ok(
+        fresh_kernel,
+        "%%spawn --world oom\nimport torch, torch.distributed as dist\nt = torch.ones(1, device='cuda')\ndist.all_reduce(t)\nprint(t.item())",
+        timeout=CUDA_TIMEOUT,
+    )
+    assert rank_lines(again.stdout, 0) == ["2.0"]
+    ok(fresh_kernel, "%spawn stop oom")
+
+
+@two_gpus
+def test_a_pcie_pair_without_peer_to_peer_all_reduces_and_shares(fresh_kernel):
+    """Kaggle's 2x T4 are a PCIe pair whose peer access NCCL may not use: with NCCL_P2P_DISABLE=1 (the
+    path such a pair takes) an all_reduce of a large tensor is right, and a --share on cuda:0 is
+    written by the rank on cuda:1 through CUDA IPC."""
+    ok(fresh_kernel, "import torch\ng = torch.zeros(2, device='cuda:0')", timeout=CUDA_TIMEOUT)
+    code = (
+        "%%spawn -n 2 --backend nccl --start-method spawn --env NCCL_P2P_DISABLE=1 --share g\n"
+        "import torch, torch.distributed as dist\nr = dist.get_rank()\n"
+        "t = torch.full((1 << 24,), float(r + 1), device='cuda')\ndist.all_reduce(t)\n"
+        "g[r] = 1\nprint(t.min().item(), t.max().item())\n"
+    )
+    result = ok(fresh_kernel, code, timeout=CUDA_TIMEOUT)
+    for rank in range(2):
+        assert rank_lines(result.stdout, rank) == ["3.0 3.0"]
+    assert ok(fresh_kernel, "print(g.tolist())").stdout == "[1.0, 1.0]\n"

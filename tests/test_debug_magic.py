@@ -8,8 +8,7 @@ import re
 import time
 
 import pytest
-from kernel_harness import STOP_LINE_SHIFT, TO_NEXT_LINE, Kernel, ok, rank_lines, run, strip_ansi
-from test_debugger import converse
+from kernel_harness import STOP_LINE_SHIFT, TO_NEXT_LINE, Kernel, converse, ok, rank_lines, run, strip_ansi
 
 from nbspawn.views._widget import widget_available
 

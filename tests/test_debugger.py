@@ -5,94 +5,12 @@ each ``input_request`` on the stdin channel."""
 
 from __future__ import annotations
 
-import queue
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import pytest
-from kernel_harness import TO_NEXT_LINE, ExecResult, Kernel, ok, rank_lines, run, strip_ansi
+from kernel_harness import TO_NEXT_LINE, converse, ok, rank_lines, run, strip_ansi
 
 METHODS = ["fork", "spawn", "forkserver"]
-
-
-@dataclass
-class Conversation:
-    result: ExecResult
-    prompts: list[str] = field(default_factory=list)  # every input_request's prompt, in order
-    passwords: list[bool] = field(default_factory=list)
-
-    @property
-    def text(self) -> str:
-        return strip_ansi(self.result.stdout + self.result.stderr + self.result.error_text)
-
-
-Answer = Callable[[str], str | None]  # prompt -> what to type (None: interrupt the kernel instead)
-
-
-def converse(kernel: Kernel, code: str, answers: list[str] | Answer, timeout: float = 120) -> Conversation:
-    """Run ``code`` with stdin allowed, answering each input_request in turn, until the kernel is idle."""
-    kc = kernel.client
-    script = list(answers) if isinstance(answers, list) else None
-    msg_id = kc.execute(code, store_history=True, allow_stdin=True)
-    deadline = time.monotonic() + timeout
-    stdout, stderr, outputs, prompts, passwords = [], [], [], [], []
-    error = None
-    while True:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no end within {timeout} s; prompts {prompts}; stdout {''.join(stdout)[-3000:]!r}")
-        try:
-            msg = kc.get_stdin_msg(timeout=0.02)
-        except queue.Empty:
-            pass
-        else:
-            if msg["msg_type"] == "input_request" and msg["parent_header"].get("msg_id") == msg_id:
-                prompt = msg["content"]["prompt"]
-                prompts.append(prompt)
-                passwords.append(bool(msg["content"].get("password")))
-                if script is not None:
-                    assert script, f"an unexpected prompt {prompt!r}; stdout {''.join(stdout)[-2000:]!r}"
-                    reply: str | None = script.pop(0)
-                else:
-                    assert not isinstance(answers, list)
-                    reply = answers(prompt)
-                if reply is None:
-                    kernel.manager.interrupt_kernel()
-                else:
-                    kc.input(reply)
-        idle = False
-        while True:
-            try:
-                msg = kc.get_iopub_msg(timeout=0)
-            except queue.Empty:
-                break
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind, content = msg["msg_type"], msg["content"]
-            if kind == "status" and content["execution_state"] == "idle":
-                idle = True
-                break
-            outputs.append({"msg_type": kind, **content})
-            if kind == "stream":
-                (stdout if content["name"] == "stdout" else stderr).append(content["text"])
-            elif kind == "error":
-                error = content
-        if idle:
-            break
-    reply_msg = kc.get_shell_msg(timeout=30)
-    while reply_msg["parent_header"].get("msg_id") != msg_id:
-        reply_msg = kc.get_shell_msg(timeout=30)
-    from kernel_harness import ErrorInfo
-
-    content = reply_msg["content"]
-    info = None
-    if content["status"] == "error":
-        source = content if "ename" in content else (error or {})
-        info = ErrorInfo(source.get("ename", ""), source.get("evalue", ""), list(source.get("traceback", [])))
-    result = ExecResult(content["status"], content.get("execution_count"), "".join(stdout), "".join(stderr), outputs, info)
-    if script:
-        raise AssertionError(f"prompts never asked for {script}; prompts seen {prompts}; text {result.stdout[-2000:]!r}")
-    return Conversation(result, prompts, passwords)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -211,6 +129,26 @@ print("after", value)
     assert talk.prompts == ["(Pdb rank 1) "] * 3
     assert "41" in rank_lines(talk.result.stdout, 1)
     assert "after 40" in rank_lines(talk.result.stdout, 0)
+
+
+def test_groups_keep_torchs_timeout_until_a_rank_stops_at_a_prompt(kernel):
+    """Where the kernel answers prompts (always, in a notebook) the ranks' groups used to wait an hour,
+    so NCCL's watchdog and its dump on timeout never fired.  They keep torch's own timeout (gloo's 30
+    minutes here; nccl's 10), and only a rank that stops at a prompt raises its own to an hour, for
+    the collectives it issues from then on (issue 25, item 9; README, CUDA)."""
+    code = """%%spawn -n 2 --backend gloo
+import torch, torch.distributed as dist
+def timeout():
+    return dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).options._timeout
+print("before", timeout())
+if dist.get_rank() == 0:
+    breakpoint()
+print("after", timeout())
+"""
+    talk = converse(kernel, code, ["c"])
+    assert talk.result.status == "ok", talk.text
+    said = {r: [line for line in rank_lines(talk.result.stdout, r) if line.startswith(("before", "after"))] for r in (0, 1)}
+    assert said == {0: ["before 0:30:00", "after 1:00:00"], 1: ["before 0:30:00", "after 0:30:00"]}
 
 
 @pytest.mark.parametrize("method", METHODS)

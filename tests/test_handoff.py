@@ -169,3 +169,108 @@ def test_no_segment_descriptor_or_file_outlives_a_run_whatever_its_end(fresh_ker
             kept = {"stdout.log", "stderr.log", "error.json", "stacks.log", "collectives.json"}
             leftovers = {p.name for p in rank_dir.iterdir()} - kept
             assert not leftovers, f"{rank_dir}: {leftovers}"
+
+
+# -- what a run holds once it is over (issue 25) --------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_the_last_run_does_not_pin_the_tensors_its_cell_used(kernel, method):
+    """nbspawn.last_run() keeps the run's spec, whose payload held every object the cell used: after
+    `del t` the tensor (on a GPU box its memory, or the CPU copy made for the ranks) stayed allocated.
+    The payload lets go once the ranks have it (item 5)."""
+    ok(kernel, "import gc, weakref, torch\nt = torch.ones(1000)\nkept = weakref.ref(t)")
+    ok(kernel, f"%%spawn -n 2 --start-method {method}\nprint(t.sum().item())")
+    assert ok(
+        kernel, "import nbspawn\nassert nbspawn.last_run() is not None\ndel t\ngc.collect()\nprint(kept() is None)"
+    ).stdout == ("True\n")
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_forkserver_rank_drops_what_it_received_before_it_leaves(kernel, tmp_path, fails):
+    """A forkserver rank leaves through os._exit, with no interpreter shutdown: whatever it still
+    holds is never freed, and a CUDA IPC block stays in the kernel's limbo (torch decrements its ref
+    counter only in the storage's deleter).  So the rank drops what it received before it leaves,
+    whether its cell succeeded or failed: the finalizer of the tensor it received runs (item 4)."""
+    freed = tmp_path / "freed"
+    ok(kernel, "import torch\nreceived_by_rank = torch.ones(1000)")
+    code = (
+        "%%spawn -n 1 --start-method forkserver\nimport weakref\n"
+        f"weakref.finalize(received_by_rank, open, {str(freed)!r}, 'w')\n"
+        + ("raise ValueError('the cell failed')\n" if fails else "")
+    )
+    result = execute(kernel.client, code, timeout=120)
+    assert result.status == ("error" if fails else "ok"), result.error_text
+    assert freed.exists()
+
+
+def _maps_inode(pid: int, inode: int) -> bool:
+    """Whether process ``pid`` has a mapping of the file with this inode (a memfd: shared memory)."""
+    with open(f"/proc/{pid}/maps") as fh:
+        return any(len(fields) >= 5 and fields[4] == str(inode) for fields in (line.split() for line in fh))
+
+
+def test_a_world_rank_holds_nothing_of_a_cell_once_it_is_over(kernel):
+    """Between cells a world's rank holds only its namespace: not the cell's job, nor the payload it
+    opened (both held the kernel's --share tensor until the next cell came).  Seen from outside: once
+    the cell dropped the name, the rank no longer maps the tensor's shared memory (item 4)."""
+    world = f"held{time.monotonic_ns() % 10**8}"
+    ok(kernel, "import os, torch\ng = torch.zeros(1 << 16)")
+    try:
+        first = ok(kernel, f"%%spawn --world {world} -n 1 --start-method spawn\nimport os\nprint('pid', os.getpid())")
+        pid = int(first.stdout.split("pid")[-1])
+        ok(kernel, f"%%spawn --world {world} --share g\ng.add_(1)\ndel g")
+        inode = int(ok(kernel, "print(os.fstat(g.untyped_storage()._get_shared_fd()).st_ino)").stdout)
+        assert ok(kernel, "print(g[0].item())").stdout == "1.0\n"  # the rank's write reached the kernel
+        assert not _maps_inode(pid, inode)
+    finally:
+        ok(kernel, f"%spawn stop {world}")
+
+
+def test_a_world_ranks_kept_failure_holds_nothing_of_what_the_kernel_sent(kernel):
+    """A failed cell's exception is kept for %spawn debug, with its traceback and the frames in it:
+    none of them may hold what the kernel sent (item 4; a loop variable in the rank's frame did)."""
+    world = f"dropf{time.monotonic_ns() % 10**8}"
+    ok(kernel, "import torch\ng = torch.zeros(1000)")
+    try:
+        ok(kernel, f"%%spawn --world {world} -n 1 --start-method spawn\nimport gc, weakref")
+        failed = execute(
+            kernel.client, f"%%spawn --world {world} --share g\nref = weakref.ref(g)\ndel g\nraise ValueError('after')"
+        )
+        assert failed.status == "error"
+        result = ok(kernel, f"%%spawn --world {world}\ngc.collect()\nprint(ref() is None)")
+        assert result.stdout.strip().endswith("True"), result.stdout
+    finally:
+        ok(kernel, f"%spawn stop {world}")
+
+
+def test_a_forkserver_rank_sees_the_kernels_environment_as_it_is_now(fresh_kernel):
+    """The fork server keeps the environment the kernel had when it started; a variable set (or
+    removed) in the notebook since must reach the ranks as it reaches spawned and forked ones:
+    CUDA_VISIBLE_DEVICES, NCCL_*, PYTORCH_CUDA_ALLOC_CONF (item 7).  Fresh ranks and a world's."""
+    kernel = fresh_kernel
+    ok(kernel, "import os\nos.environ['NBSPAWN_EARLY'] = 'early'")
+    ok(kernel, "%%spawn -n 1 --start-method forkserver\npass")  # the fork server runs from here on, with EARLY
+    ok(kernel, "os.environ['NBSPAWN_LATE'] = 'set later'\ndel os.environ['NBSPAWN_EARLY']")
+    show = "import os\nprint(os.environ.get('NBSPAWN_LATE'), os.environ.get('NBSPAWN_EARLY'), os.environ['RANK'])"
+    fresh = ok(kernel, f"%%spawn -n 2 --start-method forkserver\n{show}")
+    assert "[rank1]: set later None 1" in fresh.stdout, fresh.stdout
+    world = ok(kernel, f"%%spawn --world envw -n 1 --start-method forkserver\n{show}")
+    assert "[rank0]: set later None 0" in world.stdout, world.stdout
+    ok(kernel, "%spawn stop envw")
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_the_error_record_is_written_before_what_the_rank_received_is_freed(kernel, method):
+    """Freeing what a rank received can take the process down (on a GPU box: CUDA IPC storages on a
+    broken context, std::terminate).  The rank's error record is written first, so the real traceback
+    is what the kernel shows (issue 25, item 8); here the object a rank frees aborts it itself."""
+    ok(
+        kernel,
+        "import os\nKERNEL = os.getpid()\n"
+        "class AbortsWhenFreedInARank:\n    def __del__(self):\n        if os.getpid() != KERNEL:\n            os.abort()\n"
+        "bomb = AbortsWhenFreedInARank()",
+    )
+    said = fail(kernel, f"%%spawn -n 1 --start-method {method}\nprint(type(bomb).__name__)\nraise ValueError('the real error')")
+    assert "ValueError: the real error" in said, said
+    ok(kernel, "del bomb")

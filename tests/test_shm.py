@@ -286,6 +286,28 @@ def test_payload_passes_descriptors_with_the_process_start(method, no_leaks):
     assert dict(getattr(resource_sharer._resource_sharer, "_cache", {})) == pending  # no tickets left
 
 
+def test_a_pinned_storage_is_sent_as_a_copy_and_stays_where_it_is(no_leaks):
+    """A kernel tensor a cell merely uses is moved into shared memory in place, unless it is pinned:
+    moving it would leave the kernel's tensor silently unpinned.  The ranks then get a shared copy,
+    made once per payload (issue 25, item 10).  CPU-only torch cannot pin, so the storage's answer is
+    given here; the real pinned tensor is tests/test_cuda.py's."""
+    t = torch.arange(1000.0)
+    storage = t.untyped_storage()
+    address = storage.data_ptr()
+    copies: dict = {}
+    rebuild, args = _shm._reduce_storage_private(storage, copies, pinned=True)
+    again = _shm._reduce_storage_private(storage, copies, pinned=True)
+    assert storage.data_ptr() == address and not storage.is_shared()  # the kernel's memory is untouched
+    assert len(copies) == 1  # one copy, whatever views of the storage the payload holds
+    received = rebuild(*args)
+    assert torch.equal(torch.empty(0).set_(received), t)
+    again[0](*again[1])  # take the second ticket too (nothing left with the resource sharer)
+    unpinned = torch.arange(10.0)
+    rebuild, args = _shm._reduce_storage_private(unpinned.untyped_storage(), {}, pinned=False)
+    assert unpinned.is_shared()  # not pinned: moved in place, as before
+    rebuild(*args)
+
+
 # -- ranks -> kernel ----------------------------------------------------------------------------
 
 

@@ -115,7 +115,8 @@ def test_fork_blocker_asks_whether_a_forked_rank_could_use_cuda(facts, blocked):
 
 
 def test_auto_picks_forkserver_with_a_note_when_fork_could_not_use_cuda():
-    reason = _cuda.fork_blocker(_cuda.ForkFacts(gpus=1, torch_poisoned=True))
+    # torch.cuda.is_available()'s facts: torch's at-fork handler, and the driver initialized (cuInit)
+    reason = _cuda.fork_blocker(_cuda.ForkFacts(gpus=1, torch_poisoned=True, driver_initialized=True))
     method, notes = _cuda.decide_start_method("auto", METHODS, reason)
     assert method == "forkserver"
     assert len(notes) == 1 and "uses --start-method forkserver" in notes[0] and "is_available()" in notes[0]
@@ -148,6 +149,74 @@ def test_a_poisoned_kernel_fork_probe_is_what_the_facts_say(monkeypatch):
     monkeypatch.setattr(_cuda, "torch_poisoned_fork", lambda: True)
     facts = _cuda.fork_facts(2)
     assert facts.torch_poisoned and not facts.torch_initialized
+
+
+def test_is_available_is_named_not_another_library_when_it_initialized_the_driver(monkeypatch):
+    """torch.cuda.is_available() runs cudaGetDeviceCount, hence cuInit: the driver is initialized and
+    torch's at-fork handler is registered.  torch's probe must still be asked (it used to be skipped
+    once the driver said initialized), so the refusal names torch's call, not CuPy, JAX or Numba."""
+    monkeypatch.setattr(_cuda, "compiled_with_cuda", lambda torch=None: True)
+    monkeypatch.setattr(_cuda, "driver_initialized", lambda: True)
+    monkeypatch.setattr(_cuda, "torch_poisoned_fork", lambda: True)
+    facts = _cuda.fork_facts(1)
+    assert facts.torch_poisoned and facts.driver_initialized
+    reason = _cuda.fork_blocker(facts)
+    assert reason is not None and "torch.cuda.is_available()" in reason and "CuPy" not in reason
+    with pytest.raises(SpawnUsageError, match=r"cannot fork: torch\.cuda\.is_available\(\)"):
+        _cuda.decide_start_method("fork", METHODS, reason)
+
+
+@pytest.mark.parametrize(
+    ("facts", "named"),
+    [
+        (_cuda.ForkFacts(gpus=1, torch_poisoned=True, driver_initialized=True), "torch.cuda.is_available()"),
+        (_cuda.ForkFacts(gpus=1, torch_poisoned=True, driver_initialized=False), "torch.cuda.get_arch_list()"),
+        (_cuda.ForkFacts(gpus=1, driver_initialized=True), "CuPy, JAX or Numba"),
+    ],
+)
+def test_the_refusal_names_the_call_the_facts_point_at(facts, named):
+    """cuInit ran and torch's handler is registered: is_available() (or device_count()'s fallback);
+    the handler without cuInit: get_arch_list() (_cuda_getArchFlags poisons fork, initializes nothing);
+    cuInit without torch's handler: another library."""
+    reason = _cuda.fork_blocker(facts)
+    assert reason is not None and named in reason
+
+
+@pytest.mark.parametrize(
+    ("source", "named"),
+    [
+        (
+            "import torch\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'",
+            "Cell In[3], line 2: device = 'cuda' if torch.cuda.is_available() else 'cpu'",
+        ),
+        ("# torch.cuda.is_available() in a comment\nx = torch.ones(2).cuda()", "Cell In[3], line 2: x = torch.ones(2).cuda()"),
+        ("import cupy as cp\na = cp.zeros(3)", "Cell In[3], line 1: import cupy as cp"),
+        ("w = torch.zeros(3, device='cuda:1')", "Cell In[3], line 1: w = torch.zeros(3, device='cuda:1')"),
+        ("run_my_setup()", "Cell In[3]"),  # nothing on a line says: the cell alone
+    ],
+)
+def test_the_cell_line_that_touched_cuda_is_found(source, named):
+    assert _cuda.culprit_line("Cell In[3]", source) == named
+
+
+def test_the_first_cell_that_touched_cuda_is_named_in_the_refusal(monkeypatch):
+    """After each kernel cell nbspawn asks whether CUDA is now touched (the driver initialized); the
+    first such cell is the culprit the refusal names, with its line (issue 25, item 1)."""
+    monkeypatch.setattr(_cuda, "_culprit", None)
+    monkeypatch.setattr(_cuda, "compiled_with_cuda", lambda torch=None: True)
+    monkeypatch.setattr(_cuda, "driver_initialized", lambda: False)
+    _cuda.note_cell("Cell In[1]", "import torch")
+    assert _cuda._culprit is None  # nothing touched yet
+    monkeypatch.setattr(_cuda, "driver_initialized", lambda: True)
+    _cuda.note_cell("Cell In[2]", "import torch\nif torch.cuda.is_available():\n    print('gpu')")
+    _cuda.note_cell("Cell In[3]", "x = torch.ones(1).cuda()")  # later cells do not replace the first
+    monkeypatch.setattr(_cuda, "torch_poisoned_fork", lambda: True)
+    reason = _cuda.fork_blocker(_cuda.fork_facts(1))
+    assert reason is not None
+    assert (
+        "torch.cuda.is_available() (or device_count() where NVML cannot answer) ran in this kernel (first at Cell In[2], line 2: if torch.cuda.is_available():)"
+        in reason
+    )
 
 
 def test_driver_facts_without_libcuda_loaded():
@@ -303,7 +372,41 @@ def test_a_payload_opens_only_when_unwrapped():
     assert not isinstance(sealed, dict)
     first = _shm.Payload.unwrap(sealed)
     assert first["t"].tolist() == [0.0, 1.0, 2.0, 3.0]
-    assert _shm.Payload.unwrap(sealed) is first
+    with pytest.raises(RuntimeError, match="opened once"):
+        _shm.Payload.unwrap(sealed)
+
+
+def test_an_opened_payload_holds_nothing_of_what_it_gave():
+    """The rank's namespace must be the only holder of what it received: torch gives a CUDA IPC block
+    back to the kernel only when the last storage opened on it is freed (issue 25, item 4)."""
+    import gc
+    import weakref
+
+    payload = _shm.Payload({"t": torch.arange(4.0)}, shared=[])
+    rebuild, args = payload.__reduce__()
+    sealed = rebuild(*args)
+    namespace = {"__name__": "__main__", **_shm.Payload.unwrap(sealed)}  # as a spawned rank makes its namespace
+    received = weakref.ref(namespace["t"])
+    namespace.clear()  # what the rank drops before it leaves
+    gc.collect()
+    assert received() is None  # the sealed payload, still alive, did not keep it
+
+
+def test_a_released_payload_holds_nothing_and_cannot_be_sent_again():
+    """Once the ranks have it, the kernel's payload (which the last run keeps) lets the cell's tensors
+    go, and the CPU copies made for the ranks with them (issue 25, item 5)."""
+    import gc
+    import weakref
+
+    t = torch.arange(4.0)
+    payload = _shm.Payload({"t": t}, shared=[])
+    kept = weakref.ref(t)
+    payload.release()
+    del t
+    gc.collect()
+    assert kept() is None and payload.copies == {}
+    with pytest.raises(RuntimeError, match="sent already"):
+        payload.__reduce__()
 
 
 def test_a_kept_world_may_receive_cuda_shares_whatever_its_start_method():
@@ -330,3 +433,21 @@ def test_a_world_cell_does_not_rechoose_the_start_method(monkeypatch, tmp_path):
     _world._check_settings(world, Settings(nprocs=2, start_method="fork", given=frozenset({"--start-method", "-n"})))
     with pytest.raises(SpawnUsageError, match="--start-method spawn"):
         _world._check_settings(world, Settings(start_method="spawn", given=frozenset({"--start-method"})))
+
+
+def test_a_lost_world_starts_again_with_the_start_method_the_user_asked_for(tmp_path):
+    """A world whose start method auto resolved to fork is lost (an NCCL failure, with CUDA touched in
+    the kernel since): its next cell resolves auto again, instead of asking for the fork it had, which
+    would be refused as an explicit fork though the user never chose one (issue 25, item 6)."""
+    from nbspawn._spec import RunSpec
+    from nbspawn.executors import _world
+
+    spec = RunSpec(run_id="w", nprocs=2, start_method="fork", backend="nccl", cell=CellSource("pass"), run_dir=str(tmp_path))
+    again = _world._as_before(Settings(), _world.Lost(spec, "auto"))
+    assert again.start_method == "auto" and again.nprocs == 2 and again.backend == "nccl"
+    method, notes = _cuda.decide_start_method(again.start_method, METHODS, "CUDA is already initialized in this kernel")
+    assert method == "forkserver" and notes  # not refused
+    asked = _world._as_before(Settings(), _world.Lost(spec, "fork"))  # the user's own --start-method fork stands
+    assert asked.start_method == "fork"
+    given = _world._as_before(Settings(start_method="spawn", given=frozenset({"--start-method"})), _world.Lost(spec, "fork"))
+    assert given.start_method == "spawn"

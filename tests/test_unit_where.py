@@ -117,3 +117,96 @@ def test_ranks_in_one_collective_entered_at_different_times_read_as_one_place():
     assert _merged(["in barrier #1 for 3 s", "in barrier #1 for 4 s", "in barrier #1 for 3 s"]) == ["in barrier #1 for 3-4 s"]
     assert _merged(["in barrier #1 for 3 s", "", "after all_reduce #2"]) == ["after all_reduce #2", "in barrier #1 for 3 s"]
     assert _merged(["in barrier #1 for 3 s", "in barrier #2 for 3 s"]) == ["in barrier #1 for 3 s", "in barrier #2 for 3 s"]
+
+
+# -- NCCL: a collective returns once enqueued (issue 25, item 3) ----------------------------------
+
+ITEM = "  Cell In[4], line 5\n      print(t.item())"
+
+
+def _nccl(seq: int, state: str, issued: float = 100.0, op: str = "all_reduce") -> dict:
+    """One entry as ranks._watch.summary writes it from NCCL's own flight recorder."""
+    return {
+        "seq": seq,
+        "p2p_seq": 0,
+        "op": op,
+        "backend": "nccl",
+        "group": "default_pg",
+        "sizes": [[1]],
+        "issued": issued,
+        "state": state,
+    }
+
+
+def test_an_nccl_rank_waiting_at_item_is_in_the_collective_its_recorder_has_not_completed():
+    """Rank 0's all_reduce #5 was enqueued and never completed (rank 1 never called it); rank 0's
+    Python is at t.item(), not in distributed_c10d.py.  Its flight recorder says where it waits."""
+    collectives = {0: [_nccl(4, "completed", 90.0), _nccl(5, "scheduled", 100.0)], 1: [_nccl(4, "completed", 90.0)]}
+    stacks = {0: ITEM, 1: SLEEP}
+    assert hang_verdict(stacks, collectives, now=130.0) == (
+        "rank 1 never entered all_reduce #5 (it is at Cell In[3], line 6: time.sleep(300), after all_reduce #4); "
+        "rank 0 waited in it for 30 s at Cell In[4], line 5: print(t.item())"
+    )
+    notes = live_notes(stacks, collectives, now=130.0)
+    assert notes == {
+        0: "waiting in all_reduce #5 for 30 s; rank 1 has not entered it",
+        1: "has not entered all_reduce #5 (Cell In[3], line 6: time.sleep(300))",
+    }
+
+
+def test_the_oldest_incomplete_nccl_collective_is_the_one_waited_in():
+    """A rank may have queued more after the stuck one: the stuck one is the oldest not completed."""
+    collectives = {0: [_nccl(5, "scheduled", 100.0), _nccl(6, "scheduled", 101.0)], 1: [_nccl(4, "completed")]}
+    verdict = hang_verdict({0: ITEM, 1: SLEEP}, collectives, now=110.0)
+    assert verdict is not None and "never entered all_reduce #5" in verdict and "for 10 s" in verdict
+
+
+def test_completed_nccl_collectives_and_gloo_states_are_no_evidence():
+    """Every collective completed: the ranks are merely elsewhere.  A gloo entry's state is not a
+    CUDA event's: never read as waiting."""
+    done = {0: [_nccl(5, "completed")], 1: [_nccl(5, "completed")]}
+    assert hang_verdict({0: ITEM, 1: SLEEP}, done) is None and live_notes({0: ITEM, 1: SLEEP}, done) == {}
+    gloo = {0: [{**_nccl(5, "scheduled"), "backend": "gloo"}], 1: []}
+    assert hang_verdict({0: ITEM, 1: SLEEP}, gloo) is None
+
+
+def test_every_nccl_rank_in_the_same_incomplete_collective_is_no_verdict():
+    """All ranks have #5 in flight: the GPUs are busy (or a peer died), nothing says who is missing."""
+    busy = {0: [_nccl(5, "scheduled")], 1: [_nccl(5, "started")]}
+    assert hang_verdict({0: ITEM, 1: ITEM}, busy) is None
+
+
+def test_where_says_how_long_an_nccl_rank_has_waited(tmp_path):
+    asked = [RankToAsk(0, None, str(tmp_path / "0.log"))]
+    dump = 'Thread 0x1 (most recent call first):\n  File "<nbspawn-cell>", line 5 in <module>\n'
+    text = describe(asked, {0: dump}, None, collectives={0: [_nccl(4, "completed"), _nccl(5, "scheduled", issued=0.0)]})
+    assert "in all_reduce #5 for" in text
+
+
+def test_nccl_collectives_are_read_from_nccls_own_flight_recorder():
+    """ProcessGroupNCCL records into its own recorder (_dump_nccl_trace_json), not the generic one
+    gloo uses (_dump_fr_trace_json): reading only the generic one left collectives.json empty under
+    NCCL (issue 25, item 2).  This CPU torch has no NCCL: the module is stood in for by its two
+    functions; the real module gives the generic one alone."""
+    import types
+
+    import torch
+
+    from nbspawn.ranks._watch import recorders, summary
+
+    c10d = types.SimpleNamespace(
+        _dump_nccl_trace_json=lambda collectives, only_active: f"nccl {collectives} {only_active}",
+        _dump_fr_trace_json=lambda includeCollectives: f"generic {includeCollectives}",
+    )
+    assert [dump() for dump in recorders(c10d, cuda_initialized=True)] == ["nccl True False", "generic True"]
+    assert [dump() for dump in recorders(c10d, cuda_initialized=False)] == ["generic True"]  # no NCCL group without CUDA
+    real = torch._C._distributed_c10d
+    assert len(recorders(real, cuda_initialized=True)) == 1 + hasattr(real, "_dump_nccl_trace_json")
+    entry = summary({"profiling_name": "nccl:all_reduce", "collective_seq_id": 5, "state": "scheduled", "time_created_ns": 2e9})
+    assert (entry["op"], entry["backend"], entry["seq"], entry["state"], entry["issued"]) == (
+        "all_reduce",
+        "nccl",
+        5,
+        "scheduled",
+        2.0,
+    )

@@ -154,9 +154,10 @@ def _position(collectives: dict[int, list[dict[str, Any]]] | None, rank: int, st
     if not entries:
         return ""
     last = entries[-1]
-    op = _collective(stack)
-    if op is not None and last["op"] == op:
-        return f"in {op} #{last['seq']} for {max(0.0, time.time() - float(last['issued'])):.0f} s"
+    op = _waiting_in(stack, entries)
+    current = _current(entries, op) if op is not None else None
+    if current is not None:
+        return f"in {op} #{current['seq']} for {max(0.0, time.time() - float(current['issued'])):.0f} s"
     return f"after {last['op']} #{last['seq']}"
 
 
@@ -204,6 +205,29 @@ def _collective(stack: str) -> str | None:
     return name
 
 
+def _pending(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The NCCL collective a rank waits for: its oldest entry enqueued on the GPU and not completed.
+
+    An NCCL collective returns once enqueued, so a rank stuck in one is not in ``distributed_c10d.py``
+    but wherever it next waits for the GPU (``t.item()``, ``print(t)``, ``synchronize``); its flight
+    recorder (NCCL's own) says which collective has not completed.  Only NCCL's entries are asked:
+    their end is a CUDA event; gloo's state says nothing of the kind."""
+    for entry in entries or []:
+        if entry.get("backend") == "nccl" and entry.get("state") in ("scheduled", "started"):
+            return entry
+    return None
+
+
+def _waiting_in(stack: str, entries: list[dict[str, Any]] | None) -> str | None:
+    """The collective a rank is waiting in: the torch.distributed call its stack is in, else the NCCL
+    collective that has not completed on its GPU."""
+    op = _collective(stack)
+    if op is not None:
+        return op
+    pending = _pending(entries)
+    return str(pending["op"]) if pending is not None else None
+
+
 def _place(stack: str) -> str:
     """The user's line: ``Cell In[5], line 6: time.sleep(300)`` (without the library call it is in)."""
     return _innermost(stack).split("  (in ", 1)[0]
@@ -234,7 +258,7 @@ def _verdict(stacks: dict[int, str], collectives: dict[int, list[dict[str, Any]]
     for rank, stack in sorted(stacks.items()):
         if not stack.strip() or stack == STILL_STARTING:
             continue
-        op = _collective(stack)
+        op = _waiting_in(stack, collectives.get(rank))
         if op is not None:
             waiting[rank] = op
         else:
@@ -279,7 +303,11 @@ def _world_wide(entries: dict[int, dict[str, Any] | None]) -> bool:
 
 
 def _current(entries: list[dict[str, Any]] | None, op: str) -> dict[str, Any] | None:
-    """The flight-recorder entry of the collective a rank is blocked in: its newest, if it is that op."""
+    """The flight-recorder entry of the collective a rank is blocked in: the NCCL one not completed
+    (:func:`_pending`), else its newest, if it is that op."""
+    pending = _pending(entries)
+    if pending is not None and pending.get("op") == op:
+        return pending
     return entries[-1] if entries and entries[-1].get("op") == op else None
 
 
@@ -309,7 +337,9 @@ def live_notes(
     """
     collectives = collectives or {}
     now = time.time() if now is None else now
-    waiting = {r: op for r, s in stacks.items() if s.strip() and s != STILL_STARTING and (op := _collective(s))}
+    waiting = {
+        r: op for r, s in stacks.items() if s.strip() and s != STILL_STARTING and (op := _waiting_in(s, collectives.get(r)))
+    }
     elsewhere = [r for r, s in stacks.items() if s.strip() and s != STILL_STARTING and r not in waiting]
     if not waiting or len(set(waiting.values())) > 1:
         return {}

@@ -50,6 +50,11 @@ class FreshRanks(Executor):
             except BaseException:
                 self._kill_orphans()
                 raise
+            finally:
+                if spec.namespace_payload is not None:
+                    # pickled into every rank as it started: the run kept afterwards (last_run()) holds
+                    # none of the cell's tensors, so `del g` in the kernel frees g (its GPU memory too)
+                    spec.namespace_payload.release()
         self.processes = list(context.processes)
         pids = [pid_of(p) for p in self.processes]
         _reaper.watch(pids)

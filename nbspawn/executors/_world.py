@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import _cuda
 from .._options import (
@@ -48,7 +48,7 @@ from .._source import CellSource
 from .._spec import RunSpec, build_spec, cuda_device_count, new_run_id, resolve_backend, resolve_nprocs
 from ..errors import SpawnUsageError, rank_spans
 from ..handoff._names import pack_namespace, parse_names, pick_shared
-from ..handoff._shm import new_run_prefix, share_
+from ..handoff._shm import Payload, new_run_prefix, share_
 from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
 from ..ranks._world import EXITED, INTERRUPTED, OK, RAISED, STARTED, WorldJob, run_world_rank
 from . import _reaper
@@ -87,6 +87,9 @@ class World:
     lost_because: str | None = None
     killed: bool = False
     kept: dict[int, KeptFailure] = field(default_factory=dict)  # rank -> the last failure it keeps
+    # --start-method as the user gave it (auto unless given): a lost world started again resolves it
+    # again, for the kernel as it is then (CUDA touched since, say), instead of insisting on spec's
+    asked_start_method: str = "auto"
 
     def keep_failures(self, run: Run, cell: CellSource) -> None:
         """What each rank that raised in this cell keeps (the ranks' rule: an exception, not an interrupt)."""
@@ -210,6 +213,8 @@ class WorldCell(Executor):
                 conn.send(self.job if self._runs(rank) else sitting_out)
             except (BrokenPipeError, ConnectionResetError, OSError):
                 pass  # the rank died just now: its sentinel tells the supervisor, which loses the world
+        if isinstance(self.job.names, Payload):
+            self.job.names.release()  # pickled as it was sent: the run kept afterwards pins none of its tensors
         return self.world.pids
 
     def _runs(self, rank: int) -> bool:
@@ -246,16 +251,23 @@ class WorldCell(Executor):
             world.kill()
             world.state = "lost"
             _worlds.pop(world.name, None)
-            _lost[world.name] = world.spec
+            _lost[world.name] = Lost(world.spec, world.asked_start_method)
         else:
             world.state = "idle"
         _cuda.collect_ipc()  # what the ranks released of this cell's --share tensors
 
 
+class Lost(NamedTuple):
+    """A lost world, as the next cell naming it starts it again."""
+
+    spec: RunSpec  # how it ran
+    start_method: str  # --start-method as the user gave it (auto unless given)
+
+
 _worlds: dict[str, World] = {}
 # Worlds lost (a rank died, a cell could not be interrupted): the next cell naming one starts it again
 # with the same settings, and says that it is a new world.
-_lost: dict[str, RunSpec] = {}
+_lost: dict[str, Lost] = {}
 
 
 def worlds() -> dict[str, World]:
@@ -308,7 +320,7 @@ def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
     shared = pick_shared(share_names, request.namespace, method, ranks_started=world is not None, ranks_visible=ranks_visible)
     payload = pack_namespace(tree, request.namespace, request.hidden, shared)
     if world is None:
-        world = start_world(name, spec)
+        world = start_world(name, spec, parse_start_method(settings.start_method))
         _lost.pop(name, None)
     run_id = new_run_id()
     cspec = replace(
@@ -359,7 +371,7 @@ def _lose_if_a_rank_died(world: World) -> None:
     world.kill()
     world.state, world.lost_because = "lost", how
     _worlds.pop(world.name, None)
-    _lost[world.name] = world.spec
+    _lost[world.name] = Lost(world.spec, world.asked_start_method)
     raise SpawnUsageError(
         f"world {world.name!r} was lost between cells: {how}; nothing of it runs now. Run the cell again to "
         f"start a new world with the same settings ({world.settings()}), without the names its ranks had."
@@ -375,15 +387,18 @@ def _exit_text(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _as_before(settings: Settings, lost: RunSpec) -> Settings:
-    """A lost world started again: its settings, except those this cell gave."""
-    given = settings.given
+def _as_before(settings: Settings, lost: Lost) -> Settings:
+    """A lost world started again: its settings, except those this cell gave.  Its start method is
+    the one the user asked for (auto unless given), resolved again: the lost world's own (fork,
+    chosen by auto) would be refused as an explicit fork once CUDA was touched in the kernel (after
+    an NCCL failure, say), though the user never chose one."""
+    given, spec = settings.given, lost.spec
     return replace(
         settings,
-        nprocs=settings.nprocs if "-n" in given else lost.nprocs,
+        nprocs=settings.nprocs if "-n" in given else spec.nprocs,
         start_method=settings.start_method if "--start-method" in given else lost.start_method,
-        backend=settings.backend if "--backend" in given else lost.backend,
-        env=settings.env if "--env" in given else dict(lost.env),
+        backend=settings.backend if "--backend" in given else spec.backend,
+        env=settings.env if "--env" in given else dict(spec.env),
     )
 
 
@@ -413,13 +428,13 @@ def _check_settings(world: World, settings: Settings) -> None:
         )
 
 
-def start_world(name: str, spec: RunSpec) -> World:
+def start_world(name: str, spec: RunSpec, asked_start_method: str = "auto") -> World:
     """A new world, started with the settings of ``spec`` (its first cell's); its ranks print
     between cells to ``<log-dir>/<run-id>-world-<name>/``."""
     base = os.path.dirname(spec.run_dir)
     world_id = f"{spec.run_id}-world-{name}"
     wspec = replace(spec, run_id=world_id, run_dir=os.path.join(base, world_id), namespace=None, namespace_payload=None)
-    world = World(name=name, spec=wspec, base_dir=base)
+    world = World(name=name, spec=wspec, base_dir=base, asked_start_method=asked_start_method)
     world.start()
     _worlds[name] = world
     return world

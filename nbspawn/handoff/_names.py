@@ -178,6 +178,12 @@ def pick_shared(
         bad = next((t for t in leaves if t.device.type == "cpu" and (t.layout != torch.strided or t.is_nested)), None)
         if bad is not None:
             raise SpawnUsageError(f"--share: {name!r} holds a {bad.layout} tensor; only dense tensors can be shared")
+        if any(t.device.type == "cpu" and _shm.is_pinned(t.untyped_storage()) for t in leaves):
+            raise SpawnUsageError(
+                f"--share: {name!r} holds pinned (page-locked) CPU memory: sharing moves a tensor into shared memory "
+                "in place, which would unpin it. Leave it out of --share (the ranks get a copy, and it stays pinned), "
+                "or share an unpinned tensor."
+            )
         shared[name] = obj
     if ranks_visible is not False:
         check_shared_devices(list(shared.values()), ranks_visible if isinstance(ranks_visible, str) else None)

@@ -179,17 +179,32 @@ def _share_storage(storage: torch.UntypedStorage) -> None:
             finally:
                 os.close(fd)
         else:
-            fd = os.memfd_create("nbspawn", os.MFD_CLOEXEC)
-            try:
-                os.ftruncate(fd, nbytes)
-                _write_storage(fd, storage)
-                # private torch API (what share_memory_ uses): maps a dup of fd, and keeps it
-                new = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # type: ignore[attr-defined]
-            finally:
-                os.close(fd)
-            _cloexec(new)
+            new = _memfd_copy(storage)
         storage._swap_data_ptr_(new)  # the StorageImpl now owns the mapping; ``new`` the old memory
         del new  # frees the old memory
+
+
+def _memfd_copy(storage: torch.UntypedStorage) -> torch.UntypedStorage:
+    """A new storage in a memfd, holding a copy of ``storage``'s bytes (written with pwrite)."""
+    nbytes = storage.nbytes()
+    fd = os.memfd_create("nbspawn", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, nbytes)
+        _write_storage(fd, storage)
+        # private torch API (what share_memory_ uses): maps a dup of fd, and keeps it
+        new = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # type: ignore[attr-defined]
+    finally:
+        os.close(fd)
+    _cloexec(new)
+    return cast(torch.UntypedStorage, new)
+
+
+def is_pinned(storage: torch.UntypedStorage) -> bool:
+    """Whether a CPU storage is page-locked (pinned) memory; False where torch cannot tell."""
+    try:
+        return bool(storage.is_pinned())
+    except RuntimeError:  # an accelerator build whose runtime cannot be asked
+        return False
 
 
 def _cloexec(storage: torch.UntypedStorage) -> None:
@@ -257,15 +272,31 @@ def _reduce_storage_shared(storage: torch.UntypedStorage) -> tuple:
     return _torch_reductions.reduce_storage(storage)
 
 
-def _reduce_storage_private(storage: torch.UntypedStorage) -> tuple:
+def _reduce_storage_private(
+    storage: torch.UntypedStorage, copies: dict[Any, Any] | None = None, pinned: bool | None = None
+) -> tuple:
     """Sent like a shared storage, but mapped copy-on-write by the receiver.
 
     The rank reads the kernel's pages with no copy, and the first write to a page copies that page
     for the rank alone: kernel tensors a cell merely uses reach spawned ranks without a pickle copy,
     and a rank's writes to them never reach the kernel.
+
+    A pinned (page-locked) storage is not moved: swapping its memory for shared pages would leave the
+    kernel's tensor silently unpinned (``is_pinned()`` False, ``.to("cuda", non_blocking=True)`` from
+    it no longer overlapping).  The ranks map a shared copy of it instead, made once per payload and
+    kept in ``copies`` until they have started.  ``pinned``: the storage's own answer unless given.
     """
     if storage.device.type != "cpu" or not storage.nbytes():
         return _torch_reductions.reduce_storage(storage)
+    if is_pinned(storage) if pinned is None else pinned:
+        copies = {} if copies is None else copies
+        key = ("pinned", storage._cdata)
+        if key not in copies:
+            if torch.multiprocessing.get_sharing_strategy() == "file_system" or not hasattr(os, "memfd_create"):
+                copies[key] = torch.UntypedStorage(storage.nbytes()).copy_(storage)  # shared just below
+            else:
+                copies[key] = _memfd_copy(storage)
+        storage = copies[key]
     if torch.multiprocessing.get_sharing_strategy() == "file_system":
         return (_cloned, (_reduce_storage_shared(storage),))  # no descriptor to map privately
     _share_storage(storage)
@@ -298,12 +329,13 @@ class _Pickler(cloudpickle.Pickler):
 
     def __init__(
         self, file: io.BytesIO, run_prefix: str | None, shared: Collection[Any] | None = None,
-        copies: dict[int, torch.Tensor] | None = None,
+        copies: dict[Any, Any] | None = None,
     ) -> None:  # fmt: skip
         own: dict[type, Any] = {}
         self._shared_cuda: set[int] = set()
         self._private_cuda = False
-        self._copies = {} if copies is None else copies  # a CUDA tensor's CPU copy, made once per payload
+        # copies made for the ranks, once per payload: a CUDA tensor's on CPU, a pinned storage's in shared memory
+        self._copies: dict[Any, Any] = {} if copies is None else copies
         if run_prefix is None and shared is None:
             own[torch.UntypedStorage] = _reduce_storage_shared
         elif run_prefix is None:
@@ -313,7 +345,7 @@ class _Pickler(cloudpickle.Pickler):
             def reduce(storage: torch.UntypedStorage) -> tuple:
                 if storage._cdata in keys:
                     return _reduce_storage_shared(storage)
-                return _reduce_storage_private(storage)
+                return _reduce_storage_private(storage, self._copies)
 
             own[torch.UntypedStorage] = reduce
             self._private_cuda = True
@@ -380,7 +412,7 @@ _FOR_GPU = "_nbspawn_for_gpu"
 _arrivals: list[weakref.ref[torch.Tensor]] = []  # tensors unpickled here that belong on this rank's GPU
 
 
-def _to_arrive(obj: torch.Tensor, copies: dict[int, torch.Tensor]) -> tuple:
+def _to_arrive(obj: torch.Tensor, copies: dict[Any, Any]) -> tuple:
     if obj.layout != torch.strided or obj.is_nested:
         raise TypeError(f"a {obj.layout} CUDA tensor cannot be sent to ranks without --share; make it in the cell")
     data = copies.get(id(obj))
@@ -469,19 +501,29 @@ class Payload:
     forked rank's writes must reach the kernel.
     """
 
-    __slots__ = ("copies", "obj", "shared")
+    __slots__ = ("copies", "obj", "sent", "shared")
 
     def __init__(self, obj: Any, shared: Collection[Any] | None = None) -> None:
         self.obj = obj
         self.shared = shared  # if given: only these objects' tensors are shared, the rest copy-on-write
-        # CPU copies of CUDA tensors that are not shared: made once for every rank, and kept alive
-        # (their descriptors must stay open until the ranks have started)
-        self.copies: dict[int, torch.Tensor] = {}
+        # CPU copies made for the ranks, made once for every rank and kept alive until they have started
+        # (their descriptors must stay open meanwhile): CUDA tensors that are not shared, pinned tensors
+        self.copies: dict[Any, Any] = {}
+        self.sent = False
 
     def __reduce__(self) -> tuple:
+        if self.sent:
+            raise RuntimeError("this payload was sent already: its objects are no longer held")
         buf = io.BytesIO()
         _Pickler(buf, None, self.shared, self.copies).dump(self.obj)
         return (_Sealed, (buf.getvalue(),))
+
+    def release(self) -> None:
+        """The ranks have it (pickled with their start, or sent on their pipes): hold none of its
+        objects any more.  A run kept afterwards (``last_run()``, the run's spec) must not pin every
+        tensor its cell used: after ``del g`` in the kernel, g's memory (GPU memory shared by CUDA IPC
+        included) must be freeable, and the CPU copies made for the ranks go now."""
+        self.obj, self.shared, self.copies, self.sent = None, None, {}, True
 
     @staticmethod
     def unwrap(value: Any) -> Any:
@@ -493,17 +535,21 @@ class Payload:
 class _Sealed:
     """A :class:`Payload` as the receiving process has it until :meth:`Payload.unwrap` opens it."""
 
-    __slots__ = ("data", "obj", "opened")
+    __slots__ = ("data", "opened")
 
     def __init__(self, data: bytes) -> None:
         self.data = data
-        self.obj: Any = None
         self.opened = False
 
     def open(self) -> Any:
-        if not self.opened:  # once: the descriptors it carries are taken by the first load
-            self.obj, self.opened, self.data = loads(self.data), True, b""
-        return self.obj
+        """The object, handed over: opened once (the descriptors it carries are taken by the load), and
+        not kept here, so that the rank's namespace is its only holder.  A rank must be able to drop
+        every reference to what it received: torch gives a CUDA IPC block back to the kernel only when
+        the last storage opened on it is freed (the ref counter in ``CudaIPCTypes.cpp``)."""
+        if self.opened:
+            raise RuntimeError("a payload is opened once")
+        data, self.data, self.opened = self.data, b"", True
+        return loads(data)
 
 
 # -- ranks -> kernel ----------------------------------------------------------------------------

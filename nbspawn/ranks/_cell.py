@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import CodeType, ModuleType
 from typing import TextIO
@@ -45,9 +46,16 @@ class Inherited:
 
 
 def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> None:
-    """Entry point given to ``torch.multiprocessing.start_processes``; never returns an exception."""
+    """Entry point given to ``torch.multiprocessing.start_processes``; never returns an exception.
+
+    The error record is written first, while nothing of the GPU has been touched since the failure;
+    only then is the GPU brought to rest and what the rank received dropped (:func:`leave_gpu`): a
+    broken CUDA context can abort the process in that clean-up, and the real traceback must be on
+    disk by then.
+    """
     _die_with_parent(spec)
     rank_dir = spec.rank_dir(rank)
+    apply_kernel_env(spec.kernel_env)
     os.environ.update(spec.own_env(rank) if inherited is not None else spec.rank_env(rank))
     capture_output(rank_dir, spec.rich)
     _install_signal_handlers(rank_dir)
@@ -56,8 +64,9 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
         spec.rank_offset + rank, prompts_path(spec.run_dir), RankDir(rank_dir).answers
     )  # input(), pdb: the kernel answers
     code = 0
+    namespace: dict = {}
     try:
-        _run_cell(spec, rank, inherited)
+        namespace = _run_cell(spec, rank, inherited, namespace)
     except SystemExit as exc:  # sys.exit() in the cell: keep Python's meaning of the code
         code = _exit_code(exc)
     except BaseException as exc:
@@ -66,12 +75,25 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
     finally:
         finished()
         _flush()
-    if code:
+    # the exception (and the frames its traceback held, with their locals) is gone by now
+    settled = leave_gpu(namespace, spec.start_method, failed=code != 0)
+    if code or not settled:
         if _cuda_in_use():
-            # its NCCL communicators are aborted (_run_cell): leave now, not through an interpreter
-            # shutdown (spawn's) whose CUDA and NCCL teardown could wait on work that never completes
-            os._exit(code)
+            # its NCCL communicators are aborted: leave now, not through an interpreter shutdown
+            # (spawn's) whose CUDA and NCCL teardown could wait on work that never completes
+            os._exit(code or EXIT_RAISED)
         sys.exit(code)
+
+
+def apply_kernel_env(kernel_env: Mapping[str, str] | None) -> None:
+    """A forkserver rank: the environment the kernel has now, not the one the fork server was started
+    with (``CUDA_VISIBLE_DEVICES``, ``NCCL_*``, ``PYTORCH_CUDA_ALLOC_CONF`` set in the notebook since),
+    applied before anything can touch CUDA.  None (fork, spawn): the rank inherited it already."""
+    if kernel_env is None:
+        return
+    for key in [key for key in os.environ if key not in kernel_env]:
+        del os.environ[key]
+    os.environ.update(kernel_env)
 
 
 def _die_with_parent(spec: RunSpec) -> None:
@@ -116,31 +138,49 @@ def _namespace(spec: RunSpec) -> dict:
     return namespace
 
 
-def _run_cell(spec: RunSpec, rank: int, inherited: Inherited | None) -> None:
+def _run_cell(spec: RunSpec, rank: int, inherited: Inherited | None, namespace: dict) -> dict:
+    """Set up, run the cell, send its ``--out`` values, bring the GPU to rest; the namespace the cell
+    ran in.  ``namespace`` is filled as soon as it is known, so the caller can drop it whatever fails."""
     prepare_rank(rank)
-    namespace = _namespace(spec)
+    if spec.namespace is not None:
+        namespace = _namespace(spec)  # fork: the cell runs in the kernel's namespace (the rank's copy of it)
+    else:
+        namespace.update(_namespace(spec))
     code, last = inherited.compiled if inherited is not None else spec.cell.compile()
-    try:
-        dist = init_process_group(spec.backend, rank)
-        execute_cell(code, last, namespace)
-        if spec.out_names:
-            from ..handoff._names import send_outputs
+    dist = init_process_group(spec.backend, rank)
+    execute_cell(code, last, namespace)
+    if spec.out_names:
+        from ..handoff._names import send_outputs
 
-            assert spec.shm_prefix is not None  # every run with --out names has a prefix
-            send_outputs(namespace, spec.out_names, spec.shm_prefix, spec.rank_dir(rank))
-    except BaseException:
-        if _cuda_in_use():
-            abort_groups()  # a collective the others never match must not hold this rank
-            if settle_devices(SETTLE_AFTER_FAILURE):
-                release_names(namespace, spec.start_method)
-        raise
+        assert spec.shm_prefix is not None  # every run with --out names has a prefix
+        send_outputs(namespace, spec.out_names, spec.shm_prefix, spec.rank_dir(rank))
     _flush()
-    if _cuda_in_use():
-        settle_devices(None)  # what the cell queued on the GPU is done (writes to --share tensors included)
-        release_names(namespace, spec.start_method)
+    # what the cell queued on the GPU is done (writes to --share tensors included); a CUDA error that
+    # surfaces only now (a device-side assert) fails the rank here, with its own traceback
+    settle_devices(None)
     dist = dist or sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()  # also the user's own group, so the rank exits without warnings
+    return namespace
+
+
+def leave_gpu(namespace: dict, start_method: str, failed: bool) -> bool:
+    """A fresh rank, once its cell is over and its error (if any) is written: a failed rank aborts its
+    NCCL communicators (a collective the others never match must not hold it), waits a little for its
+    GPU, and drops what it received (:func:`release_names`) unless the GPU is broken or still busy:
+    freeing CUDA IPC memory then can abort the process.  Whether the GPU is at rest."""
+    if not _cuda_in_use():
+        release_names(namespace, start_method)
+        return True
+    if failed:
+        abort_groups()
+    try:
+        settled = settle_devices(SETTLE_AFTER_FAILURE if failed else None)
+    except Exception:  # a sticky CUDA error: the context is unusable, nothing it holds can be freed safely
+        return False
+    if settled:
+        release_names(namespace, start_method)
+    return settled
 
 
 def prepare_rank(rank: int) -> None:
@@ -214,21 +254,20 @@ def init_process_group(backend: str, rank: int) -> ModuleType | None:
     and ``new_group`` can split it)."""
     if backend == "none":
         return None
-    from datetime import timedelta
-
     import torch
     import torch.distributed as dist
 
-    # where the kernel answers prompts, a rank at a breakpoint must not make the others' collectives
-    # time out while a person types: an hour, as torch.distributed.breakpoint gives its ranks
-    timeout = timedelta(seconds=_prompt.LONG_TIMEOUT_S) if _prompt.available() else None
+    # torch's own timeouts (nccl 10 min, gloo 30 min), whether or not the kernel answers prompts: NCCL's
+    # watchdog, its flight-recorder dump on timeout and TORCH_NCCL_ASYNC_ERROR_HANDLING handle a real
+    # hang as torch intends.  A debugger prompt gets longer where torch can give it (_prompt.extend_timeouts
+    # and torch.distributed.breakpoint: the collectives issued from then on; README, "CUDA").
     if backend == "nccl":
         device = _cuda.rank_device(rank, torch.cuda.device_count())
         assert device is not None  # nccl is refused without GPUs
         torch.cuda.set_device(device)
-        dist.init_process_group(backend, device_id=torch.device("cuda", device), timeout=timeout)
+        dist.init_process_group(backend, device_id=torch.device("cuda", device))
     else:
-        dist.init_process_group(backend, timeout=timeout)
+        dist.init_process_group(backend)
     return dist
 
 
@@ -244,8 +283,10 @@ def settle_devices(timeout: float | None, interruptible: bool = False) -> bool:
     """Wait until the GPU work this rank queued is done, on every device it has a context on (none
     is created); False if it did not finish within ``timeout`` (an unmatched NCCL collective).
 
-    The wait runs in a helper thread, so the rank's main thread can give up on it, and (with
-    ``interruptible``) still take a KeyboardInterrupt meanwhile.
+    A CUDA error that ``synchronize`` raises is raised here: an error such as a device-side assert is
+    sticky (every later CUDA call fails the same way), so it never counts as settled.  The wait runs
+    in a helper thread, so the rank's main thread can give up on it, and (with ``interruptible``)
+    still take a KeyboardInterrupt meanwhile.
     """
     if not _cuda_in_use():
         return True
@@ -254,35 +295,45 @@ def settle_devices(timeout: float | None, interruptible: bool = False) -> bool:
     import torch
 
     done = threading.Event()
+    failure: list[BaseException] = []
 
     def wait() -> None:
         try:
-            with contextlib.suppress(Exception):  # a broken device: nothing more will finish on it
-                for index in range(torch.cuda.device_count()):
-                    if torch._C._cuda_hasPrimaryContext(index):  # type: ignore[attr-defined]  # CUDA builds only
-                        torch.cuda.synchronize(index)
+            for index in range(torch.cuda.device_count()):
+                if torch._C._cuda_hasPrimaryContext(index):  # type: ignore[attr-defined]  # CUDA builds only
+                    torch.cuda.synchronize(index)
+        except Exception as exc:  # a broken device: nothing more will finish on it
+            failure.append(exc)
         finally:
             done.set()
 
     threading.Thread(target=wait, name="nbspawn-settle", daemon=True).start()
     if timeout is not None:
-        return done.wait(timeout)
-    while not done.wait(0.1 if interruptible else None):
-        pass
-    return True
+        finished_in_time = done.wait(timeout)
+    else:
+        while not done.wait(0.1 if interruptible else None):
+            pass
+        finished_in_time = True
+    if failure:
+        raise failure[0]
+    return finished_in_time
 
 
 def release_names(namespace: dict, start_method: str) -> None:
     """Drop this rank's references to what it received (after ``settle_devices``), so CUDA IPC
-    reference counts reach the kernel before the rank leaves with ``os._exit`` (the kernel can
-    then free a shared tensor's memory on ``del``).  A forked rank's namespace is the kernel's own
-    objects, received by no IPC: left alone (their finalizers are the kernel's)."""
+    reference counts reach the kernel before the rank leaves with ``os._exit`` (a forkserver rank
+    always does; a failed rank that used CUDA too): torch gives a CUDA IPC block back to the kernel
+    only when the last storage opened on it is freed, and the kernel can then free a shared tensor's
+    memory on ``del``.  The namespace is the only holder left (``_shm._Sealed`` keeps nothing once
+    opened).  A forked rank's namespace is the kernel's own objects, received by no IPC: left alone
+    (their finalizers are the kernel's)."""
     if start_method == "fork":
         return
-    import gc
-
     namespace.clear()
-    gc.collect()
+    if _cuda_in_use():  # reference cycles too; on CPU the process's exit frees everything anyway
+        import gc
+
+        gc.collect()
 
 
 def abort_groups() -> None:

@@ -8,8 +8,8 @@ when it was issued.  The thread runs while the main thread is blocked in a colle
 the GIL there), which is when it matters.  The kernel reads the two together: the stacks say *where*
 each rank is, the sequence numbers *how far* it got (``rank 2 never entered barrier #3``).
 
-torch's flight recorder keeps the last ``TORCH_FR_BUFFER_SIZE`` collectives of every process group;
-ranks get a small buffer unless the user set one.  It costs a few microseconds per collective.
+torch's flight recorders (NCCL's own, and the generic one gloo records into) keep the last
+``TORCH_FR_BUFFER_SIZE`` collectives of every process group; ranks get a small buffer unless the user set one.  It costs a few microseconds per collective.
 """
 
 from __future__ import annotations
@@ -75,24 +75,52 @@ def _write(rank_dir: str, asked: int) -> None:
 
 
 def recent_collectives() -> list[dict[str, Any]]:
-    """The newest collectives of this rank's process groups, from torch's flight recorder."""
+    """The newest collectives of this rank's process groups, from torch's flight recorders, oldest first."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return []
     import torch
 
-    raw = torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=True)  # type: ignore[attr-defined]
-    entries = json.loads(raw).get("entries", [])
+    entries: list[dict[str, Any]] = []
+    failed: Exception | None = None
+    for dump in recorders(torch._C._distributed_c10d, bool(torch.cuda.is_initialized())):
+        try:
+            entries.extend(json.loads(dump()).get("entries", []))
+        except Exception as err:  # one recorder that cannot be read leaves the other's entries
+            failed = err
+    if failed is not None and not entries:
+        raise failed
+    entries.sort(key=lambda entry: entry.get("time_created_ns") or 0)
     return [summary(entry) for entry in entries[-KEPT:]]
 
 
+def recorders(c10d: Any, cuda_initialized: bool) -> list[Callable[[], str]]:
+    """The flight recorders this rank's collectives are in, as dump functions.
+
+    torch keeps two: ProcessGroupNCCL records into its own (``FlightRecorder<at::cuda::CUDAEvent>``,
+    dumped by ``_dump_nccl_trace_json``, NCCL builds only); gloo and other CPU backends into the
+    generic one (``FlightRecorder<c10::Event>``, ``_dump_fr_trace_json``).  Both are read: a rank
+    may have groups of each.  The NCCL one only once CUDA is initialized (no NCCL group before)."""
+    found: list[Callable[[], str]] = []
+    nccl = getattr(c10d, "_dump_nccl_trace_json", None)
+    if nccl is not None and cuda_initialized:
+        found.append(lambda: nccl(True, False))  # includeCollectives, onlyActive
+    generic = getattr(c10d, "_dump_fr_trace_json", None)
+    if generic is not None:
+        found.append(lambda: generic(includeCollectives=True))
+    return found
+
+
 def summary(entry: dict[str, Any]) -> dict[str, Any]:
-    """What the kernel needs of one flight-recorder entry."""
+    """What the kernel needs of one flight-recorder entry.  ``state`` (scheduled, started,
+    completed) is meaningful for NCCL's entries, whose end is a CUDA event: an NCCL collective
+    returns once enqueued, so "not completed" is how a rank is seen waiting in one."""
     name = str(entry.get("profiling_name", ""))
     return {
         "seq": entry.get("collective_seq_id") or 0,
         "p2p_seq": entry.get("p2p_seq_id") or 0,
         "op": name.split(":", 1)[-1],  # "gloo:all_reduce" -> "all_reduce"
+        "backend": name.split(":", 1)[0] if ":" in name else "",
         "group": (entry.get("process_group") or ["", ""])[-1],
         "sizes": entry.get("input_sizes") or [],
         "issued": (entry.get("time_created_ns") or 0) / 1e9,

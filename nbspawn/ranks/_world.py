@@ -94,6 +94,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any]) -> None:
         if other is not conn:
             other.close()
     between = spec.rank_dir(rank)
+    _rank.apply_kernel_env(spec.kernel_env)
     os.environ.update(spec.rank_env(rank))
     from ._capture import capture_output
 
@@ -128,6 +129,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any]) -> None:
         except KeyboardInterrupt:  # an interrupt that came as the cell was ending
             signal.signal(signal.SIGINT, _ignore_interrupt)
             outcome = INTERRUPTED, 1
+        job = None  # nothing of this cell's job is held while the rank waits for the next one
         finished()
         _rank._flush()
         redirect_output(between)
@@ -209,7 +211,6 @@ def _sit_out(job: WorldJob, rank: int, backend: str, group: list[Any]) -> None:
     group is tried again, with the others, at the next cell."""
     if group:
         return
-    _prompt.use(prompts_path(job.run_dir), None)  # the group's timeouts as its peers have them
     try:
         group.append(_rank.init_process_group(backend, rank))
     except Exception as exc:
@@ -221,15 +222,29 @@ def keep_in_step(rank: int, job: WorldJob, namespace: dict[str, Any], own: set[s
     is provably in step: NCCL calls return once queued, and an interrupted or failed cell can leave
     ranks with different numbers of collectives queued; then one of them never completes.  Such a
     rank leaves (the kernel reports the world lost) rather than pair the next cell's collectives
-    off by one.  Then what ``--share`` sent is released (CUDA IPC reference counts)."""
+    off by one; so does a rank whose GPU raised a CUDA error (a device-side assert is sticky: its
+    context is unusable).  Then what ``--share`` sent is dropped (the next cell that uses it gets
+    it again): CUDA IPC reference counts reach the kernel, which can free a shared tensor on ``del``."""
     if not _rank._cuda_in_use():
         return
-    if not _rank.settle_devices(job.grace):
-        print(
-            f"nbspawn: rank {rank}'s GPU work did not finish within {job.grace:g} s of the cell's end: its NCCL "
-            "collectives are out of step with the other ranks', so this world cannot go on; start it again.",
-            file=sys.stderr,
-        )
+    broken: Exception | None = None
+    try:
+        settled = _rank.settle_devices(job.grace)
+    except Exception as exc:
+        settled, broken = False, exc
+    if not settled:
+        if broken is not None:
+            said = str(broken).strip().splitlines()[0] if str(broken).strip() else ""
+            why = (
+                f"rank {rank}'s GPU raised {type(broken).__name__}{': ' + said if said else ''}; a CUDA error such as "
+                "a device-side assert stays with the process (every later CUDA call fails)"
+            )
+        else:
+            why = (
+                f"rank {rank}'s GPU work did not finish within {job.grace:g} s of the cell's end: its NCCL "
+                "collectives are out of step with the other ranks'"
+            )
+        print(f"nbspawn: {why}, so this world cannot go on; start it again.", file=sys.stderr)
         _rank.abort_groups()
         finished()
         _rank._flush()
@@ -246,9 +261,9 @@ def _run(job: WorldJob, rank: int, namespace: dict[str, Any], own: set[str]) -> 
     if job.names is not None:
         from ..handoff._names import unpack_namespace
 
-        for name, value in unpack_namespace(job.names).items():
-            if name not in own:  # a name this rank's cells assigned is the rank's own
-                namespace[name] = value
+        # a name this rank's cells assigned is the rank's own; no loop variable is left bound in this
+        # frame, which a failed cell's kept traceback holds (it would keep a --share tensor alive)
+        namespace.update({name: value for name, value in unpack_namespace(job.names).items() if name not in own})
     code, last = job.cell.compile()
     try:
         _rank.execute_cell(code, last, namespace)
