@@ -230,6 +230,11 @@ class _RankKernel:
     def get_parent(self, channel: str = "shell") -> dict[str, Any]:
         return _RANK_PARENT
 
+    @property
+    def _parent_header(self) -> dict[str, Any]:
+        """Where ipywidgets 7's ``Output`` looks (``get_ipython().kernel._parent_header``)."""
+        return _RANK_PARENT
+
 
 class _RankComms:
     """The comm manager ipykernel 6.17's ``Comm`` registers with: a rank's comms by id, nothing routed."""
@@ -246,6 +251,12 @@ class _RankComms:
 
     def get_comm(self, comm_id: str) -> Any:
         return self.comms.get(comm_id)
+
+    def register_target(self, target_name: str, callback: Any) -> None:
+        """ipywidgets registers its targets on import: no front end will open a comm to a rank."""
+
+    def unregister_target(self, target_name: str, callback: Any) -> None:
+        """Nothing was registered."""
 
 
 class _OutputWidgets:
@@ -646,7 +657,9 @@ def _rank_shell(rich: bool) -> Any:
 
     # matplotlib's inline backend (MPLBACKEND, inherited from the kernel) finds this shell itself
     # when a cell imports pyplot, so a rank that draws nothing pays nothing for it.
-    return InteractiveShell.instance(config=config)
+    shell = InteractiveShell.instance(config=config)
+    shell.kernel = _RankKernel()  # type: ignore[attr-defined]  # ipywidgets 7's Output asks the shell's kernel what it captures (8 asks its comm)
+    return shell
 
 
 def _silence_the_kernel(shell: Any) -> None:
