@@ -113,6 +113,11 @@ def _fill(rank: int, tensor: torch.Tensor, value: float) -> None:
     tensor.fill_(value + rank)
 
 
+def _sums_to(rank: int, payload, total: int) -> None:
+    _child(rank)
+    assert int(_shm.Payload.unwrap(payload)["t"].sum()) == total
+
+
 def _fill_views(rank: int, views: list[torch.Tensor]) -> None:
     _child(rank)
     views[rank].fill_(rank + 1)
@@ -208,6 +213,13 @@ def test_share_replaces_a_from_file_mapping_that_has_no_descriptor(tmp_path, no_
     path.write_bytes(bytes(range(16)))
     t = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage.from_file(str(path), shared=True, nbytes=16))
     assert t.is_shared() and not _shm.is_shared(t.untyped_storage())  # torch would DupFd(-1)
+    if not hasattr(t.untyped_storage(), "_swap_data_ptr_"):  # torch < 2.12 (Colab's, Kaggle's): said, and sent as a copy
+        assert not _shm.movable_in_place(t.untyped_storage())
+        with pytest.raises(ValueError, match=r"mapped from a file .* use a copy \(\.clone\(\)\)"):
+            _shm.share_(t)
+        # a cell that only uses it: its ranks get a copy (spawn: the payload copies it once, as a pinned one)
+        mp.start_processes(_sums_to, args=(_shm.Payload({"t": t}, shared=[]), 120), nprocs=1, start_method="spawn")
+        return
     _shm.share_(t)
     assert _shm.is_shared(t.untyped_storage()) and t.tolist() == list(range(16))
 

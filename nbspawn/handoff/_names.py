@@ -184,6 +184,12 @@ def pick_shared(
                 "in place, which would unpin it. Leave it out of --share (the ranks get a copy, and it stays pinned), "
                 "or share an unpinned tensor."
             )
+        if not all(t.device.type != "cpu" or _shm.movable_in_place(t.untyped_storage()) for t in leaves):
+            raise SpawnUsageError(
+                f"--share: {name!r} is mapped from a file (torch.load(mmap=True), UntypedStorage.from_file), which torch "
+                f"{torch.__version__} cannot move into shared memory in place (torch >= 2.12 can). Share a copy "
+                f"({name} = {name}.clone()), or leave it out of --share (the ranks get a copy)."
+            )
         shared[name] = obj
     if ranks_visible is not False:
         check_shared_devices(list(shared.values()), ranks_visible if isinstance(ranks_visible, str) else None)

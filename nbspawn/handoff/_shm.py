@@ -162,6 +162,11 @@ def _share_storage(storage: torch.UntypedStorage) -> None:
             return
         if not hasattr(storage, "_swap_data_ptr_") or not hasattr(os, "memfd_create"):
             storage.share_memory_()  # older torch: correct, only slower
+            if not is_shared(storage):  # a mapped file: torch deems it shared, yet has no descriptor to send
+                raise ValueError(
+                    f"a tensor mapped from a file (torch.load(mmap=True), UntypedStorage.from_file) cannot be moved "
+                    f"into shared memory in place with torch {torch.__version__} (torch >= 2.12 can): use a copy (.clone())"
+                )
             return
         nbytes = storage.nbytes()
         if torch.multiprocessing.get_sharing_strategy() == "file_system":
@@ -265,6 +270,14 @@ def _storages(obj: Any) -> Iterator[torch.UntypedStorage]:
 # -- kernel -> ranks ----------------------------------------------------------------------------
 
 
+def movable_in_place(storage: torch.UntypedStorage) -> bool:
+    """Whether ``share_`` can give ``storage`` shared memory in place: always, but on torch < 2.12 (no
+    ``_swap_data_ptr_``) a file mapping without a descriptor (``torch.load(mmap=True)``) cannot be."""
+    if is_shared(storage) or hasattr(storage, "_swap_data_ptr_"):
+        return True
+    return not (storage.device.type == "cpu" and storage.is_shared())
+
+
 def _reduce_storage_shared(storage: torch.UntypedStorage) -> tuple:
     """torch's storage reduction, after the fast in-place move (torch's own would copy slowly)."""
     if storage.device.type == "cpu" and storage.nbytes():
@@ -284,11 +297,12 @@ def _reduce_storage_private(
     A pinned (page-locked) storage is not moved: swapping its memory for shared pages would leave the
     kernel's tensor silently unpinned (``is_pinned()`` False, ``.to("cuda", non_blocking=True)`` from
     it no longer overlapping).  The ranks map a shared copy of it instead, made once per payload and
-    kept in ``copies`` until they have started.  ``pinned``: the storage's own answer unless given.
+    kept in ``copies`` until they have started; so too a file mapping torch < 2.12 cannot move
+    (``movable_in_place``).  ``pinned``: the storage's own answer unless given.
     """
     if storage.device.type != "cpu" or not storage.nbytes():
         return _torch_reductions.reduce_storage(storage)
-    if is_pinned(storage) if pinned is None else pinned:
+    if (is_pinned(storage) if pinned is None else pinned) or not movable_in_place(storage):
         copies = {} if copies is None else copies
         key = ("pinned", storage._cdata)
         if key not in copies:
