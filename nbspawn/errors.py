@@ -201,6 +201,7 @@ class RankRaisedError(_RootCause, ProcessRaisedException):
     def __init__(self, failures: list[RankFailure], run: Any = None, facts: RunFacts | None = None) -> None:
         _RootCause.__init__(self, failures, run, facts)
         ProcessRaisedException.__init__(self, str(self), failures[0].rank, failures[0].pid or 0)
+        self.error_pid = failures[0].pid or 0  # torch 2.4 sets only ``pid``; handlers read ``error_pid``
 
     @property
     def exc_type(self) -> str | None:
@@ -220,6 +221,7 @@ class RankExitedError(_RootCause, ProcessExitedException):
         _RootCause.__init__(self, failures, run, facts)
         root = failures[0]
         ProcessExitedException.__init__(self, str(self), root.rank, root.pid or 0, root.exit_code or 0, root.signal_name)
+        self.error_pid = root.pid or 0  # torch 2.4 sets only ``pid``; handlers read ``error_pid``
 
     def __str__(self) -> str:
         return _RootCause.__str__(self)
