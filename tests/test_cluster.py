@@ -263,7 +263,7 @@ def test_two_kernels_on_the_same_engines_keep_their_own_ports(kernel, nodes):
     with connected_kernel(nodes) as other:
         ok(other, "%%spawn --cluster rc -n 1\npass")
     agent = sorted(nodes.engine_pids)[0]
-    held = nodes.client()[agent].apply_sync(eval, "sorted(__import__('nbspawn.cluster._agent', fromlist=['_'])._listeners)")
+    held = nodes.client()[agent].apply_sync(eval, "sorted(__import__('nbspawn._listen', fromlist=['_'])._held)")
     assert booked in held, (booked, held)
     again = ok(
         kernel, "%%spawn --cluster rc -n 1 --backend gloo\nimport torch.distributed as dist\nprint('size', dist.get_world_size())"

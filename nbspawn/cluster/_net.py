@@ -4,18 +4,15 @@ Never from the hostname: on Debian and Ubuntu a machine's own hostname resolves 
 MASTER_ADDR or a gloo device bound to it works on one machine and breaks across two
 (``connectFullMesh failed``).  Instead the kernel's routing table is asked which source address it
 would use to reach a peer (a UDP ``connect`` sends nothing), and that address's interface is found
-with ``SIOCGIFADDR``.  Everything here runs on the node, inside its engine.
+with ``SIOCGIFADDR`` (``nbspawn._listen.interface_of``).  Everything here runs on the node, inside its engine.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import socket
-import struct
 
-_SIOCGIFADDR = 0x8915
 # not a real peer: asking the route toward it gives the address of the default route's interface
 _FAR_AWAY = "10.254.254.254"
 
@@ -46,19 +43,6 @@ def routable_address(controller_host: str | None) -> str | None:
         address = source_address(peer)
         if address and not address.startswith("127."):
             return address
-    return None
-
-
-def interface_of(address: str) -> str | None:
-    """The network interface that carries ``address`` (for GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for _index, name in socket.if_nameindex():
-            try:
-                reply = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
-            except OSError:  # no IPv4 address
-                continue
-            if socket.inet_ntoa(reply[20:24]) == address:
-                return name
     return None
 
 

@@ -32,6 +32,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from .. import _cuda
+from .._listen import host_store
 from .._options import (
     parse_backend,
     parse_env,
@@ -50,6 +51,7 @@ from ..errors import SpawnUsageError, rank_spans
 from ..handoff._names import pack_namespace, parse_names, pick_shared
 from ..handoff._shm import new_run_prefix, share_
 from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
+from ..ranks._fds import kernel_descriptors
 from ..ranks._world import EXITED, INTERRUPTED, OK, RAISED, STARTED, WorldJob, run_world_rank
 from . import _reaper
 from ._base import Executor
@@ -87,6 +89,7 @@ class World:
     lost_because: str | None = None
     killed: bool = False
     kept: dict[int, KeptFailure] = field(default_factory=dict)  # rank -> the last failure it keeps
+    store: Any = None  # the world's TCPStore, on loopback, for its life (a world on one machine)
 
     def keep_failures(self, run: Run, cell: CellSource) -> None:
         """What each rank that raised in this cell keeps (the ranks' rule: an exception, not an interrupt)."""
@@ -112,16 +115,21 @@ class World:
         from torch.multiprocessing import start_processes
 
         spec = self.spec
-        os.makedirs(spec.run_dir, exist_ok=True)
+        os.makedirs(spec.run_dir, mode=0o700, exist_ok=True)
         for rank in range(spec.nprocs):
-            os.makedirs(spec.rank_dir(rank), exist_ok=True)
+            os.makedirs(spec.rank_dir(rank), mode=0o700, exist_ok=True)
+        if spec.hosts_store:
+            self.store = host_store(spec.master_addr, spec.master_port)
         pipes = [multiprocessing.Pipe() for _ in range(spec.nprocs)]
+        # a forked rank keeps the ranks' ends (it closes the others' itself), never the kernel's
+        ranks_ends = frozenset(child.fileno() for _parent, child in pipes)
+        kernel_fds = kernel_descriptors(ranks_ends) if spec.start_method == "fork" else ()
         if spec.start_method == "forkserver":
             prepare_forkserver()
         with interrupts_deferred():
             context = start_processes(
                 run_world_rank,
-                args=(spec, [child for _parent, child in pipes]),
+                args=(spec, [child for _parent, child in pipes], kernel_fds),
                 nprocs=spec.nprocs,
                 join=False,
                 daemon=False,
@@ -155,6 +163,7 @@ class World:
         self.killed = True
         pids = self.pids
         end_processes(self.processes)
+        self.store = None  # its ranks are gone: it stops
         for conn in self.conns:
             conn.close()
         self.conns = []
