@@ -56,6 +56,13 @@ def reserve(address: str) -> int:
     return port
 
 
+def release(port: int) -> None:
+    """Let a reserved port go: the run it was chosen for was refused before it started."""
+    sock = _held.pop(port, None)
+    if sock is not None:
+        sock.close()
+
+
 def host_store(address: str, port: int) -> Any:
     """The run's ``TCPStore``, listening on ``address:port`` only (the reserved socket if it is still
     held, else one bound now); ranks join it as clients.  It stops when the object is dropped."""

@@ -90,3 +90,13 @@ def test_a_kept_world_listens_on_loopback_only_and_its_ranks_hold_no_kernel_sock
         assert "sum 2.0" in again.stdout, again.stdout
     finally:
         run(kernel, f"%spawn stop {name}")
+
+
+def test_a_run_refused_after_its_port_was_chosen_leaves_no_port_held(kernel):
+    """A new world's port is reserved (listening) when its spec is made; a cell refused after that
+    (--on a rank the world will not have) lets it go."""
+    before = listening(kernel.pid)
+    name = f"w{time.monotonic_ns() % 10**8}"
+    refused = run(kernel, f"%%spawn --world {name} -n 2 --on 7\npass")
+    assert refused.status == "error" and "--on: rank 7 does not exist" in refused.error.evalue, refused
+    assert listening(kernel.pid) == before

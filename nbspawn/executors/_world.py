@@ -32,7 +32,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from .. import _cuda
-from .._listen import host_store
+from .._listen import host_store, release
 from .._options import (
     parse_backend,
     parse_env,
@@ -309,16 +309,21 @@ def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
         shown = parse_ranks(settings.ranks, world.spec.nprocs)
         saved = parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb") * 1024
         images = parse_kb(settings.max_image_kb, "SpawnMagics.max_image_kb") * 1024
-    on = _cell_ranks(request.on, shown, world.spec.nprocs if world is not None else spec.nprocs, name)
-    tree = cell.parse()
-    ranks_visible = _cuda.ranks_visible(world.spec.env if world is not None else spec.env, os.environ)
-    # a kept world's ranks were started before this kernel could poison fork (fork is refused or
-    # avoided then), so CUDA IPC reaches them whatever their start method
-    shared = pick_shared(share_names, request.namespace, method, ranks_started=world is not None, ranks_visible=ranks_visible)
-    payload = pack_namespace(tree, request.namespace, request.hidden, shared)
-    if world is None:
-        world = start_world(name, spec)
-        _lost.pop(name, None)
+    try:
+        on = _cell_ranks(request.on, shown, world.spec.nprocs if world is not None else spec.nprocs, name)
+        tree = cell.parse()
+        ranks_visible = _cuda.ranks_visible(world.spec.env if world is not None else spec.env, os.environ)
+        # a kept world's ranks were started before this kernel could poison fork (fork is refused or
+        # avoided then), so CUDA IPC reaches them whatever their start method
+        shared = pick_shared(share_names, request.namespace, method, ranks_started=world is not None, ranks_visible=ranks_visible)
+        payload = pack_namespace(tree, request.namespace, request.hidden, shared)
+        if world is None:
+            world = start_world(name, spec)
+            _lost.pop(name, None)
+    except BaseException:
+        if world is None:
+            release(spec.master_port)  # the new world's port, reserved by build_spec
+        raise
     run_id = new_run_id()
     cspec = replace(
         world.spec,
