@@ -59,11 +59,13 @@ def wait_for_files(directory: str, names: list[str], timeout: float = 60) -> lis
     raise AssertionError(f"not all of {names} in {directory}: {os.listdir(directory)}")
 
 
-@pytest.mark.parametrize("bg", [False, True], ids=["fresh", "background"])
-def test_a_run_listens_on_loopback_only_and_its_ranks_hold_no_kernel_socket(kernel, tmp_path, bg):
+@pytest.mark.parametrize(
+    ("method", "bg"), [("fork", False), ("fork", True), ("forkserver", False)], ids=["fresh", "background", "forkserver"]
+)
+def test_a_run_listens_on_loopback_only_and_its_ranks_hold_no_kernel_socket(kernel, tmp_path, method, bg):
     where = str(tmp_path)
     flags = "--bg " if bg else ""
-    kernel.client.execute(f"%%spawn {flags}-n 2 --backend gloo --start-method fork\n" + CELL.format(where=where))
+    kernel.client.execute(f"%%spawn {flags}-n 2 --backend gloo --start-method {method}\n" + CELL.format(where=where))
     try:
         ranks = [psutil.Process(int(pid)) for pid in wait_for_files(where, ["ready0", "ready1"])]
         assert_nothing_exposed(kernel, ranks)
@@ -76,12 +78,13 @@ def test_a_run_listens_on_loopback_only_and_its_ranks_hold_no_kernel_socket(kern
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o700, path  # private to the user
 
 
-def test_a_kept_world_listens_on_loopback_only_and_its_ranks_hold_no_kernel_socket(kernel):
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_kept_world_listens_on_loopback_only_and_its_ranks_hold_no_kernel_socket(kernel, method):
     name = f"w{time.monotonic_ns() % 10**8}"
     try:
         first = ok(
             kernel,
-            f"%%spawn --world {name} -n 2 --backend gloo --start-method fork\n"
+            f"%%spawn --world {name} -n 2 --backend gloo --start-method {method}\n"
             "import os, torch.distributed as dist\ndist.barrier()\nprint('pid', os.getpid())",
         )
         ranks = [psutil.Process(int(rank_lines(first.stdout, r)[-1].split()[-1])) for r in range(2)]
