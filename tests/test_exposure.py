@@ -103,3 +103,29 @@ def test_a_run_refused_after_its_port_was_chosen_leaves_no_port_held(kernel):
     refused = run(kernel, f"%%spawn --world {name} -n 2 --on 7\npass")
     assert refused.status == "error" and "--on: rank 7 does not exist" in refused.error.evalue, refused
     assert listening(kernel.pid) == before
+
+
+PROGRAM = """import os, sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo")  # env://, as a script under torchrun: it joins the kernel's store
+d = sys.argv[1]
+with open(os.path.join(d, 'ready' + os.environ['RANK']), 'w') as fh:
+    fh.write(str(os.getpid()))
+while not os.path.exists(os.path.join(d, 'go')):
+    time.sleep(0.05)
+dist.destroy_process_group()
+"""
+
+
+def test_a_programs_own_process_group_listens_on_loopback_only(kernel, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(PROGRAM)
+    where = str(tmp_path)
+    kernel.client.execute(f"%spawn --bg -n 2 -- {script} {where}")
+    try:
+        ranks = [psutil.Process(int(pid)) for pid in wait_for_files(where, ["ready0", "ready1"])]
+        assert_nothing_exposed(kernel, ranks)
+    finally:
+        open(os.path.join(where, "go"), "w").close()
+    said = ok(kernel, "r = nbspawn.last_run(); r.wait(); print(r.status)").stdout
+    assert said.split()[-1] == "succeeded", said
