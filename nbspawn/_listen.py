@@ -85,7 +85,8 @@ def host_store(address: str, port: int) -> Any:
 
 def libuv_takes_listen_fd(version: str) -> bool:
     """Whether torch ``version``'s libuv TCPStore server accepts on a socket it is given (pytorch
-    #150215, torch 2.8); before, it took the socket and never accepted, and the legacy server is used."""
+    #150215, torch 2.8).  Torch 2.4 made libuv the default without that support; for a listen fd its
+    documented route is ``use_libuv=False``, the legacy server, which takes one in every version."""
     found = re.match(r"(\d+)\.(\d+)", version)
     return found is None or (int(found[1]), int(found[2])) >= (2, 8)
 
