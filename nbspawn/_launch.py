@@ -18,6 +18,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from . import _listen
 from ._options import OPTIONS
 from ._program import parse_program
 from ._request import RunRequest
@@ -148,5 +149,9 @@ def _fresh_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, Executor]:
         return Handoff(None, pack_namespace(cell.parse(), request.namespace, request.hidden, shared), out_names, prefix)
 
     spec = build_spec(cell, request.settings, rich=rich, handoff=handoff, cell_numbers=request.cell_numbers)
-    share_(list(shared.values()))  # the costly step, once everything is known to be right
+    try:
+        share_(list(shared.values()))  # the costly step, once everything is known to be right
+    except BaseException:
+        _listen.release(spec.master_port)
+        raise
     return spec, FreshRanks(spec)

@@ -182,10 +182,10 @@ class Run:
 
     def prepare_logs(self) -> None:
         """Create ``<run-dir>/<rank>/`` and open a reader on its files before any rank writes."""
-        os.makedirs(self.spec.run_dir, exist_ok=True)
+        os.makedirs(self.spec.run_dir, mode=0o700, exist_ok=True)  # private to the user (README: What a run exposes)
         for rank in range(self.spec.nprocs):
             state = RankState(rank=rank, dir=self.spec.rank_dir(rank))
-            os.mkdir(state.dir)
+            os.mkdir(state.dir, 0o700)
             self.ranks.append(state)
             self._streams.append(RankStreams(rank, state.dir))
             self.display_items.paths[rank] = state.display_path

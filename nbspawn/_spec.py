@@ -15,7 +15,6 @@ import math
 import multiprocessing
 import os
 import secrets
-import socket
 import sys
 import tempfile
 import threading
@@ -24,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from . import _cuda
+from . import _cuda, _listen
 from ._options import parse_backend, parse_env, parse_kb, parse_nprocs, parse_ranks, parse_seconds, parse_start_method
 from ._program import Program
 from ._rankdir import RankDir
@@ -65,16 +64,17 @@ class RunSpec:
     max_saved_bytes: int = 256 << 10  # a saved run's size, images aside
     program: Program | None = None  # the ranks run it instead of a cell
     pdb: bool = False  # --pdb, %pdb on: the first rank whose cell raises stops in post-mortem (the kernel tells it)
-    # Where these ranks sit in the world.  One node of a cluster run (nbspawn.cluster): this node's
-    # ranks are RANK rank_offset.., of world_size in all; node 0's agent hosts the TCPStore at
-    # master_addr:master_port.
+    # Where these ranks sit in the world.  The ranks never host the TCPStore: they join it as clients
+    # (TORCHELASTIC_USE_AGENT_STORE), at master_addr:master_port, where their launcher hosts it bound
+    # to that address only (nbspawn._listen).  One node of a cluster run (nbspawn.cluster): this
+    # node's ranks are RANK rank_offset.., of world_size in all; node 0's agent hosts the store.
     master_port: int = 0
-    master_addr: str = "127.0.0.1"
+    master_addr: str = _listen.LOOPBACK
     rank_offset: int = 0
     world_size: int = 0  # 0: nprocs (one node)
     node_rank: int = 0
     nnodes: int = 1
-    agent_store: bool = False  # TORCHELASTIC_USE_AGENT_STORE: ranks join the store, none hosts it
+    hosts_store: bool = False  # a run on this machine alone: its executor hosts the store, on loopback
     # --on: the (global) ranks of a kept world that run this cell; None: every rank.  The others are
     # sent the cell only to be told to sit it out (nbspawn.ranks._world), and are not supervised.
     on_ranks: frozenset[int] | None = None
@@ -123,10 +123,11 @@ class RunSpec:
             "TORCHELASTIC_MAX_RESTARTS": "0",
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
         }
-        if self.agent_store:
-            env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
         env.update(_cuda.torchrun_env(self.env, os.environ))  # what torchrun's agent sets for NCCL
+        if self.hosts_store:  # one machine: gloo's and NCCL's sockets on loopback too (NVLink, P2P, SHM are no sockets)
+            env.update(_cuda.socket_interface_env(_listen.loopback_interface(), self.env, os.environ))
         env.update(self.env)
         if self.omp_threads is not None:  # after --env: a fork-safety override wins over the user's
             env["OMP_NUM_THREADS"] = str(self.omp_threads)
@@ -144,13 +145,6 @@ class RunSpec:
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
-
-
-def free_port() -> int:
-    """A port nothing listens on now; rank 0's TCPStore binds it a moment later."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def usable_cpus(cgroup_file: str = "/proc/self/cgroup", cgroup_root: str = "/sys/fs/cgroup") -> int:
@@ -251,7 +245,7 @@ def resolve_nprocs(value: object, gpus: Callable[[], int] | None = None) -> int:
 
 
 def openmp_pool_started() -> bool:
-    """Whether this process has native threads that are neither Python's nor ZeroMQ's.
+    """Whether this process has native threads that are neither Python's, ZeroMQ's nor a TCPStore's.
 
     torch's CPU ops run on GNU OpenMP, which is not fork-safe: once its thread pool exists, a forked
     child that runs a parallel op with more than one thread hangs forever. Those pool threads are
@@ -271,7 +265,7 @@ def openmp_pool_started() -> bool:
                 name = fh.read().strip()
         except OSError:  # exited meanwhile
             continue
-        if not name.startswith("ZMQbg"):
+        if not name.startswith(("ZMQbg", "pt_tcpstore")):  # a kept world's store (nbspawn._listen) is no OpenMP
             return True
     return False
 
@@ -360,7 +354,6 @@ class Placement:
     world_size: int
     node_rank: int
     nnodes: int
-    agent_store: bool = True
 
 
 def build_spec(
@@ -426,14 +419,15 @@ def build_spec(
         max_image_bytes=image_kb * 1024,
         program=program,
         pdb=bool(settings.pdb) and program is None,
-        master_port=placement.master_port if placement else free_port(),
-        master_addr=placement.master_addr if placement else "127.0.0.1",
+        # one machine: a port of 127.0.0.1, held until the executor's store takes it over
+        master_port=placement.master_port if placement else _listen.reserve(_listen.LOOPBACK),
+        master_addr=placement.master_addr if placement else _listen.LOOPBACK,
         rank_offset=placement.rank_offset if placement else 0,
         world_size=placement.world_size if placement else 0,
         node_rank=placement.node_rank if placement else 0,
         nnodes=placement.nnodes if placement else 1,
-        agent_store=placement.agent_store if placement else False,
         kernel_env=dict(os.environ) if method == "forkserver" else None,
+        hosts_store=placement is None,
     )
 
 

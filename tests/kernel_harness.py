@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import socket
 import sys
 import tempfile
 import threading
@@ -305,6 +306,44 @@ def interrupt_later(kernel: Kernel, pid: int, ranks: int) -> threading.Thread:
     thread = threading.Thread(target=go, daemon=True)
     thread.start()
     return thread
+
+
+# -- what a process exposes -----------------------------------------------------------------------
+
+
+def sockets_of(pid: int) -> set[str]:
+    """The inodes of the sockets ``pid`` holds (whatever process shares them)."""
+    held = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            held.add(target[len("socket:[") : -1])
+    return held
+
+
+def listening(pid: int) -> dict[str, tuple[str, int]]:
+    """The TCP sockets ``pid`` listens on: inode -> (address, port), read in the process's own network
+    namespace (``/proc/<pid>/net``: a node in a namespace of its own is seen as it is)."""
+    held = sockets_of(pid)
+    found = {}
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as fh:
+            for line in fh.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in held:  # TCP_LISTEN
+                    address, port = fields[1].split(":")
+                    found[fields[9]] = (_address(address), int(port, 16))
+    return found
+
+
+def _address(hexed: str) -> str:
+    """/proc/net/tcp's address: 32-bit words in host (little-endian) order."""
+    raw = bytes.fromhex(hexed)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, words)
 
 
 def leak_snapshot(pid: int, tmp_dir: str) -> dict:

@@ -14,6 +14,7 @@ engines.  After every run, nothing of it may remain on any node.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -34,7 +35,7 @@ from cluster_harness import (
     wait_for_ranks,
 )
 from cluster_nodes import LocalNodes, NetnsNodes, netns_skip_reason
-from kernel_harness import execute, ok
+from kernel_harness import execute, listening, ok, sockets_of
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -263,7 +264,7 @@ def test_two_kernels_on_the_same_engines_keep_their_own_ports(kernel, nodes):
     with connected_kernel(nodes) as other:
         ok(other, "%%spawn --cluster rc -n 1\npass")
     agent = sorted(nodes.engine_pids)[0]
-    held = nodes.client()[agent].apply_sync(eval, "sorted(__import__('nbspawn.cluster._agent', fromlist=['_'])._listeners)")
+    held = nodes.client()[agent].apply_sync(eval, "sorted(__import__('nbspawn._listen', fromlist=['_'])._held)")
     assert booked in held, (booked, held)
     again = ok(
         kernel, "%%spawn --cluster rc -n 1 --backend gloo\nimport torch.distributed as dist\nprint('size', dist.get_world_size())"
@@ -363,4 +364,58 @@ def test_netns_ddp_program(netns_kernel, netns_nodes, tmp_path):
     result = ok(netns_kernel, f"%spawn --cluster rc -n 2 -- {script} --steps 2")
     for rank in range(4):
         assert f"[rank{rank}]: ddp ok {rank} of 4 after 2 steps" in result.stdout
+    assert_nothing_left(netns_nodes)
+
+
+def _net_namespace(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+WAITING = """%%spawn --cluster rc -n 2 --backend gloo
+import os, time
+with open(os.path.join({where!r}, 'ready' + os.environ['RANK']), 'w') as fh:
+    fh.write(f"{{os.getpid()}} {{os.environ['MASTER_PORT']}}")
+while not os.path.exists(os.path.join({where!r}, 'go')):
+    time.sleep(0.05)
+"""
+
+
+def test_netns_nodes_listen_only_on_their_address_and_ranks_hold_no_engine_socket(netns_kernel, netns_nodes, tmp_path):
+    """While every rank is in the group: node 0's store and each node's gloo sockets are bound to the
+    node's own address (nothing on every interface), the header says so, and no rank holds a socket
+    of the engine that started it (its ZMQ connections to the controller)."""
+    where = str(tmp_path)
+    os.chmod(tmp_path, 0o777)  # the nodes' ranks write their pids here
+    results: list = []  # the cell's own output (its header), read by this thread while the test looks
+    cell = threading.Thread(target=lambda: results.append(execute(netns_kernel.client, WAITING.format(where=where), 120)))
+    cell.start()
+    try:
+        said = {}
+        deadline = time.monotonic() + 60
+        while len(said) < 4 and time.monotonic() < deadline:
+            for rank in range(4):
+                with contextlib.suppress(OSError), open(os.path.join(where, f"ready{rank}")) as fh:
+                    text = fh.read().split()
+                    if len(text) == 2:
+                        said[rank] = [int(v) for v in text]
+            time.sleep(0.05)
+        assert len(said) == 4, said
+        port = said[0][1]
+        for node in range(2):  # node i of the namespaces (the run may number them otherwise)
+            address = netns_nodes.addresses[node]
+            agent = netns_nodes.engine_pids[netns_nodes.engines_of(node)[0]]
+            ranks = [pid for pid, _port in said.values() if _net_namespace(pid) == _net_namespace(agent)]
+            assert len(ranks) == 2, (node, said)
+            for pid in ranks:
+                bound = {a for a, _p in listening(pid).values()}
+                assert bound and bound <= {address}, (node, pid, bound)  # gloo, on the node's interface only
+                assert not sockets_of(pid) & sockets_of(agent), (node, pid)  # nothing of the engine's
+            store = [a for a, p in listening(agent).values() if p == port]
+            hosts = said[0][0] in ranks  # rank 0's node's agent hosts the store, on its address only
+            assert store == ([address] if hosts else []), (node, store)
+    finally:
+        open(os.path.join(where, "go"), "w").close()
+        cell.join(120)
+    assert results and results[0].status == "ok", results
+    assert f":{port}, listening on the node addresses below only" in results[0].stdout, results[0].stdout
     assert_nothing_left(netns_nodes)

@@ -293,10 +293,11 @@ def test_nccl_socket_ifname_is_an_exact_match():
 
 
 def test_agent_socket_interface_uses_the_exact_nccl_form(monkeypatch):
+    from nbspawn import _listen
     from nbspawn.cluster import _agent, _net
 
     monkeypatch.setattr(_net, "source_address", lambda addr: "10.0.0.2")
-    monkeypatch.setattr(_net, "interface_of", lambda addr: "eth1")
+    monkeypatch.setattr(_listen, "interface_of", lambda addr: "eth1")
     monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     assert _agent._socket_interface("10.0.0.1", {})["NCCL_SOCKET_IFNAME"] == "=eth1"

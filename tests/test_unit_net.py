@@ -1,4 +1,4 @@
-"""Which interface carries a node's address (nbspawn/cluster/_net.interface_of, issue 30, item 4):
+"""Which interface carries a node's address (nbspawn/_listen.interface_of, issue 30, item 4):
 every address of every interface counts, secondary IPv4 and IPv6 ones too, so GLOO_SOCKET_IFNAME /
 NCCL_SOCKET_IFNAME are set on nodes whose route to node 0 does not leave from a primary IPv4 address."""
 
@@ -9,7 +9,8 @@ import socket
 import psutil
 import pytest
 
-from nbspawn.cluster._net import interface_of, interface_with, source_address
+from nbspawn._listen import interface_of, interface_with
+from nbspawn.cluster._net import source_address
 
 # psutil's own entry type (its module moved between releases), taken from this machine's table
 _ENTRY = type(next(entry for addresses in psutil.net_if_addrs().values() for entry in addresses))

@@ -35,6 +35,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from .. import _listen
 from .._options import parse_env
 from .._request import Settings
 from .._run import RankState, Run
@@ -61,29 +62,6 @@ _stop_asked = False
 _where_asked = 0  # how many times the kernel asked where the ranks are
 _where_told = 0
 _store: Any = None  # node 0's TCPStore of the last run
-# ports node 0's next TCPStores will listen on, held open, newest last: one per kernel (or client)
-# that asked, since each remembers the port it was told (another kernel's probe must not free it)
-_listeners: dict[int, socket.socket] = {}
-HELD_PORTS = 8
-
-
-def _reserve(address: str) -> int:
-    """Hold a listening socket on a free port of ``address`` until a run's TCPStore takes it over:
-    the port is told to every node before the run, and nothing else can take it meanwhile."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind((address, 0))
-    listener.listen(1024)
-    port = int(listener.getsockname()[1])
-    _listeners[port] = listener
-    while len(_listeners) > HELD_PORTS:  # the oldest: a kernel that has not run here for long re-probes
-        _listeners.pop(next(iter(_listeners))).close()
-    return port
-
-
-def _take_listener(port: int) -> int | None:
-    """The held socket's descriptor for ``port``, given away (the TCPStore closes it)."""
-    listener = _listeners.pop(port, None)
-    return None if listener is None else listener.detach()
 
 
 def _beat(_signum: int, _frame: object) -> None:
@@ -154,7 +132,7 @@ def probe(kernel_cwd: str, program: list[str] | None, start_method: str | None, 
         "pid": os.getpid(),
         **versions(),
         "address": address,
-        "port": _reserve(address or "127.0.0.1"),
+        "port": _listen.reserve(address or _listen.LOOPBACK),  # node 0's next store: bound to this address only
         "gpus": _cuda.gpu_count(visible),  # this engine's own view (never cuInit here)
         "physical_gpus": physical,  # the node's, whatever this engine's CUDA_VISIBLE_DEVICES
         "cuda_visible": visible,
@@ -341,7 +319,7 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
         run = execute(spec, view, executor)
         # The store stays up until the next run: other nodes' ranks may still be leaving the group
         # (a store that vanishes under a rank's exit aborts it).
-        next_port = _reserve(spec.master_addr) if node["index"] == 0 else None
+        next_port = _listen.reserve(spec.master_addr) if node["index"] == 0 else None
     missing = run.error.missing if isinstance(run.error, SpawnOutputError) else []
     return {
         "last_seq": view.seq,
@@ -387,15 +365,9 @@ class _NodeProgramRanks(ProgramRanks):
 
 
 def _host_store(spec: RunSpec) -> Any:
-    """Node 0's agent hosts the run's TCPStore, as torchrun's agent does; ranks join it as clients."""
-    from datetime import timedelta
-
-    from torch.distributed import TCPStore
-
-    return TCPStore(
-        spec.master_addr, spec.master_port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=300),
-        master_listen_fd=_take_listener(spec.master_port),
-    )  # fmt: skip
+    """Node 0's agent hosts the run's TCPStore, as torchrun's agent does, on the address the nodes reach
+    it at (not every interface); ranks join it as clients."""
+    return _listen.host_store(spec.master_addr, spec.master_port)
 
 
 def _socket_interface(master_addr: str, user_env: dict[str, str]) -> dict[str, str]:
@@ -404,7 +376,7 @@ def _socket_interface(master_addr: str, user_env: dict[str, str]) -> dict[str, s
     from .. import _cuda
 
     source = _net.source_address(master_addr)
-    name = _net.interface_of(source) if source else None
+    name = _listen.interface_of(source) if source else None
     return _cuda.socket_interface_env(name, user_env, os.environ)
 
 

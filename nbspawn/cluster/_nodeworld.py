@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Any
 
+from .. import _listen
 from .._spec import build_spec
 from ..executors import _world
 from ..executors._world import WorldCell
@@ -121,7 +122,7 @@ def _world_for(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> tupl
     next_port = None
     if node["index"] == 0:
         _stores[name] = _agent._host_store(spec)
-        next_port = _agent._reserve(spec.master_addr)  # the next fresh run's, told to the kernel
+        next_port = _listen.reserve(spec.master_addr)  # the next fresh run's, told to the kernel
     world = _world.start_world(name, spec)
     _watch_the_kernel()
     return world, next_port

@@ -66,14 +66,16 @@ class ClusterPlan:
         return range(index * self.ranks_per_node, (index + 1) * self.ranks_per_node)
 
     def describe(self) -> str:
-        """One line: the node order, agents and addresses, as the run will use them."""
+        """One line: the node order, agents and addresses, as the run will use them (and listen on:
+        node 0's store is bound to MASTER_ADDR, each node's gloo/NCCL sockets to its interface)."""
         parts = []
         for node in self.nodes:
             first, last = self.ranks_of(node.index)[0], self.ranks_of(node.index)[-1]
             ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
             parts.append(f"{node.label} {node.address or '-'} engine {node.agent}: {ranks}")
         head = (
-            f"nbspawn: {len(self.nodes)} nodes x {self.ranks_per_node} ranks, MASTER_ADDR {self.master_addr}:{self.master_port}"
+            f"nbspawn: {len(self.nodes)} nodes x {self.ranks_per_node} ranks, MASTER_ADDR {self.master_addr}:{self.master_port}, "
+            "listening on the node addresses below only"  # the store on node 0's, gloo/NCCL on each node's interface
         )
         return head + "; " + "; ".join(parts)
 

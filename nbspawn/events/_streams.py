@@ -41,8 +41,8 @@ class RankStreams:
         # stdout and stderr exist from the start (ranks append to them); the others once written
         flags = os.O_RDONLY | os.O_CREAT
         self.fds = [
-            os.open(os.path.join(rank_dir, FILES[0]), flags, 0o644),
-            os.open(os.path.join(rank_dir, FILES[1]), flags, 0o644),
+            os.open(os.path.join(rank_dir, FILES[0]), flags, 0o600),
+            os.open(os.path.join(rank_dir, FILES[1]), flags, 0o600),
             -1,
         ]
         self.order_fd = -1

@@ -14,10 +14,12 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from .._cuda import collect_ipc
+from .._listen import host_store
 from .._run import Run
 from .._spec import RunSpec
 from ..ranks._capture import rank_classes, stdio_streams
 from ..ranks._cell import Inherited, run_rank
+from ..ranks._fds import kernel_descriptors
 from . import _reaper
 from ._base import Executor
 from ._procs import end_processes, environment, one_flush, pid_of, prepare_forkserver
@@ -27,6 +29,7 @@ class FreshRanks(Executor):
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
         self.processes: list[BaseProcess] = []
+        self.store: Any = None  # the run's TCPStore, on loopback (a run on one machine)
 
     def start(self, run: Run) -> list[int]:
         from torch.multiprocessing import start_processes
@@ -34,14 +37,16 @@ class FreshRanks(Executor):
         spec = self.spec
         shared_env: dict[str, str] = {}
         inherited: Inherited | None = None
+        if spec.hosts_store:
+            self.store = host_store(spec.master_addr, spec.master_port)
         if spec.start_method == "forkserver":
             prepare_forkserver()
         elif spec.start_method == "fork":
-            inherited = Inherited(spec.cell.compile())
             stdio_streams()
             if "IPython" in sys.modules:
                 rank_classes()  # made once here, inherited by every forked rank
             shared_env = spec.shared_env()
+            inherited = Inherited(spec.cell.compile(), kernel_descriptors())  # last: what is open now
         with environment(shared_env), one_flush():
             try:
                 context = start_processes(
@@ -79,5 +84,6 @@ class FreshRanks(Executor):
     def cleanup(self, lose: bool) -> None:
         pids = [pid_of(p) for p in self.processes]
         end_processes(self.processes)
+        self.store = None  # every rank has left the group: it stops
         _reaper.forget(pids)
         collect_ipc()  # the GPU memory of --share tensors the ranks held is the kernel's to free now

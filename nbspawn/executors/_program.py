@@ -13,6 +13,7 @@ import os
 import subprocess
 from typing import Any
 
+from .._listen import host_store
 from .._program import Program
 from .._rankdir import RankDir
 from .._run import Run
@@ -29,10 +30,13 @@ class ProgramRanks(Executor):
         self.program: Program = spec.program
         self.procs: list[subprocess.Popen] = []
         self.pidfds: list[int] = []
+        self.store: Any = None  # the run's TCPStore, on loopback: a program's init_process_group() joins it
 
     def start(self, run: Run) -> list[int]:
         spec = self.spec
         try:
+            if spec.hosts_store:
+                self.store = host_store(spec.master_addr, spec.master_port)
             for rank in range(spec.nprocs):
                 files = RankDir(spec.rank_dir(rank))
                 env = {**os.environ, **spec.rank_env(rank), "NBSPAWN_PARENT_PID": str(os.getpid())}
@@ -64,6 +68,7 @@ class ProgramRanks(Executor):
 
     def cleanup(self, lose: bool) -> None:
         end_popens(self.procs)
+        self.store = None
         _reaper.forget([p.pid for p in self.procs])
         for fd in self.pidfds:
             os.close(fd)

@@ -32,6 +32,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any, NamedTuple
 
 from .. import _cuda
+from .._listen import host_store, release
 from .._options import (
     parse_backend,
     parse_env,
@@ -50,6 +51,7 @@ from ..errors import SpawnUsageError, rank_spans
 from ..handoff._names import pack_namespace, parse_names, pick_shared
 from ..handoff._shm import Payload, new_run_prefix, share_
 from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
+from ..ranks._fds import kernel_descriptors
 from ..ranks._world import EXITED, INTERRUPTED, OK, RAISED, STARTED, WorldJob, run_world_rank
 from . import _reaper
 from ._base import Executor
@@ -90,6 +92,7 @@ class World:
     # --start-method as the user gave it (auto unless given): a lost world started again resolves it
     # again, for the kernel as it is then (CUDA touched since, say), instead of insisting on spec's
     asked_start_method: str = "auto"
+    store: Any = None  # the world's TCPStore, on loopback, for its life (a world on one machine)
 
     def keep_failures(self, run: Run, cell: CellSource) -> None:
         """What each rank that raised in this cell keeps (the ranks' rule: an exception, not an interrupt)."""
@@ -115,16 +118,21 @@ class World:
         from torch.multiprocessing import start_processes
 
         spec = self.spec
-        os.makedirs(spec.run_dir, exist_ok=True)
+        os.makedirs(spec.run_dir, mode=0o700, exist_ok=True)
         for rank in range(spec.nprocs):
-            os.makedirs(spec.rank_dir(rank), exist_ok=True)
+            os.makedirs(spec.rank_dir(rank), mode=0o700, exist_ok=True)
+        if spec.hosts_store:
+            self.store = host_store(spec.master_addr, spec.master_port)
         pipes = [multiprocessing.Pipe() for _ in range(spec.nprocs)]
+        # a forked rank keeps the ranks' ends (it closes the others' itself), never the kernel's
+        ranks_ends = frozenset(child.fileno() for _parent, child in pipes)
+        kernel_fds = kernel_descriptors(ranks_ends) if spec.start_method == "fork" else ()
         if spec.start_method == "forkserver":
             prepare_forkserver()
         with interrupts_deferred():
             context = start_processes(
                 run_world_rank,
-                args=(spec, [child for _parent, child in pipes]),
+                args=(spec, [child for _parent, child in pipes], kernel_fds),
                 nprocs=spec.nprocs,
                 join=False,
                 daemon=False,
@@ -158,6 +166,7 @@ class World:
         self.killed = True
         pids = self.pids
         end_processes(self.processes)
+        self.store = None  # its ranks are gone: it stops
         for conn in self.conns:
             conn.close()
         self.conns = []
@@ -312,16 +321,21 @@ def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
         shown = parse_ranks(settings.ranks, world.spec.nprocs)
         saved = parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb") * 1024
         images = parse_kb(settings.max_image_kb, "SpawnMagics.max_image_kb") * 1024
-    on = _cell_ranks(request.on, shown, world.spec.nprocs if world is not None else spec.nprocs, name)
-    tree = cell.parse()
-    ranks_visible = _cuda.ranks_visible(world.spec.env if world is not None else spec.env, os.environ)
-    # a kept world's ranks were started before this kernel could poison fork (fork is refused or
-    # avoided then), so CUDA IPC reaches them whatever their start method
-    shared = pick_shared(share_names, request.namespace, method, ranks_started=world is not None, ranks_visible=ranks_visible)
-    payload = pack_namespace(tree, request.namespace, request.hidden, shared)
-    if world is None:
-        world = start_world(name, spec, parse_start_method(settings.start_method))
-        _lost.pop(name, None)
+    try:
+        on = _cell_ranks(request.on, shown, world.spec.nprocs if world is not None else spec.nprocs, name)
+        tree = cell.parse()
+        ranks_visible = _cuda.ranks_visible(world.spec.env if world is not None else spec.env, os.environ)
+        # a kept world's ranks were started before this kernel could poison fork (fork is refused or
+        # avoided then), so CUDA IPC reaches them whatever their start method
+        shared = pick_shared(share_names, request.namespace, method, ranks_started=world is not None, ranks_visible=ranks_visible)
+        payload = pack_namespace(tree, request.namespace, request.hidden, shared)
+        if world is None:
+            world = start_world(name, spec, parse_start_method(settings.start_method))
+            _lost.pop(name, None)
+    except BaseException:
+        if world is None:
+            release(spec.master_port)  # the new world's port, reserved by build_spec
+        raise
     run_id = new_run_id()
     cspec = replace(
         world.spec,

@@ -55,7 +55,7 @@ class _Ordered:
         self.lock = threading.Lock()
 
     def _open(self, name: str) -> int:
-        return os.open(os.path.join(self.rank_dir, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        return os.open(os.path.join(self.rank_dir, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
     def write(self, stream: int, data: bytes | memoryview) -> int:
         with self.lock:
@@ -179,7 +179,7 @@ def redirect_output(rank_dir: str) -> None:
             pass
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
     for fd, name in ((1, FILES[0]), (2, FILES[1])):
-        target = os.open(os.path.join(rank_dir, name), flags, 0o644)
+        target = os.open(os.path.join(rank_dir, name), flags, 0o600)
         os.dup2(target, fd)
         os.close(target)
     previous, _ordered = _ordered, _Ordered(rank_dir)

@@ -26,7 +26,7 @@ from .._errorfile import ErrorRecord
 from .._rankdir import RankDir, prompts_path
 from .._source import CellSource, rewrite_cell_frames
 from .._spec import RunSpec
-from . import _prompt
+from . import _fds, _prompt
 from ._capture import capture_output, finished, flush_figures
 from ._watch import watch
 
@@ -43,6 +43,7 @@ class Inherited:
     part of the environment is already set (``RunSpec.shared_env``)."""
 
     compiled: tuple[CodeType, CodeType | None]
+    kernel_fds: tuple[_fds.Descriptor, ...] = ()  # what the rank lets go of (ranks._fds)
 
 
 def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> None:
@@ -53,6 +54,8 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
     broken CUDA context can abort the process in that clean-up, and the real traceback must be on
     disk by then.
     """
+    if inherited is not None:
+        _fds.let_go(inherited.kernel_fds)  # first: the kernel's sockets are not the rank's
     _die_with_parent(spec)
     rank_dir = spec.rank_dir(rank)
     apply_kernel_env(spec.kernel_env)

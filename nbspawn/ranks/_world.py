@@ -26,7 +26,7 @@ from typing import Any
 from .._rankdir import RankDir, prompts_path
 from .._source import CellSource
 from . import _cell as _rank
-from . import _prompt
+from . import _fds, _prompt
 from ._capture import finished, redirect_output
 from ._watch import watch
 
@@ -86,8 +86,9 @@ def _ignore_interrupt(signum: int, frame: Any) -> None:
     """SIGINT while no cell runs: nothing to interrupt (the kernel interrupts every rank at once)."""
 
 
-def run_world_rank(rank: int, spec: Any, conns: list[Any]) -> None:
+def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fds.Descriptor, ...] = ()) -> None:
     """Entry point of a world rank: set up once, then one cell per job until told to stop."""
+    _fds.let_go(kernel_fds)  # first (a forked rank): the kernel's sockets are not the rank's
     _rank._die_with_parent(spec)
     conn = conns[rank]
     for other in conns:
