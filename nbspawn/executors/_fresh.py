@@ -37,8 +37,6 @@ class FreshRanks(Executor):
         spec = self.spec
         shared_env: dict[str, str] = {}
         inherited: Inherited | None = None
-        if spec.hosts_store:
-            self.store = host_store(spec.master_addr, spec.master_port)
         if spec.start_method == "forkserver":
             prepare_forkserver()
         elif spec.start_method == "fork":
@@ -52,6 +50,11 @@ class FreshRanks(Executor):
                 context = start_processes(
                     run_rank, args=(spec, inherited), nprocs=spec.nprocs, join=False, daemon=False, start_method=spec.start_method
                 )
+                # hosted once every rank is forked: a connection it accepted earlier (rank 0 joining while
+                # rank 3 is forked) would be a kernel socket the later ranks inherit unlisted. The reserved
+                # socket listens meanwhile, so a rank that joins first waits in its backlog.
+                if spec.hosts_store:
+                    self.store = host_store(spec.master_addr, spec.master_port)
             except BaseException:
                 self._kill_orphans()
                 raise

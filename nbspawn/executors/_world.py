@@ -121,8 +121,6 @@ class World:
         os.makedirs(spec.run_dir, mode=0o700, exist_ok=True)
         for rank in range(spec.nprocs):
             os.makedirs(spec.rank_dir(rank), mode=0o700, exist_ok=True)
-        if spec.hosts_store:
-            self.store = host_store(spec.master_addr, spec.master_port)
         pipes = [multiprocessing.Pipe() for _ in range(spec.nprocs)]
         # a forked rank keeps the ranks' ends (it closes the others' itself), never the kernel's
         ranks_ends = frozenset(child.fileno() for _parent, child in pipes)
@@ -138,6 +136,8 @@ class World:
                 daemon=False,
                 start_method=spec.start_method,
             )
+        if spec.hosts_store:  # once every rank is forked (see executors/_fresh: no accepted socket is inherited)
+            self.store = host_store(spec.master_addr, spec.master_port)
         for _parent, child in pipes:
             child.close()
         self.processes = list(context.processes)
