@@ -143,7 +143,10 @@ def execute(client: BlockingKernelClient, code: str, timeout: float = 60) -> Exe
     Messages from earlier requests (a cell a test started and never waited for) are skipped by
     parent msg_id. Raises TimeoutError, showing what had arrived, if the kernel does not finish.
     """
-    msg_id = client.execute(code, store_history=True, allow_stdin=False)
+    # stop_on_error=False: each cell is sent alone, after the last one's reply, so there is no queue to
+    # abort; ipykernel 6.17 (Colab's, Kaggle's) would abort the next request if it came before its
+    # zero-second "stop aborting" callback ran (a failed cell then the next, sent at once)
+    msg_id = client.execute(code, store_history=True, allow_stdin=False, stop_on_error=False)
     deadline = time.monotonic() + timeout
     stdout, stderr, outputs = [], [], []
     iopub_error: dict | None = None
@@ -385,7 +388,7 @@ def converse(kernel: Kernel, code: str, answers: list[str] | Answer, timeout: fl
     prompts), answering each input_request in turn, until the kernel is idle."""
     kc = kernel.client
     script = list(answers) if isinstance(answers, list) else None
-    msg_id = kc.execute(code, store_history=True, allow_stdin=True)
+    msg_id = kc.execute(code, store_history=True, allow_stdin=True, stop_on_error=False)  # see execute()
     deadline = time.monotonic() + timeout
     stdout, stderr, outputs, prompts, passwords = [], [], [], [], []
     error = None
