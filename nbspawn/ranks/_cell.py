@@ -25,7 +25,7 @@ from .._errorfile import ErrorRecord
 from .._rankdir import RankDir, prompts_path
 from .._source import CellSource, rewrite_cell_frames
 from .._spec import RunSpec
-from . import _prompt
+from . import _children, _prompt
 from ._capture import capture_output, finished, flush_figures
 from ._watch import watch
 
@@ -119,6 +119,7 @@ def _namespace(spec: RunSpec) -> dict:
 def _run_cell(spec: RunSpec, rank: int, inherited: Inherited | None) -> None:
     prepare_rank(rank)
     namespace = _namespace(spec)
+    _children.install(namespace)  # the cell's definitions reach the rank's children by value
     code, last = inherited.compiled if inherited is not None else spec.cell.compile()
     try:
         dist = init_process_group(spec.backend, rank)

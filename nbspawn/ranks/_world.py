@@ -26,7 +26,7 @@ from typing import Any
 from .._rankdir import RankDir, prompts_path
 from .._source import CellSource
 from . import _cell as _rank
-from . import _prompt
+from . import _children, _prompt
 from ._capture import finished, redirect_output
 from ._watch import watch
 
@@ -105,6 +105,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any]) -> None:
     _prompt.install(spec.rank_offset + rank, None, None)  # each cell says where its prompts go
     _rank.prepare_rank(rank)
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    _children.install(namespace)  # the cells' definitions reach the rank's children by value
     own: set[str] = set()  # names world cells assigned in this rank
     group: list[Any] = []  # the default process group, made by the first cell
     while True:
