@@ -47,7 +47,7 @@ from .._run import Run
 from .._source import CellSource
 from .._spec import RunSpec, build_spec, cuda_device_count, new_run_id, resolve_backend, resolve_nprocs
 from ..errors import SpawnUsageError, rank_spans
-from ..handoff._names import pack_namespace, parse_names, pick_shared
+from ..handoff._names import names_bound, pack_namespace, parse_names, pick_shared
 from ..handoff._shm import new_run_prefix, share_
 from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
 from ..ranks._world import EXITED, INTERRUPTED, OK, RAISED, STARTED, WorldJob, run_world_rank
@@ -87,6 +87,9 @@ class World:
     lost_because: str | None = None
     killed: bool = False
     kept: dict[int, KeptFailure] = field(default_factory=dict)  # rank -> the last failure it keeps
+    # names its cells bind (at their top level, whether they ran to the end or not): the world's own,
+    # which the kernel never sends it again (``handoff._names.pack_namespace``)
+    owned: set[str] = field(default_factory=set)
 
     def keep_failures(self, run: Run, cell: CellSource) -> None:
         """What each rank that raised in this cell keeps (the ranks' rule: an exception, not an interrupt)."""
@@ -201,6 +204,8 @@ class WorldCell(Executor):
         self.run = run
         self.world.state = "running"
         self.world.cells += self.job.debug is None
+        if self.job.debug is None:
+            self.world.owned.update(names_bound(self.job.cell.parse()))  # from now on, whatever the cell does
         run.world, run.world_cell = self.world.name, self.world.cells
         # every rank is sent the cell (--on: those that do not run it are told to sit it out, with none
         # of the kernel's names or --share tensors): a world's first cell makes its process group
@@ -306,7 +311,8 @@ def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
     # a kept world's ranks were started before this kernel could poison fork (fork is refused or
     # avoided then), so CUDA IPC reaches them whatever their start method
     shared = pick_shared(share_names, request.namespace, method, ranks_started=world is not None, ranks_visible=ranks_visible)
-    payload = pack_namespace(tree, request.namespace, request.hidden, shared)
+    owned = world.owned if world is not None else set()
+    payload = pack_namespace(tree, request.namespace, request.hidden, shared, world=name, owned=owned)
     if world is None:
         world = start_world(name, spec)
         _lost.pop(name, None)

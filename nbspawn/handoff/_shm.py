@@ -298,13 +298,16 @@ class _Pickler(cloudpickle.Pickler):
 
     def __init__(
         self, file: io.BytesIO, run_prefix: str | None, shared: Collection[Any] | None = None,
-        copies: dict[int, torch.Tensor] | None = None,
+        copies: dict[int, torch.Tensor] | None = None, dry: bool = False,
     ) -> None:  # fmt: skip
         own: dict[type, Any] = {}
         self._shared_cuda: set[int] = set()
         self._private_cuda = False
         self._copies = {} if copies is None else copies  # a CUDA tensor's CPU copy, made once per payload
-        if run_prefix is None and shared is None:
+        self._dry = dry
+        if dry:  # every reduction but the data's: what would refuse to travel, found without moving a byte
+            own[torch.UntypedStorage] = _no_data
+        elif run_prefix is None and shared is None:
             own[torch.UntypedStorage] = _reduce_storage_shared
         elif run_prefix is None:
             keys = {storage._cdata for storage in _storages(shared)}
@@ -340,6 +343,8 @@ class _Pickler(cloudpickle.Pickler):
         super().__init__(file)
 
     def reducer_override(self, obj: Any) -> Any:
+        if self._dry and isinstance(obj, torch.Tensor) and obj.device.type == "cuda":
+            return _no_data(obj)  # sent as CPU data or a CUDA IPC handle: nothing to refuse, nothing to copy now
         if self._run_prefix is None and isinstance(obj, torch.Tensor):
             if self._private_cuda and obj.device.type == "cuda" and id(obj) not in self._shared_cuda:
                 # not --share: the data goes as CPU memory (copy-on-write, like any kernel tensor) and the
@@ -356,6 +361,17 @@ class _Pickler(cloudpickle.Pickler):
                 cpu.requires_grad_()
             return (_same, (cpu,))
         return super().reducer_override(obj)
+
+
+def _no_data(_obj: Any) -> tuple:
+    return (bytes, ())
+
+
+def check_travels(obj: Any) -> None:
+    """Raise what :class:`Payload` would raise when pickled to start a rank, without moving or copying
+    any tensor's data: a lock, a socket, a non-leaf tensor that requires grad (torch refuses those),
+    found before any process starts."""
+    _Pickler(io.BytesIO(), None, dry=True).dump(obj)
 
 
 class _ByValue(cloudpickle.Pickler):

@@ -14,7 +14,6 @@ come back from an interrupt lives on.
 
 from __future__ import annotations
 
-import ast
 import builtins
 import faulthandler
 import os
@@ -243,49 +242,20 @@ def keep_in_step(rank: int, job: WorldJob, namespace: dict[str, Any], own: set[s
 
 
 def _run(job: WorldJob, rank: int, namespace: dict[str, Any], own: set[str]) -> None:
+    from ..handoff._names import names_bound, send_outputs, unpack_namespace
+
     tree = job.cell.parse()
     if job.names is not None:
-        from ..handoff._names import unpack_namespace
-
         for name, value in unpack_namespace(job.names).items():
-            if name not in own:  # a name this rank's cells assigned is the rank's own
+            if name not in own:  # the kernel sends none of the world's names (but one given to --share)
                 namespace[name] = value
     code, last = job.cell.compile()
     try:
         _rank.execute_cell(code, last, namespace)
     finally:  # what the cell bound, even if it failed half-way, is now the rank's own
-        own.update(name for name in assigned_names(tree) if name in namespace)
+        own.update(name for name in names_bound(tree) if name in namespace)
     if job.out_names:
-        from ..handoff._names import send_outputs
-
         send_outputs(namespace, job.out_names, job.shm_prefix or "", job.rank_dir(rank))
-
-
-def assigned_names(tree: ast.Module) -> set[str]:
-    """Names a cell binds at its top level: assignments, imports, functions, classes, for/with targets
-    (not the locals of the functions it defines, nor comprehension variables)."""
-    names: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            names.add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-            inputs = node.bases if isinstance(node, ast.ClassDef) else node.args.defaults
-            for expr in (*node.decorator_list, *inputs):
-                visit(expr)
-            return
-        elif isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-            return
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names if alias.name != "*")
-        elif isinstance(node, ast.NamedExpr):
-            names.add(node.target.id)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
-    return names
 
 
 def _stacks_to(rank_dir: str, previous: Any) -> Any:
