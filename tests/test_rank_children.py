@@ -128,3 +128,25 @@ def test_a_kernel_whose_default_start_method_is_forkserver(fresh_kernel):
     )
     ok(fresh_kernel, "%spawn stop k")
     nothing_left(fresh_kernel.pid)
+
+
+def test_torch_compile_workers_of_a_forkserver_rank_compile_a_cells_module(kernel):
+    """Inductor's compile workers are children too (subprocesses of torch's own, sent no cell code)."""
+    result = ok(
+        kernel,
+        "%%spawn -n 2 --backend gloo --start-method forkserver --env TORCHINDUCTOR_COMPILE_THREADS=2\n"
+        "import torch\n"
+        "from torch._inductor import config\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.l = torch.nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n"
+        "        return torch.relu(self.l(x)) * 2\n"
+        "net = Net()\n"
+        "x = torch.ones(2, 4)\n"
+        "print(config.compile_threads, torch.allclose(torch.compile(net)(x), net(x)))",
+        timeout=600,
+    )
+    assert [rank_lines(result.stdout, r) for r in range(2)] == [["2 True"], ["2 True"]], result.stdout
+    nothing_left(kernel.pid)
