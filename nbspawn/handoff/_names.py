@@ -202,6 +202,12 @@ def _refuse(bad: tuple[str, str, Exception], sent: Collection[str], where: str, 
     )
 
 
+_IN_A_WORLD_CELL = (
+    "Bind {name!r} in a cell on the world: a name a world cell binds is the world's own and is never sent again. "
+    "Nothing was sent: the world is as it was."
+)
+
+
 def _wanted(
     tree: ast.Module, user_ns: Mapping[str, Any], hidden: Mapping[str, Any], owned: Collection[str] = ()
 ) -> dict[str, Any]:
@@ -226,21 +232,23 @@ def pack_namespace(
             raise _refuse(
                 bad, wanted, "spawned ranks", f"Bind {bad[0]!r} in the cell before reading it, or use --start-method fork."
             )
-        raise _refuse(
-            bad, wanted, f"world {world!r}",
-            f"Bind {bad[0]!r} in a cell on the world: a name a world cell binds is the world's own and is never sent "
-            "again. Nothing was sent: the world is as it was.",
-        )  # fmt: skip
+        raise _refuse(bad, wanted, f"world {world!r}", _IN_A_WORLD_CELL.format(name=bad[0]))
     return _shm.Payload(wanted, shared=list(shared.values()))
 
 
-def pickle_names(tree: ast.Module, user_ns: dict[str, Any], hidden: Mapping[str, Any] | None = None) -> bytes:
+def pickle_names(
+    tree: ast.Module, user_ns: dict[str, Any], hidden: Mapping[str, Any] | None = None,
+    *, world: str | None = None, owned: Collection[str] = (),
+) -> bytes:  # fmt: skip
     """The kernel names a cell needs, pickled once by value (tensors with their data), for other
-    machines: what a cluster run sends, the same bytes, to every node."""
-    wanted = _wanted(tree, user_ns, hidden or {})
+    machines: what a cluster run sends, the same bytes, to every node; on the cluster world ``world``,
+    none it ``owned``."""
+    wanted = _wanted(tree, user_ns, hidden or {}, owned)
     bad = _unpicklable(wanted)
     if bad is not None:
-        raise _refuse(bad, wanted, "other nodes", f"Bind {bad[0]!r} in the cell before reading it.")
+        if world is None:
+            raise _refuse(bad, wanted, "other nodes", f"Bind {bad[0]!r} in the cell before reading it.")
+        raise _refuse(bad, wanted, f"world {world!r}", _IN_A_WORLD_CELL.format(name=bad[0]))
     return _shm.dumps_by_value(wanted)  # CUDA tensors as CPU data: the engines never touch CUDA
 
 
