@@ -6,8 +6,9 @@ pipe, points its output at that cell's log directory, runs the cell in its own n
 answers with how the cell ended.  Between cells its output goes to the world's own directory, so a
 background thread's prints are kept and never shown in the wrong cell.
 
-Names: what a world cell assigns stays in the rank's namespace for the next cell; every other name
-a cell uses comes from the kernel with the job, with its current value.  SIGINT raises
+Names: what a world cell binds stays in the rank's namespace for the next cell, and is the world's
+own; the kernel sends with each job only the names the cell reads before binding them that no cell
+of the world bound (``handoff._names``), with their current values.  SIGINT raises
 ``KeyboardInterrupt`` only while a cell runs; an idle rank ignores it, so a world whose ranks all
 come back from an interrupt lives on.
 """
