@@ -117,3 +117,26 @@ def test_a_send_that_fails_at_the_start_says_its_own_error_not_the_runs_files(ke
     if where == "world":  # nothing reached its ranks: the world goes on
         ok(kernel, f"%%spawn --world {world} --out y\ny = 1")
         assert ok(kernel, "print(y)").stdout == "[1, 1]\n"
+
+
+BOMB = """
+def explode():
+    raise ValueError("cannot be rebuilt in a rank")
+class Bomb:
+    '''Pickles in the kernel; unpickling it raises, in the rank.'''
+    def __reduce__(self):
+        return (explode, ())
+bomb = Bomb()
+"""
+
+
+@pytest.mark.parametrize("where", ["fresh", "world"])
+def test_a_name_that_cannot_be_rebuilt_in_a_rank_is_the_ranks_error_with_the_names_it_was_sent(kernel, world, where):
+    options = "-n 2 --start-method spawn" if where == "fresh" else f"--world {world} -n 2 --backend gloo --start-method spawn"
+    ok(kernel, BOMB + "lr = 0.1")
+    result = run(kernel, f"%%spawn {options} --out x\nx = (bomb, lr)")
+    text = result.stderr + result.error_text
+    assert result.status == "error" and result.error.ename == "RankRaisedError", text
+    assert "ValueError: cannot be rebuilt in a rank" in text
+    assert "nbspawn: this happened receiving the kernel's names the cell is sent: bomb, lr" in text
+    assert "out.pickle" not in text and "FileNotFoundError" not in text

@@ -497,7 +497,8 @@ class Payload:
     def __reduce__(self) -> tuple:
         buf = io.BytesIO()
         _Pickler(buf, None, self.shared, self.copies).dump(self.obj)
-        return (_Sealed, (buf.getvalue(),))
+        names = tuple(self.obj) if isinstance(self.obj, dict) else ()
+        return (_Sealed, (buf.getvalue(), names))
 
     @staticmethod
     def unwrap(value: Any) -> Any:
@@ -509,16 +510,23 @@ class Payload:
 class _Sealed:
     """A :class:`Payload` as the receiving process has it until :meth:`Payload.unwrap` opens it."""
 
-    __slots__ = ("data", "obj", "opened")
+    __slots__ = ("data", "names", "obj", "opened")
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, names: tuple[str, ...] = ()) -> None:
         self.data = data
+        self.names = names  # what the payload holds, by name (the kernel's names a cell is sent)
         self.obj: Any = None
         self.opened = False
 
     def open(self) -> Any:
         if not self.opened:  # once: the descriptors it carries are taken by the first load
-            self.obj, self.opened, self.data = loads(self.data), True, b""
+            data, self.data, self.opened = self.data, b"", True
+            try:
+                self.obj = loads(data)
+            except Exception as err:
+                if self.names:  # which kernel names the cell was sent: one of them could not be rebuilt here
+                    err.add_note(f"nbspawn: this happened receiving the kernel's names the cell is sent: {', '.join(self.names)}")
+                raise
         return self.obj
 
 
