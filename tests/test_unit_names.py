@@ -83,6 +83,7 @@ def test_the_check_moves_no_tensor_data():
         ("[(x, y) for x in xs for y in x]", {"xs"}),
         ("def f():\n    global n\n    n = 1", {"n"}),
         ("@wrap\ndef f(): pass", {"wrap"}),
+        ("def f(x: Batch) -> Out:\n    return x", {"Batch", "Out"}),  # annotations are read where f is defined
     ],
 )
 def test_a_functions_own_names_and_a_comprehensions_variables_are_not_read_from_the_kernel(source, expected):

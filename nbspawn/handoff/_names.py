@@ -48,13 +48,16 @@ def names_used(tree: ast.AST) -> set[str]:
             loaded.update(node.names)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             args = node.args
-            for outside in (
+            every = [a for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a is not None]
+            for outside in (  # evaluated where the function is defined: defaults, decorators, annotations
                 *args.defaults,
                 *(d for d in args.kw_defaults if d is not None),
                 *getattr(node, "decorator_list", []),
+                *(a.annotation for a in every if a.annotation is not None),
+                *(r for r in [getattr(node, "returns", None)] if r is not None),
             ):
                 visit(outside, local)
-            params = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a is not None}
+            params = {a.arg for a in every}
             body = node.body if isinstance(node.body, list) else [node.body]
             declared = {n for s in body for g in ast.walk(s) if isinstance(g, (ast.Global, ast.Nonlocal)) for n in g.names}
             inner = local | params | (set().union(*(names_bound(s) for s in body)) - declared)
