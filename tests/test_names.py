@@ -140,3 +140,13 @@ def test_a_name_that_cannot_be_rebuilt_in_a_rank_is_the_ranks_error_with_the_nam
     assert "ValueError: cannot be rebuilt in a rank" in text
     assert "nbspawn: this happened receiving the kernel's names the cell is sent: bomb, lr" in text
     assert "out.pickle" not in text and "FileNotFoundError" not in text
+
+
+@pytest.mark.parametrize(
+    "options", ["-n 2 --start-method spawn", "-n 2 --start-method fork", "--world {world} -n 2 --backend gloo"]
+)
+def test_a_rank_that_leaves_before_sending_its_out_values_is_said_so_not_the_runs_files(kernel, world, options):
+    result = run(kernel, f"%%spawn {options.format(world=world)} --out x\nimport sys\nsys.exit(0)\nx = 1")
+    text = result.stderr + result.error_text
+    assert result.status == "error" and result.error.ename == "SpawnOutputError", text
+    assert "--out 'x' is not defined on ranks 0, 1" in text and "out.pickle" not in text

@@ -360,8 +360,9 @@ def send_outputs(namespace: dict[str, Any], names: tuple[str, ...], prefix: str,
 
 
 def receive_outputs(rank_dirs: list[str | None], names: tuple[str, ...]) -> tuple[dict[str, list[Any]], list[tuple[int, str]]]:
-    """In the kernel: every rank's values, by name, as lists indexed by rank; and what was missing.
-    A rank whose directory is None did not run the cell (``--on``): its values are None, not missing."""
+    """In the kernel: every rank's values, by name, as lists indexed by rank; and what was missing
+    (every name of a rank that left without sending any).  A rank whose directory is None did not run
+    the cell (``--on``): its values are None, not missing."""
     outputs: dict[str, list[Any]] = {name: [] for name in names}
     missing: list[tuple[int, str]] = []
     for rank, rank_dir in enumerate(rank_dirs):
@@ -370,9 +371,13 @@ def receive_outputs(rank_dirs: list[str | None], names: tuple[str, ...]) -> tupl
                 outputs[name].append(None)
             continue
         path = os.path.join(rank_dir, OUT)
-        with open(path, "rb") as fh:
-            record = _shm.loads(fh.read())  # maps each tensor file and unlinks it
-        os.unlink(path)
+        try:
+            with open(path, "rb") as fh:
+                record = _shm.loads(fh.read())  # maps each tensor file and unlinks it
+        except FileNotFoundError:  # it ended well before its cell did (sys.exit(0), os._exit(0)): it sent nothing
+            record = {"values": {}}
+        else:
+            os.unlink(path)
         for name in names:
             if name in record["values"]:
                 outputs[name].append(record["values"][name])
