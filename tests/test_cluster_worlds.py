@@ -76,6 +76,29 @@ def check_world_keeps_state(kernel, nodes) -> None:
     assert_nothing_left(nodes)
 
 
+def test_a_cluster_worlds_names_are_its_own_and_what_cannot_travel_is_refused(kernel, nodes):
+    """Issue #24 on a cluster world: a name a world cell bound is never sent again (the kernel's value
+    does not replace it); one it reads from the kernel and cannot send is refused with the names the
+    cell is sent, and the world goes on."""
+    ok(kernel, "import torch\nw = torch.ones(2, requires_grad=True)\nloss = (w * 2).sum()\nlr = 0.1")
+    ok(
+        kernel,
+        "%%spawn --cluster rc --world cn -n 1 --backend gloo\nimport torch\nloss = torch.ones(1, dtype=torch.float64) * lr",
+    )
+    ok(kernel, "lr = 0.5")
+    after = ok(kernel, "%%spawn --world cn\nprint(loss.item(), lr)")
+    assert [rank_lines(after.stdout, r) for r in range(2)] == [["0.1 0.5"], ["0.1 0.5"]], after.stdout
+    ok(kernel, "import threading\nguard = threading.Lock()")
+    refused = run(kernel, "%%spawn --world cn\nprint(guard, lr)")
+    assert refused.status == "error" and refused.error.ename == "UsageError", refused.error_text
+    assert refused.error.evalue.startswith("cannot send 'guard' (a _thread.lock) to world 'cn'"), refused.error.evalue
+    assert "(those it reads before binding them): guard, lr." in refused.error.evalue
+    assert "--start-method" not in refused.error.evalue and "the world is as it was" in refused.error.evalue
+    assert ok(kernel, "%%spawn --world cn\nprint(loss.item())").stdout.count("0.1") == 2
+    ok(kernel, "%spawn stop cn")
+    assert_nothing_left(nodes)
+
+
 def test_a_failed_cell_interrupts_every_node_and_the_world_survives(kernel, nodes):
     check_failure_survived(kernel, nodes)
 

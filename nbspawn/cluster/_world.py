@@ -38,6 +38,7 @@ from .._request import RunRequest, Settings
 from .._run import Run
 from .._spec import RunSpec, new_run_id, run_directory
 from ..errors import SpawnUsageError
+from ..handoff._names import names_bound
 from . import _agent, _nodeworld, _wire
 from ._executor import ClusterRanks, plan_cluster
 from ._plan import ClusterPlan, companion_client, refuse_if_busy, resolve_client
@@ -75,6 +76,7 @@ class ClusterWorld:
     pids: list[int | None] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
     lost_because: str | None = None
+    owned: set[str] = field(default_factory=set)  # names its cells bind: the world's own, never sent again
 
     @property
     def agents(self) -> list[int]:
@@ -212,7 +214,7 @@ def plan_cluster_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, Cluster
     shown = parse_ranks(settings.ranks, world.spec.nprocs)
     on = parse_on(request.on, world.spec.nprocs, name)
     parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb")
-    names = pickle_names(cell.parse(), request.namespace, request.hidden)
+    names = pickle_names(cell.parse(), request.namespace, request.hidden, world=name, owned=world.owned)
     run_id = new_run_id()
     spec = dataclasses.replace(
         world.spec,
@@ -305,6 +307,7 @@ class ClusterWorldCell(ClusterRanks):
             _heartbeat.keep(world)
         world.state = "running"
         world.cells += 1
+        world.owned.update(names_bound(self.spec.cell.parse()))  # from now on, whatever the cell does
         run.world, run.world_cell = world.name, world.cells
         try:
             return super().start(run)

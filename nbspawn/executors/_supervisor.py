@@ -104,7 +104,8 @@ def _finish(run: Run, view: RunView, supervisor: _Supervisor, supervise: bool = 
                 supervisor.cleanup()
                 try:
                     run.error = supervisor.outcome()
-                    if run.error is None and spec.out_names:
+                    # a start that raised is the root cause (re-raised by execute): no rank ran to write values
+                    if run.error is None and spec.out_names and supervise:
                         _bring_outputs_home(run, supervisor.executor)
                 finally:
                     if spec.shm_prefix:  # whatever a failed or killed run left: /dev/shm files and their handles

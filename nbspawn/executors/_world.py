@@ -48,7 +48,7 @@ from .._run import Run
 from .._source import CellSource
 from .._spec import RunSpec, build_spec, cuda_device_count, new_run_id, resolve_backend, resolve_nprocs
 from ..errors import SpawnUsageError, rank_spans
-from ..handoff._names import pack_namespace, parse_names, pick_shared
+from ..handoff._names import names_bound, pack_namespace, parse_names, pick_shared
 from ..handoff._shm import Payload, new_run_prefix, share_
 from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
 from ..ranks._fds import kernel_descriptors
@@ -93,6 +93,9 @@ class World:
     # again, for the kernel as it is then (CUDA touched since, say), instead of insisting on spec's
     asked_start_method: str = "auto"
     store: Any = None  # the world's TCPStore, on loopback, for its life (a world on one machine)
+    # names its cells bind (at their top level, whether they ran to the end or not): the world's own,
+    # which the kernel never sends it again (``handoff._names.pack_namespace``)
+    owned: set[str] = field(default_factory=set)
 
     def keep_failures(self, run: Run, cell: CellSource) -> None:
         """What each rank that raised in this cell keeps (the ranks' rule: an exception, not an interrupt)."""
@@ -213,6 +216,8 @@ class WorldCell(Executor):
         self.run = run
         self.world.state = "running"
         self.world.cells += self.job.debug is None
+        if self.job.debug is None:
+            self.world.owned.update(names_bound(self.job.cell.parse()))  # from now on, whatever the cell does
         run.world, run.world_cell = self.world.name, self.world.cells
         # every rank is sent the cell (--on: those that do not run it are told to sit it out, with none
         # of the kernel's names or --share tensors): a world's first cell makes its process group
@@ -328,7 +333,8 @@ def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
         # a kept world's ranks were started before this kernel could poison fork (fork is refused or
         # avoided then), so CUDA IPC reaches them whatever their start method
         shared = pick_shared(share_names, request.namespace, method, ranks_started=world is not None, ranks_visible=ranks_visible)
-        payload = pack_namespace(tree, request.namespace, request.hidden, shared)
+        owned = world.owned if world is not None else set()
+        payload = pack_namespace(tree, request.namespace, request.hidden, shared, world=name, owned=owned)
         if world is None:
             world = start_world(name, spec, parse_start_method(settings.start_method))
             _lost.pop(name, None)

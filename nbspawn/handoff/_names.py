@@ -17,7 +17,7 @@ import io
 import os
 import types
 from collections import ChainMap
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import cloudpickle
@@ -32,19 +32,131 @@ from . import _shm
 _IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open", "_", "__", "___"})
 
 
-def names_used(tree: ast.Module) -> set[str]:
-    """Names the cell reads anywhere, nested functions and comprehensions included.
-
-    A name the cell only ever assigns needs nothing from the kernel, so it is left out: the kernel's
-    old value of it might not even be picklable.
-    """
+def names_used(tree: ast.AST) -> set[str]:
+    """Names the code reads from its namespace, nested functions and comprehensions included (not
+    their own parameters, locals and loop variables)."""
     loaded: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Store):
-            loaded.add(node.id)
+
+    def visit(node: ast.AST, local: frozenset[str]) -> None:
+        if isinstance(node, ast.Name):
+            if not isinstance(node.ctx, ast.Store) and node.id not in local:
+                loaded.add(node.id)
+            return
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and node.target.id not in local:
+            loaded.add(node.target.id)  # `x += 1` reads x first
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             loaded.update(node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = node.args
+            every = [a for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a is not None]
+            for outside in (  # evaluated where the function is defined: defaults, decorators, annotations
+                *args.defaults,
+                *(d for d in args.kw_defaults if d is not None),
+                *getattr(node, "decorator_list", []),
+                *(a.annotation for a in every if a.annotation is not None),
+                *(r for r in [getattr(node, "returns", None)] if r is not None),
+            ):
+                visit(outside, local)
+            params = {a.arg for a in every}
+            body = node.body if isinstance(node.body, list) else [node.body]
+            declared = {n for s in body for g in ast.walk(s) if isinstance(g, (ast.Global, ast.Nonlocal)) for n in g.names}
+            inner = local | params | (set().union(*(names_bound(s) for s in body)) - declared)
+            for statement in body:
+                visit(statement, frozenset(inner))
+            return
+        elif isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            scope = set(local)
+            for i, generator in enumerate(node.generators):
+                visit(generator.iter, local if i == 0 else frozenset(scope))  # the first iterable is read outside
+                scope |= names_bound(generator.target)
+                for condition in generator.ifs:
+                    visit(condition, frozenset(scope))
+            parts = (node.key, node.value) if isinstance(node, ast.DictComp) else (node.elt,)
+            for part in parts:
+                visit(part, frozenset(scope))
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child, local)
+
+    visit(tree, frozenset())
     return loaded
+
+
+def names_needed(tree: ast.Module) -> set[str]:
+    """Names the cell reads before it binds them: the only ones it can need from the kernel.
+
+    The cell's top-level statements are taken in order; a name a statement reads is needed unless an
+    earlier statement surely bound it (an assignment, an import, a ``def`` or ``class`` at the top
+    level, or inside a ``with``).  What is bound only under an ``if``, a loop or a ``try`` may not be:
+    the kernel's value is sent, as a name read first would be.  A function body counts where it is
+    defined, so ``def f(): return loss`` before ``loss = ...`` needs the kernel's ``loss``.  A name the
+    cell only binds is never needed: the kernel's old value of it might not even be picklable.
+    """
+    needed: set[str] = set()
+    bound: set[str] = set()
+
+    def run(statements: list[ast.stmt]) -> None:
+        for statement in statements:
+            if isinstance(statement, (ast.With, ast.AsyncWith)):
+                for item in statement.items:
+                    needed.update(names_used(item.context_expr) - bound)
+                    if item.optional_vars is not None:
+                        needed.update(names_used(item.optional_vars) - bound)
+                        bound.update(names_bound(item.optional_vars))
+                run(statement.body)
+                continue
+            if isinstance(statement, (ast.For, ast.AsyncFor)):  # its body reads its target after binding it
+                needed.update(names_used(statement.iter) - bound)
+                body = ast.Module(body=statement.body, type_ignores=[])
+                needed.update(names_used(body) - bound - names_bound(statement.target))
+                needed.update(names_used(ast.Module(body=statement.orelse, type_ignores=[])) - bound)
+                continue
+            needed.update(names_used(statement) - bound)
+            if isinstance(statement, _SURE_BINDINGS) and not (isinstance(statement, ast.AnnAssign) and statement.value is None):
+                bound.update(names_bound(statement))
+
+    run(tree.body)
+    return needed
+
+
+# statements that bind their names whenever they run without raising
+_SURE_BINDINGS = (
+    ast.Assign,
+    ast.AnnAssign,
+    ast.AugAssign,
+    ast.Import,
+    ast.ImportFrom,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+)
+
+
+def names_bound(tree: ast.AST) -> set[str]:
+    """Names the code binds at its top level: assignments, imports, functions, classes, for/with
+    targets, ``del`` (not the locals of the functions it defines, nor comprehension variables)."""
+    names: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            inputs = node.bases if isinstance(node, ast.ClassDef) else node.args.defaults
+            for expr in (*node.decorator_list, *inputs):
+                visit(expr)
+            return
+        elif isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            return
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names if alias.name != "*")
+        elif isinstance(node, ast.NamedExpr):
+            names.add(node.target.id)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return names
 
 
 def _shippable(name: str, value: Any, hidden: Mapping[str, Any]) -> bool:
@@ -56,7 +168,8 @@ def _shippable(name: str, value: Any, hidden: Mapping[str, Any]) -> bool:
 
 
 class _WithoutData(cloudpickle.Pickler):
-    """Checks that everything but tensor data pickles, without copying the data."""
+    """Checks that everything but tensor data pickles by value (what goes to other machines), without
+    copying the data."""
 
     def __init__(self, file: io.BytesIO) -> None:
         placeholder = {torch.UntypedStorage: _no_data, torch.storage.TypedStorage: _no_data}
@@ -68,45 +181,77 @@ def _no_data(_storage: Any) -> tuple:
     return (bytes, ())
 
 
-def _unpicklable(values: dict[str, Any]) -> tuple[str, str, Exception] | None:
+def _by_value_check(value: Any) -> None:
+    _WithoutData(io.BytesIO()).dump(value)
+
+
+def _unpicklable(values: dict[str, Any], check: Callable[[Any], None] = _by_value_check) -> tuple[str, str, Exception] | None:
     """The first value that cannot travel (tensor data aside): its name, its type, and why."""
     for name, value in values.items():
         try:
-            _WithoutData(io.BytesIO()).dump(value)
+            check(value)
         except Exception as err:
             return name, f"{type(value).__module__}.{type(value).__qualname__}", err
     return None
 
 
-def _check_picklable(wanted: dict[str, Any], where: str = "spawned ranks", instead: str = ", or use --start-method fork") -> None:
-    bad = _unpicklable(wanted)
-    if bad is not None:
-        name, kind, err = bad
-        raise SpawnUsageError(f"cannot send {name!r} (a {kind}) to {where}: {err}. Create it inside the cell{instead}.")
+def _refuse(bad: tuple[str, str, Exception], sent: Collection[str], where: str, instead: str) -> SpawnUsageError:
+    """A name that cannot travel, said with the kernel names the cell is sent (so a name the user did
+    not expect to be sent shows), and what to do instead: the hint fits the cell."""
+    name, kind, err = bad
+    return SpawnUsageError(
+        f"cannot send {name!r} (a {kind}) to {where}: {err}. The kernel names this cell is sent (those it reads "
+        f"before binding them): {', '.join(sorted(sent))}. {instead}"
+    )
 
 
-def _wanted(tree: ast.Module, user_ns: Mapping[str, Any], hidden: Mapping[str, Any]) -> dict[str, Any]:
-    """The kernel names the cell uses that can and should travel."""
-    return {
-        name: user_ns[name] for name in sorted(names_used(tree)) if name in user_ns and _shippable(name, user_ns[name], hidden)
-    }
+_IN_A_WORLD_CELL = (
+    "Bind {name!r} in a cell on the world: a name a world cell binds is the world's own and is never sent again. "
+    "Nothing was sent: the world is as it was."
+)
+
+
+def _wanted(
+    tree: ast.Module, user_ns: Mapping[str, Any], hidden: Mapping[str, Any], owned: Collection[str] = ()
+) -> dict[str, Any]:
+    """The kernel names the cell needs (reads before binding them) that can and should travel; none a
+    kept world ``owned`` (bound by a cell of its own)."""
+    needed = names_needed(tree).difference(owned)
+    return {name: user_ns[name] for name in sorted(needed) if name in user_ns and _shippable(name, user_ns[name], hidden)}
 
 
 def pack_namespace(
-    tree: ast.Module, user_ns: dict[str, Any], hidden: Mapping[str, Any] | None = None, shared: dict[str, Any] | None = None
-) -> _shm.Payload:
-    """The kernel names a spawned cell uses (and the ``--share`` ones), ready to travel."""
+    tree: ast.Module, user_ns: dict[str, Any], hidden: Mapping[str, Any] | None = None, shared: dict[str, Any] | None = None,
+    *, world: str | None = None, owned: Collection[str] = (),
+) -> _shm.Payload:  # fmt: skip
+    """The kernel names a spawned cell needs (and the ``--share`` ones), ready to travel; on the kept
+    world ``world``, none it ``owned``.  A name that cannot travel is refused here, before any rank
+    runs or is sent anything, with what it is and what the cell is sent."""
     shared = shared or {}
-    wanted = {**_wanted(tree, user_ns, hidden or {}), **shared}
-    _check_picklable(wanted)
+    wanted = {**_wanted(tree, user_ns, hidden or {}, owned), **shared}
+    bad = _unpicklable(wanted, _shm.check_travels)
+    if bad is not None:
+        if world is None:
+            raise _refuse(
+                bad, wanted, "spawned ranks", f"Bind {bad[0]!r} in the cell before reading it, or use --start-method fork."
+            )
+        raise _refuse(bad, wanted, f"world {world!r}", _IN_A_WORLD_CELL.format(name=bad[0]))
     return _shm.Payload(wanted, shared=list(shared.values()))
 
 
-def pickle_names(tree: ast.Module, user_ns: dict[str, Any], hidden: Mapping[str, Any] | None = None) -> bytes:
-    """The kernel names a cell uses, pickled once by value (tensors with their data), for other
-    machines: what a cluster run sends, the same bytes, to every node."""
-    wanted = _wanted(tree, user_ns, hidden or {})
-    _check_picklable(wanted, "other nodes", "")
+def pickle_names(
+    tree: ast.Module, user_ns: dict[str, Any], hidden: Mapping[str, Any] | None = None,
+    *, world: str | None = None, owned: Collection[str] = (),
+) -> bytes:  # fmt: skip
+    """The kernel names a cell needs, pickled once by value (tensors with their data), for other
+    machines: what a cluster run sends, the same bytes, to every node; on the cluster world ``world``,
+    none it ``owned``."""
+    wanted = _wanted(tree, user_ns, hidden or {}, owned)
+    bad = _unpicklable(wanted)
+    if bad is not None:
+        if world is None:
+            raise _refuse(bad, wanted, "other nodes", f"Bind {bad[0]!r} in the cell before reading it.")
+        raise _refuse(bad, wanted, f"world {world!r}", _IN_A_WORLD_CELL.format(name=bad[0]))
     return _shm.dumps_by_value(wanted)  # CUDA tensors as CPU data: the engines never touch CUDA
 
 
@@ -227,8 +372,9 @@ def send_outputs(namespace: dict[str, Any], names: tuple[str, ...], prefix: str,
 
 
 def receive_outputs(rank_dirs: list[str | None], names: tuple[str, ...]) -> tuple[dict[str, list[Any]], list[tuple[int, str]]]:
-    """In the kernel: every rank's values, by name, as lists indexed by rank; and what was missing.
-    A rank whose directory is None did not run the cell (``--on``): its values are None, not missing."""
+    """In the kernel: every rank's values, by name, as lists indexed by rank; and what was missing
+    (every name of a rank that left without sending any).  A rank whose directory is None did not run
+    the cell (``--on``): its values are None, not missing."""
     outputs: dict[str, list[Any]] = {name: [] for name in names}
     missing: list[tuple[int, str]] = []
     for rank, rank_dir in enumerate(rank_dirs):
@@ -237,9 +383,13 @@ def receive_outputs(rank_dirs: list[str | None], names: tuple[str, ...]) -> tupl
                 outputs[name].append(None)
             continue
         path = os.path.join(rank_dir, OUT)
-        with open(path, "rb") as fh:
-            record = _shm.loads(fh.read())  # maps each tensor file and unlinks it
-        os.unlink(path)
+        try:
+            with open(path, "rb") as fh:
+                record = _shm.loads(fh.read())  # maps each tensor file and unlinks it
+        except FileNotFoundError:  # it ended well before its cell did (sys.exit(0), os._exit(0)): it sent nothing
+            record = {"values": {}}
+        else:
+            os.unlink(path)
         for name in names:
             if name in record["values"]:
                 outputs[name].append(record["values"][name])

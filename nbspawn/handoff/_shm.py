@@ -343,14 +343,17 @@ class _Pickler(cloudpickle.Pickler):
 
     def __init__(
         self, file: io.BytesIO, run_prefix: str | None, shared: Collection[Any] | None = None,
-        copies: dict[Any, Any] | None = None,
+        copies: dict[Any, Any] | None = None, dry: bool = False,
     ) -> None:  # fmt: skip
         own: dict[type, Any] = {}
         self._shared_cuda: set[int] = set()
         self._private_cuda = False
         # copies made for the ranks, once per payload: a CUDA tensor's on CPU, a pinned storage's in shared memory
         self._copies: dict[Any, Any] = {} if copies is None else copies
-        if run_prefix is None and shared is None:
+        self._dry = dry
+        if dry:  # every reduction but the data's: what would refuse to travel, found without moving a byte
+            own[torch.UntypedStorage] = _no_data
+        elif run_prefix is None and shared is None:
             own[torch.UntypedStorage] = _reduce_storage_shared
         elif run_prefix is None:
             keys = {storage._cdata for storage in _storages(shared)}
@@ -386,6 +389,8 @@ class _Pickler(cloudpickle.Pickler):
         super().__init__(file)
 
     def reducer_override(self, obj: Any) -> Any:
+        if self._dry and isinstance(obj, torch.Tensor) and obj.device.type == "cuda":
+            return _no_data(obj)  # sent as CPU data or a CUDA IPC handle: nothing to refuse, nothing to copy now
         if self._run_prefix is None and isinstance(obj, torch.Tensor):
             if self._private_cuda and obj.device.type == "cuda" and id(obj) not in self._shared_cuda:
                 # not --share: the data goes as CPU memory (copy-on-write, like any kernel tensor) and the
@@ -402,6 +407,17 @@ class _Pickler(cloudpickle.Pickler):
                 cpu.requires_grad_()
             return (_same, (cpu,))
         return super().reducer_override(obj)
+
+
+def _no_data(_obj: Any) -> tuple:
+    return (bytes, ())
+
+
+def check_travels(obj: Any) -> None:
+    """Raise what :class:`Payload` would raise when pickled to start a rank, without moving or copying
+    any tensor's data: a lock, a socket, a non-leaf tensor that requires grad (torch refuses those),
+    found before any process starts."""
+    _Pickler(io.BytesIO(), None, dry=True).dump(obj)
 
 
 class _ByValue(cloudpickle.Pickler):
@@ -530,7 +546,8 @@ class Payload:
             raise RuntimeError("this payload was sent already: its objects are no longer held")
         buf = io.BytesIO()
         _Pickler(buf, None, self.shared, self.copies).dump(self.obj)
-        return (_Sealed, (buf.getvalue(),))
+        names = tuple(self.obj) if isinstance(self.obj, dict) else ()
+        return (_Sealed, (buf.getvalue(), names))
 
     def release(self) -> None:
         """The ranks have it (pickled with their start, or sent on their pipes): hold none of its
@@ -549,10 +566,11 @@ class Payload:
 class _Sealed:
     """A :class:`Payload` as the receiving process has it until :meth:`Payload.unwrap` opens it."""
 
-    __slots__ = ("data", "opened")
+    __slots__ = ("data", "names", "opened")
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, names: tuple[str, ...] = ()) -> None:
         self.data = data
+        self.names = names  # what the payload holds, by name (the kernel's names a cell is sent)
         self.opened = False
 
     def open(self) -> Any:
@@ -563,7 +581,12 @@ class _Sealed:
         if self.opened:
             raise RuntimeError("a payload is opened once")
         data, self.data, self.opened = self.data, b"", True
-        return loads(data)
+        try:
+            return loads(data)
+        except Exception as err:
+            if self.names and hasattr(err, "add_note"):  # which kernel names the cell was sent (Python >= 3.11)
+                err.add_note(f"nbspawn: this happened receiving the kernel's names the cell is sent: {', '.join(self.names)}")
+            raise
 
 
 # -- ranks -> kernel ----------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from .._errorfile import ErrorRecord
 from .._rankdir import RankDir, prompts_path
 from .._source import CellSource, rewrite_cell_frames
 from .._spec import RunSpec
-from . import _fds, _prompt
+from . import _children, _fds, _prompt
 from ._capture import capture_output, finished, flush_figures
 from ._watch import watch
 
@@ -149,6 +149,7 @@ def _run_cell(spec: RunSpec, rank: int, inherited: Inherited | None, namespace: 
         namespace = _namespace(spec)  # fork: the cell runs in the kernel's namespace (the rank's copy of it)
     else:
         namespace.update(_namespace(spec))
+    _children.install(namespace)  # the cell's definitions reach the rank's children by value
     code, last = inherited.compiled if inherited is not None else spec.cell.compile()
     dist = init_process_group(spec.backend, rank)
     execute_cell(code, last, namespace)

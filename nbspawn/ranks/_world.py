@@ -6,15 +6,15 @@ pipe, points its output at that cell's log directory, runs the cell in its own n
 answers with how the cell ended.  Between cells its output goes to the world's own directory, so a
 background thread's prints are kept and never shown in the wrong cell.
 
-Names: what a world cell assigns stays in the rank's namespace for the next cell; every other name
-a cell uses comes from the kernel with the job, with its current value.  SIGINT raises
+Names: what a world cell binds stays in the rank's namespace for the next cell, and is the world's
+own; the kernel sends with each job only the names the cell reads before binding them that no cell
+of the world bound (``handoff._names``), with their current values.  SIGINT raises
 ``KeyboardInterrupt`` only while a cell runs; an idle rank ignores it, so a world whose ranks all
 come back from an interrupt lives on.
 """
 
 from __future__ import annotations
 
-import ast
 import builtins
 import faulthandler
 import os
@@ -26,7 +26,7 @@ from typing import Any
 from .._rankdir import RankDir, prompts_path
 from .._source import CellSource
 from . import _cell as _rank
-from . import _fds, _prompt
+from . import _children, _fds, _prompt
 from ._capture import finished, redirect_output
 from ._watch import watch
 
@@ -107,6 +107,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
     _prompt.install(spec.rank_offset + rank, None, None)  # each cell says where its prompts go
     _rank.prepare_rank(rank)
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    _children.install(namespace)  # the cells' definitions reach the rank's children by value
     own: set[str] = set()  # names world cells assigned in this rank
     group: list[Any] = []  # the default process group, made by the first cell
     while True:
@@ -258,49 +259,21 @@ def keep_in_step(rank: int, job: WorldJob, namespace: dict[str, Any], own: set[s
 
 
 def _run(job: WorldJob, rank: int, namespace: dict[str, Any], own: set[str]) -> None:
+    from ..handoff._names import names_bound, send_outputs, unpack_namespace
+
     tree = job.cell.parse()
     if job.names is not None:
-        from ..handoff._names import unpack_namespace
-
-        # a name this rank's cells assigned is the rank's own; no loop variable is left bound in this
-        # frame, which a failed cell's kept traceback holds (it would keep a --share tensor alive)
+        # a name this rank's cells assigned is the rank's own (the kernel sends none of the world's names, but
+        # one given to --share); no loop variable is left bound in this frame, which a failed cell's kept
+        # traceback holds (it would keep a --share tensor alive)
         namespace.update({name: value for name, value in unpack_namespace(job.names).items() if name not in own})
     code, last = job.cell.compile()
     try:
         _rank.execute_cell(code, last, namespace)
     finally:  # what the cell bound, even if it failed half-way, is now the rank's own
-        own.update(name for name in assigned_names(tree) if name in namespace)
+        own.update(name for name in names_bound(tree) if name in namespace)
     if job.out_names:
-        from ..handoff._names import send_outputs
-
         send_outputs(namespace, job.out_names, job.shm_prefix or "", job.rank_dir(rank))
-
-
-def assigned_names(tree: ast.Module) -> set[str]:
-    """Names a cell binds at its top level: assignments, imports, functions, classes, for/with targets
-    (not the locals of the functions it defines, nor comprehension variables)."""
-    names: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            names.add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-            inputs = node.bases if isinstance(node, ast.ClassDef) else node.args.defaults
-            for expr in (*node.decorator_list, *inputs):
-                visit(expr)
-            return
-        elif isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-            return
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names if alias.name != "*")
-        elif isinstance(node, ast.NamedExpr):
-            names.add(node.target.id)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
-    return names
 
 
 def _stacks_to(rank_dir: str, previous: Any) -> Any:

@@ -1,0 +1,152 @@
+"""A rank's children (issue #24) through a real kernel: a Dataset, collate_fn and worker_init_fn, a
+``multiprocessing.Pool``, ``ProcessPoolExecutor`` and ``mp.Process`` target defined in the cell work in
+fresh and kept-world ranks under fork, spawn and forkserver, and in a kernel whose own default start
+method is forkserver (as Python 3.14's is); a persistent-worker DataLoader lives across world cells;
+nothing is left running."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kernel_harness import ok, rank_lines, run, run_processes
+
+pytestmark = pytest.mark.timeout(600)
+
+# everyday training code, none of it written for nbspawn: every child is started the rank's default way
+CHILDREN = """
+import dataclasses, multiprocessing as mp, os, torch
+from concurrent.futures import ProcessPoolExecutor
+from torch.utils.data import DataLoader, Dataset
+
+@dataclasses.dataclass
+class Batch:
+    x: torch.Tensor
+
+class Squares(Dataset):
+    def __len__(self):
+        return 8
+    def __getitem__(self, i):
+        return torch.tensor(float(i * i))
+
+def collate(items):
+    return Batch(torch.stack(items))
+
+def seed(worker_id):
+    torch.manual_seed(worker_id)
+
+def double(v):
+    return 2 * v
+
+batches = list(DataLoader(Squares(), batch_size=4, num_workers=2, collate_fn=collate, worker_init_fn=seed))
+assert all(isinstance(b, Batch) for b in batches), [type(b) for b in batches]  # the cell's own class came back
+with mp.Pool(2) as pool:
+    pooled = pool.map(double, [1, 2, 3])
+with ProcessPoolExecutor(2) as executor:
+    executed = list(executor.map(double, [4, 5]))
+child = mp.Process(target=double, args=(1,))
+child.start()
+child.join()
+print("children", mp.get_start_method(), sum(float(b.x.sum()) for b in batches), pooled, executed, child.exitcode)
+"""
+
+
+def said(result, method: str) -> None:
+    for rank in range(2):
+        assert rank_lines(result.stdout, rank) == [f"children {method} 140.0 [2, 4, 6] [8, 10] 0"], result.stdout
+
+
+def nothing_left(pid: int, timeout: float = 20) -> None:
+    """No process of a run is left under the kernel (a child's exit may take a moment to be reaped).
+    The kernel's own resource tracker, started with its first spawned rank, is the kernel's, as its
+    forkserver is (``run_processes`` leaves that out)."""
+
+    def left() -> list[list[str]]:
+        found = [p.cmdline() for p in run_processes(pid)]
+        return [c for c in found if "from multiprocessing.resource_tracker import main" not in " ".join(c)]
+
+    deadline = time.monotonic() + timeout
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left() == []
+
+
+@pytest.fixture
+def world(kernel):
+    """A fresh world name per test; stopped after it."""
+    name = f"c{time.monotonic_ns() % 10**8}"
+    yield name
+    run(kernel, f"%spawn stop {name}")
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_cell_definitions_reach_a_fresh_ranks_children(kernel, method):
+    said(ok(kernel, f"%%spawn -n 2 --backend gloo --start-method {method}\n{CHILDREN}", timeout=300), method)
+    nothing_left(kernel.pid)
+
+
+PIDS = """
+class Pids(Dataset):
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        return os.getpid()
+
+steady = DataLoader(Pids(), batch_size=2, num_workers=2, persistent_workers=True)
+first = sorted(int(p) for b in steady for p in b)
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_cell_definitions_reach_a_worlds_children_and_persistent_workers_live_across_cells(kernel, world, method):
+    said(
+        ok(kernel, f"%%spawn --world {world} -n 2 --backend gloo --start-method {method}\n{CHILDREN}{PIDS}", timeout=300), method
+    )
+    # a later cell: the definitions of the first one still reach new children, and the same workers serve
+    again = ok(
+        kernel,
+        f"%%spawn --world {world}\n{CHILDREN}"
+        "print('workers', sorted(int(p) for b in steady for p in b) == first, len(set(first)))",
+        timeout=300,
+    )
+    for rank in range(2):
+        assert rank_lines(again.stdout, rank)[-1] == "workers True 2", again.stdout
+    said_again = [line for line in again.stdout.splitlines() if "children" in line]
+    assert len(said_again) == 2 and all(f"children {method} 140.0" in line for line in said_again), again.stdout
+    ok(kernel, f"%spawn stop {world}")
+    nothing_left(kernel.pid)
+
+
+def test_a_kernel_whose_default_start_method_is_forkserver(fresh_kernel):
+    """Python 3.14 makes forkserver the default on Linux: set it in the kernel, as a user's code would."""
+    ok(fresh_kernel, "import multiprocessing\nmultiprocessing.set_start_method('forkserver', force=True)")
+    # a forked rank's children fork (multiprocessing gives a forked process its parent's start method)
+    said(ok(fresh_kernel, f"%%spawn -n 2 --backend gloo\n{CHILDREN}", timeout=300), "fork")
+    said(
+        ok(fresh_kernel, f"%%spawn --world k -n 2 --backend gloo --start-method forkserver\n{CHILDREN}", timeout=300),
+        "forkserver",
+    )
+    ok(fresh_kernel, "%spawn stop k")
+    nothing_left(fresh_kernel.pid)
+
+
+def test_torch_compile_workers_of_a_forkserver_rank_compile_a_cells_module(kernel):
+    """Inductor's compile workers are children too (subprocesses of torch's own, sent no cell code)."""
+    result = ok(
+        kernel,
+        "%%spawn -n 2 --backend gloo --start-method forkserver --env TORCHINDUCTOR_COMPILE_THREADS=2\n"
+        "import torch\n"
+        "from torch._inductor import config\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.l = torch.nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n"
+        "        return torch.relu(self.l(x)) * 2\n"
+        "net = Net()\n"
+        "x = torch.ones(2, 4)\n"
+        "print(config.compile_threads, torch.allclose(torch.compile(net)(x), net(x)))",
+        timeout=600,
+    )
+    assert [rank_lines(result.stdout, r) for r in range(2)] == [["2 True"], ["2 True"]], result.stdout
+    nothing_left(kernel.pid)
