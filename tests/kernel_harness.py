@@ -245,10 +245,19 @@ def ok(kernel: Kernel, code: str, timeout: float = 120) -> ExecResult:
     return result
 
 
+# gloo's own line on connecting (an unconditional print in torch 2.10's gloo, pytorch/gloo#462: Kaggle's
+# torch), which a rank writes whatever its cell does: not the cell's output the tests look at
+GLOO_CONNECTED = re.compile(
+    r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number of connected peer ranks is : \d+$"
+)
+
+
 def rank_lines(text: str, rank: int) -> list[str]:
-    """The text view's lines of `rank` (``[rank{rank}]: text``), prefix removed, in order."""
+    """The text view's lines of `rank` (``[rank{rank}]: text``), prefix removed, in order (gloo's own
+    connection line left out)."""
     prefix = re.compile(rf"^\[rank{rank}\]: ?")
-    return [prefix.sub("", line) for line in text.splitlines() if prefix.match(line)]
+    lines = (prefix.sub("", line) for line in text.splitlines() if prefix.match(line))
+    return [line for line in lines if not GLOO_CONNECTED.match(line)]
 
 
 def load_nbspawn(kernel: Kernel, timeout: float = 120) -> Kernel:

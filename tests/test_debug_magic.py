@@ -110,7 +110,9 @@ def waiting(kernel: Kernel, timeout: float = 60) -> str:
 def background(kernel: Kernel, code: str) -> str:
     """Start a background run from a cell sent with stdin (a notebook's): its prompts wait for an attach."""
     assert converse(kernel, code, []).result.status == "ok"
-    said = ok(kernel, "bg = nbspawn.last_run(); print('RUN-ID', bg.run_id)").stdout  # the run's own lines may come too
+    said = ok(
+        kernel, "bg = nbspawn.last_run(); print(f'RUN-ID {bg.run_id}')"
+    ).stdout  # one write: the run's own lines may come between two
     found = re.search(r"RUN-ID (\S+)", said)
     assert found, said
     return found.group(1)
