@@ -3,8 +3,10 @@ holds every helper the tests share: import them from there, never from this file
 
 from __future__ import annotations
 
+import time
+
 import pytest
-from kernel_harness import loaded_kernel, start_kernel, stop_kernel
+from kernel_harness import loaded_kernel, run, start_kernel, stop_kernel
 
 
 @pytest.fixture(scope="module")
@@ -29,3 +31,11 @@ def plain_kernel():
     k = start_kernel()
     yield k
     stop_kernel(k)
+
+
+@pytest.fixture
+def world(kernel):
+    """A fresh world name per test, for the module's kernel; whatever the test left is stopped after it."""
+    name = f"w{time.monotonic_ns() % 10**8}"
+    yield name
+    run(kernel, f"%spawn stop {name}")

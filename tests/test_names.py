@@ -5,8 +5,6 @@ that fails at the start says its own error, never one of the run's files."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from kernel_harness import ok, rank_lines, run, run_processes
 
@@ -15,14 +13,6 @@ METHODS = ["fork", "spawn", "forkserver"]
 
 # what any training cell in the kernel leaves behind: a loss that torch refuses to pickle
 TRAINED = "import threading, torch\nw = torch.ones(2, requires_grad=True)\nloss = (w * 2).sum()\nlr = 0.1"
-
-
-@pytest.fixture
-def world(kernel):
-    """A fresh world name per test; stopped after it."""
-    name = f"n{time.monotonic_ns() % 10**8}"
-    yield name
-    run(kernel, f"%spawn stop {name}")
 
 
 def refused(kernel, code: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from kernel_harness import ok, rank_lines, run, run_processes
+from kernel_harness import ok, rank_lines, run_processes
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -69,14 +69,6 @@ def nothing_left(pid: int, timeout: float = 20) -> None:
     while left() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert left() == []
-
-
-@pytest.fixture
-def world(kernel):
-    """A fresh world name per test; stopped after it."""
-    name = f"c{time.monotonic_ns() % 10**8}"
-    yield name
-    run(kernel, f"%spawn stop {name}")
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])

@@ -8,7 +8,6 @@ and bad input is refused before anything starts."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 from bundle_reader import rank_outputs
@@ -18,14 +17,6 @@ from nbspawn.views._widget import widget_available
 
 pytestmark = pytest.mark.timeout(300)
 MIME = "application/vnd.nbspawn.run+json"
-
-
-@pytest.fixture
-def world(kernel):
-    """A fresh world name per test; whatever the test left is stopped after it."""
-    name = f"on{time.monotonic_ns() % 10**8}"
-    yield name
-    run(kernel, f"%spawn stop {name}")
 
 
 def pids(result, ranks) -> dict[int, int]:

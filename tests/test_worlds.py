@@ -21,14 +21,6 @@ def pids_of(result, ranks: int) -> list[int]:
     return [int(re.search(r"pid (\d+)", " ".join(rank_lines(result.stdout, r))).group(1)) for r in range(ranks)]
 
 
-@pytest.fixture
-def world(kernel):
-    """A fresh world name per test; whatever the test left is stopped after it."""
-    name = f"w{time.monotonic_ns() % 10**8}"
-    yield name
-    run(kernel, f"%spawn stop {name}")
-
-
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_state_names_and_group_are_kept_on_the_same_processes(kernel, world, method):
     ok(kernel, "lr = 0.1")
