@@ -119,7 +119,8 @@ def test_a_tracebacks_cell_frames_read_cell_in_n():
     tb = run_cell(CELL)
     rewritten = rewrite_cell_frames(tb, CELL)
     assert CELL_FILENAME not in rewritten
-    lines = rewritten.splitlines()
+    # (Python 3.13 puts caret lines under a call that is a whole line too: not what is checked here)
+    lines = [line for line in rewritten.splitlines() if line.strip(" ~^")]
     at = lines.index("  Cell In[5], line 5")  # <module>: no ", in"
     # the source line Python printed under each frame is kept, not added again
     assert lines[at : at + 4] == ["  Cell In[5], line 5", "    f()", "  Cell In[5], line 4, in f", "    return 1/0"]

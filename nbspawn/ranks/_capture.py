@@ -632,6 +632,12 @@ def _capture_display(rich: bool) -> None:
     publisher, rank_comms = rank_classes()
     _silence_the_kernel(shell)
     shell.display_pub = publisher(shell=None)
+    # displayed as in a kernel: terminal IPython formats only text/plain and turns ``_ipython_display_``
+    # off, through which ipywidgets 7 displays a widget (tqdm.notebook's bar) with the view naming its model
+    formatter = getattr(shell, "display_formatter", None)
+    if formatter is not None:
+        formatter.active_types = list(formatter.format_types)
+        formatter.ipython_display_formatter.enabled = True
     _capture_comms(rank_comms)
 
 
