@@ -38,8 +38,8 @@ test:
 	if [[ $$rc -eq 5 ]]; then echo "make test: no tests were collected" >&2; fi; \
 	exit $$rc
 
-# Each job: `.ci/runtime NAME PYTEST-ARGS`; which tests each runs is chosen for CI's time budget (the
-# jobs' durations are in the README's "Colab and Kaggle" section). `make -k runtimes` runs them all
+# Each job: `.ci/runtime NAME PYTEST-ARGS`; which tests each runs is chosen for CI's time budget (about
+# 12-14 min each for Colab and Kaggle, 4-6 for the torch floor and newest, on 2 cores). `make -k runtimes` runs them all
 # whatever fails. Each needs `make test`'s build of the extension (it installs the clone).
 KERNEL_TESTS := tests --ignore=tests/test_cluster_nodes.py --ignore=tests/test_cluster_worlds.py --ignore=tests/test_frameworks.py
 TORCH_RANGE_TESTS := tests/test_spawn_core.py tests/test_worlds.py tests/test_debugger.py tests/test_handoff.py tests/test_rank_output.py
