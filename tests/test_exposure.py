@@ -45,6 +45,16 @@ def assert_nothing_exposed(kernel: Kernel, ranks: list[psutil.Process]) -> None:
         assert not shared, f"rank pid {rank.pid} holds {len(shared)} of the kernel's sockets, listening ones: {listens}"
 
 
+def check_ranks_while_they_wait(kernel: Kernel, where: str) -> None:
+    """Two ranks that wrote their pids to ``where``/ready0, ready1 and wait for ``where``/go: nothing of
+    theirs is exposed while they wait; then they are let go, whatever the check found."""
+    try:
+        ranks = [psutil.Process(int(pid)) for pid in wait_for_files(where, ["ready0", "ready1"])]
+        assert_nothing_exposed(kernel, ranks)
+    finally:
+        open(os.path.join(where, "go"), "w").close()
+
+
 def wait_for_files(directory: str, names: list[str], timeout: float = 60) -> list[str]:
     """What each file says, once all of them are written."""
     deadline = time.monotonic() + timeout
@@ -66,11 +76,7 @@ def test_a_run_listens_on_loopback_only_and_its_ranks_hold_no_kernel_socket(kern
     where = str(tmp_path)
     flags = "--bg " if bg else ""
     kernel.client.execute(f"%%spawn {flags}-n 2 --backend gloo --start-method {method}\n" + CELL.format(where=where))
-    try:
-        ranks = [psutil.Process(int(pid)) for pid in wait_for_files(where, ["ready0", "ready1"])]
-        assert_nothing_exposed(kernel, ranks)
-    finally:
-        open(os.path.join(where, "go"), "w").close()
+    check_ranks_while_they_wait(kernel, where)
     said = ok(kernel, "r = nbspawn.last_run(); r.wait(); print(r.status, r.run_dir)").stdout
     status, run_dir = said.split()[-2:]
     assert status == "succeeded", said
@@ -122,10 +128,6 @@ def test_a_programs_own_process_group_listens_on_loopback_only(kernel, tmp_path)
     script.write_text(PROGRAM)
     where = str(tmp_path)
     kernel.client.execute(f"%spawn --bg -n 2 -- {script} {where}")
-    try:
-        ranks = [psutil.Process(int(pid)) for pid in wait_for_files(where, ["ready0", "ready1"])]
-        assert_nothing_exposed(kernel, ranks)
-    finally:
-        open(os.path.join(where, "go"), "w").close()
+    check_ranks_while_they_wait(kernel, where)
     said = ok(kernel, "r = nbspawn.last_run(); r.wait(); print(r.status)").stdout
     assert said.split()[-1] == "succeeded", said
