@@ -1,5 +1,7 @@
 # Targets, all working from a fresh clone:
-#   make lab    set everything up, then open notebooks/quickstart.ipynb in JupyterLab
+#   make lab    set everything up, then open a working copy of the quickstart in JupyterLab: the folder
+#               it serves is LAB_DIR (default work/, git-ignored), seeded from notebooks/ by
+#               scripts/lab-folder.sh; the tests run only the tracked notebooks/
 #   make test   set everything up, lint and type-check, then run the whole test suite (extra pytest args: PYTEST_ARGS=...)
 #   make runtimes  the test suite again on the stacks users are on (.ci/runtime, .ci/runtimes/*.txt): Colab's
 #               and Kaggle's runtimes as they ship (installing nbspawn must change none of their versions) and
@@ -12,6 +14,7 @@ SHELL := /bin/bash
 NBSPAWN_VENV ?= $(CURDIR)/.venv
 export NBSPAWN_VENV
 PYTEST_ARGS ?=
+LAB_DIR ?= $(CURDIR)/work
 
 # jupyter server refuses to start as root without this (containers, CI images)
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
@@ -20,7 +23,8 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 lab:
 	bash scripts/setup.sh
-	"$(NBSPAWN_VENV)/bin/jupyter" lab $(ALLOW_ROOT) notebooks/quickstart.ipynb
+	bash scripts/lab-folder.sh "$(LAB_DIR)"
+	cd "$(LAB_DIR)" && "$(NBSPAWN_VENV)/bin/jupyter" lab $(ALLOW_ROOT) quickstart.ipynb
 
 # ruff's rules and mypy's files are in pyproject.toml; both run from the repository root. The
 # extension's node_modules come with setup (pip's build of the extension runs npm install).

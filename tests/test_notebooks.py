@@ -1,4 +1,4 @@
-"""Every notebook in notebooks/ runs top to bottom (nbclient), and an executed notebook converts to
+"""Every tracked notebook in notebooks/ runs top to bottom (nbclient), and an executed notebook converts to
 HTML (``jupyter nbconvert --to html``) showing every rank's output, with no script from nbspawn.
 
 The kernel is this interpreter's (kernel_harness writes the kernelspec), with nbspawn's defaults:
@@ -25,7 +25,19 @@ from nbclient import NotebookClient
 from nbspawn.views._bundle import MIME
 
 REPO = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+
+
+def tracked_notebooks(repo: Path) -> list[Path]:
+    """The example notebooks git tracks in ``repo/notebooks``: a scratch notebook someone saved there
+    is not an example, and must not change what the suite runs (``make lab`` serves a copy elsewhere,
+    scripts/lab-folder.sh)."""
+    names = subprocess.run(
+        ["git", "ls-files", "-z", "--", "notebooks/*.ipynb"], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.split("\0")
+    return sorted(repo / name for name in names if name)
+
+
+NOTEBOOKS = tracked_notebooks(REPO)
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
@@ -86,6 +98,37 @@ def spawn_outputs(nb: nbformat.NotebookNode) -> list[dict]:
 
 def test_quickstart_is_there():
     assert REPO / "notebooks" / "quickstart.ipynb" in NOTEBOOKS
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
+
+def test_only_tracked_notebooks_run(tmp_path: Path):
+    """An untracked notebook in notebooks/ (a newcomer's scratch) is not one the suite runs."""
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / "example.ipynb").write_text("{}")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", "notebooks/example.ipynb")
+    (tmp_path / "notebooks" / "Untitled.ipynb").write_text("{}")
+    assert tracked_notebooks(tmp_path) == [tmp_path / "notebooks" / "example.ipynb"]
+
+
+def test_lab_serves_a_working_copy_outside_the_tests(tmp_path: Path):
+    """``make lab``'s folder is seeded with copies of the examples, keeps what the user saved there,
+    and (by default, work/) is ignored by git, so nothing saved in it reaches what the tests run."""
+    folder = tmp_path / "lab"
+    script = REPO / "scripts" / "lab-folder.sh"
+    subprocess.run(["bash", str(script), str(folder)], check=True, capture_output=True)
+    assert sorted(p.name for p in folder.glob("*.ipynb")) == sorted(p.name for p in NOTEBOOKS)
+    assert (folder / "quickstart.ipynb").read_bytes() == (REPO / "notebooks" / "quickstart.ipynb").read_bytes()
+    (folder / "quickstart.ipynb").write_text("edited")
+    subprocess.run(["bash", str(script), str(folder)], check=True, capture_output=True)
+    assert (folder / "quickstart.ipynb").read_text() == "edited"
+    ignored = subprocess.run(["git", "check-ignore", "-q", "work/Untitled.ipynb"], cwd=REPO)
+    assert ignored.returncode == 0, "work/ (make lab's default folder) must be git-ignored"
+    lab = subprocess.run(["make", "-n", "lab", f"LAB_DIR={folder}"], cwd=REPO, check=True, capture_output=True, text=True).stdout
+    assert f'scripts/lab-folder.sh "{folder}"' in lab and f'cd "{folder}" && ' in lab, lab
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
