@@ -78,6 +78,16 @@ def test_a_module_and_an_executable(kernel, scripts):
         assert rank_lines(exe.stdout, r) == [f"hello from {r} of 3"] and rank_lines(exe.stderr, r) == ["to stderr"]
 
 
+def test_a_programs_ranks_are_named_in_ps(kernel, scripts):
+    """A script's rank in ps says which rank it is and what it runs (an exec-ed program names itself)."""
+    (scripts / "name.py").write_text("print(open('/proc/self/cmdline').read().replace(chr(0), ' ').strip())\n")
+    result = ok(kernel, "%spawn -n 2 -- name.py --lr 0.1")
+    for r in range(2):
+        assert rank_lines(result.stdout, r) == [f"nbspawn rank {r} of 2: name.py --lr 0.1"]
+    module = ok(kernel, "%spawn -n 2 -- python -c \"print(open('/proc/self/cmdline').read().replace(chr(0), ' ').strip())\"")
+    assert rank_lines(module.stdout, 1) == ["nbspawn rank 1 of 2: python -c ..."]
+
+
 def test_python_dash_c_runs_as_python_runs_it(kernel, scripts):
     """``-- python -c CODE ARGS``: the code as __main__, sys.argv as python gives it, its exception the root cause."""
     code = "import os, sys; print(__name__, sys.argv[1:], 'rank', os.environ['RANK'])"

@@ -135,6 +135,18 @@ def test_ranks_get_the_torchrun_environment(kernel):
     assert len({e["MASTER_PORT"] for e in envs}) == 1
 
 
+# what ps shows (/proc/<pid>/cmdline) and what top shows (comm, 15 bytes), as the process sees itself
+PS_NAME = "open('/proc/self/cmdline').read().replace(chr(0), ' ').strip(), '|', open('/proc/self/comm').read().strip()"
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_ranks_are_named_in_ps(kernel, method):
+    """A rank reads as what it is in ps, top and py-spy, not as one more kernel or multiprocessing child."""
+    result = ok(kernel, f"%%spawn -n 3 --start-method {method}\nprint({PS_NAME})")
+    for r in range(3):
+        assert rank_lines(result.stdout, r) == [f"nbspawn rank {r} of 3 | nbspawn rank {r}"]
+
+
 def test_each_run_gets_its_own_master_port(kernel):
     code = "%%spawn -n 1\nimport os\nprint(os.environ['MASTER_PORT'], os.environ['TORCHELASTIC_RUN_ID'])"
     first, second = (rank_lines(ok(kernel, code).stdout, 0)[0] for _ in range(2))

@@ -49,6 +49,16 @@ def test_state_names_and_group_are_kept_on_the_same_processes(kernel, world, met
     assert re.search(rf"^{world}\s+world {method}/gloo\s+2\s+idle\s+2 cells\s+\d+,\d+", status, re.M), status
 
 
+def test_world_ranks_are_named_in_ps_with_their_world(kernel, world):
+    """ps and top (read here, from outside, as they read it) tell a kept world's ranks apart from a kernel."""
+    first = ok(kernel, f"%%spawn --world {world} -n 2\nimport os\nprint('pid', os.getpid())")
+    for r, pid in enumerate(pids_of(first, 2)):
+        process = psutil.Process(pid)
+        assert " ".join(process.cmdline()).strip() == f"nbspawn rank {r} of 2 [world {world}]"
+        with open(f"/proc/{pid}/comm") as comm:  # top's name for it: 15 bytes
+            assert comm.read().strip() == f"nbspawn rank {r}"
+
+
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_a_failed_cell_interrupts_the_others_and_the_world_survives(kernel, world, method):
     first = ok(

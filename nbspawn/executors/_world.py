@@ -133,7 +133,7 @@ class World:
         with interrupts_deferred():
             context = start_processes(
                 run_world_rank,
-                args=(spec, [child for _parent, child in pipes], kernel_fds),
+                args=(spec, [child for _parent, child in pipes], kernel_fds, self.name),
                 nprocs=spec.nprocs,
                 join=False,
                 daemon=False,

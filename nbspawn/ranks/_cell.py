@@ -28,6 +28,7 @@ from .._source import CellSource, rewrite_cell_frames
 from .._spec import RunSpec
 from . import _children, _fds, _prompt
 from ._capture import capture_output, finished, flush_figures
+from ._title import name_process, rank_title
 from ._watch import watch
 
 EXIT_RAISED = 1
@@ -57,6 +58,7 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
     if inherited is not None:
         _fds.let_go(inherited.kernel_fds)  # first: the kernel's sockets are not the rank's
     _die_with_parent(spec)
+    name_process(rank_title(spec.rank_offset + rank, spec.world_size or spec.nprocs))
     rank_dir = spec.rank_dir(rank)
     apply_kernel_env(spec.kernel_env)
     os.environ.update(spec.own_env(rank) if inherited is not None else spec.rank_env(rank))

@@ -76,6 +76,16 @@ def _install_prompts() -> None:
     )
 
 
+def _name_process(mode: str, target: str, args: list[str]) -> None:
+    """``nbspawn rank 2 of 4: train.py --lr 0.1`` in ``ps``, until an exec-ed program names itself."""
+    rank, size = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    if not (rank.isdigit() and size.isdigit()):
+        return
+    title = _load("ranks/_title.py")
+    program = {"code": "python -c ...", "module": f"python -m {target}"}.get(mode, target)
+    title.name_process(title.rank_title(int(rank), int(size), program=" ".join([program, *args])))
+
+
 def _runpy_file() -> str:
     import runpy
 
@@ -89,6 +99,7 @@ def main() -> None:
     mode, target, *args = sys.argv[1:]
     if mode == "exec":
         os.execvp(target, [target, *args])  # noqa: S606 - running the user's program is the point
+    _name_process(mode, target, args)
     import runpy
 
     stacks = os.environ.get("NBSPAWN_STACKS_FILE")

@@ -28,6 +28,7 @@ from .._source import CellSource
 from . import _cell as _rank
 from . import _children, _fds, _prompt
 from ._capture import finished, redirect_output
+from ._title import name_process, rank_title
 from ._watch import watch
 
 OK, RAISED, INTERRUPTED, EXITED = "ok", "raised", "interrupted", "exited"
@@ -86,10 +87,11 @@ def _ignore_interrupt(signum: int, frame: Any) -> None:
     """SIGINT while no cell runs: nothing to interrupt (the kernel interrupts every rank at once)."""
 
 
-def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fds.Descriptor, ...] = ()) -> None:
+def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fds.Descriptor, ...] = (), world: str = "") -> None:
     """Entry point of a world rank: set up once, then one cell per job until told to stop."""
     _fds.let_go(kernel_fds)  # first (a forked rank): the kernel's sockets are not the rank's
     _rank._die_with_parent(spec)
+    name_process(rank_title(spec.rank_offset + rank, spec.world_size or spec.nprocs, world))
     conn = conns[rank]
     for other in conns:
         if other is not conn:
