@@ -41,7 +41,10 @@ def test_post_mortem_of_a_worlds_last_failure_at_the_failed_cells_own_lines(fres
     assert '  4  ->\t    raise ValueError(f"bad {v}")' in text, text  # l: the failed cell's lines, not the later cell's
     assert "  3  \t    bad = v * 3" in text
     assert "a later cell" not in text
-    assert "<nbspawn-cell>(4)f()" in text and "<nbspawn-cell>(6)<module>()" in text  # w
+    failed_cell = f"Cell In[{failed.execution_count}]"
+    assert (
+        f"> {failed_cell}, line 4, in f" in text and f"  {failed_cell}, line 6\n-> f(rank)" in text
+    )  # w, as IPython names cells
     assert "_world.py" not in text and "_cell.py" not in text
     # the world lives on, and keeps the failure: without a rank, the root cause's rank is debugged again
     talk = converse(fresh_kernel, "%spawn debug", ["p v + 100", "c"])

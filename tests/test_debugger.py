@@ -36,7 +36,10 @@ print("done", rank, x)
     assert "if rank == 1:" in text  # ... and its source
     assert "10" in lines  # p x
     assert "11" in lines  # p y, after two `n`
-    assert "<nbspawn-cell>(8)<module>()" in text  # `w`: the cell's frame, at line 8
+    n = talk.result.execution_count
+    assert f"> Cell In[{n}], line 7\n-> y = x + 1" in text, text  # where it stopped, named as IPython names a cell
+    assert f"> Cell In[{n}], line 8\n-> z = y * 2" in text, text  # `w`: the cell's frame, at line 8
+    assert "<nbspawn-cell>" not in text
     assert "_cell.py" not in text  # ... and nothing of nbspawn below it
     assert "done 1 10" in text and "done 0 0" in "\n".join(rank_lines(talk.result.stdout, 0))
 
@@ -57,6 +60,22 @@ if os.environ["RANK"] == "1":
     assert "hello Ada 6" in rank_lines(talk.result.stdout, 1)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_pdb_names_cells_as_ipython_does(kernel, method):
+    """A function from an earlier cell, stepped into, reads ``Cell In[N], line 2, in helper`` in pdb:
+    never ``<nbspawn-cell>``, a kernel's temporary file or cloudpickle's ``<dynamic-code>``."""
+    defined = ok(kernel, "def helper(a):\n    b = a + 1\n    return b").execution_count
+    code = f"%%spawn -n 1 --start-method {method}\nbreakpoint()\nhelper(2)\n"
+    talk = converse(kernel, code, [*TO_NEXT_LINE, "s", "n", "w", "c"])
+    assert talk.result.status == "ok", talk.text
+    text = "\n".join(rank_lines(talk.result.stdout, 0))
+    cell = talk.result.execution_count
+    assert f"> Cell In[{cell}], line 3\n-> helper(2)" in text, text
+    assert f"> Cell In[{defined}], line 2, in helper" in text, text
+    assert f"  Cell In[{cell}], line 3\n-> helper(2)" in text, text  # `w`: the caller, then helper
+    assert "nbspawn-cell" not in text and "dynamic-code" not in text and "ipykernel" not in text
+
+
 def test_pdb_set_trace_in_a_function_steps_into_it(kernel):
     code = """%%spawn -n 1
 import pdb
@@ -70,7 +89,7 @@ print("r =", r)
     talk = converse(kernel, code, [*TO_NEXT_LINE, "s", "s", "n", "p b", "c"])
     assert talk.result.status == "ok", talk.text
     text = "\n".join(rank_lines(talk.result.stdout, 0))
-    assert "--Call--" in text and "f()" in text
+    assert "--Call--" in text and f"Cell In[{talk.result.execution_count}], line 3, in f" in text
     assert "4" in rank_lines(talk.result.stdout, 0)  # p b
     assert "r = 8" in text
 
@@ -88,6 +107,7 @@ dist.barrier()
     assert talk.result.status == "error"
     assert "debugger quit on rank 1" in talk.text
     assert "bdb.py" not in talk.text and "pdb.py" not in talk.text  # the traceback ends in the cell
+    assert "\nDebuggerQuit: debugger quit on rank 1" in talk.text and "nbspawn.ranks" not in talk.text  # no internal path
     assert time.monotonic() - start < 60
 
 

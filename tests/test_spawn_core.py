@@ -283,11 +283,14 @@ def test_a_failing_rank_raises_in_the_kernel_with_the_cells_own_lines(kernel):
     assert "_rank.py" not in text and "multiprocessing" not in text
 
 
-def test_frames_in_functions_from_earlier_cells_name_those_cells(kernel):
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_frames_in_functions_from_earlier_cells_name_those_cells(kernel, method):
+    """Sent by value (spawn, forkserver), a function keeps its cell's file: never ``<dynamic-code>``."""
     n = cell_number(kernel)
     ok(kernel, "def divide(a, b):\n    return a / b")
-    result = run(kernel, "%%spawn -n 1\ndivide(1, 0)")
+    result = run(kernel, f"%%spawn -n 1 --start-method {method}\ndivide(1, 0)")
     assert f"Cell In[{n}], line 2, in divide" in result.error.traceback_text
+    assert "dynamic-code" not in result.error.traceback_text
 
 
 def test_the_first_failure_stops_the_others_and_says_where_they_were(kernel):

@@ -72,11 +72,12 @@ import secrets
 import stat
 import sys
 import threading
+import types
 import weakref
 from collections import ChainMap
 from collections.abc import Collection, Iterator, Mapping
 from multiprocessing.reduction import DupFd, ForkingPickler
-from typing import Any, NamedTuple, cast
+from typing import Any, ClassVar, NamedTuple, cast
 
 import cloudpickle
 import torch
@@ -333,6 +334,18 @@ def _cloned(reduced: tuple) -> Any:
     return rebuild(*args).clone()
 
 
+def _reduce_code_keeping_its_file(code: types.CodeType) -> tuple:
+    """cloudpickle names every code object it sends ``<dynamic-code>``: a function from an earlier
+    cell, sent to a spawn or forkserver rank, would read so in its tracebacks and in pdb.  It keeps
+    its cell's file name here, which the kernel and the rank's pdb name ``Cell In[3]`` (as IPython does)."""
+    rebuild, args = cloudpickle.cloudpickle._code_reduce(code)  # its own reduction
+    return (_code_in_file, (rebuild, args, code.co_filename))
+
+
+def _code_in_file(rebuild: Any, args: tuple, filename: str) -> types.CodeType:
+    return cast(types.CodeType, rebuild(*args)).replace(co_filename=filename)
+
+
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle, with ForkingPickler's reductions (torch's among them) ahead of copyreg's.
 
@@ -345,7 +358,7 @@ class _Pickler(cloudpickle.Pickler):
         self, file: io.BytesIO, run_prefix: str | None, shared: Collection[Any] | None = None,
         copies: dict[Any, Any] | None = None, dry: bool = False,
     ) -> None:  # fmt: skip
-        own: dict[type, Any] = {}
+        own: dict[type, Any] = {types.CodeType: _reduce_code_keeping_its_file}
         self._shared_cuda: set[int] = set()
         self._private_cuda = False
         # copies made for the ranks, once per payload: a CUDA tensor's on CPU, a pinned storage's in shared memory
@@ -423,6 +436,10 @@ def check_travels(obj: Any) -> None:
 class _ByValue(cloudpickle.Pickler):
     """cloudpickle, tensors with their bytes, CUDA tensors as CPU data to be placed on the receiving
     rank's GPU (what goes to other machines: their engines must never touch CUDA)."""
+
+    dispatch_table: ClassVar[ChainMap[Any, Any]] = ChainMap(
+        {types.CodeType: _reduce_code_keeping_its_file}, cloudpickle.Pickler.dispatch_table
+    )
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, torch.Tensor) and (obj.device.type == "cuda" or getattr(obj, _FOR_GPU, False)):

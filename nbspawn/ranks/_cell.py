@@ -24,7 +24,7 @@ from typing import TextIO
 from .. import _cuda, _errorfile
 from .._errorfile import ErrorRecord
 from .._rankdir import RankDir, prompts_path
-from .._source import CellSource, rewrite_cell_frames
+from .._source import CELL_FILENAME, CellSource, rewrite_cell_frames
 from .._spec import RunSpec
 from . import _children, _fds, _prompt
 from ._capture import capture_output, finished, flush_figures
@@ -68,6 +68,7 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
     _prompt.install(
         spec.rank_offset + rank, prompts_path(spec.run_dir), RankDir(rank_dir).answers
     )  # input(), pdb: the kernel answers
+    _prompt.name_files(cell_labels(spec.cell, spec.cell_numbers))
     code = 0
     namespace: dict = {}
     try:
@@ -88,6 +89,11 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
             # (spawn's) whose CUDA and NCCL teardown could wait on work that never completes
             os._exit(code or EXIT_RAISED)
         sys.exit(code)
+
+
+def cell_labels(cell: CellSource, cell_numbers: Mapping[str, int]) -> dict[str, str]:
+    """IPython's name of each cell's file (``Cell In[3]``), this cell's among them."""
+    return {**{name: f"Cell In[{number}]" for name, number in cell_numbers.items()}, CELL_FILENAME: cell.label}
 
 
 def apply_kernel_env(kernel_env: Mapping[str, str] | None) -> None:
@@ -374,6 +380,8 @@ def write_error(rank_dir: str, cell: CellSource, exc: BaseException) -> None:
     if isinstance(exc, _prompt.DebuggerQuit):
         tb = _prompt.cut_debugger_frames(tb)  # end at the line where the debugger was quit
     text = rewrite_cell_frames("".join(traceback.format_exception(type(exc), exc, tb)), cell)
+    if isinstance(exc, _prompt.DebuggerQuit):  # nbspawn's exception, named as the user knows it
+        text = text.replace(f"{type(exc).__module__}.{type(exc).__qualname__}:", f"{type(exc).__qualname__}:")
     _errorfile.write(RankDir(rank_dir).error, ErrorRecord.of(exc, text))
 
 

@@ -26,6 +26,7 @@ import builtins
 import cmd
 import getpass
 import json
+import linecache
 import os
 import pdb
 import sys
@@ -57,6 +58,8 @@ _current: RankPdb | None = None  # the RankPdb reading commands now: where it st
 debugged = False  # a debugger ran in this rank: tracing is cleared when the cell ends
 _launcher_file = ""  # a program's: nbspawn/ranks/_program.py, run as __main__
 final_code: CodeType | None = None  # the code that ends the running cell (its trailing expression, if any)
+# pdb names these files as IPython does: {"<nbspawn-cell>": "Cell In[5]", an earlier cell's file: "Cell In[3]"}
+_labels: dict[str, str] = {}
 # Python's own, whatever pdb.Pdb was made to be (ipykernel makes it IPython's, which a forked rank inherits)
 _Pdb: type[pdb.Pdb] = next(c for c in pdb.Pdb.__mro__ if c.__module__ == "pdb" and c.__name__ == "Pdb")
 
@@ -84,6 +87,13 @@ def _distributed_pdb_is_ours() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and isinstance(getattr(dist, "_DistributedPdb", None), type):
         dist._DistributedPdb = RankPdb  # type: ignore[attr-defined]
+
+
+def name_files(labels: dict[str, str]) -> None:
+    """What pdb calls the cell's file and earlier cells' (``Cell In[5], line 6``), as IPython's own
+    debugger and tracebacks do, instead of ``<nbspawn-cell>(6)`` or a kernel's temporary file."""
+    global _labels
+    _labels = dict(labels)
 
 
 def use(prompts: str | None, answers: str | None) -> None:
@@ -375,6 +385,17 @@ class RankPdb(_Pdb):  # type: ignore[misc,valid-type]
     def user_call(self, frame: FrameType, argument_list: Any) -> None:
         if not _cell_code(frame):  # the cell's trailing expression: its first line stops, no --Call--
             super().user_call(frame, argument_list)
+
+    def format_stack_entry(self, frame_lineno: tuple[FrameType, int], lprefix: str = ": ") -> str:
+        """``> Cell In[5], line 6, in f`` and the line, for a cell's frame (``w``, ``u``, each stop)."""
+        frame, lineno = frame_lineno
+        label = _labels.get(frame.f_code.co_filename)
+        if label is None:
+            return str(super().format_stack_entry(frame_lineno, lprefix))
+        func = frame.f_code.co_name
+        where = f"{label}, line {lineno}" + ("" if func == "<module>" else f", in {func}")
+        source = linecache.getline(frame.f_code.co_filename, lineno, frame.f_globals).strip()
+        return where + (lprefix + source if source else "")
 
     def get_stack(self, f: FrameType | None, t: TracebackType | None) -> tuple[list[tuple[FrameType, int]], int]:
         """The stack from the cell (a program: its own first frame) up, as in a notebook."""

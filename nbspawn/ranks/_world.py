@@ -128,6 +128,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
         os.environ.update(job.env)
         os.environ["TORCHELASTIC_ERROR_FILE"] = RankDir(rank_dir).error
         _prompt.use(prompts_path(job.run_dir), RankDir(rank_dir).answers)
+        _prompt.name_files(_rank.cell_labels(job.cell, {}))
         try:
             outcome = _serve(job, rank, spec, namespace, own, group, conn)
         except KeyboardInterrupt:  # an interrupt that came as the cell was ending
