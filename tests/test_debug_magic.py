@@ -54,6 +54,24 @@ def test_post_mortem_of_a_worlds_last_failure_at_the_failed_cells_own_lines(fres
     ok(fresh_kernel, "%spawn stop w")
 
 
+def test_post_mortem_opens_at_the_cells_line_not_in_a_library(fresh_kernel):
+    """A cell that raised inside torch: ``%spawn debug`` opens where the cell called it, as IPython's
+    ``%debug`` does, with the cell's names at hand; ``d`` still goes down into torch's frames."""
+    start_world(fresh_kernel, "fork")
+    failed = run(
+        fresh_kernel, "%%spawn --world w\nimport torch\nlayer = torch.nn.Linear(4, 2)\nx = torch.ones(3, 5)\ny = layer(x)\n"
+    )
+    assert failed.status == "error"
+    talk = converse(fresh_kernel, "%spawn debug w", ["p x.shape", "d", "d", "d", "q"])
+    assert talk.result.status == "ok", talk.text
+    text = strip_ansi(talk.text)  # the root cause's rank is debugged
+    stop = re.search(rf"> Cell In\[{failed.execution_count}\], line 5\n\[rank\d\]: -> y = layer\(x\)", text)
+    assert stop, text  # where it opened: the cell's line that raised
+    opened = stop.start()
+    assert text.index("torch.Size([3, 5])") > opened  # p x.shape: the cell's own frame
+    assert "linear.py" not in text[:opened] and "linear.py(" in text[opened:], text  # d: down into torch
+
+
 def test_debug_says_what_there_is_not(kernel):
     result = run(kernel, "%spawn debug")
     assert result.status == "error" and "nothing to debug" in strip_ansi(result.error.evalue)

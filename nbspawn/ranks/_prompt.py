@@ -30,6 +30,7 @@ import linecache
 import os
 import pdb
 import sys
+import sysconfig
 from types import CodeType, FrameType, TracebackType
 from typing import Any
 
@@ -303,6 +304,19 @@ def _cell_code(frame: FrameType) -> bool:
     return frame.f_code.co_filename == CELL_FILENAME and frame.f_code.co_name == "<module>"
 
 
+# where libraries live: a post-mortem starts at the innermost frame outside them
+_LIBRARY_DIRS = tuple({os.path.join(sysconfig.get_paths()[key], "") for key in ("stdlib", "platstdlib", "purelib", "platlib")})
+
+
+def _users(frame: FrameType) -> bool:
+    """A frame of the user's code: a cell's, a notebook function's, their script's or module's."""
+    filename = frame.f_code.co_filename
+    if filename in _labels:
+        return True
+    library = ("/site-packages/", "/dist-packages/")
+    return not (filename.startswith(("<", *_LIBRARY_DIRS)) or any(part in filename for part in library))
+
+
 def _launcher(frame: FrameType) -> bool:
     name = str(frame.f_globals.get("__name__", ""))
     return name.startswith(("nbspawn.", "multiprocessing", "torch.multiprocessing", "runpy", "_nbspawn_")) or (
@@ -333,6 +347,19 @@ class RankPdb(_Pdb):  # type: ignore[misc,valid-type]
         self._post_mortem = frame is None
         extend_timeouts()
         super().interaction(frame, tb)
+
+    def setup(self, f: FrameType | None, tb: TracebackType | None) -> Any:
+        """A post-mortem starts at the innermost frame of the user's code, as IPython's ``%debug`` does
+        (``u``/``d`` still reach every frame): the cell's line that raised, not torch's ``forward``."""
+        result = super().setup(f, tb)
+        if f is None and tb is not None:
+            users = [i for i, (frame, _) in enumerate(self.stack) if _users(frame)]
+            if users:
+                innermost = users[-1]
+                self.curindex = innermost
+                self.curframe = self.stack[innermost][0]
+                self.curframe_locals = self.curframe.f_locals
+        return result
 
     def cmdloop(self, intro: str | None = None) -> None:
         global _depth, _current
