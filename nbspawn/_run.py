@@ -115,6 +115,8 @@ class Run:
     _thread: threading.Thread | None = field(default=None, repr=False)
     _stop_requested: str | None = field(default=None, repr=False)  # who asked: "run.stop()", "%spawn stop"
     _on_wait: list[Callable[[Run], None]] = field(default_factory=list, repr=False)
+    _on_end: list[Callable[[Run], None]] = field(default_factory=list, repr=False)  # when_ended's
+    _ending: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # where ranks are asked by someone else (a cluster's: by their nodes' agents), set by its executor
     _ask_elsewhere: Callable[[float], str] | None = field(default=None, repr=False)
 
@@ -139,6 +141,36 @@ class Run:
                 callback(self)
         self.raise_for_status()
         return True
+
+    def when_ended(self, callback: Callable[[Run], None]) -> None:
+        """Call ``callback(run)`` once the run has ended, as it ends (now, if it has)."""
+        with self._ending:
+            if not self.done:
+                self._on_end.append(callback)
+                return
+        callback(self)
+
+    def ended(self) -> None:
+        """The run is over: ``done`` from now on, and what waited for it is told (by its supervisor)."""
+        with self._ending:
+            self._done.set()
+            callbacks, self._on_end = self._on_end, []
+        for callback in callbacks:
+            try:
+                callback(self)
+            except Exception:  # noqa: S112 - one broken display must not keep the others from their end
+                continue
+
+    def _ipython_display_(self) -> None:
+        """``Out[N]`` of a run (``%%spawn --bg``'s value): its line, redrawn as the run ends, however it
+        ends (stopped by ``%spawn stop`` too), instead of saying "running" forever."""
+        from IPython.display import display
+
+        if self.done:
+            display({"text/plain": repr(self)}, raw=True)
+            return
+        handle = display({"text/plain": repr(self)}, raw=True, display_id=True)
+        self.when_ended(lambda run: handle.update({"text/plain": repr(run)}, raw=True))
 
     def stop(self, by: str = "run.stop()") -> None:
         """Stop every rank, as the view's Stop button does; returns at once (``wait()`` to join)."""

@@ -4,6 +4,7 @@ with the cell's environment, logs and failure policy; runs that leave the kernel
 from __future__ import annotations
 
 import os
+import re
 import signal
 import textwrap
 import time
@@ -213,6 +214,23 @@ def test_stop_a_background_run(kernel, scripts):
     assert "stopped" in again.stdout
     assert ok(kernel, "print(again.done, again.status)").stdout.split() == ["True", "stopped"]
     assert ok(kernel, "print(again.error.stopped_by)").stdout.strip() == "%spawn stop"  # said as it was asked
+
+
+def test_a_stopped_background_run_is_stopped_everywhere_at_once(kernel):
+    """``%spawn stop``: the run's Out[] line is redrawn "stopped" within that cell, %spawn status and
+    the run say so, and the next cell has no failure notice (nobody failed: the user stopped it)."""
+    started = ok(kernel, "%%spawn --bg -n 2\nimport time\ntime.sleep(300)")
+    (shown,) = [o for o in started.outputs if o["msg_type"] == "display_data" and "nbspawn Run" in str(o["data"])]
+    display_id = shown["transient"]["display_id"]
+    assert " running " in shown["data"]["text/plain"]
+    stop = ok(kernel, "%spawn stop")
+    (redrawn,) = [
+        o for o in stop.outputs if o["msg_type"] == "update_display_data" and o["transient"]["display_id"] == display_id
+    ]
+    assert " stopped in " in redrawn["data"]["text/plain"] and "running" not in redrawn["data"]["text/plain"]
+    assert re.search(r"background cell\s+2\s+stopped", ok(kernel, "%spawn status").stdout)
+    after = ok(kernel, "import nbspawn\nprint(nbspawn.last_run().status)")
+    assert after.stdout.strip() == "stopped" and not after.stderr, after.stderr  # no red notice
 
 
 def test_what_a_rank_started_dies_with_a_sigkilled_kernel(fresh_kernel, tmp_path):

@@ -34,8 +34,13 @@ def background_runs() -> dict[str, Run]:
 
 
 def unreported_failures() -> list[Run]:
-    """Background runs that failed and were neither waited for nor reported yet (each reported once)."""
-    found = [r for r in _background_runs.values() if r.done and r.error is not None and not r.waited and not r.reported]
+    """Background runs that failed and were neither waited for nor reported yet (each reported once).
+    A run someone stopped (``%spawn stop``, ``run.stop()``, its Stop button) did not fail: it is not told."""
+    found = [
+        r
+        for r in _background_runs.values()
+        if r.done and r.error is not None and r.status != "stopped" and not r.waited and not r.reported
+    ]
     for run in found:
         run.reported = True
     return found

@@ -113,7 +113,7 @@ def _finish(run: Run, view: RunView, supervisor: _Supervisor, supervise: bool = 
                         discard_outputs([state.dir for state in run.ranks])
                 view.finished(run)
     finally:
-        run._done.set()
+        run.ended()
 
 
 def _bring_outputs_home(run: Run, executor: Executor) -> None:
