@@ -113,6 +113,27 @@ dist.barrier()
     assert time.monotonic() - start < 60
 
 
+def test_after_quit_the_verdict_says_where_each_rank_really_was(kernel):
+    """``q`` on rank 1 ends the run: ranks 0 and 2, in the cell's all_reduce (or failing in it as its
+    peer left, asking whether to stop in post-mortem), are told there, never as "still starting"."""
+    code = """%%spawn -n 3 --backend gloo
+import os, torch, torch.distributed as dist
+rank = int(os.environ["RANK"])
+t = torch.ones(1)
+if rank == 1:
+    breakpoint()
+    t += 1
+dist.all_reduce(t)
+"""
+    talk = converse(kernel, code, ["q"], timeout=90)
+    assert talk.result.status == "error"
+    text = strip_ansi(talk.text)
+    assert "still starting" not in text and "had not begun" not in text, text
+    others = text[text.index("Other ranks:") :]
+    assert f"Cell In[{talk.result.execution_count}], line 8" in others and "dist.all_reduce(t)" in others, others
+    assert all(f"rank {r}" in others or re.search(rf"ranks [0-9,]*{r}", others) for r in (0, 2)), others
+
+
 def test_several_ranks_at_breakpoints_are_asked_one_at_a_time(kernel):
     code = """%%spawn -n 3 --backend gloo
 import os, torch, torch.distributed as dist

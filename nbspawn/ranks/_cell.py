@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import CodeType, ModuleType
 from typing import TextIO
@@ -160,7 +160,7 @@ def _run_cell(spec: RunSpec, rank: int, inherited: Inherited | None, namespace: 
     _children.install(namespace)  # the cell's definitions reach the rank's children by value
     code, last = inherited.compiled if inherited is not None else spec.cell.compile()
     dist = init_process_group(spec.backend, rank)
-    execute_cell(code, last, namespace)
+    execute_cell(code, last, namespace, lambda exc: write_error(spec.rank_dir(rank), spec.cell, exc))
     if spec.out_names:
         from ..handoff._names import send_outputs
 
@@ -208,16 +208,22 @@ def prepare_rank(rank: int) -> None:
     _use_local_gpu(rank)
 
 
-def execute_cell(code: CodeType, last: CodeType | None, namespace: dict) -> None:
+def execute_cell(
+    code: CodeType, last: CodeType | None, namespace: dict, record: Callable[[BaseException], None] | None = None
+) -> None:
     """The cell's statements, then its trailing expression shown, then the figures it left open.
 
     A cell that raises may first stop in post-mortem (``--pdb``, ``%pdb on``: the kernel says which
-    rank), before anything is torn down."""
+    rank), before anything is torn down.  Its error is recorded (``record``) before the kernel is
+    asked: a rank stopped while it asks (another rank's failure or ``q`` ends the run) is then told
+    as what it was, a rank whose cell raised, not one that had not begun it."""
     _prompt.final_code = last or code  # where a debugger stepping through the cell lets go
     try:
         exec(code, namespace)  # noqa: S102 - running the user's cell is the point
         value = None if last is None else eval(last, namespace)  # noqa: S307
     except Exception as exc:
+        if record is not None:
+            record(exc)
         _prompt.post_mortem_if_asked(exc)
         raise
     finally:

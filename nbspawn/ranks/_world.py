@@ -272,7 +272,7 @@ def _run(job: WorldJob, rank: int, namespace: dict[str, Any], own: set[str]) -> 
         namespace.update({name: value for name, value in unpack_namespace(job.names).items() if name not in own})
     code, last = job.cell.compile()
     try:
-        _rank.execute_cell(code, last, namespace)
+        _rank.execute_cell(code, last, namespace, lambda exc: _rank.write_error(job.rank_dir(rank), job.cell, exc))
     finally:  # what the cell bound, even if it failed half-way, is now the rank's own
         own.update(name for name in names_bound(tree) if name in namespace)
     if job.out_names:
