@@ -42,6 +42,8 @@ FORMS = """\
                                         only their logs remain
   %spawn where [NAME|RUN-ID ...]        where every rank of these background runs and kept worlds is right now
                                         (all of them if none is named): ranks at the same line grouped
+  %spawn show [RUN-ID]                  draw the last run's view again (or this background run's): a page reloaded
+                                        before it was saved lost it, but the kernel still holds the run
   %spawn debug [NAME|RUN-ID] [RANK]     pdb on a rank from this cell: the post-mortem of a kept world's last
                                         failure (its root cause's rank unless RANK is given), or attach to a
                                         background run's rank waiting at a breakpoint or input()"""
@@ -195,6 +197,14 @@ class SpawnMagics(Magics):
             return None
         if words[:1] == ["debug"]:
             self._debug(words[1:])
+            return None
+        if words[:1] == ["show"]:
+            from IPython.display import display
+
+            try:
+                display(_running.shown(words[1:]), raw=True)
+            except SpawnUsageError as err:
+                raise UsageError(str(err)) from None
             return None
         if words[:1] == ["stop"]:
             try:

@@ -107,6 +107,7 @@ class Run:
     world: str | None = None  # the kept world this cell ran on
     world_cell: int | None = None  # which of that world's cells this is, from 1
     world_lost: str | None = None  # why that world could not go on, if it could not
+    shown: dict[str, object] | None = field(default=None, repr=False)  # its frozen view's mime bundle (%spawn show)
     node_batches: list[int] = field(default_factory=list)  # a cluster run: data messages received from each node
     display_items: DisplayItems = field(init=False, repr=False)
     _streams: list[RankStreams] = field(default_factory=list, repr=False)

@@ -25,6 +25,30 @@ def stop(names: list[str]) -> list[str]:
     return stopped
 
 
+def shown(names: list[str]) -> dict[str, object]:
+    """``%spawn show [RUN-ID]``: the frozen view of the last run (or of this background run), to draw
+    again where a reload before JupyterLab's autosave lost it, as the kernel still holds the run."""
+    from .executors._registry import background_runs, last_run
+
+    if len(names) > 1:
+        raise SpawnUsageError("%spawn show takes one run id at most (none: the last run)")
+    runs = background_runs()
+    last = last_run()
+    if last is not None:
+        runs.setdefault(last.run_id, last)
+    if names and names[0] not in runs:
+        known = ", ".join(runs) or "none"
+        raise SpawnUsageError(f"no run {names[0]!r} to show (this kernel holds: {known})")
+    run = runs[names[0]] if names else last
+    if run is None:
+        raise SpawnUsageError("no run to show: nothing has run in this kernel yet")
+    if not run.done:
+        raise SpawnUsageError(f"run {run.run_id} is still running: its live view is in the cell that started it")
+    if run.shown is None:
+        raise SpawnUsageError(f"run {run.run_id} was not shown as a view (--view text or none); its logs: {run.run_dir}")
+    return run.shown
+
+
 def where(names: list[str]) -> str:
     """Every rank's stack now, of these background runs and worlds (all running ones if none is named)."""
     from ._launch import kept_worlds

@@ -29,7 +29,8 @@ def test_every_option_is_in_the_magics_help(option):
 
 
 @pytest.mark.parametrize(
-    "form", ["%%spawn [options]", "%spawn [options] -- PROGRAM", "%spawn status", "%spawn stop [NAME|RUN-ID"]
+    "form",
+    ["%%spawn [options]", "%spawn [options] -- PROGRAM", "%spawn status", "%spawn stop [NAME|RUN-ID", "%spawn show [RUN-ID]"],
 )
 def test_every_form_is_in_the_magics_help(form):
     assert form in FORMS

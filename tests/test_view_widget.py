@@ -367,6 +367,22 @@ def test_a_quick_cell_shows_its_result_and_a_slower_one_its_live_view(kernel):
 # -- pieces, without a kernel ----------------------------------------------------------------------
 
 
+def test_spawn_show_draws_the_last_run_again(kernel):
+    """A page reloaded before JupyterLab saved lost the run's view, but the kernel holds the run:
+    ``%spawn show`` draws its frozen view again (the last run's, or a named background run's)."""
+    ran = execute(kernel.client, "%%spawn -n 2 --view widget\nimport os\nprint('hello from', os.environ['RANK'])", timeout=120)
+    assert ran.status == "ok", ran.error_text
+    first = [o["data"] for o in ran.outputs if o["msg_type"] in ("display_data", "update_display_data") and MIME in o["data"]][-1]
+    shown = execute(kernel.client, "%spawn show", timeout=60)
+    assert shown.status == "ok", shown.error_text
+    (again,) = [o["data"] for o in shown.outputs if o["msg_type"] == "display_data"]
+    assert again == first  # the same frozen view, record, HTML and text
+    assert rank_outputs(again["text/html"])[1].lines == [("stdout", "hello from 1\n")]
+    unknown = execute(kernel.client, "%spawn show no-such-run", timeout=60)
+    assert unknown.status == "error" and unknown.error.ename == "UsageError"
+    assert "no run 'no-such-run' to show" in unknown.error.evalue and len(unknown.error.traceback_text.splitlines()) < 6
+
+
 def test_status_comm_only_in_a_kernel():
     """Plain Python and terminal IPython have no kernel: no comm is even tried."""
     code = (

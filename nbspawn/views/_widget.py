@@ -194,7 +194,8 @@ class WidgetView(RunView):
         self._flush(run)
         self.status.close(run)
         frozen = FrozenRun(run, self.tails)
-        _active.RUNS.ended(run.run_id, frozen._repr_mimebundle_())  # for a page loaded after the end
+        run.shown = frozen._repr_mimebundle_()  # %spawn show draws it again (a page reloaded before a save)
+        _active.RUNS.ended(run.run_id, run.shown)  # for a page loaded after the end
         try:
             if self.handle is not None:
                 self.handle.update(frozen)
