@@ -152,3 +152,21 @@ def test_the_live_signal_while_a_run_hangs(kernel):
     said = [ln for ln in result.stderr.splitlines() if ln.startswith("nbspawn: looks hung: ")]
     assert len(said) == 1, result.stderr  # once, though the ranks were looked at again
     assert "rank 2 never entered barrier #1" in said[0]
+
+
+def test_a_hung_ranks_note_counts_each_second(kernel):
+    """The chip's "waiting in barrier #1 for N s" counts on as the wait goes on, each second, not
+    once per look at the ranks (every 10 s while hung): it never lags behind the clock."""
+    ok(kernel, HANG)
+    ok(kernel, "import nbspawn\nhung = nbspawn.last_run()")
+    try:
+        wait_for(kernel, "bool(hung.ranks[0].note)", seconds=60)
+        seen = []
+        for _ in range(12):  # 3 s
+            seen.append(ok(kernel, "print(hung.ranks[0].note)").stdout.strip())
+            time.sleep(0.25)
+        counts = sorted({int(m.group(1)) for note in seen if (m := re.search(r"for (\d+) s", note))})
+        assert len(counts) >= 3 and counts == list(range(counts[0], counts[-1] + 1)), seen
+        assert "rank 2 has not entered it" in seen[-1]
+    finally:
+        ok(kernel, "hung.stop(); hung._done.wait(30)")

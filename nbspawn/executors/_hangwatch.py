@@ -24,6 +24,7 @@ STACK_DUMP_WAIT = 0.5  # how long to wait for faulthandler dumps before SIGTERM
 HANG_FIRST_LOOK = 3.0  # seconds of silence before the ranks are looked at (then 6, 12, ... while nothing hangs)
 HANG_RELOOK = 10.0  # while they look hung
 HANG_LAST_LOOK = 300.0  # the longest silence between two looks
+NOTE_REFRESH = 1.0  # while hung, the chips' "for N s" is recounted from the last look this often
 
 
 class HangWatch:
@@ -41,6 +42,8 @@ class HangWatch:
     quiet_since: float  # when the ranks last wrote anything
     hang_look_after: float
     noticed: bool  # the ranks' chips say they look hung
+    last_look: tuple[dict[int, str], dict[int, list[dict[str, Any]]], str] | None  # stacks, collectives, sitting out
+    notes_counted_at: float  # when the chips' "for N s" was last recounted
 
     def _watch_for_hangs(self) -> None:
         """Ranks quiet for a while are looked at (their stacks and collectives); if some wait in a
@@ -58,12 +61,30 @@ class HangWatch:
             state.note = notes.get(state.rank)
         self.view.hang_noticed(self.run, verdict)
         self.noticed = verdict is not None
+        self.last_look = (stacks, collectives, sitting_out) if self.noticed else None
+        self.notes_counted_at = now
         # while hung, the chips' "for N s" is kept fresh; else look again later and later
         self.hang_look_after = HANG_RELOOK if self.noticed else min(HANG_LAST_LOOK, self.hang_look_after * 2)
         self.quiet_since = time.monotonic()
 
+    def _recount_hang_notes(self) -> None:
+        """While the ranks look hung, the chips' "for N s" and the verdict count on each second from
+        what the last look saw (asking the ranks again is every ``HANG_RELOOK`` s): they never lag."""
+        now = time.monotonic()
+        if not self.noticed or self.last_look is None or now < self.notes_counted_at + NOTE_REFRESH:
+            return
+        self.notes_counted_at = now
+        stacks, collectives, sitting_out = self.last_look
+        notes = live_notes(stacks, collectives, sitting_out=sitting_out)
+        if not notes or all(state.note == notes.get(state.rank) for state in self.run.ranks):
+            return
+        for state in self.run.ranks:
+            state.note = notes.get(state.rank)
+        self.view.hang_noticed(self.run, hang_verdict(stacks, collectives, sitting_out=sitting_out))
+
     def _hang_cleared(self) -> None:
         self.hang_look_after = HANG_FIRST_LOOK
+        self.last_look = None
         if self.noticed:
             self.noticed = False
             for state in self.run.ranks:

@@ -149,6 +149,8 @@ class _Supervisor(PromptDesk, HangWatch):
         self.quiet_since = time.monotonic()  # when the ranks last wrote anything
         self.hang_look_after = HANG_FIRST_LOOK
         self.noticed = False  # the ranks' chips say they look hung
+        self.last_look = None
+        self.notes_counted_at = 0.0
         self._init_prompts()  # the prompt desk's own (executors._prompting)
 
     # -- starting ---------------------------------------------------------------------------------
@@ -197,6 +199,7 @@ class _Supervisor(PromptDesk, HangWatch):
                     poll = min(self.executor.poll_max, poll * 2)
                     if not self.prompt_notes:  # a rank at a prompt is not hung, nor are those waiting for it
                         self._watch_for_hangs()
+                        self._recount_hang_notes()
                 for waitable in sorted((w for w in ready if w in self.alive), key=self._error_time):
                     if waitable in self.alive:
                         self._reap(self.alive[waitable], waitable)
