@@ -108,8 +108,63 @@ class LiveRun implements ILiveSource {
     });
   }
 
+  /**
+   * The kernel is gone (restarted, or dead): ipywidgets' manager takes every model's comm down, and
+   * the run ended with its kernel.  Each view stops its clock, drops its buttons, and says so,
+   * keeping what it showed of the run.
+   */
+  lose(): void {
+    if (this.lost) {
+      return;
+    }
+    this.lost = true;
+    for (const view of this.views) {
+      view.dispose();
+    }
+    for (const el of this.elements) {
+      markLost(el);
+    }
+  }
+
+  lost = false;
+  readonly elements = new Set<HTMLElement>();
   private _start: number | null = null;
   private _pending = false;
+}
+
+/** What a view whose kernel went away says: the run ended with it. */
+export const KERNEL_LOST = 'kernel restarted: this run ended with it';
+
+function markLost(el: HTMLElement): void {
+  const run = el.querySelector('.nbs-Run');
+  run?.classList.remove('nbs-mod-live');
+  el.querySelectorAll('.nbs-Stop, .nbs-Stop-wrap, .nbs-Where-button, .nbs-Where').forEach(b => b.remove());
+  // the ranks were running when the kernel went: they ended with it (no spinner, no "running")
+  el.querySelectorAll(".nbs-Chip[data-status='running']").forEach(chip => {
+    chip.setAttribute('data-status', 'lost');
+    const detail = chip.querySelector('.nbs-Chip-detail');
+    if (detail) {
+      detail.textContent = 'ended';
+    }
+  });
+  el.querySelector('.nbs-Header-counts')?.remove();
+  const badge = el.querySelector('.nbs-Badge');
+  if (badge) {
+    badge.textContent = 'ended';
+    badge.setAttribute('data-status', 'lost');
+  }
+  if (!el.querySelector('.nbs-Lost')) {
+    const note = document.createElement('div');
+    note.className = 'nbs-Banner nbs-Lost';
+    note.setAttribute('role', 'alert');
+    note.textContent = KERNEL_LOST;
+    const header = el.querySelector('.nbs-Header');
+    if (header) {
+      header.after(note);
+    } else {
+      el.prepend(note);
+    }
+  }
 }
 
 /**
@@ -133,6 +188,9 @@ function initialize({ model }: { model: IAnyModel }): Cleanup {
     live.refresh();
   };
   const onChange = () => live.refresh();
+  // ipywidgets' manager sets comm_live false on every model as the kernel restarts or dies
+  const onCommLive = () => live.lose();
+  model.on('comm_live_update', onCommLive);
   model.on('msg:custom', onMessage);
   model.on('change:header', onHeader);
   model.on('change:ranks', onChange);
@@ -141,6 +199,7 @@ function initialize({ model }: { model: IAnyModel }): Cleanup {
   const replay: WidgetRequest = { type: 'replay' };
   model.send(replay);
   return () => {
+    model.off('comm_live_update', onCommLive);
     model.off('msg:custom', onMessage);
     model.off('change:header', onHeader);
     model.off('change:ranks', onChange);
@@ -160,9 +219,11 @@ function render({ model, el }: { model: IAnyModel; el: HTMLElement }): Cleanup {
   el.classList.add('nbs-Widget');
   const view = new LiveView(el, live);
   live.views.add(view);
+  live.elements.add(el);
   return () => {
     view.dispose();
     live.views.delete(view);
+    live.elements.delete(el);
     own?.();
   };
 }
