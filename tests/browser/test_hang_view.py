@@ -77,6 +77,12 @@ def test_a_hang_is_seen_live_asked_where_and_explained(lab, browser, artifacts):
         text = answer.inner_text()
         assert re.search(r"\[in barrier #1 for \d+ s\]", text), text
         assert "rank 2: Cell In[2], line 7: time.sleep(300)" in text
+        # the box is padded (JupyterLab's rule for an output's <pre> took it off) and inset from the view's edges
+        padding = answer.evaluate("e => parseFloat(getComputedStyle(e).paddingLeft)")
+        inset = view.locator(".nbs-Where").evaluate(
+            "e => e.getBoundingClientRect().left - e.closest('.nbs-Run').getBoundingClientRect().left"
+        )
+        assert padding >= 8 and inset >= 8, (padding, inset)
         shot(view, artifacts, "hang-live-where.png", unhover=True)
         view.locator(".nbs-Where-close").click()
         sync_api.expect(view.locator(".nbs-Where")).to_be_hidden()
