@@ -231,6 +231,11 @@ def test_a_stopped_background_run_is_stopped_everywhere_at_once(kernel):
     assert re.search(r"background cell\s+2\s+stopped", ok(kernel, "%spawn status").stdout)
     after = ok(kernel, "import nbspawn\nprint(nbspawn.last_run().status)")
     assert after.stdout.strip() == "stopped" and not after.stderr, after.stderr  # no red notice
+    # its view's record says what stopped it: the banner reads "stopped by you (%spawn stop)", not "(Stop)"
+    said = ok(
+        kernel, "from nbspawn.views._bundle import run_record\nprint(run_record(nbspawn.last_run())['error']['stopped_by'])"
+    )
+    assert said.stdout.strip() == "%spawn stop"
 
 
 def test_what_a_rank_started_dies_with_a_sigkilled_kernel(fresh_kernel, tmp_path):

@@ -29,3 +29,11 @@ export function formatElapsed(seconds: number): string {
   }
   return `${Math.floor(s / 3600)} h ${String(Math.floor((s % 3600) / 60)).padStart(2, '0')} min`;
 }
+
+/**
+ * What a run's banner says when someone stopped it: how, as the kernel recorded it (`%spawn stop`,
+ * `run.stop()`), or its Stop button when that was it or nothing was said (a bundle saved before).
+ */
+export function stoppedByUser(how: string | null | undefined): string {
+  return `stopped by you (${how && how !== 'Stop button' ? how : 'Stop'})`;
+}

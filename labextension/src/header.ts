@@ -5,7 +5,7 @@
  */
 
 import { h } from './dom';
-import { formatDuration } from './format';
+import { formatDuration, stoppedByUser } from './format';
 import { IRunBundle } from './messages';
 
 export const RUN_STATUS_LABEL: Record<string, string> = {
@@ -18,7 +18,7 @@ export const RUN_STATUS_LABEL: Record<string, string> = {
 };
 
 /** What the banner says of a run the user stopped with its Stop button. */
-export const STOPPED_BY_USER = 'stopped by you (Stop)';
+export const STOPPED_BY_USER = stoppedByUser(null);
 
 /** `n word`, with an s unless n is 1. */
 export function plural(n: number, word: string): string {
@@ -145,14 +145,15 @@ function oneLine(text: string): string {
  * traceback is); for a timeout, an interrupt or a stop with no rank to blame, the details.
  */
 export function buildBanner(run: IRunBundle, pick?: (rank: number) => void): HTMLElement[] {
-  const err = run.status === 'stopped' && !run.error ? { rank: null, summary: '', traceback: '' } : run.error;
+  const err =
+    run.status === 'stopped' && !run.error ? { rank: null, summary: '', traceback: '', stopped_by: null } : run.error;
   if (!err || !(err.summary || err.traceback || run.status === 'stopped')) {
     return [];
   }
   const errRank = err.rank;
   const errRankKnown = errRank !== null && run.status !== 'stopped' && run.ranks.some(r => r.rank === errRank);
   const text =
-    run.status === 'stopped' ? STOPPED_BY_USER : oneLine(err.summary) || RUN_STATUS_LABEL[run.status] || run.status;
+    run.status === 'stopped' ? stoppedByUser(err.stopped_by) : oneLine(err.summary) || RUN_STATUS_LABEL[run.status] || run.status;
   const banner = h(
     'div',
     { class: 'nbs-Banner', role: 'alert' },

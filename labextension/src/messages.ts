@@ -67,6 +67,8 @@ export interface IRunErrorRecord {
   /** The root cause's rank, if a rank failed first. */
   rank: number | null;
   summary: string;
+  /** A stopped run: what stopped it (`%spawn stop`, `run.stop()`, `Stop button`); absent before 0.x. */
+  stopped_by?: string | null;
 }
 
 export interface IRankRecord {
@@ -199,6 +201,8 @@ function num(v: unknown): number | null {
 export interface IRunError {
   rank: number | null;
   summary: string;
+  /** A stopped run: what stopped it, as the kernel recorded it (null: not said). */
+  stopped_by: string | null;
   /** Not sent by the kernel today (the rank's record has it); `""` then. */
   traceback: string;
 }
@@ -259,7 +263,9 @@ export function parseBundle(data: unknown): IRunBundle {
     started_at: num(d.started_at),
     duration: num(d.duration),
     status: str(d.status, 'running'),
-    error: e ? { rank: num(e.rank), summary: str(e.summary), traceback: str(e.traceback) } : null,
+    error: e
+      ? { rank: num(e.rank), summary: str(e.summary), traceback: str(e.traceback), stopped_by: strOrNull(e.stopped_by) }
+      : null,
     output_in: str(d.output_in),
     ranks
   };

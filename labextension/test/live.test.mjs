@@ -2,7 +2,7 @@
 import assert from 'node:assert/strict';
 import test from 'node:test';
 
-import { formatElapsed } from '../lib/bundled/format.mjs';
+import { formatElapsed, stoppedByUser } from '../lib/bundled/format.mjs';
 import { LiveOutput, entryText } from '../lib/bundled/output.mjs';
 
 const text = e => entryText(e);
@@ -150,6 +150,13 @@ test('many bars that land, and a flood, keep the merged order right and bounded'
   const seqs = merged.map(e => e.seq);
   assert.deepEqual(seqs, [...seqs].sort((a, b) => a - b));
   assert.equal(new Set(merged).size, merged.length);
+});
+
+test('a stopped run says how the user stopped it', () => {
+  assert.equal(stoppedByUser('%spawn stop'), 'stopped by you (%spawn stop)');
+  assert.equal(stoppedByUser('run.stop()'), 'stopped by you (run.stop())');
+  assert.equal(stoppedByUser('Stop button'), 'stopped by you (Stop)');
+  assert.equal(stoppedByUser(null), 'stopped by you (Stop)'); // a bundle saved before the kernel said
 });
 
 test('the clock', () => {

@@ -49,7 +49,7 @@ test('parseBundle keeps a well-formed run record as it is', () => {
   assert.equal(run.status, 'failed');
   assert.equal(run.started_at, 1700000000.5);
   // the kernel sends no error traceback (the rank record has it): neutral value
-  assert.deepEqual(run.error, { rank: 1, summary: 'ValueError: boom', traceback: '' });
+  assert.deepEqual(run.error, { rank: 1, summary: 'ValueError: boom', traceback: '', stopped_by: null });
   assert.equal(run.ranks.length, 2);
   assert.deepEqual(run.ranks[1], { ...RUN.ranks[1], output: [] });
   assert.deepEqual(run.ranks[0], { ...RUN.ranks[0], output: [] }); // a rank at a prompt: its note and prompt kept
@@ -216,4 +216,9 @@ test('formatDuration', () => {
   assert.equal(formatDuration(12.34), '12.3 s');
   assert.equal(formatDuration(125), '2 min 05 s');
   assert.equal(formatDuration(3720), '1 h 02 min');
+});
+
+test('a stopped run says what stopped it', () => {
+  const run = parseBundle({ run_id: 'r', status: 'stopped', ranks: [], error: { rank: null, summary: 'stopped', stopped_by: '%spawn stop' } });
+  assert.equal(run.error.stopped_by, '%spawn stop');
 });

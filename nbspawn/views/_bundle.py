@@ -110,7 +110,13 @@ def run_record(run: Run, elided: dict[int, int] | None = None) -> RunRecord:
         "status": run.status,
         "world": run.world,
         "world_cell": run.world_cell,
-        "error": None if error is None else {"rank": root.rank if root else None, "summary": ESCAPE.sub("", summary or "")},
+        "error": None
+        if error is None
+        else {
+            "rank": root.rank if root else None,
+            "summary": ESCAPE.sub("", summary or ""),
+            "stopped_by": getattr(error, "stopped_by", None) if run.status == "stopped" else None,
+        },
         "output_in": "text/html",
         "ranks": [rank_record(state, elided.get(state.rank, 0)) for state in ranks],
     }

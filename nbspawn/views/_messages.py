@@ -37,6 +37,7 @@ class RankRecord(TypedDict):
 class RunErrorRecord(TypedDict):
     rank: int | None  # the root cause's rank, if a rank failed first
     summary: str
+    stopped_by: str | None  # a stopped run: what stopped it ("%spawn stop", "run.stop()", "Stop button")
 
 
 class RunHeader(TypedDict):
