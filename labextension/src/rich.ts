@@ -69,7 +69,9 @@ function image(mime: string, value: string, meta: Record<string, unknown>): HTML
 
 const FRAME_STYLE =
   '<style>html,body{margin:0;padding:0;background:transparent;}' +
-  'body{font-family:var(--jp-ui-font-family,system-ui,sans-serif);font-size:13px;color:#222;overflow:hidden;}' +
+  // flow-root: the margins of its first and last child (<h3>, <p>, rich's <pre>) stay inside the body,
+  // which is measured for the frame's height; collapsed through it, they were cut off
+  'body{display:flow-root;font-family:var(--jp-ui-font-family,system-ui,sans-serif);font-size:13px;color:#222;overflow:hidden;}' +
   'table{border-collapse:collapse;}th,td{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right;}' +
   'img,svg{max-width:100%;}</style>';
 

@@ -1,0 +1,61 @@
+"""HTML a rank displays shows whole, as in a cell of its own (issue #26, item 1): the sandboxed frame
+it is drawn in is as tall as its content, margins of its first and last elements included (a heading
+and paragraphs, a table as pandas draws it, a <pre> with margins as rich's output has).  Real JupyterLab, the live widget.
+
+Screenshots go to test-artifacts/browser/ (NBSPAWN_TEST_ARTIFACTS overrides).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from lab_harness import NEEDS_WIDGET, Page, live_view, open_notebook, run_cell, select_pane, serve, shot, sync_api, write_notebook
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(600), NEEDS_WIDGET]
+
+SHOWS = """\
+%%spawn -n 1
+import time
+from IPython.display import HTML, display
+display(HTML("<h3>Epoch 1</h3><p>first paragraph</p><p>last paragraph</p>"))
+display(HTML("<table style='margin: 1em 0'><tr><th>loss</th></tr><tr><td>0.5</td></tr><tr><td>0.25</td></tr></table>"))
+display(HTML("<pre style='margin: 1em 0'>a pre with margins</pre>"))
+time.sleep(60)
+"""
+
+# every frame: its content's bottom (the last element's margin box) within the frame's height
+FITS = """frames => frames.map(f => {
+  const doc = f.contentDocument;
+  const last = doc.body.lastElementChild;
+  const bottom = last.getBoundingClientRect().bottom + parseFloat(getComputedStyle(last).marginBottom);
+  const top = doc.body.firstElementChild.getBoundingClientRect().top - parseFloat(getComputedStyle(doc.body.firstElementChild).marginTop);
+  return [top >= -0.5, bottom <= f.getBoundingClientRect().height + 0.5, f.getBoundingClientRect().height, bottom];
+})"""
+
+
+def _write(root: Path) -> None:
+    write_notebook(root, "html.ipynb", ["%load_ext nbspawn", SHOWS])
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    yield from serve("lab", tmp_path_factory.mktemp("html-lab"), _write)
+
+
+def test_a_ranks_html_shows_whole(lab, browser, artifacts):
+    with Page(browser, width=1200, height=1000) as p:
+        pg = p.page
+        cells = open_notebook(pg, lab, "html.ipynb")
+        run_cell(pg, cells.nth(0), until="[1]:")
+        cell = cells.nth(1)
+        run_cell(pg, cell)
+        view = live_view(cell, widget=True)
+        pane = select_pane(view, 0)
+        frames = pane.locator("iframe.nbs-Rich-frame")
+        sync_api.expect(frames).to_have_count(3, timeout=60_000)
+        pg.wait_for_timeout(500)  # each frame sized once loaded
+        fits = frames.evaluate_all(FITS)
+        assert all(top and bottom for top, bottom, _, _ in fits), fits
+        shot(view, artifacts, "rank-html-whole.png", unhover=True)
+        view.locator(".nbs-Stop").click()
