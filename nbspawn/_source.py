@@ -19,6 +19,10 @@ from typing import Any
 
 CELL_FILENAME = "<nbspawn-cell>"
 STILL_STARTING = "  (still starting: the cell had not begun)"
+CELL_ENDED = "  (its cell had ended: the rank was reporting how)"
+# the rank's function that runs a cell and then reports how it ended (ranks._cell.execute_cell): a
+# dump inside it but outside the cell is a rank past its cell's end, not one still starting
+_REPORTING = re.compile(r"/nbspawn/ranks/_cell\.py\", line \d+ in (?:execute_cell|write_error|_write_error)$")
 
 _FRAME = re.compile(r'File "' + re.escape(CELL_FILENAME) + r'", line (\d+)(?:, in | in )(\S+)')
 
@@ -140,6 +144,8 @@ def main_thread_stack(dump: str, cell: CellSource) -> str:
     frames = [ln for ln in chosen.splitlines()[1:] if ln.strip().startswith("File ")]
     cut = next((i for i, ln in enumerate(frames) if CELL_FILENAME in ln and ln.rstrip().endswith("<module>")), None)
     if cut is None:
+        if any(_REPORTING.search(f.rstrip()) for f in frames):
+            return CELL_ENDED
         return STILL_STARTING if frames else ""
     frames = [f.strip() for f in frames[: cut + 1] if _IMPORTLIB not in f]
     frames.reverse()

@@ -10,6 +10,7 @@ import traceback
 import pytest
 
 from nbspawn._source import (
+    CELL_ENDED,
     CELL_FILENAME,
     STILL_STARTING,
     CellSource,
@@ -183,6 +184,19 @@ def test_the_thread_running_the_cell_is_chosen_whatever_its_place():
 def test_a_rank_stopped_before_its_cell_began_is_still_starting():
     dump = 'Current thread 0x1 (most recent call first):\n  File "/x/nbspawn/ranks/_cell.py", line 1 in main\n'
     assert main_thread_stack(dump, CELL) == STILL_STARTING
+
+
+def test_a_rank_past_its_cells_end_is_not_still_starting():
+    """Stopped while it records its cell's error (or asks the kernel about a post-mortem): the cell
+    had begun and ended, whatever frames are left."""
+    dump = (
+        "Current thread 0x1 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/json/encoder.py", line 7 in encode\n'
+        '  File "/x/nbspawn/ranks/_cell.py", line 390 in write_error\n'
+        '  File "/x/nbspawn/ranks/_cell.py", line 228 in execute_cell\n'
+        '  File "/x/nbspawn/ranks/_cell.py", line 1 in main\n'
+    )
+    assert main_thread_stack(dump, CELL) == CELL_ENDED
 
 
 @pytest.mark.parametrize("dump", ["", "\n", "Current thread 0x1 (most recent call first):\n"])

@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 from .._run import RankState, Run
-from .._source import STILL_STARTING, main_thread_stack, program_stack, rewrite_notebook_frames
+from .._source import CELL_ENDED, STILL_STARTING, main_thread_stack, program_stack, rewrite_notebook_frames
 from .._spec import RunSpec
 from ..errors import (
     RankExitedError,
@@ -298,7 +298,7 @@ class _Supervisor(PromptDesk, HangWatch):
         interrupted = failure.exc_type == "KeyboardInterrupt" or code == EXIT_INTERRUPTED
         failure.stopped = state.rank in self.signalled and (record is None or interrupted)
         seen = self.seen_at_stop.get(state.rank)
-        if failure.stopped and interrupted and seen and seen != STILL_STARTING and self.spec.program is None:
+        if failure.stopped and interrupted and seen and seen not in (STILL_STARTING, CELL_ENDED) and self.spec.program is None:
             # where it was, not how the interrupt unwound it (inside torch's logging, a peer's
             # "Connection closed"): ranks stopped at the same place then read as one
             failure.traceback, failure.stack = None, seen

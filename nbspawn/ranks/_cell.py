@@ -380,6 +380,26 @@ _OWN_FILES = {__file__, __file__.replace("_cell.py", "_world.py")}
 
 
 def write_error(rank_dir: str, cell: CellSource, exc: BaseException) -> None:
+    """Record how the cell failed, whole: a SIGTERM that comes meanwhile (the run is being stopped,
+    say because a peer's failure ended it) waits until the record is written, so the rank is told as
+    the failure it was, not as one stopped somewhere unknown."""
+    # (A handler, not a blocked signal: a signal mask is per thread, and the kernel hands a process's
+    # SIGTERM to any thread that does not block it, such as the output pumps.)
+    pending: list[int] = []
+    try:
+        before = signal.signal(signal.SIGTERM, lambda signum, _frame: pending.append(signum))
+    except ValueError:  # not the main thread: nothing to hold
+        _write_error(rank_dir, cell, exc)
+        return
+    try:
+        _write_error(rank_dir, cell, exc)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        if pending:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _write_error(rank_dir: str, cell: CellSource, exc: BaseException) -> None:
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
         tb = tb.tb_next  # start at the cell, not at nbspawn

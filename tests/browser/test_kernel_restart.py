@@ -42,6 +42,7 @@ def test_a_kernel_restart_ends_the_live_view(lab, browser, artifacts):
         view = live_view(cell, widget=True)
         sync_api.expect(view.locator(".nbs-Chip[data-status='running']")).to_have_count(2, timeout=30_000)
         sync_api.expect(view.locator(".nbs-Stop")).to_be_visible()
+        sync_api.expect(view).to_contain_text("tick 1", timeout=30_000)  # the run has shown output to keep
 
         pg.keyboard.press("Escape")  # command mode, then JupyterLab's "restart the kernel" (0, 0)
         pg.keyboard.press("0")
