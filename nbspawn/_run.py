@@ -215,7 +215,7 @@ class Run:
 
     def prepare_logs(self) -> None:
         """Create ``<run-dir>/<rank>/`` and open a reader on its files before any rank writes."""
-        os.makedirs(self.spec.run_dir, mode=0o700, exist_ok=True)  # private to the user (README: What a run exposes)
+        os.makedirs(self.spec.run_dir, mode=0o700, exist_ok=True)  # private to the user (docs/guide.md: What a run exposes)
         for rank in range(self.spec.nprocs):
             state = RankState(rank=rank, dir=self.spec.rank_dir(rank))
             os.mkdir(state.dir, 0o700)

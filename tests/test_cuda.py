@@ -608,7 +608,7 @@ def test_where_and_chips_of_a_background_nccl_run(fresh_kernel):
 def test_pdb_and_distributed_breakpoint_under_nccl(fresh_kernel):
     """A rank stopped in breakpoint() while the other waits in an NCCL all_reduce: the prompt is
     answered, both complete.  torch.distributed.breakpoint(rank=1): every rank's groups get an hour
-    before the barrier after it (README, CUDA)."""
+    before the barrier after it (docs/guide.md, CUDA)."""
     code = (
         "%%spawn -n 2 --backend nccl\nimport torch, torch.distributed as dist\n"
         "t = torch.ones(1, device='cuda') * (dist.get_rank() + 1)\n"

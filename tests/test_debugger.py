@@ -178,7 +178,7 @@ def test_groups_keep_torchs_timeout_until_a_rank_stops_at_a_prompt(kernel):
     """Where the kernel answers prompts (always, in a notebook) the ranks' groups used to wait an hour,
     so NCCL's watchdog and its dump on timeout never fired.  They keep torch's own timeout (gloo's 30
     minutes here; nccl's 10), and only a rank that stops at a prompt raises its own to an hour, for
-    the collectives it issues from then on (issue 25, item 9; README, CUDA)."""
+    the collectives it issues from then on (issue 25, item 9; docs/guide.md, CUDA)."""
     code = """%%spawn -n 2 --backend gloo
 import torch, torch.distributed as dist
 def timeout():

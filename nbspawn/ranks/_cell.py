@@ -278,7 +278,7 @@ def init_process_group(backend: str, rank: int) -> ModuleType | None:
     # torch's own timeouts (nccl 10 min, gloo 30 min), whether or not the kernel answers prompts: NCCL's
     # watchdog, its flight-recorder dump on timeout and TORCH_NCCL_ASYNC_ERROR_HANDLING handle a real
     # hang as torch intends.  A debugger prompt gets longer where torch can give it (_prompt.extend_timeouts
-    # and torch.distributed.breakpoint: the collectives issued from then on; README, "CUDA").
+    # and torch.distributed.breakpoint: the collectives issued from then on; docs/guide.md, "CUDA").
     if backend == "nccl":
         device = _cuda.rank_device(rank, torch.cuda.device_count())
         assert device is not None  # nccl is refused without GPUs
