@@ -83,6 +83,16 @@ export class Pane {
       },
       true
     );
+    // HTML a rank displays is sized once its frame has loaded, after the load above (a frame's own
+    // listener runs after this capturing one), and again as its content changes: whatever grows the
+    // output, a pane at its bottom stays there
+    if (typeof ResizeObserver !== 'undefined') {
+      new ResizeObserver(() => {
+        if (this._stick) {
+          out.scrollTop = out.scrollHeight;
+        }
+      }).observe(this._flow);
+    }
     this._head = h('div', { class: 'nbs-Pane-top' });
     this._root = h('div', { class: 'nbs-Pane', 'data-rank': String(sel) }, this._head, out);
     this._host.appendChild(this._root);

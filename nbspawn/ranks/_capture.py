@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 
 from .._comms import kernel_owns_comms
 from .._rankdir import DISPLAY, FILES, ORDER, ORDER_RECORD
+from ._launched import look_launched
 
 
 class _Ordered:
@@ -139,34 +140,7 @@ def capture_output(rank_dir: str, rich: bool) -> None:
     # (typeshed makes sys.__stdout__ & co. Final; a rank is a process of its own, replacing them is the point)
     sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = stdio_streams()  # type: ignore[misc]
     _capture_display(rich)
-    look_launched()
-
-
-def look_launched() -> None:
-    """Make the rank look like a worker torchrun launched to libraries that ask "am I interactive?".
-
-    IPython sets ``sys.ps1`` (``InteractiveShell.init_prompts``): a forked rank inherits it from the
-    kernel and a spawned one gets it from the shell made for display().  Lightning reads it as "a
-    notebook" (``lightning.fabric.utilities.imports._IS_INTERACTIVE``) and then refuses
-    ``strategy="ddp"`` or forks processes of its own inside the rank.  A rank is a launched worker:
-    it has the torchelastic environment (``TORCHELASTIC_RUN_ID``, which Lightning's
-    ``TorchElasticEnvironment`` detects), no prompt, and no terminal.  Rich display does not depend on
-    the prompt (``get_ipython()`` and the ``IPKernelApp`` config say "notebook" to tqdm and friends).
-    """
-    for name in ("ps1", "ps2", "ps3"):
-        if hasattr(sys, name):
-            delattr(sys, name)
-    # Lightning imported in the kernel before the fork decided at import time, in every module that
-    # copied the flag (``from lightning.fabric.utilities.imports import _IS_INTERACTIVE``)
-    if not any(name in sys.modules for name in _LIGHTNING_FLAGS):
-        return
-    for name, module in list(sys.modules.items()):
-        if name.startswith(_LIGHTNING_PACKAGES) and getattr(module, "_IS_INTERACTIVE", None) is True:
-            module._IS_INTERACTIVE = False  # type: ignore[attr-defined]
-
-
-_LIGHTNING_FLAGS = ("lightning.fabric.utilities.imports", "lightning_fabric.utilities.imports")
-_LIGHTNING_PACKAGES = ("lightning.", "lightning_fabric.", "pytorch_lightning.")
+    look_launched(draws_as_a_notebook=rich)
 
 
 def redirect_output(rank_dir: str) -> None:

@@ -7,10 +7,11 @@ Screenshots go to test-artifacts/browser/ (NBSPAWN_TEST_ARTIFACTS overrides).
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
-from lab_harness import NEEDS_WIDGET, Page, live_view, open_notebook, run_cell, select_pane, serve, shot, write_notebook
+from lab_harness import NEEDS_WIDGET, Page, live_view, open_notebook, run_cell, select_pane, serve, shot, sync_api, write_notebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600), NEEDS_WIDGET]
 
@@ -38,8 +39,35 @@ FITS = """frames => frames.map(f => {
 })"""
 
 
+# what a user's training cell displays: a pandas DataFrame, and Lightning with its defaults, which with
+# rich installed are RichModelSummary (a table) and RichProgressBar (a live <pre> display)
+TRAINS = """\
+%%spawn -n 1
+import time, pandas as pd, torch, lightning as L
+from IPython.display import display
+from torch.utils.data import DataLoader, TensorDataset
+display(pd.DataFrame({"epoch": [1, 2, 3], "loss": [0.9, 0.5, 0.25]}))
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+    def training_step(self, batch, i):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+data = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8)
+trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False)
+trainer.fit(Tiny(), data)
+print("fitted", trainer.global_step)
+time.sleep(60)
+"""
+MISSING = [m for m in ("pandas", "lightning", "rich") if importlib.util.find_spec(m) is None]
+
+
 def _write(root: Path) -> None:
     write_notebook(root, "html.ipynb", ["%load_ext nbspawn", SHOWS])
+    write_notebook(root, "train.ipynb", ["%load_ext nbspawn", TRAINS])
 
 
 @pytest.fixture(scope="module")
@@ -68,4 +96,31 @@ def test_a_ranks_html_shows_whole(lab, browser, artifacts):
         assert len(fits) >= 4, fits
         assert all(top and bottom for top, bottom, _, _ in fits), fits
         shot(view, artifacts, "rank-html-whole.png", unhover=True)
+        view.locator(".nbs-Stop").click()
+
+
+@pytest.mark.skipif(bool(MISSING), reason=f"not installed here: {', '.join(MISSING)} (the test and frameworks extras)")
+def test_a_dataframe_and_lightnings_default_bar_and_summary_show_whole(lab, browser, artifacts):
+    with Page(browser, width=1200, height=1400) as p:
+        pg = p.page
+        cells = open_notebook(pg, lab, "train.ipynb")
+        run_cell(pg, cells.nth(0), until="[1]:")
+        cell = cells.nth(1)
+        run_cell(pg, cell)
+        view = live_view(cell, widget=True)
+        sync_api.expect(view).to_contain_text("fitted 16", timeout=240_000)  # 2 epochs of 8 steps
+        pane = select_pane(view, 0)
+        pg.wait_for_timeout(1000)  # each frame sized once loaded
+        texts = pane.locator("iframe.nbs-Rich-frame").evaluate_all("fs => fs.map(f => f.contentDocument.body.innerText)")
+        assert any("loss" in t and "0.25" in t for t in texts), texts  # the DataFrame
+        assert any("Total params" in t or "Trainable params" in t for t in texts), texts  # the model summary
+        # the progress bar, where the training ended (not a frame from before the last epoch's steps)
+        assert any("Epoch 1/1" in t and "8/8" in t for t in texts), texts
+        fits = [f for f in pane.locator("iframe.nbs-Rich-frame").evaluate_all(FITS) if f[3] > 0]
+        assert len(fits) >= 3, fits
+        assert all(top and bottom for top, bottom, _, _ in fits), fits
+        # the pane followed its output to the end, frames sized after they loaded included
+        at_bottom = "o => o.scrollTop + o.clientHeight >= o.scrollHeight - 8"
+        assert pane.evaluate(at_bottom), "the pane stopped following its output"
+        shot(view, artifacts, "rank-dataframe-lightning-whole.png", unhover=True)
         view.locator(".nbs-Stop").click()
