@@ -9,7 +9,11 @@ import re
 import time
 
 import pytest
+from bundle_reader import rank_outputs
 from kernel_harness import TO_NEXT_LINE, converse, ok, rank_lines, run, strip_ansi
+from widget_harness import live_at_once, sort_out
+
+from nbspawn.views._widget import widget_available
 
 METHODS = ["fork", "spawn", "forkserver"]
 
@@ -132,6 +136,43 @@ dist.all_reduce(t)
     others = text[text.index("Other ranks:") :]
     assert f"Cell In[{talk.result.execution_count}], line 8" in others and "dist.all_reduce(t)" in others, others
     assert all(f"rank {r}" in others or re.search(rf"ranks [0-9,]*{r}", others) for r in (0, 2)), others
+
+
+TRANSCRIPT = """%%spawn -n 2{options}
+import os
+rank = int(os.environ["RANK"])
+x = rank * 10 + 7
+if rank == 1:
+    breakpoint()
+print("after", rank)
+"""
+TRANSCRIPT_ANSWERS = [*TO_NEXT_LINE, "p x", "p x * 2", "c"]
+
+
+def assert_transcript(lines: list[str]) -> None:
+    """Rank 1's output holds its pdb session as a terminal shows it: each command, then its answer."""
+    assert lines[lines.index("(Pdb rank 1) p x") + 1] == "17", lines
+    assert lines[lines.index("(Pdb rank 1) p x * 2") + 1] == "34", lines
+    assert lines.index("(Pdb rank 1) p x") < lines.index("(Pdb rank 1) p x * 2") < lines.index("(Pdb rank 1) c")
+    assert lines.index("(Pdb rank 1) c") < lines.index("after 1"), lines
+
+
+def test_each_pdb_command_is_in_the_ranks_output_above_its_answer(kernel):
+    talk = converse(kernel, TRANSCRIPT.format(options=" --view text"), TRANSCRIPT_ANSWERS)
+    assert talk.result.status == "ok", talk.text
+    assert_transcript(rank_lines(talk.result.stdout, 1))
+    assert not any("(Pdb" in line for line in rank_lines(talk.result.stdout, 0))  # the session is rank 1's alone
+
+
+@pytest.mark.skipif(not widget_available(), reason="widget.js is not built")
+def test_the_widgets_pane_and_saved_view_hold_the_pdb_transcript(kernel):
+    live_at_once(kernel)
+    talk = converse(kernel, TRANSCRIPT.format(options=" --view widget"), TRANSCRIPT_ANSWERS)
+    assert talk.result.status == "ok", talk.text
+    view = sort_out(talk.result.outputs)
+    assert_transcript(strip_ansi(view.live_text()[1]).splitlines())  # the rank's live pane
+    assert view.frozen is not None
+    assert_transcript(rank_outputs(view.frozen["text/html"])[1].text().splitlines())  # the saved view
 
 
 def test_several_ranks_at_breakpoints_are_asked_one_at_a_time(kernel):

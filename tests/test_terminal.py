@@ -402,6 +402,10 @@ def test_a_ranks_breakpoint_is_answered_at_the_terminal(terminal):
     terminal.wait_raw(prompt)
     text = terminal.raw.decode("utf-8", "replace")
     assert "[rank1]: after 17" in text and "[rank0]: after 7" in text, terminal.text()
+    # the command typed at the prompt is on the screen, right above its answer: not printed again as
+    # the rank's echo of it (which a notebook's pane shows)
+    assert "[rank1]: (Pdb rank 1)" not in text, terminal.text()
+    assert re.search(r"\(Pdb rank 1\) p x\r\n\[rank1\]: 17\r\n", text), terminal.text()
 
 
 def test_a_kept_worlds_post_mortem_at_the_terminal(terminal):

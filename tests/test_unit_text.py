@@ -6,12 +6,23 @@ terminal)."""
 from __future__ import annotations
 
 import base64
+import io
 import struct
 
 import pytest
 
 from nbspawn.events._widgetbar import widget_text
-from nbspawn.views._text import WIDGET_MIME, clip, columns, erase_backspaces, graphemes, item_text, joined_clusters, settle_line
+from nbspawn.views._text import (
+    WIDGET_MIME,
+    TextView,
+    clip,
+    columns,
+    erase_backspaces,
+    graphemes,
+    item_text,
+    joined_clusters,
+    settle_line,
+)
 
 # -- settle_line, erase_backspaces ----------------------------------------------------------------
 
@@ -225,3 +236,21 @@ def test_clusters_as_wcwidth_and_as_an_old_wcwidth_tell_them(text, clusters):
 
 def test_a_cluster_is_measured_whole():
     assert [columns(c) for c in (FAMILY, FLAGS[:2], THUMB, HEART, "e\u0301", "日", "a")] == [2, 2, 2, 2, 1, 2, 1]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_a_pdb_commands_echo_is_printed_where_no_terminal_shows_it_already(terminal):
+    """On a terminal the command typed at the prompt is on the screen: the rank's echo of it is left
+    out there; in a notebook's cell it is printed, right above pdb's answer."""
+    out = _Terminal() if terminal else io.StringIO()
+    view = TextView(stdout=out, stderr=io.StringIO(), live=False)
+    view.command_answered(1, "(Pdb rank 1) p x")
+    view.output(1, "stdout", "(Pdb rank 1) p x\n17\n")
+    view.output(1, "stdout", "(Pdb rank 1) p x\n")  # a later line that reads the same is the rank's own
+    echo = [] if terminal else ["[rank1]: (Pdb rank 1) p x"]
+    assert out.getvalue().splitlines() == [*echo, "[rank1]: 17", "[rank1]: (Pdb rank 1) p x"]

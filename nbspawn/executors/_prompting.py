@@ -134,9 +134,11 @@ class PromptDesk:
             self.asking = None
         if reply is None:  # the prompt was ended (Stop, --timeout, the rank ended): the loop goes on
             return
+        command = str(reply.get("value", ""))
+        if request.kind == "pdb" and "value" in reply:  # the rank echoes it (ranks._prompt.echo_command)
+            self.view.command_answered(request.rank, f"{request.prompt}{command}")
         self.prompts.answer(request, **reply)
         self.last_prompted = request.rank
-        command = str(reply.get("value", ""))
         going_on = request.kind != "pdb" or "value" not in reply or leaves(command)
         self.sticky_until = 0.0 if going_on else time.monotonic() + STICKY
         if going_on:

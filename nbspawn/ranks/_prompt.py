@@ -141,7 +141,22 @@ def ask(prompt: str, kind: str = "input", password: bool = False) -> str:
         raise EOFError
     if "error" in reply:
         raise NoPromptError(f"rank {_rank}'s prompt: {reply['error']}")
-    return str(reply.get("value", ""))
+    value = str(reply.get("value", ""))
+    if kind == "pdb":
+        echo_command(prompt, value)
+    return value
+
+
+def echo_command(prompt: str, command: str) -> None:
+    """A pdb command answered is written to the rank's stdout as a terminal shows it (``(Pdb rank 1) p x``),
+    just before pdb's answer: the rank's pane, the merged pane, the text view and the saved run read as
+    one transcript, each command above its answer.  (The frontend's own echo of its stdin box stays
+    below the cell, out of the kernel's reach; the pane holds the whole session all the same.)"""
+    try:
+        sys.stdout.write(f"{prompt}{command}\n")
+        sys.stdout.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def _request(request: dict[str, Any]) -> dict[str, Any]:

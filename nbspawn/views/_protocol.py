@@ -55,6 +55,10 @@ class RunView:
         """Which ranks wait at a prompt now (rank -> what its ``note`` says: "at a breakpoint (Pdb, cell
         line 4)"); in the background, until a later cell attaches with ``%spawn debug RUN-ID``."""
 
+    def command_answered(self, rank: int, line: str) -> None:
+        """``rank``'s pdb prompt was answered; the rank writes ``line`` (its prompt and the command) to
+        its stdout next, above pdb's answer, so its output reads as a terminal's session."""
+
     def flush(self, run: Run) -> None:
         """Show now what the view holds back to redraw at its own pace (a rank's prompt is coming,
         and it blocks the loop that would have drawn it)."""

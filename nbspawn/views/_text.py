@@ -251,6 +251,7 @@ class TextView(RunView):
         self._status = StatusComm()  # the labextension's toolbar item; a no-op outside a kernel
         self._said: str | None = None  # the hang last said
         self._told_waiting: set[int] = set()  # a background run's ranks said to wait at a prompt
+        self._typed: dict[int, str] = {}  # rank -> its pdb command's echo, not printed again on a terminal
 
     def _stream(self, name: str) -> TextIO:
         return self._out[name] or (sys.stdout if name == "stdout" else sys.stderr)
@@ -277,6 +278,8 @@ class TextView(RunView):
         elif "\r" in pending:
             pending = "\r" + settle_line(pending)  # keep only the latest state of a progress line
         self._pending[key] = pending
+        if stream == "stdout" and rank in self._typed and self._typed[rank] in lines:
+            lines.remove(self._typed.pop(rank))
         if lines:
             self._bar(key, None)  # the line it was redrawing is complete: printed as a line
             prefix = self.prefix(rank)
@@ -333,6 +336,13 @@ class TextView(RunView):
                 self._emit("stderr", f"nbspawn: rank {rank} is {what}: run `%spawn debug {run.run_id}` to attach\n")
                 self._render(force=True)
         self._told_waiting = {r for r in waiting if "%spawn debug" in waiting[r]}
+
+    def command_answered(self, rank: int, line: str) -> None:
+        """On a terminal (terminal IPython) the command typed at the prompt stays on the screen, where
+        the session reads in order already: the rank's echo of it is not printed a second time.  In a
+        notebook's cell (VS Code keeps no echo of its input box) it is printed, above its answer."""
+        if _isatty(self._stream("stdout")):
+            self._typed[rank] = line
 
     def tick(self, run: Run) -> None:
         self._status.update(run)

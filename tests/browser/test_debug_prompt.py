@@ -1,7 +1,8 @@
 """A rank's pdb prompt answered in a real browser, in JupyterLab and Notebook 7: the frontend's own
 stdin box (the kernel's input_request) names the rank, its chip says it is at a breakpoint, `p` shows
 the rank's value in its pane, `c` lets the run end, and the frozen run keeps the session in the rank's
-pane.  Screenshots go to test-artifacts/browser/."""
+pane.  The pane reads as a terminal's pdb session: each command right above its answer (the frontend's
+own echo of its stdin box stays below the cell).  Screenshots go to test-artifacts/browser/."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
     live_view,
     open_notebook,
     run_cell,
+    select_pane,
     serve,
     shot,
     sync_api,
@@ -36,6 +38,7 @@ print("after", x)
 
 def _write(root: Path) -> None:
     write_notebook(root, "debug.ipynb", ["%load_ext nbspawn", BREAK])
+    write_notebook(root, "transcript.ipynb", ["%load_ext nbspawn", BREAK])  # a kernel of its own
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +93,43 @@ def test_jupyterlab_answers_a_ranks_pdb_prompt(lab, browser, artifacts):
 def test_notebook7_answers_a_ranks_pdb_prompt(nb7, browser, artifacts):
     with Page(browser, width=1200, height=1000) as p:
         _answer_the_prompt(p.page, nb7, artifacts, "nb7")
+
+
+def _above(pane, command: str, answer: str) -> None:
+    """``command`` (as the prompt showed it) is the line right above ``answer`` in ``pane``, within 30 s."""
+    sync_api.expect(pane).to_contain_text(command, timeout=30_000)
+    lines = [line.strip() for line in pane.inner_text().splitlines()]
+    at = next((i for i, line in enumerate(lines) if line.endswith(command)), None)
+    assert at is not None and lines[at + 1].endswith(answer), lines
+
+
+def test_the_ranks_pane_reads_each_pdb_command_above_its_answer(lab, browser, artifacts):
+    with Page(browser, width=1200, height=1000) as p:
+        pg = p.page
+        cells = open_notebook(pg, lab, "transcript.ipynb")
+        run_cell(pg, cells.nth(0), until="[1]:")
+        cell = cells.nth(1)
+        run_cell(pg, cell)
+        for i, command in enumerate(["p x", "p x * 2"]):
+            stdin = cell.locator(".jp-Stdin")
+            sync_api.expect(stdin).to_have_count(i + 1, timeout=60_000)
+            sync_api.expect(stdin.last).to_contain_text("(Pdb rank 1)", timeout=60_000)
+            cell.locator("input.jp-Stdin-input").last.fill(command)
+            cell.locator("input.jp-Stdin-input").last.press("Enter")
+        sync_api.expect(cell.locator(".jp-Stdin")).to_have_count(3, timeout=60_000)  # the prompt after `p x * 2`
+        view = live_view(cell, 30_000)
+        pane = select_pane(view, 1)
+        _above(pane, "(Pdb rank 1) p x", "17")
+        _above(pane, "(Pdb rank 1) p x * 2", "34")
+        shot(cell, artifacts, "lab-pdb-transcript-pane.png", unhover=True)
+        merged = select_pane(view, "merged")
+        _above(merged, "(Pdb rank 1) p x * 2", "34")  # the merged pane: the same lines, in time order
+        shot(cell, artifacts, "lab-pdb-transcript-merged.png", unhover=True)
+        cell.locator("input.jp-Stdin-input").last.fill("c")
+        cell.locator("input.jp-Stdin-input").last.press("Enter")
+        frozen = frozen_run(cell)
+        saved = select_pane(frozen, 1)
+        sync_api.expect(saved).to_contain_text("after 17", timeout=30_000)
+        _above(saved, "(Pdb rank 1) p x", "17")  # the saved view keeps the transcript
+        _above(saved, "(Pdb rank 1) p x * 2", "34")
+        shot(cell, artifacts, "lab-pdb-transcript-saved.png", unhover=True)
