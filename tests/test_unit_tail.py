@@ -122,7 +122,7 @@ def test_a_line_is_placed_when_it_starts_and_a_bar_where_it_was_last_drawn():
     assert _merged(tails) == [(0, "a line begun and ended"), (1, "b0"), (0, "train 20%")]
 
 
-def test_tails_of_different_runs_or_alone_keep_their_own_count():
+def test_a_tail_alone_numbers_its_own_entries_and_no_output_merges_to_nothing():
     alone = OutputTail()
     alone.add("stdout", "x\ny\n")
     assert [e.seq for e in alone.entries.values()] == [0, 1]
