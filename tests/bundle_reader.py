@@ -104,6 +104,38 @@ def rank_outputs(page: str) -> dict[int, RankOutput]:
     return reader.ranks
 
 
+class _Order(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.order: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if self.order is None and tag == "div" and "nbspawn-run" in (a.get("class") or "").split():
+            self.order = a.get("data-order")
+
+
+def merged_entries(page: str) -> list[tuple[int, tuple[str, object]]]:
+    """The merged view of a frozen bundle, as the JupyterLab renderer draws it (``labextension/src/mime.ts``):
+    every rank's entries (``RankOutput.order``) in the bundle's ``data-order``, or, in a bundle without
+    one, by position (every rank's n-th entry together)."""
+    ranks = rank_outputs(page)
+    reader = _Order()
+    reader.feed(page)
+    reader.close()
+    if reader.order is None:
+        longest = max((len(out.order) for out in ranks.values()), default=0)
+        return [(r, ranks[r].order[i]) for i in range(longest) for r in sorted(ranks) if i < len(ranks[r].order)]
+    merged, at = [], dict.fromkeys(ranks, 0)
+    for run in reader.order.split(",") if reader.order else []:
+        rank, _, count = run.partition("*")
+        for _ in range(int(count or 1)):
+            merged.append((int(rank), ranks[int(rank)].order[at[int(rank)]]))
+            at[int(rank)] += 1
+    assert all(at[r] == len(out.order) for r, out in ranks.items()), "data-order names every entry once"
+    return merged
+
+
 # -- what a saved snapshot must never hold (issue 30, item 2) ---------------------------------------
 
 # rank HTML that could act in a trusted notebook reopened later; each piece with a visible word that

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from nbspawn.events._display import WIDGET_MIME
 from nbspawn.views._bundle import entries_html
-from nbspawn.views._tail import Display, Line, OutputTail, widget_running
+from nbspawn.views._tail import Display, Line, OutputTail, merged_chunks, merged_order, order_runs, run_tails, widget_running
 
 
 def _bar(value: int, high: int = 10, style: str = "") -> dict:
@@ -82,3 +82,67 @@ def test_two_bars_keep_the_order_they_became_bars_and_trimming_forgets_them():
     tail.clear()
     tail.add("stdout", "x\n")
     assert _shown(tail) == ["x"]
+
+
+# -- the order the ranks printed in (issue 26, item 5) ----------------------------------------------
+
+
+def _merged(tails: dict[int, OutputTail]) -> list[tuple[int, str]]:
+    outputs = {rank: list(tail.entries.values()) for rank, tail in tails.items()}
+    at = dict.fromkeys(outputs, 0)
+    merged = []
+    for rank in merged_order(outputs):
+        entry = outputs[rank][at[rank]]
+        at[rank] += 1
+        merged.append((rank, entry.plain if isinstance(entry, Line) else f"display {entry.item['text']}"))
+    return merged
+
+
+def test_merged_order_is_the_order_the_ranks_printed_in_not_their_positions():
+    tails = run_tails([0, 1])
+    tails[1].add("stdout", "b0\nb1\n")
+    tails[1].add("stdout", "b2\n")
+    tails[0].add("stdout", "a0\na1\n")
+    tails[0].display({"kind": "data", "id": None, "mime": "text/plain", "value": "fig", "text": "fig"})
+    tails[1].add("stderr", "b3\n")
+    assert _merged(tails) == [(1, "b0"), (1, "b1"), (1, "b2"), (0, "a0"), (0, "a1"), (0, "display fig"), (1, "b3")]
+    outputs = {rank: list(tail.entries.values()) for rank, tail in tails.items()}
+    assert order_runs(merged_order(outputs)) == "1*3,0*3,1"
+    # what a saved run keeps of each rank (its newest entries) merges the same way
+    assert merged_order({0: outputs[0][1:], 1: outputs[1][2:]}) == [1, 0, 0, 1]
+
+
+def test_a_line_is_placed_when_it_starts_and_a_bar_where_it_was_last_drawn():
+    tails = run_tails([0, 1])
+    tails[0].add("stdout", "a line begun ")
+    tails[0].add("stderr", "\rtrain 10%")
+    tails[1].add("stdout", "b0\n")
+    tails[0].add("stdout", "and ended\n")  # continues its line, placed when it began
+    tails[0].add("stderr", "\rtrain 20%")  # a bar redrawn: at the end, below b0, as the live view shows it
+    assert _merged(tails) == [(0, "a line begun and ended"), (1, "b0"), (0, "train 20%")]
+
+
+def test_a_tail_alone_numbers_its_own_entries_and_no_output_merges_to_nothing():
+    alone = OutputTail()
+    alone.add("stdout", "x\ny\n")
+    assert [e.seq for e in alone.entries.values()] == [0, 1]
+    assert merged_order({}) == [] and order_runs([]) == ""
+
+
+def test_order_runs_writes_runs_of_one_rank_short_and_never_longer_than_one_rank_an_entry():
+    assert order_runs([1, 1, 1, 0, 2, 2]) == "1*3,0,2*2"
+    assert order_runs([0, 1, 0, 1]) == "0,1,0,1"
+    for ranks in ([12] * 2, [3] * 10, [0, 1] * 5, [1000] * 3 + [7]):
+        assert len(order_runs(ranks)) <= sum(len(str(r)) + 1 for r in ranks)
+
+
+def test_merged_chunks_join_only_what_no_other_rank_came_between():
+    tails = run_tails([0, 1])
+    tails[0].add("stdout", "a0\na1\n")
+    tails[1].add("stdout", "b0\n")
+    tails[0].add("stdout", "a2\n")
+    outputs = {rank: list(tail.entries.values()) for rank, tail in tails.items()}
+    chunks, order = merged_chunks(outputs)
+    assert chunks == {0: [["stdout", "a0\na1\n"], ["stdout", "a2\n"]], 1: [["stdout", "b0\n"]]}
+    assert order == [0, 1, 0]
+    assert tails[0].chunks() == [["stdout", "a0\na1\na2\n"]]  # one rank alone: joined as before

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from bundle_reader import HOSTILE_HTML, SHOWN_HTML, acting_markup, rank_outputs
+from bundle_reader import HOSTILE_HTML, SHOWN_HTML, acting_markup, merged_entries, rank_outputs
 from kernel_harness import execute, strip_ansi
 from widget_harness import (
     WIDGET_ID,
@@ -95,6 +95,41 @@ def test_widget_then_frozen_bundle(kernel):
     assert run.status[0]["status"] == "running" and run.status[0]["running"] == [0, 1, 2, 3]
     assert run.status[-1] == {"run_id": record["run_id"], "status": "succeeded", "nprocs": 4, "running": []}
     assert run.status_closed
+
+
+def test_the_saved_merged_view_keeps_the_order_the_ranks_printed_in(kernel):
+    """Rank 1 prints three lines, then (after a barrier) rank 0 three and a figure's text, then rank 1
+    once more: the saved view merges them as they came, as the live view did, not rank by rank in
+    turn (issue 26, item 5)."""
+    body = (
+        "import time, torch.distributed as dist\n"
+        "from IPython.display import display\n"
+        "r = dist.get_rank()\n"
+        "if r == 1:\n"
+        "    for i in range(3):\n"
+        "        print(f'rank 1 early {i}', flush=True)\n"
+        "dist.barrier()\n"
+        "if r == 0:\n"
+        "    time.sleep(0.5)  # the kernel has read rank 1's lines\n"
+        "    for i in range(3):\n"
+        "        print(f'rank 0 late {i}', flush=True)\n"
+        "    display('a table')\n"
+        "dist.barrier()\n"
+        "if r == 1:\n"
+        "    time.sleep(0.5)\n"
+        "    print('rank 1 last', flush=True)\n"
+    )
+    result, run = spawn_widget(kernel, body, options="-n 2 --backend gloo")
+    assert result.status == "ok", result.error_text
+    printed = [(1, f"rank 1 early {i}") for i in range(3)] + [(0, f"rank 0 late {i}") for i in range(3)]
+    assert run.live_lines() == [*printed, (1, "rank 1 last")]
+    merged = merged_entries(run.frozen["text/html"])
+    shown = [(rank, entry[1] if kind == "line" else entry["text"]) for rank, (kind, entry) in merged]
+    assert shown == [
+        *[(rank, line + "\n") for rank, line in printed],
+        (0, "'a table'"),
+        (1, "rank 1 last\n"),
+    ], shown
 
 
 def test_auto_view_is_the_widget_in_a_kernel(kernel):
@@ -301,6 +336,11 @@ def test_stop_and_replay_reach_the_kernel_while_the_cell_runs(kernel):
         assert {int(r) for r in replay["tails"]} == {0, 1, 2, 3}
         for r, chunks in replay["tails"].items():
             assert chunks == [["stdout", f"rank {r} is up\n"]]
+        # and in which order they came, for its merged view: as the live messages brought them
+        came = [int(rank) for o in outputs[:n_before] if o["msg_type"] == "comm_msg"
+                for _r, _s, text in o["data"].get("content", {}).get("chunks", [])
+                for rank in re.findall(r"rank (\d) is up", text)]  # fmt: skip
+        assert replay["order"] == ",".join(map(str, came))
 
         # Stop, mid-run
         stopped_at = time.monotonic()

@@ -50,6 +50,25 @@ class WidgetRun:
                         text[rank] = text.get(rank, "") + chunk
         return text
 
+    def live_lines(self) -> list[tuple[int, str]]:
+        """Every rank's lines in the order the live messages brought them (the live merged view), for
+        output of whole lines; a replay starts over in its own order."""
+        lines: list[tuple[int, str]] = []
+        for msg in self.custom:
+            if msg["type"] == "replay":
+                tails = {int(r): list(chunks) for r, chunks in msg["tails"].items()}
+                chunks = []
+                for run in msg["order"].split(",") if msg["order"] else []:
+                    rank, _, count = run.partition("*")
+                    chunks += [[int(rank), *tails[int(rank)].pop(0)] for _ in range(int(count or 1))]
+                lines = []
+            elif msg["type"] == "output":
+                chunks = msg["chunks"]
+            else:
+                continue
+            lines += [(rank, line) for rank, stream, text in chunks if stream != "display" for line in text.splitlines()]
+        return lines
+
     def live_elided(self) -> dict[int, int]:
         elided: dict[int, int] = {}
         for msg in self.custom:

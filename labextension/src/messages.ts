@@ -138,6 +138,8 @@ export interface IOutputMessage {
 export interface IReplayMessage {
   type: 'replay';
   tails: Record<string, OutputChunk[]>;
+  /** Whose chunk of `tails` came next, in the order they were printed (`parseOrder`). */
+  order: string;
   elided: Record<string, number>;
 }
 
@@ -308,10 +310,37 @@ export type Chunks = ReadonlyArray<readonly [number, string, unknown]>;
 /** Each rank's kept chunks (`[stream, text]` or `["display", item]`), by rank. */
 export type Tails = Record<string, ReadonlyArray<readonly [string, unknown]>>;
 
+/**
+ * The order the ranks printed in (`nbspawn.views._tail.order_runs`): whose chunk comes next, a run
+ * of one rank written `rank*count`: `"1*3,0,2"` is `[1, 1, 1, 0, 2]`.  Null when absent or
+ * malformed (a bundle saved before it was kept): the caller merges by position then.
+ */
+export function parseOrder(text: unknown, max = 1_000_000): number[] | null {
+  if (typeof text !== 'string') {
+    return null;
+  }
+  const order: number[] = [];
+  for (const run of text ? text.split(',') : []) {
+    const m = /^(\d+)(?:\*(\d+))?$/.exec(run);
+    if (!m) {
+      return null;
+    }
+    const rank = Number(m[1]);
+    const n = m[2] === undefined ? 1 : Number(m[2]);
+    if (order.length + n > max) {
+      return null;
+    }
+    for (let i = 0; i < n; i++) {
+      order.push(rank);
+    }
+  }
+  return order;
+}
+
 /** A widget custom message from the kernel, decoded; the chunks themselves are checked by `LiveOutput`. */
 export type WidgetMessage =
   | { type: 'output'; chunks: Chunks; elided: Record<string, number> }
-  | { type: 'replay'; tails: Tails; elided: Record<string, number> }
+  | { type: 'replay'; tails: Tails; order: number[] | null; elided: Record<string, number> }
   | IWhereMessage;
 
 /** A kernel → browser custom message of the live widget (`IOutputMessage`, `IReplayMessage`); null if neither. */
@@ -322,7 +351,12 @@ export function decodeWidgetMessage(msg: unknown): WidgetMessage | null {
     return { type: 'output', chunks: m.chunks as Chunks, elided: record(m.elided) as Record<string, number> };
   }
   if (m.type === 'replay') {
-    return { type: 'replay', tails: record(m.tails) as Tails, elided: record(m.elided) as Record<string, number> };
+    return {
+      type: 'replay',
+      tails: record(m.tails) as Tails,
+      order: parseOrder(m.order),
+      elided: record(m.elided) as Record<string, number>
+    };
   }
   if (m.type === 'where') {
     return { type: 'where', text: typeof m.text === 'string' ? m.text : '' };

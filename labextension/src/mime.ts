@@ -10,7 +10,7 @@
 import { IRenderMime } from '@jupyterlab/rendermime-interfaces';
 import { Widget } from '@lumino/widgets';
 
-import { RUN_MIME_TYPE, WIDGET_MIME, parseBundle } from './messages';
+import { RUN_MIME_TYPE, WIDGET_MIME, parseBundle, parseOrder } from './messages';
 import { LiveView, renderRun } from './view';
 
 type Chunk = [string, unknown];
@@ -65,10 +65,15 @@ function displayItem(div: Element): Record<string, unknown> {
   return item;
 }
 
-/** Each rank's output chunks from a version 2 bundle's `text/html`. */
-export function parseOutputHtml(html: string): Record<string, Chunk[]> {
+/**
+ * Each rank's output chunks from a version 2 bundle's `text/html` (one chunk per saved line or
+ * display item), and whose chunk came next when they were printed (`data-order`; null in a
+ * bundle saved before it was kept).
+ */
+export function parseOutputHtml(html: string): { tails: Record<string, Chunk[]>; order: number[] | null } {
   const doc = new DOMParser().parseFromString(html, 'text/html');
   const tails: Record<string, Chunk[]> = {};
+  const order = parseOrder(doc.querySelector('div.nbspawn-run')?.getAttribute('data-order') ?? null);
   for (const box of Array.from(doc.querySelectorAll('div.nbspawn-output[data-rank]'))) {
     const rank = box.getAttribute('data-rank')!;
     const chunks: Chunk[] = (tails[rank] = []);
@@ -81,7 +86,7 @@ export function parseOutputHtml(html: string): Record<string, Chunk[]> {
       }
     }
   }
-  return tails;
+  return { tails, order };
 }
 
 /** Renders a finished (or running) `%%spawn` run. */
@@ -95,11 +100,12 @@ export class RunRenderer extends Widget implements IRenderMime.IRenderer {
   renderModel(model: IRenderMime.IMimeModel): Promise<void> {
     const run = parseBundle(model.data[this._mimeType]);
     const html = model.data['text/html'];
-    const tails = run.version >= 2 && typeof html === 'string' ? parseOutputHtml(html) : undefined;
+    const saved = run.version >= 2 && typeof html === 'string' ? parseOutputHtml(html) : undefined;
     this._view?.dispose();
     // an output updated in place (update_display) keeps the tab the user picked
     this._view = renderRun(this.node, run, {
-      tails,
+      tails: saved?.tails,
+      order: saved?.order,
       selected: this._picked,
       onSelect: sel => (this._picked = sel)
     });

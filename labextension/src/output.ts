@@ -163,35 +163,69 @@ export class LiveOutput {
     }
   }
 
-  /** Replace everything with the kernel's tails (its answer to a replay request). */
-  reset(tails: Tails | null | undefined, elided: Record<string, number> | null | undefined = {}): void {
+  /**
+   * Replace everything with the kernel's tails (its answer to a replay request, or a saved run's).
+   * `order` says whose chunk came next (`parseOrder`): the merged flow is then in the order the
+   * ranks printed; chunks it does not name follow, rank by rank.
+   */
+  reset(
+    tails: Tails | null | undefined,
+    elided: Record<string, number> | null | undefined = {},
+    order: readonly number[] | null = null
+  ): void {
     this._ranks.clear();
     this._order = [];
+    this._seq = 0;
     // what was queued is older than the tails
     this._queue.clear();
     const u = emptyUpdate(true);
     this._addElided(elided ?? {}, u);
+    const queues = new Map<number, ReadonlyArray<readonly [string, unknown]>>();
     for (const [key, chunks] of Object.entries(tails ?? {})) {
       const rank = Number(key);
-      if (!Number.isInteger(rank) || !Array.isArray(chunks)) {
-        continue;
+      if (Number.isInteger(rank) && Array.isArray(chunks)) {
+        this._rank(rank);
+        queues.set(rank, chunks);
       }
-      this._rank(rank);
-      for (const c of chunks) {
+    }
+    const next = new Map<number, number>();
+    const feed = (rank: number) => {
+      const chunks = queues.get(rank);
+      const i = next.get(rank) ?? 0;
+      if (chunks && i < chunks.length) {
+        next.set(rank, i + 1);
+        const c = chunks[i];
         if (Array.isArray(c) && c.length >= 2) {
           this._chunk(rank, c[0], c[1], u);
         }
       }
+    };
+    for (const rank of order ?? []) {
+      feed(rank);
     }
+    for (const [rank, chunks] of queues) {
+      while ((next.get(rank) ?? 0) < chunks.length) {
+        feed(rank);
+      }
+    }
+    this.byArrival = order !== null;
     this._trim(u);
     this._emit(emptyUpdate(true));
   }
 
   /**
-   * Order the merged flow by position instead of arrival: every rank's n-th entry together (a saved
-   * run has no cross-rank timing; this keeps lock-step logs such as epochs aligned).
+   * Whether the merged flow is in the order the ranks printed: true for a live run and for tails
+   * given with their order; false after `interleave`.
+   */
+  byArrival = true;
+
+  /**
+   * Order the merged flow by position instead of arrival: every rank's n-th entry together (a run
+   * saved before bundles kept their order has no cross-rank timing; this keeps lock-step logs such
+   * as epochs aligned).
    */
   interleave(): void {
+    this.byArrival = false;
     const ranks = this.ranks().map(r => this._ranks.get(r)!);
     const longest = Math.max(0, ...ranks.map(r => r.flow.length));
     this._order = [];
@@ -451,7 +485,7 @@ export function applyWidgetMessage(output: LiveOutput, msg: unknown): void {
     // only queued here: parsed in animation frames, a budget at a time
     output.feed(m.chunks, m.elided);
   } else if (m?.type === 'replay') {
-    output.reset(m.tails, m.elided);
+    output.reset(m.tails, m.elided, m.order);
   }
 }
 

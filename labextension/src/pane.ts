@@ -129,7 +129,7 @@ export class Pane {
       pane.removeAttribute('data-status');
       parts.push(
         mergedHead(
-          this._live
+          this._live || this._output.byArrival
             ? 'in arrival order; each rank in its own order'
             : 'interleaved by line; each rank in its own order'
         )

@@ -67,7 +67,11 @@ class StaticSource implements ILiveSource {
 export function renderRun(
   host: HTMLElement,
   run: IRunBundle,
-  options: ILiveViewOptions & { tails?: Record<string, ReadonlyArray<readonly [string, unknown]>> } = {}
+  options: ILiveViewOptions & {
+    tails?: Record<string, ReadonlyArray<readonly [string, unknown]>>;
+    /** Whose chunk of `tails` came next (`parseOrder`); without it the ranks are merged by position. */
+    order?: readonly number[] | null;
+  } = {}
 ): LiveView {
   const src = new StaticSource(run);
   const tails: Record<string, ReadonlyArray<readonly [string, unknown]>> = options.tails ?? {};
@@ -80,8 +84,11 @@ export function renderRun(
   for (const r of run.ranks) {
     elided[String(r.rank)] = r.elided_lines;
   }
-  src.output.reset(tails, elided);
-  src.output.interleave();
+  const order = options.tails ? (options.order ?? null) : null;
+  src.output.reset(tails, elided, order);
+  if (order === null) {
+    src.output.interleave(); // a bundle saved before it kept the order
+  }
   return new LiveView(host, src, { ...options, live: false });
 }
 

@@ -123,11 +123,32 @@ test('a replay replaces everything, display items included', () => {
   assert.equal(out.elided(0), 4);
 });
 
-test('a saved run interleaves the ranks by position', () => {
+test('a run saved without its order interleaves the ranks by position', () => {
   const out = new LiveOutput();
   out.reset({ 0: [['stdout', 'a0\na1\na2\n']], 1: [['stdout', 'b0\nb1\n']] });
   out.interleave();
   assert.deepEqual(out.merged().map(text), ['a0', 'b0', 'a1', 'b1', 'a2']);
+  assert.equal(out.byArrival, false);
+});
+
+test('tails given with their order merge in the order the ranks printed, each rank in its own', () => {
+  const out = new LiveOutput();
+  const tails = {
+    0: [['stdout', 'a0\n'], ['stdout', 'a1\n'], ['display', { kind: 'data', id: null, mime: 'text/plain', value: 'fig', text: 'fig' }]],
+    1: [['stdout', 'b0\n'], ['stdout', 'b1\n'], ['stdout', 'b2\n'], ['stderr', 'late']]
+  };
+  // rank 1 printed three lines first, then rank 0 its two lines and a figure, then rank 1 again
+  out.reset(tails, {}, [1, 1, 1, 0, 0, 0, 1]);
+  assert.deepEqual(out.merged().map(e => [e.rank, text(e)]),
+    [[1, 'b0'], [1, 'b1'], [1, 'b2'], [0, 'a0'], [0, 'a1'], [0, '[text/plain]'], [1, 'late']]);
+  assert.deepEqual(out.entries(1).map(text), ['b0', 'b1', 'b2', 'late']);
+  assert.equal(out.byArrival, true);
+  // an order that names too few chunks (or too many, or an unknown rank) loses nothing
+  out.reset(tails, {}, [1, 7, 0]);
+  assert.deepEqual(out.merged().map(e => [e.rank, text(e)]),
+    [[1, 'b0'], [0, 'a0'], [0, 'a1'], [0, '[text/plain]'], [1, 'b1'], [1, 'b2'], [1, 'late']]);
+  out.reset(tails, {}, [0, 0, 0, 0, 0, 1, 1, 1, 1, 1]);
+  assert.equal(out.merged().length, 7);
 });
 
 test('malformed messages are ignored, not thrown', () => {

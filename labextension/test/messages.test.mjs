@@ -12,6 +12,7 @@ import {
   parseBundle,
   parseItem,
   parseLiveInfo,
+  parseOrder,
   parseStatus,
   record,
   stopHeard
@@ -103,11 +104,28 @@ test('decodeWidgetMessage: output and replay, else nothing', () => {
   assert.deepEqual(out, { type: 'output', chunks: [[0, 'stdout', 'a\n']], elided: { 0: 3 } });
   assert.deepEqual(decodeWidgetMessage({ type: 'output', chunks: 'x' }), null);
   assert.deepEqual(decodeWidgetMessage({ type: 'replay', tails: { 0: [['stdout', 'b\n']] } }), {
-    type: 'replay', tails: { 0: [['stdout', 'b\n']] }, elided: {},
+    type: 'replay', tails: { 0: [['stdout', 'b\n']] }, order: null, elided: {},
   });
-  assert.deepEqual(decodeWidgetMessage({ type: 'replay', tails: [1], elided: null }), { type: 'replay', tails: {}, elided: {} });
+  assert.deepEqual(decodeWidgetMessage({ type: 'replay', tails: [1], elided: null }), { type: 'replay', tails: {}, order: null, elided: {} });
+  assert.deepEqual(decodeWidgetMessage({ type: 'replay', tails: {}, order: '1*2,0', elided: {} }).order, [1, 1, 0]);
   assert.equal(decodeWidgetMessage({ type: 'stop' }), null);
   assert.equal(decodeWidgetMessage(null), null);
+});
+
+test('parseOrder: runs of one rank back to one rank per chunk; anything malformed is no order', () => {
+  assert.deepEqual(parseOrder('1*3,0,2'), [1, 1, 1, 0, 2]);
+  assert.deepEqual(parseOrder('12*2,3'), [12, 12, 3]);
+  assert.deepEqual(parseOrder(''), []);
+  for (const bad of [undefined, null, 3, '1*', '*2', '1,,2', 'a', '1*2*3', ' 1', '-1']) {
+    assert.equal(parseOrder(bad), null, String(bad));
+  }
+  assert.equal(parseOrder('0*2000000'), null); // more chunks than any tail holds
+});
+
+test('applyWidgetMessage: a replay with its order merges the ranks as they printed', () => {
+  const out = new LiveOutput();
+  applyWidgetMessage(out, { type: 'replay', tails: { 0: [['stdout', 'a\n']], 1: [['stdout', 'b\nc\n']] }, order: '1,0', elided: {} });
+  assert.deepEqual(out.merged().map(e => [e.rank, entryText(e)]), [[1, 'b'], [1, 'c'], [0, 'a']]);
 });
 
 test('applyWidgetMessage: output is queued and drawn later, a replay replaces everything at once', () => {

@@ -8,7 +8,8 @@ shows the run on GitHub, nbviewer, nbconvert and VS Code, not "model not found"
 * ``text/html``: a collapsible section per rank with its output tail, stored **once**, here: every
   byte of worker text escaped, colours as inline styles, displays as their static form, a rank's own
   HTML made inert (``_safehtml``: nothing in a saved notebook can act when it is reopened);
-  the JupyterLab renderer reads the tails back from it;
+  the JupyterLab renderer reads the tails back from it, and merges them in the order they were
+  printed by the outer ``<div data-order>`` (``_tail.order_runs``: whose entry comes next);
 * ``text/plain``: a short summary.
 
 A saved run is at most ``RunSpec.max_saved_bytes`` (256 KB by default), images aside: each rank's
@@ -30,7 +31,7 @@ from ..events._display import WIDGET_MIME
 from ._messages import RankRecord, RunRecord
 from ._safehtml import safe_html
 from ._sgr import ESCAPE, SGR, Style, apply_sgr, sgr_params, sgr_sequence, style_after, style_css
-from ._tail import TAIL_LINES, Display, Entry, Line, OutputTail
+from ._tail import TAIL_LINES, Display, Entry, Line, OutputTail, merged_order, order_runs
 from ._text import erase_backspaces
 
 MIME = "application/vnd.nbspawn.run+json"
@@ -216,7 +217,8 @@ def to_html(record: RunRecord, outputs: dict[int, list[Entry]]) -> str:
     e = html.escape
     took = f" in {record['duration']:.2f} s" if record["duration"] is not None else ""
     parts = [
-        f'<div class="nbspawn-run" data-nbspawn="{VERSION}" style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">',
+        f'<div class="nbspawn-run" data-nbspawn="{VERSION}" data-order="{order_runs(merged_order(outputs))}" '
+        'style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">',
         f"<div><b>nbspawn</b> run <code>{e(record['run_id'])}</code> &middot; {record['nprocs']} ranks &middot; "
         + (
             f"program <code>{e(record['program'])}</code> &middot; "
@@ -322,7 +324,8 @@ def _saved_size(record: RunRecord) -> int:
 def _share(tails: dict[int, OutputTail], room: int) -> tuple[dict[int, list[Entry]], dict[int, int]]:
     outputs: dict[int, list[Entry]] = {}
     left_out: dict[int, int] = {}
-    sizes = {id(e): _size(e) for tail in tails.values() for e in tail.entries.values()}
+    # each entry also costs its place in the merged order (``data-order``): at most its rank and a comma
+    sizes = {id(e): _size(e) + len(str(rank)) + 1 for rank, tail in tails.items() for e in tail.entries.values()}
     total = {rank: sum(sizes[id(e)] for e in tail.entries.values()) for rank, tail in tails.items()}
     for i, rank in enumerate(sorted(tails, key=total.__getitem__)):  # the quiet ones first
         share = room // (len(tails) - i)

@@ -87,6 +87,7 @@ class ReplayMessage(TypedDict):
 
     type: Literal["replay"]
     tails: dict[str, list[OutputChunk]]
+    order: str  # whose chunk comes next, in arrival order (``_tail.order_runs``)
     elided: dict[str, int]
 
 

@@ -17,12 +17,20 @@ the order the rank wrote them, with the rules a terminal (and ``labextension/src
 * ``clear`` removes everything so far (``wait``: when the next output comes).
 
 At most ``limit`` entries are kept; the older ones are counted as elided (the logs keep them).
+
+Each entry is stamped with ``seq``, its place in the run's arrival order, from a clock the ranks'
+tails share (:func:`run_tails`), each time it is put at the end of its rank's output (a bar redrawn
+moves there).  So one rank's entries are in ``seq`` order, and :func:`merged_order` puts every rank's
+entries back in the order they were printed, as the live view shows them: the saved view and a replay
+carry that order (:func:`order_runs`), instead of guessing it from positions.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..events._display import WIDGET_MIME
@@ -36,13 +44,14 @@ ANSI = ESCAPE  # every escape sequence: none of them is shown
 class Line:
     """One line of one stream; ``text`` keeps colours and, for a bar, ``\\r`` before its latest state."""
 
-    __slots__ = ("bar", "complete", "stream", "text")
+    __slots__ = ("bar", "complete", "seq", "stream", "text")
 
     def __init__(self, stream: str) -> None:
         self.stream = stream
         self.text = ""
         self.complete = False
         self.bar = False
+        self.seq = 0  # place in the run's arrival order (OutputTail._put_last)
 
     @property
     def plain(self) -> str:
@@ -53,20 +62,25 @@ class Line:
 class Display:
     """A display item (docs/run-bundle.md, section 2) kept in a rank's output."""
 
-    __slots__ = ("item",)
+    __slots__ = ("item", "seq")
 
     def __init__(self, item: dict[str, Any]) -> None:
         self.item = item
+        self.seq = 0  # place in the run's arrival order (OutputTail._put_last)
 
 
 Entry = Line | Display
 
 
 class OutputTail:
-    """The newest ``limit`` entries of one rank's output."""
+    """The newest ``limit`` entries of one rank's output.
 
-    def __init__(self, limit: int = TAIL_LINES) -> None:
+    ``clock`` numbers the entries in arrival order; the tails of one run share one (:func:`run_tails`).
+    """
+
+    def __init__(self, limit: int = TAIL_LINES, clock: Iterator[int] | None = None) -> None:
         self.limit = limit
+        self._clock = itertools.count() if clock is None else clock
         self.entries: dict[int, Entry] = {}  # insertion-ordered: key -> entry
         self.elided_lines = 0
         self._keys: dict[int, int] = {}  # id(entry) -> key
@@ -144,20 +158,10 @@ class OutputTail:
 
     # -- reading ------------------------------------------------------------------------------------
 
-    def chunks(self, entries: list[Entry] | None = None) -> list[list[Any]]:
+    def chunks(self, entries: Sequence[Entry] | None = None) -> list[list[Any]]:
         """``[stream, text]`` and ``["display", item]`` chunks, neighbouring lines of a stream joined:
         what a replay sends and what ``text.ts`` reads back into the same lines."""
-        out: list[list[Any]] = []
-        for entry in self.entries.values() if entries is None else entries:
-            if isinstance(entry, Display):
-                out.append(["display", entry.item])
-                continue
-            text = entry.text + ("\n" if entry.complete else "")
-            if out and out[-1][0] == entry.stream and out[-1][1].endswith("\n"):
-                out[-1][1] += text
-            else:
-                out.append([entry.stream, text])
-        return out
+        return entry_chunks(list(self.entries.values()) if entries is None else entries)
 
     def newest(self, max_bytes: int, size_of: Callable[[Entry], int] | None = None) -> tuple[list[Entry], int]:
         """The newest entries that fit in about ``max_bytes`` (by ``size_of``, default their JSON;
@@ -184,22 +188,28 @@ class OutputTail:
     def _put_last(self, entry: Entry) -> None:
         key = self._next
         self._next += 1
+        entry.seq = next(self._clock)
         self.entries[key] = entry
         self._keys[id(entry)] = key
 
     def _move_to_end(self, entry: Entry) -> None:
         key = self._keys.get(id(entry))
-        if key is not None and key != self._next - 1:
+        if key is None:
+            return
+        if key == self._next - 1:  # last of its rank already, but later than what other ranks wrote since
+            entry.seq = next(self._clock)
+        else:
             del self.entries[key]
             self._put_last(entry)
 
     def _float(self, entry: Entry) -> None:
         """A bar drawn now: at the bottom, and kept below whatever comes until it lands (the bars
-        being drawn in the order they became bars, as the live view draws them)."""
+        being drawn in the order they became bars, as the live view draws them).  Each redraw puts
+        them after what other ranks wrote meanwhile too (their ``seq``)."""
         if entry not in self._floating:
             self._floating.append(entry)
-            for bar in self._floating:
-                self._move_to_end(bar)
+        for bar in self._floating:
+            self._move_to_end(bar)
 
     def _land(self, entry: Entry) -> None:
         """A bar finished: it stays where it is (the bottom), and what comes next goes below it."""
@@ -225,6 +235,61 @@ class OutputTail:
                 if entry in held:
                     held.remove(entry)
             self.elided_lines += 1
+
+
+def run_tails(ranks: Iterable[int], limit: int = TAIL_LINES) -> dict[int, OutputTail]:
+    """One tail per rank, sharing one clock: their entries' ``seq`` is the run's arrival order."""
+    clock = itertools.count()
+    return {rank: OutputTail(limit, clock) for rank in ranks}
+
+
+def merged_order(outputs: Mapping[int, Sequence[Entry]]) -> list[int]:
+    """Whose entry comes next, over every rank's entries merged by arrival (``seq``): one rank per
+    entry.  Each rank's own entries stay in their order, so the ranks alone say the whole order."""
+    streams = [[(entry.seq, rank) for entry in entries] for rank, entries in outputs.items()]
+    return [rank for _, rank in heapq.merge(*streams)]
+
+
+def entry_chunks(entries: Sequence[Entry]) -> list[list[Any]]:
+    """``[stream, text]`` and ``["display", item]`` chunks of one rank's entries, neighbouring lines
+    of a stream joined (``OutputTail.chunks``)."""
+    out: list[list[Any]] = []
+    for entry in entries:
+        if isinstance(entry, Display):
+            out.append(["display", entry.item])
+            continue
+        text = entry.text + ("\n" if entry.complete else "")
+        if out and out[-1][0] == entry.stream and out[-1][1].endswith("\n"):
+            out[-1][1] += text
+        else:
+            out.append([entry.stream, text])
+    return out
+
+
+def merged_chunks(outputs: Mapping[int, Sequence[Entry]]) -> tuple[dict[int, list[list[Any]]], list[int]]:
+    """Each rank's chunks (``entry_chunks``), joined only within a run of its entries that nothing
+    of another rank came between, and whose chunk comes next in arrival order: one rank per chunk."""
+    chunks: dict[int, list[list[Any]]] = {rank: [] for rank in outputs}
+    order: list[int] = []
+    at = dict.fromkeys(outputs, 0)
+    for rank, group in itertools.groupby(merged_order(outputs)):
+        n = sum(1 for _ in group)
+        run = entry_chunks(outputs[rank][at[rank] : at[rank] + n])
+        at[rank] += n
+        chunks[rank] += run
+        order += [rank] * len(run)
+    return chunks, order
+
+
+def order_runs(ranks: Sequence[int]) -> str:
+    """``merged_order`` written short, as the saved view and a replay carry it: runs of one rank as
+    ``rank*count`` (``rank`` alone for one), comma-separated: ``[1, 1, 1, 0, 2]`` -> ``"1*3,0,2"``.
+    A run never takes more than ``len(str(rank)) + 1`` characters an entry."""
+    runs = []
+    for rank, group in itertools.groupby(ranks):
+        n = sum(1 for _ in group)
+        runs.append(f"{rank}*{n}" if n > 1 else str(rank))
+    return ",".join(runs)
 
 
 def entry_size(entry: Entry) -> int:

@@ -37,7 +37,7 @@ from ._busy import kept_busy
 from ._messages import LiveHeader, LiveInfo, OutputMessage, ReplayMessage, WhereMessage, WidgetState, widget_request
 from ._protocol import RunView
 from ._status import StatusComm
-from ._tail import OutputTail
+from ._tail import OutputTail, merged_chunks, order_runs, run_tails
 
 STATIC = Path(__file__).parents[1] / "_static"  # built by npm into the package's root
 FLUSH_SECONDS = 0.1  # at most 10 output messages a second
@@ -106,7 +106,7 @@ class WidgetView(RunView):
     # -- RunView ----------------------------------------------------------------------------------
 
     def started(self, run: Run) -> None:
-        self.tails = {state.rank: OutputTail() for state in run.ranks}
+        self.tails = run_tails(state.rank for state in run.ranks)  # one clock: the order they print in
         self.last_flush = time.monotonic()
         self.status.open(run)
         cell_id, execution_count = _active.current_cell()  # on the cell's thread, background or not
@@ -273,14 +273,15 @@ class WidgetView(RunView):
         assert self.widget is not None  # sent by _flush, only once the widget exists
         ranks = [rank for rank, tail in self.tails.items() if len(tail) or tail.elided_lines]
         share = MAX_REPLAY_BYTES // max(1, len(ranks))
-        tails, elided = {}, {}
+        kept, elided = {}, {}
         for rank in ranks:
             tail = self.tails[rank]
-            entries, left_out = tail.newest(share)
-            chunks = tail.chunks(entries)
-            tails[str(rank)] = chunks
+            kept[rank], left_out = tail.newest(share)
             if tail.elided_lines + left_out:
                 elided[str(rank)] = tail.elided_lines + left_out
+        by_rank, order = merged_chunks(kept)  # the views merge them in the order they were printed
+        tails = {str(rank): chunks for rank, chunks in by_rank.items()}
+        for rank, chunks in by_rank.items():
             for stream in ("stdout", "stderr"):
                 last = next((text for s, text in reversed(chunks) if s == stream), "\n")
                 if last.endswith("\n"):
@@ -290,7 +291,7 @@ class WidgetView(RunView):
         self.pending, self.pending_chars, self.elided = [], {}, {}
         self.gaps.clear()
         self.mid_line.clear()
-        message: ReplayMessage = {"type": "replay", "tails": tails, "elided": elided}
+        message: ReplayMessage = {"type": "replay", "tails": tails, "order": order_runs(order), "elided": elided}
         self.widget.send(message)
 
     def _send_where(self, run: Run) -> None:

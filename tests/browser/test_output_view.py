@@ -10,7 +10,8 @@ and one kernel per front end, shared by the tests):
   its only kernel-status indicator that follows the kernel's status messages);
 - rich output in the rank's pane, live and frozen: an HTML table (in an iframe), a matplotlib figure
   (an `<img>`), a `tqdm.auto` bar below the newest printed line;
-- a plain tqdm bar on stderr stays the pane's last line while lines are printed, not styled as an error.
+- a plain tqdm bar on stderr stays the pane's last line while lines are printed, not styled as an error;
+- the merged view keeps the order the ranks printed in, live and frozen (saved).
 
 The figures measured (long tasks, Stop latency) are printed (run with -s to see them) and named in
 assertion messages.  Screenshots go to test-artifacts/browser/ (NBSPAWN_TEST_ARTIFACTS overrides).
@@ -141,8 +142,33 @@ bar.close()
 print(f"rank {rank} trained", flush=True)
 """
 
-CELLS = [LOAD, FLOOD, SCRATCH, FLOOD_FOREVER, SIX_SECONDS, RICH, BAR]
-C_FLOOD, C_SCRATCH, C_FOREVER, C_SIX, C_RICH, C_BAR = range(1, 7)
+# Rank 1 prints three lines, then rank 0 three (after a barrier), then rank 1 one more.
+IN_TURN = """\
+%%spawn -n 2 --backend gloo
+import time, torch.distributed as dist
+r = dist.get_rank()
+time.sleep(1)  # the live view is up
+if r == 1:
+    for i in range(3):
+        print(f"rank 1 early {i}", flush=True)
+dist.barrier()
+if r == 0:
+    time.sleep(0.5)
+    for i in range(3):
+        print(f"rank 0 late {i}", flush=True)
+dist.barrier()
+if r == 1:
+    time.sleep(2)  # the live view is seen with rank 0's lines
+    print("rank 1 last", flush=True)
+"""
+IN_TURN_LINES = [
+    *(f"[rank1] rank 1 early {i}" for i in range(3)),
+    *(f"[rank0] rank 0 late {i}" for i in range(3)),
+    "[rank1] rank 1 last",
+]
+
+CELLS = [LOAD, FLOOD, SCRATCH, FLOOD_FOREVER, SIX_SECONDS, RICH, BAR, IN_TURN]
+C_FLOOD, C_SCRATCH, C_FOREVER, C_SIX, C_RICH, C_BAR, C_IN_TURN = range(1, 8)
 
 # Every long task of the page, from its first moment: [startTime, duration] in ms.
 LONGTASK_OBSERVER = """
@@ -478,3 +504,26 @@ def test_plain_tqdm_bar_stays_at_the_bottom_and_is_not_an_error(front, artifacts
     shot(frozen, artifacts, f"{front.name}-bar-frozen.png")
     assert text.count("train-r0") == 1 and "60/60" in text, text[-1500:]
     assert "rank 0 trained" in text
+
+
+def _merged_lines(pane) -> list[str]:
+    """The merged pane's lines, each ``[rankN] text``."""
+    return [
+        re.sub(r"^\[rank(\d+)\]\s*", r"[rank\1] ", t.strip()) for t in pane.locator(".nbs-Line").all_inner_texts() if t.strip()
+    ]
+
+
+def test_the_merged_view_keeps_the_order_the_ranks_printed_in_live_and_frozen(front, artifacts):
+    """Issue 26, item 5: the frozen (saved) merged view shows the lines in the order they were printed,
+    as the live one did, not rank by rank in turn."""
+    front.start(C_IN_TURN)
+    view = front.live(C_IN_TURN)
+    pane = select_pane(view, "merged")
+    sync_api.expect(pane).to_contain_text("rank 0 late 2", timeout=60_000)
+    assert _merged_lines(pane) == IN_TURN_LINES[:-1], "live"
+    frozen = front.frozen(C_IN_TURN)
+    pane = select_pane(frozen, "merged")
+    sync_api.expect(pane).to_contain_text("rank 1 last", timeout=30_000)
+    shot(frozen, artifacts, f"{front.name}-merged-in-order-frozen.png", unhover=True)
+    assert _merged_lines(pane) == IN_TURN_LINES, "frozen"
+    assert "in arrival order" in frozen.inner_text()
