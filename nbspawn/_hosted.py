@@ -43,7 +43,10 @@ def notice(host: Host | None, environ: Mapping[str, str] = os.environ) -> str | 
         " JupyterLab 4 with nbspawn's extension"
     )
     if _on_tpu(environ):
-        parts.append("TPU runtime: ranks are CPU processes (nbspawn has no TPU ranks yet)")
+        parts.append(
+            "TPU runtime: -n auto starts one rank per chip, each set up as torch_xla's xmp.spawn sets its workers"
+            " (run %%spawn before using an XLA device in the kernel)"
+        )
     elif host == "kaggle":
         parts.append("Kaggle's 2 T4s talk over PCIe (no NVLink)")
     return f"nbspawn on {host.capitalize()}: " + "; ".join(parts) + "."
