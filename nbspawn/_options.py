@@ -41,7 +41,7 @@ OPTIONS: tuple[Option, ...] = (
         "nprocs",
         ("-n", "--nprocs"),
         "N|auto",
-        "number of ranks (per node with a cluster); auto: one per GPU the ranks see, else up to 4 CPU ranks (default: SpawnMagics.nprocs)",
+        "number of ranks (per node with a cluster); auto: one per TPU chip (--accelerator) or GPU the ranks see, else up to 4 CPU ranks (default: SpawnMagics.nprocs)",
         "common",
     ),
     Option("env", ("--env",), "KEY=VALUE", "extra environment variables for every rank", "common"),

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
 
+from ._hosted import tpu_named
 from .errors import SpawnUsageError
 
 # what torch_xla's launcher sets in each worker (pjrt.initialize_multiprocess, tpu.configure_topology)
@@ -119,16 +120,24 @@ def local_chips(environ: Mapping[str, str]) -> int:
         return int(tpu.num_available_chips())
 
 
+def hinted(environ: Mapping[str, str], modules: Mapping[str, object] = sys.modules) -> bool:
+    """Whether ``auto`` should ask torch_xla at all: it is imported in the kernel already, or the
+    environment names a TPU.  Importing torch_xla only to look would cost seconds on every machine
+    that has it, and its import writes the kernel's environment (``PJRT_DEVICE=CPU`` without libtpu)."""
+    return "torch_xla" in modules or environ.get("PJRT_DEVICE", "").upper() == "TPU" or tpu_named(environ)
+
+
 def wants_tpu(accelerator: str, environ: Mapping[str, str]) -> bool:
     """``--accelerator``: tpu asks for it (refused clearly where torch_xla cannot say how); auto takes
-    a TPU host (torch_xla importable, chips attached, ``PJRT_DEVICE`` unset or TPU); none never."""
+    a TPU host (torch_xla imported or a TPU named in the environment, chips attached, ``PJRT_DEVICE``
+    unset or TPU); none never."""
     if accelerator == "none":
         return False
     if accelerator == "tpu":
         if not installed():
             raise SpawnUsageError("--accelerator tpu needs torch_xla (pip install torch_xla[tpu]); it is not installed")
         return True
-    if not installed() or environ.get("PJRT_DEVICE", "TPU").upper() != "TPU":
+    if not hinted(environ) or not installed() or environ.get("PJRT_DEVICE", "TPU").upper() != "TPU":
         return False
     try:
         return local_chips(environ) > 0

@@ -103,6 +103,25 @@ def test_auto_is_one_rank_per_chip_and_a_one_rank_launch_does_not_shrink_the_nex
     assert [s["env"] for s in got] == [expected_env(r) for r in range(4)]
 
 
+def test_a_kept_world_keeps_its_ranks_environment_and_xla_tensors_across_cells(tpu_kernel):
+    first = "%%spawn --world tpu --accelerator tpu --backend gloo\n" + RANK_CELL.replace(
+        'print("total"', 'kept = t\nprint("total"'
+    )
+    result = ok(tpu_kernel, first, timeout=300)
+    assert [rank_lines(result.stdout, r) for r in range(4)] == [["total 40.0"]] * 4
+    later = ok(
+        tpu_kernel,
+        "%%spawn --world tpu -n auto --out seen\n"
+        "import os\nseen = {'env': {k: os.environ.get(k) for k in keys}, 'kept': float((kept * 3).sum().cpu())}",
+        timeout=300,
+    )
+    assert later.status == "ok"
+    got = seen_by_ranks(tpu_kernel)
+    assert [s["env"] for s in got] == [expected_env(r) for r in range(4)]
+    assert [s["kept"] for s in got] == [6.0, 12.0, 18.0, 24.0]  # each rank's own XLA tensor, still there
+    ok(tpu_kernel, "%spawn stop tpu")
+
+
 def test_three_ranks_on_four_chips_are_refused_before_any_starts(tpu_kernel):
     result = run(tpu_kernel, "%%spawn --accelerator tpu -n 3\nprint('started')")
     assert result.status == "error" and "started" not in result.stdout

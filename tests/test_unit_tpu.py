@@ -201,6 +201,14 @@ def test_auto_takes_a_tpu_host_only(chips):
     assert not _tpu.wants_tpu("auto", host_environ("v4-8"))
 
 
+def test_auto_asks_torch_xla_only_where_it_is_imported_or_a_tpu_is_named():
+    assert not _tpu.hinted({"PATH": "/bin"}, modules={})
+    assert _tpu.hinted({}, modules={"torch_xla": object()})
+    assert _tpu.hinted({"PJRT_DEVICE": "TPU"}, modules={})
+    assert _tpu.hinted({"TPU_ACCELERATOR_TYPE": "v5litepod-8"}, modules={})  # Kaggle's TPU VM
+    assert _tpu.hinted({"COLAB_TPU_ADDR": "10.0.0.2:8470"}, modules={})
+
+
 @needs_torch_xla
 def test_a_kernel_whose_xla_runtime_is_up_is_refused():
     """In a fresh interpreter (the test process keeps its runtime down): refused once an XLA tensor exists."""
