@@ -122,6 +122,21 @@ def test_a_kept_world_keeps_its_ranks_environment_and_xla_tensors_across_cells(t
     ok(tpu_kernel, "%spawn stop tpu")
 
 
+def test_a_program_gets_the_same_environment_and_none_of_the_kernels_leftovers(tpu_kernel):
+    ok(tpu_kernel, "import os\nos.environ['TPU_PROCESS_PORT'] = '9999'")  # a leftover: a one-chip rank gets no port at all
+    try:
+        result = ok(
+            tpu_kernel,
+            "%spawn --accelerator tpu -- sh -c 'echo $RANK chip=$TPU_VISIBLE_CHIPS task=$CLOUD_TPU_TASK_ID port=$TPU_PROCESS_PORT'",
+            timeout=300,
+        )
+        assert [rank_lines(result.stdout, r) for r in range(4)] == [[f"{r} chip={r} task={r} port={8476 + r}"] for r in range(4)]
+        one = ok(tpu_kernel, "%spawn --accelerator tpu -n 1 -- sh -c 'echo chip=$TPU_VISIBLE_CHIPS port=$TPU_PROCESS_PORT'")
+        assert rank_lines(one.stdout, 0) == ["chip=0 port="]
+    finally:
+        ok(tpu_kernel, "del os.environ['TPU_PROCESS_PORT']")
+
+
 def test_three_ranks_on_four_chips_are_refused_before_any_starts(tpu_kernel):
     result = run(tpu_kernel, "%%spawn --accelerator tpu -n 3\nprint('started')")
     assert result.status == "error" and "started" not in result.stdout
