@@ -74,16 +74,24 @@ _environ_lock = threading.Lock()
 @contextmanager
 def _scoped_environ(environ: Mapping[str, str]) -> Iterator[None]:
     """``os.environ`` is ``environ`` inside, and exactly what it was again after (torch_xla's
-    functions read and ``setdefault`` the process's own environment)."""
+    functions read and ``setdefault`` the process's own environment).  Only the variables that differ
+    are touched (in the kernel: the launcher's and ``--env``'s), so another thread of the kernel sees
+    the rest of its environment as it was, for the moment this takes."""
     with _environ_lock:
         saved = dict(os.environ)
         try:
-            os.environ.clear()
-            os.environ.update(environ)
+            for key in [key for key in saved if key not in environ]:
+                del os.environ[key]
+            for key, value in environ.items():
+                if saved.get(key) != value:
+                    os.environ[key] = value
             yield
         finally:
-            os.environ.clear()
-            os.environ.update(saved)
+            for key in [key for key in os.environ if key not in saved]:
+                del os.environ[key]
+            for key, value in saved.items():
+                if os.environ.get(key) != value:
+                    os.environ[key] = value
 
 
 def _tpu_module() -> ModuleType:
