@@ -182,13 +182,12 @@ def plan(environ: Mapping[str, str], user_env: Mapping[str, str], nprocs: int | 
     envs = []
     for local_rank in range(n):
         with _scoped_environ(base):
-            os.environ.setdefault("PJRT_LOCAL_PROCESS_RANK", str(local_rank))
             os.environ.setdefault("PJRT_LOCAL_PROCESS_COUNT", str(n))
             try:
                 if n == 1 and count > 1:  # xmp.spawn(nprocs=1): pjrt.initialize_singleprocess
-                    os.environ.pop("PJRT_LOCAL_PROCESS_RANK")
                     tpu.configure_one_chip_topology()
                 else:  # pjrt.initialize_multiprocess
+                    os.environ.setdefault("PJRT_LOCAL_PROCESS_RANK", str(local_rank))
                     tpu.configure_topology(local_rank, n)
             except Exception as err:  # no metadata server, no TPU_* variables: say which
                 raise SpawnUsageError(
