@@ -5,7 +5,8 @@
 #   make test   set everything up, lint and type-check, then run the whole test suite (extra pytest args: PYTEST_ARGS=...)
 #   make runtimes  the test suite again on the stacks users are on (.ci/runtime, .ci/runtimes/*.txt): Colab's
 #               and Kaggle's runtimes as they ship (installing nbspawn must change none of their versions) and
-#               the ends of the torch range (2.4 on Python 3.10, 2.14.1); each job builds its own venv in .venvs/
+#               the ends of the torch range (2.4 on Python 3.10, 2.14.1), and TPU ranks on CPU (torch_xla 2.9);
+#               each job builds its own venv in .venvs/
 #   make lint   the checks only: ruff (lint and format) and mypy, as pinned in the `test` extra; the
 #               extension's ESLint, type check and unit tests (npm)
 # Setup is scripts/setup.sh (a no-op when nothing changed); NBSPAWN_VENV and NBSPAWN_TORCH_SPEC pass through.
@@ -19,7 +20,7 @@ LAB_DIR ?= $(CURDIR)/work
 # jupyter server refuses to start as root without this (containers, CI images)
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test lint runtimes runtime-colab-gpu runtime-kaggle-gpu runtime-floor runtime-newest
+.PHONY: lab test lint runtimes runtime-colab-gpu runtime-kaggle-gpu runtime-floor runtime-newest runtime-tpu-cpu
 
 lab:
 	bash scripts/setup.sh
@@ -47,7 +48,7 @@ test:
 # whatever fails. Each needs `make test`'s build of the extension (it installs the clone).
 KERNEL_TESTS := tests --ignore=tests/test_cluster_nodes.py --ignore=tests/test_cluster_worlds.py --ignore=tests/test_frameworks.py
 TORCH_RANGE_TESTS := tests/test_spawn_core.py tests/test_worlds.py tests/test_debugger.py tests/test_handoff.py tests/test_rank_output.py
-runtimes: runtime-colab-gpu runtime-kaggle-gpu runtime-floor runtime-newest
+runtimes: runtime-colab-gpu runtime-kaggle-gpu runtime-floor runtime-newest runtime-tpu-cpu
 runtime-colab-gpu:
 	bash .ci/runtime colab-gpu $(KERNEL_TESTS) -q
 runtime-kaggle-gpu:
@@ -56,3 +57,8 @@ runtime-floor:
 	bash .ci/runtime floor -m "not browser" $(TORCH_RANGE_TESTS) -q
 runtime-newest:
 	bash .ci/runtime newest -m "not browser" $(TORCH_RANGE_TESTS) -q
+# TPU ranks on CPU (torch 2.9.1 + torch_xla 2.9.0, pinned: the tests touch torch_xla internals): torch_xla's
+# topology code with faked chips, and 4 real ranks on XLA CPU devices; about 5 min, most of it the build
+TPU_TESTS := tests/test_unit_tpu.py tests/test_tpu.py
+runtime-tpu-cpu:
+	bash .ci/runtime tpu-cpu -m "not browser" $(TPU_TESTS) -q -rs

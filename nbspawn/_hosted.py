@@ -25,7 +25,8 @@ def hosted_runtime(environ: Mapping[str, str] = os.environ, modules: Mapping[str
     return None
 
 
-def _on_tpu(environ: Mapping[str, str]) -> bool:
+def tpu_named(environ: Mapping[str, str]) -> bool:
+    """Whether the environment names a TPU VM (Kaggle's and Colab's TPU runtimes set one of these)."""
     return any(key in environ for key in ("TPU_ACCELERATOR_TYPE", "COLAB_TPU_ADDR", "TPU_NAME"))
 
 
@@ -42,8 +43,11 @@ def notice(host: Host | None, environ: Mapping[str, str] = os.environ) -> str | 
         "a finished run stays as static HTML; the toolbar item and redrawing a run after a page reload need"
         " JupyterLab 4 with nbspawn's extension"
     )
-    if _on_tpu(environ):
-        parts.append("TPU runtime: ranks are CPU processes (nbspawn has no TPU ranks yet)")
+    if tpu_named(environ):
+        parts.append(
+            "TPU runtime: -n auto starts one rank per chip, each set up as torch_xla's xmp.spawn sets its workers"
+            " (run %%spawn before using an XLA device in the kernel)"
+        )
     elif host == "kaggle":
         parts.append("Kaggle's 2 T4s talk over PCIe (no NVLink)")
     return f"nbspawn on {host.capitalize()}: " + "; ".join(parts) + "."

@@ -20,7 +20,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, argument_group, magic_arguments, parse_argstring
 from traitlets import Float, Int, Unicode, Union
 
-from . import _cuda, _running
+from . import _cuda, _running, _tpu
 from ._launch import start
 from ._options import Option, options_in, with_debug_collectives
 from ._request import RunRequest, Settings, given_options
@@ -277,6 +277,7 @@ class SpawnMagics(Magics):
             nprocs=self.nprocs if args.nprocs is None else args.nprocs,
             start_method=args.start_method or (None if program is not None else self.start_method),
             backend=args.backend or (None if program is not None else self.backend),
+            accelerator=args.accelerator,
             env=env,
             timeout=self.timeout if args.timeout is None else args.timeout,
             grace_period=self.grace_period if args.grace_period is None else args.grace_period,
@@ -385,6 +386,7 @@ def note_cuda_culprit(result: Any) -> None:
     count = getattr(result, "execution_count", None)
     if isinstance(source, str):
         _cuda.note_cell(f"Cell In[{count}]" if count is not None else "a cell", source)
+        _tpu.note_cell(f"Cell In[{count}]" if count is not None else "a cell", source)
 
 
 def report_background_failures(*_info: object) -> None:

@@ -23,6 +23,7 @@ from .errors import SpawnUsageError
 
 START_METHODS = ("fork", "spawn", "forkserver")
 BACKENDS = ("none", "gloo", "nccl", "auto")
+ACCELERATORS = ("auto", "tpu", "none")
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,18 @@ OPTIONS: tuple[Option, ...] = (
         "nprocs",
         ("-n", "--nprocs"),
         "N|auto",
-        "number of ranks (per node with a cluster); auto: one per GPU the ranks see, else up to 4 CPU ranks (default: SpawnMagics.nprocs)",
+        "number of ranks (per node with a cluster); auto: one per TPU chip (--accelerator) or GPU the ranks see, else up to 4 CPU ranks (default: SpawnMagics.nprocs)",
         "common",
     ),
     Option("env", ("--env",), "KEY=VALUE", "extra environment variables for every rank", "common"),
+    Option(
+        "accelerator",
+        ("--accelerator",),
+        "auto|tpu|none",
+        "tpu: one rank per TPU chip, each with the environment torch_xla's launcher (xmp.spawn) gives it; auto: "
+        "tpu where torch_xla finds TPU chips, else none (CPU or CUDA ranks, as the GPUs decide)",
+        "common",
+    ),
     Option("timeout", ("--timeout",), "SECONDS", "stop every rank after this long, showing each one's stack", "common"),
     Option(
         "grace_period",
@@ -285,6 +294,14 @@ def parse_start_method(requested: str | None) -> str:
     if method not in (*START_METHODS, "auto"):
         raise SpawnUsageError(f"--start-method must be one of fork, spawn, forkserver, not {requested!r}")
     return method
+
+
+def parse_accelerator(accelerator: str | None) -> str:
+    """The name checked: auto, tpu or none (whether this host has a TPU is not asked)."""
+    name = (accelerator or "auto").strip().lower()
+    if name not in ACCELERATORS:
+        raise SpawnUsageError(f"--accelerator must be one of {', '.join(ACCELERATORS)}, not {accelerator!r}")
+    return name
 
 
 def parse_backend(backend: str | None) -> str:

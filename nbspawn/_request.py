@@ -23,6 +23,7 @@ class Settings:
     nprocs: int | str = "auto"
     start_method: str | None = None
     backend: str | None = None
+    accelerator: str | None = None  # auto | tpu | none (nbspawn._tpu)
     env: tuple[str, ...] | Mapping[str, str] | None = None
     timeout: float | str | None = None
     grace_period: float | str | None = 5.0

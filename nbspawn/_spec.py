@@ -19,12 +19,21 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from . import _cuda, _listen
-from ._options import parse_backend, parse_env, parse_kb, parse_nprocs, parse_ranks, parse_seconds, parse_start_method
+from . import _cuda, _listen, _tpu
+from ._options import (
+    parse_accelerator,
+    parse_backend,
+    parse_env,
+    parse_kb,
+    parse_nprocs,
+    parse_ranks,
+    parse_seconds,
+    parse_start_method,
+)
 from ._program import Program
 from ._rankdir import RankDir
 from ._request import Settings
@@ -84,6 +93,10 @@ class RunSpec:
     # kernel's current values; the rank makes its environment this one first (ranks._cell.apply_kernel_env).
     # None: fork and spawn ranks inherit the kernel's current environment.
     kernel_env: dict[str, str] | None = None
+    # TPU ranks (nbspawn._tpu): each local rank's environment from torch_xla's launcher functions, and
+    # the launcher's variables no rank may inherit from the kernel (a leftover would win over the topology)
+    accelerator_envs: tuple[dict[str, str], ...] = ()
+    unset_env: tuple[str, ...] = ()
 
     def runs(self, rank: int) -> bool:
         """Whether the rank (its index on this node, as in ``rank_dir``) runs the cell (``--on``)."""
@@ -140,7 +153,21 @@ class RunSpec:
             "ROLE_RANK": str(self.rank_offset + rank),
             "TORCHELASTIC_ERROR_FILE": RankDir(self.rank_dir(rank)).error,
         }
+        if self.accelerator_envs:
+            env.update(self.accelerator_envs[rank])
         return {k: v for k, v in env.items() if k not in self.env}
+
+    def dropped_env(self, rank: int) -> list[str]:
+        """What the rank must not inherit from the kernel's environment (``unset_env``, unless its own)."""
+        own = self.rank_env(rank) if self.unset_env else {}
+        return [key for key in self.unset_env if key not in own]
+
+    def apply_env(self, rank: int, environ: MutableMapping[str, str], *, own_only: bool = False) -> None:
+        """Make ``environ`` (a rank's) this rank's: its variables set, the kernel's leftovers dropped;
+        ``own_only`` where the shared part is inherited already (fork)."""
+        environ.update(self.own_env(rank) if own_only else self.rank_env(rank))
+        for key in self.dropped_env(rank):
+            environ.pop(key, None)
 
 
 def new_run_id() -> str:
@@ -373,7 +400,8 @@ def build_spec(
     ``handoff(start_method)`` gives the ranks the kernel's names, once everything else is known to be
     right.  Nothing is created on disk here but the temporary log directory, made last.
     """
-    parse_nprocs(settings.nprocs)
+    requested = parse_nprocs(settings.nprocs)
+    accelerator = parse_accelerator(settings.accelerator)
     user_env = parse_env(settings.env)
     gpus = _GpuCount(user_env)
     method, notes = choose_start_method("spawn" if program is not None else settings.start_method, gpus)
@@ -382,7 +410,14 @@ def build_spec(
     saved_kb = parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb")
     image_kb = parse_kb(settings.max_image_kb, "SpawnMagics.max_image_kb")
     cell.parse()
-    n = resolve_nprocs(settings.nprocs, gpus)
+    tpu: _tpu.TpuPlan | None = None
+    if _tpu.wants_tpu(accelerator, os.environ):
+        _tpu.refuse_if_runtime_up(_tpu.culprit())
+        tpu = _tpu.plan(os.environ, user_env, None if requested == "auto" else int(requested))
+        notes.extend(tpu.notes)
+        n = len(tpu.rank_envs)
+    else:
+        n = resolve_nprocs(settings.nprocs, gpus)
     shown = parse_ranks(settings.ranks, n)
     backend = "none"  # a program sets up its own group
     if program is None:
@@ -428,6 +463,8 @@ def build_spec(
         nnodes=placement.nnodes if placement else 1,
         kernel_env=dict(os.environ) if method == "forkserver" else None,
         hosts_store=placement is None,
+        accelerator_envs=tpu.rank_envs if tpu else (),
+        unset_env=_tpu.LAUNCHER_KEYS if tpu else (),
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import os
 import queue
 import re
 import subprocess
@@ -131,9 +132,24 @@ def test_lab_serves_a_working_copy_outside_the_tests(tmp_path: Path):
     assert f'scripts/lab-folder.sh "{folder}"' in lab and f'cd "{folder}" && ' in lab, lab
 
 
+def needs_missing(nb: nbformat.NotebookNode) -> str | None:
+    """Why a notebook cannot run here: ``{"nbspawn": {"needs": "tpu"}}`` in its metadata (notebooks/tpu.ipynb)
+    runs only on a TPU host; None when it can run."""
+    if nb.metadata.get("nbspawn", {}).get("needs") == "tpu":
+        from nbspawn import _tpu
+
+        if not _tpu.wants_tpu("auto", os.environ):
+            return "needs a TPU host (torch_xla and TPU chips); none here"
+    return None
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path: Path, tmp_path: Path):
-    nb = run_notebook(nbformat.read(path, as_version=4), tmp_path)
+    nb = nbformat.read(path, as_version=4)
+    missing = needs_missing(nb)
+    if missing:
+        pytest.skip(f"{path.name} {missing}")
+    nb = run_notebook(nb, tmp_path)
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue

@@ -30,7 +30,7 @@ def test_the_notice_is_one_line_naming_the_runtime_and_what_differs():
     assert "PCIe" in (notice("kaggle", {}) or "")
 
 
-def test_a_tpu_runtime_is_told_its_ranks_run_on_cpu():
+def test_a_tpu_runtime_is_told_its_ranks_take_a_chip_each():
     line = notice("colab", {"COLAB_TPU_ADDR": "10.0.0.2:8470"}) or ""
-    assert "ranks are CPU processes" in line
+    assert "one rank per chip" in line and "before using an XLA device in the kernel" in line
     assert "PCIe" not in (notice("kaggle", {"TPU_ACCELERATOR_TYPE": "v5litepod-8"}) or "")

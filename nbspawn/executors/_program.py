@@ -39,7 +39,8 @@ class ProgramRanks(Executor):
                 self.store = host_store(spec.master_addr, spec.master_port)
             for rank in range(spec.nprocs):
                 files = RankDir(spec.rank_dir(rank))
-                env = {**os.environ, **spec.rank_env(rank), "NBSPAWN_PARENT_PID": str(os.getpid())}
+                env = {**os.environ, "NBSPAWN_PARENT_PID": str(os.getpid())}
+                spec.apply_env(rank, env)
                 env.pop("MPLBACKEND", None)  # the kernel's inline backend means nothing to a script
                 if self.program.python:
                     # made by the rank once faulthandler listens: only then may it be sent SIGUSR1

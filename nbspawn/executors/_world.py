@@ -37,6 +37,7 @@ from .._options import (
     parse_backend,
     parse_env,
     parse_kb,
+    parse_nprocs,
     parse_on,
     parse_ranks,
     parse_seconds,
@@ -431,7 +432,9 @@ def _check_settings(world: World, settings: Settings) -> None:
     """The options this cell gave must be the world's own: it cannot change a world that runs."""
     given, spec = settings.given, world.spec
     clash = []
-    if "-n" in given and resolve_nprocs(settings.nprocs, lambda: cuda_device_count(spec.env)) != spec.nprocs:
+    # -n auto on a TPU world: its own count, one rank per chip (nbspawn._tpu), not the GPUs'
+    tpu_auto = bool(spec.accelerator_envs) and parse_nprocs(settings.nprocs) == "auto"
+    if "-n" in given and not tpu_auto and resolve_nprocs(settings.nprocs, lambda: cuda_device_count(spec.env)) != spec.nprocs:
         clash.append(f"-n {settings.nprocs}")
     if "--start-method" in given and parse_start_method(settings.start_method) not in ("auto", spec.start_method):
         clash.append(f"--start-method {parse_start_method(settings.start_method)}")

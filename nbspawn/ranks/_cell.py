@@ -61,7 +61,7 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
     name_process(rank_title(spec.rank_offset + rank, spec.world_size or spec.nprocs))
     rank_dir = spec.rank_dir(rank)
     apply_kernel_env(spec.kernel_env)
-    os.environ.update(spec.own_env(rank) if inherited is not None else spec.rank_env(rank))
+    spec.apply_env(rank, os.environ, own_only=inherited is not None)
     capture_output(rank_dir, spec.rich)
     _install_signal_handlers(rank_dir)
     watch(lambda: _stack_file)  # where it is in its collectives, when the kernel asks where it is

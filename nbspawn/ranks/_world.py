@@ -98,7 +98,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
             other.close()
     between = spec.rank_dir(rank)
     _rank.apply_kernel_env(spec.kernel_env)
-    os.environ.update(spec.rank_env(rank))
+    spec.apply_env(rank, os.environ)
     from ._capture import capture_output
 
     capture_output(between, spec.rich)
