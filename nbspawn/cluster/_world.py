@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._clash import Asked, Settled, refuse_clashes, world_clashes
 from .._options import parse_kb, parse_on, parse_ranks, parse_seconds, parse_world_name
 from .._request import RunRequest, Settings
 from .._run import Run
@@ -41,7 +42,7 @@ from ..errors import SpawnUsageError
 from ..handoff._names import names_bound
 from . import _agent, _nodeworld, _wire
 from ._executor import ClusterRanks, plan_cluster
-from ._plan import ClusterPlan, companion_client, refuse_if_busy, resolve_client
+from ._plan import ClusterPlan, companion_client, ranks_per_node, refuse_if_busy, resolve_backend, resolve_client
 
 STOP_TIMEOUT = 15.0  # how long a node's agent may take to stop its ranks of a world
 
@@ -260,32 +261,33 @@ def _as_before(request: RunRequest, lost: LostWorld) -> RunRequest:
 
 
 def _check_settings(world: ClusterWorld, request: RunRequest) -> None:
-    """A cell cannot change a world that runs: its nodes, ranks, backend or environment."""
+    """A cell cannot change a world that runs: its controller, nodes, ranks, start method, backend or
+    environment (``nbspawn._clash``: the one rule, for worlds here and on clusters)."""
+    from .._options import parse_backend, parse_env, parse_nodes, parse_nprocs, parse_start_method
+
     given, settings = request.settings.given, request.settings
     clash = []
     if request.cluster is not None:
         client, _ids = resolve_client(request.cluster, request.namespace)
         if client is not world.cluster.client:
             clash.append(f"--cluster {request.cluster} (another controller's engines)")
-    if request.nodes is not None and str(request.nodes) != str(len(world.cluster.nodes)):
-        clash.append(f"--nodes {request.nodes}")
-    if "-n" in given and str(settings.nprocs) != str(world.cluster.ranks_per_node):
-        clash.append(f"-n {settings.nprocs}")
-    if "--backend" in given and settings.backend not in (None, "auto", world.spec.backend):
-        clash.append(f"--backend {settings.backend}")
-    if "--env" in given and settings.env and dict(world.spec.env) != dict(_env(settings.env)):
-        clash.append("--env")
-    if clash:
-        raise SpawnUsageError(
-            f"world {world.name!r} runs with {world.settings()}; this cell asks for {', '.join(clash)}. "
-            f"Leave those options out, or %spawn stop {world.name} first."
-        )
-
-
-def _env(value: Any) -> dict[str, str]:
-    from .._options import parse_env
-
-    return parse_env(value)
+    asked = Asked(
+        nprocs=parse_nprocs(settings.nprocs) if "-n" in given else None,
+        start_method=parse_start_method(settings.start_method) if "--start-method" in given else None,
+        backend=parse_backend(settings.backend) if "--backend" in given else None,
+        env=parse_env(settings.env) if "--env" in given else None,
+        nodes=parse_nodes(request.nodes),
+    )
+    nodes = world.cluster.nodes
+    settled = Settled(
+        nprocs=world.cluster.ranks_per_node,
+        start_method=world.cluster.start_method,
+        backend=world.spec.backend,
+        env=world.spec.env,
+        nodes=len(nodes),
+    )
+    clash += world_clashes(settled, asked, lambda: ranks_per_node(nodes, "auto"), lambda n: resolve_backend(nodes, "auto", n))
+    refuse_clashes(world.name, world.settings(), clash)
 
 
 class ClusterWorldCell(ClusterRanks):

@@ -32,11 +32,13 @@ from multiprocessing.process import BaseProcess
 from typing import Any, NamedTuple
 
 from .. import _cuda
+from .._clash import Asked, Settled, refuse_clashes, world_clashes
 from .._listen import host_store, release
 from .._options import (
     parse_backend,
     parse_env,
     parse_kb,
+    parse_nprocs,
     parse_on,
     parse_ranks,
     parse_seconds,
@@ -428,24 +430,22 @@ def _settings_text(spec: RunSpec) -> str:
 
 
 def _check_settings(world: World, settings: Settings) -> None:
-    """The options this cell gave must be the world's own: it cannot change a world that runs."""
+    """The options this cell gave must be the world's own: it cannot change a world that runs
+    (``nbspawn._clash``: the one rule, for worlds here and on clusters)."""
     given, spec = settings.given, world.spec
-    clash = []
-    if "-n" in given and resolve_nprocs(settings.nprocs, lambda: cuda_device_count(spec.env)) != spec.nprocs:
-        clash.append(f"-n {settings.nprocs}")
-    if "--start-method" in given and parse_start_method(settings.start_method) not in ("auto", spec.start_method):
-        clash.append(f"--start-method {parse_start_method(settings.start_method)}")
-    if "--backend" in given and parse_backend(settings.backend) != spec.backend:
-        backend = resolve_backend(settings.backend, spec.nprocs, lambda: cuda_device_count(spec.env))
-        if backend != spec.backend:
-            clash.append(f"--backend {backend}")
-    if "--env" in given and parse_env(settings.env) != spec.env:
-        clash.append(f"--env {parse_env(settings.env)}")
-    if clash:
-        raise SpawnUsageError(
-            f"world {world.name!r} runs with {world.settings()}; this cell asks for {', '.join(clash)}. "
-            f"Leave those options out, or %spawn stop {world.name} first."
-        )
+    asked = Asked(
+        nprocs=parse_nprocs(settings.nprocs) if "-n" in given else None,
+        start_method=parse_start_method(settings.start_method) if "--start-method" in given else None,
+        backend=parse_backend(settings.backend) if "--backend" in given else None,
+        env=parse_env(settings.env) if "--env" in given else None,
+    )
+    settled = Settled(nprocs=spec.nprocs, start_method=spec.start_method, backend=spec.backend, env=spec.env)
+
+    def gpus() -> int:
+        return cuda_device_count(spec.env)
+
+    clashes = world_clashes(settled, asked, lambda: resolve_nprocs("auto", gpus), lambda n: resolve_backend("auto", n, gpus))
+    refuse_clashes(world.name, world.settings(), clashes)
 
 
 def start_world(name: str, spec: RunSpec, asked_start_method: str = "auto") -> World:
