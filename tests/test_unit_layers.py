@@ -16,7 +16,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "nbspawn"
 FLOORS = [
     ["nbspawn._rankdir", "nbspawn._errorfile", "nbspawn._version", "nbspawn._comms", "nbspawn._hosted"],
     ["nbspawn.errors"],
-    ["nbspawn._source", "nbspawn._options", "nbspawn._program", "nbspawn._request", "nbspawn._cuda", "nbspawn._listen", "nbspawn._clash"],
+    [
+        "nbspawn._source",
+        "nbspawn._options",
+        "nbspawn._program",
+        "nbspawn._request",
+        "nbspawn._cuda",
+        "nbspawn._listen",
+        "nbspawn._clash",
+    ],
     ["nbspawn.handoff"],
     ["nbspawn._spec"],
     ["nbspawn.events"],
