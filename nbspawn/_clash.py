@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from ._request import Settings
 from .errors import SpawnUsageError
 
 
@@ -37,6 +38,19 @@ class Asked:
     backend: str | None = None  # none | gloo | nccl | auto
     env: Mapping[str, str] | None = None
     nodes: int | None = None
+
+
+def asked_of(settings: Settings, nodes: int | None = None) -> Asked:
+    """What a cell's settings ask of a world: the options the user gave (``Settings.given``), and
+    ``--nodes`` (None: not given)."""
+    given = settings.given
+    return Asked(
+        nprocs=settings.nprocs if given.nprocs else None,
+        start_method=settings.start_method if given.start_method else None,
+        backend=settings.backend if given.backend else None,
+        env=settings.env if given.env else None,
+        nodes=nodes,
+    )
 
 
 def world_clashes(world: Settled, cell: Asked, auto_nprocs: Callable[[], int], auto_backend: Callable[[int], str]) -> list[str]:

@@ -30,7 +30,7 @@ from .executors._base import Executor
 from .executors._fresh import FreshRanks
 from .executors._program import ProgramRanks
 from .executors._supervisor import execute
-from .handoff._names import pack_namespace, parse_names, pick_shared
+from .handoff._names import pack_namespace, pick_shared
 from .handoff._shm import new_run_prefix, share_
 from .views._protocol import RunView
 
@@ -76,8 +76,8 @@ def refuse_combinations(request: RunRequest) -> None:
     """What the request asks for together that cannot be done, each said in one line."""
     if request.program is not None:
         given = {
-            "start_method": request.settings.start_method is not None,
-            "backend": request.settings.backend is not None,
+            "start_method": request.settings.given.start_method,
+            "backend": request.settings.given.backend,
             "share": bool(request.share),
             "out": bool(request.out),
             "world": request.world is not None,
@@ -138,7 +138,7 @@ def _fresh_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, Executor]:
     under spawn and forkserver the names the cell uses, pickled by value."""
     assert request.cell is not None  # not a program
     cell = request.cell
-    share_names, out_names = parse_names(request.share, "--share"), parse_names(request.out, "--out")
+    share_names, out_names = request.share, request.out
     shared: dict[str, object] = {}
 
     def handoff(method: str) -> Handoff:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nbspawn import _cuda
-from nbspawn._request import Settings
+from nbspawn._request import Given, Settings
 from nbspawn._source import CellSource
 from nbspawn.cluster._plan import gpus_of
 from nbspawn.cluster._plan import resolve_backend as cluster_backend
@@ -75,7 +75,7 @@ def test_build_spec_counts_auto_ranks_with_the_ranks_environment(monkeypatch, tm
     monkeypatch.setattr(_cuda, "physical_gpus", lambda: 4)
     monkeypatch.setattr(_cuda, "fork_facts", lambda gpus: _cuda.ForkFacts(gpus=gpus))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    settings = Settings(nprocs="auto", env=("CUDA_VISIBLE_DEVICES=0",), log_dir=str(tmp_path))
+    settings = Settings(nprocs="auto", env={"CUDA_VISIBLE_DEVICES": "0"}, log_dir=str(tmp_path))
     spec = _spec.build_spec(CellSource("pass"), settings, rich=False)
     assert spec.nprocs == 1 and spec.start_method == "fork"
     settings = Settings(nprocs="auto", log_dir=str(tmp_path), backend="auto")
@@ -431,9 +431,9 @@ def test_a_world_cell_does_not_rechoose_the_start_method(monkeypatch, tmp_path):
     monkeypatch.setattr(_cuda, "fork_blocker", lambda facts: "CUDA is already initialized in this kernel")
     spec = RunSpec(run_id="w", nprocs=2, start_method="fork", backend="gloo", cell=CellSource("pass"), run_dir=str(tmp_path))
     world = _world.World(name="w", spec=spec, base_dir=str(tmp_path))
-    _world._check_settings(world, Settings(nprocs=2, start_method="fork", given=frozenset({"--start-method", "-n"})))
+    _world._check_settings(world, Settings(nprocs=2, start_method="fork", given=Given(start_method=True, nprocs=True)))
     with pytest.raises(SpawnUsageError, match="--start-method spawn"):
-        _world._check_settings(world, Settings(start_method="spawn", given=frozenset({"--start-method"})))
+        _world._check_settings(world, Settings(start_method="spawn", given=Given(start_method=True)))
 
 
 def test_a_lost_world_starts_again_with_the_start_method_the_user_asked_for(tmp_path):
@@ -450,5 +450,5 @@ def test_a_lost_world_starts_again_with_the_start_method_the_user_asked_for(tmp_
     assert method == "forkserver" and notes  # not refused
     asked = _world._as_before(Settings(), _world.Lost(spec, "fork"))  # the user's own --start-method fork stands
     assert asked.start_method == "fork"
-    given = _world._as_before(Settings(start_method="spawn", given=frozenset({"--start-method"})), _world.Lost(spec, "fork"))
+    given = _world._as_before(Settings(start_method="spawn", given=Given(start_method=True)), _world.Lost(spec, "fork"))
     assert given.start_method == "spawn"

@@ -35,7 +35,7 @@ FLOORS = [
     ["nbspawn.cluster"],
     ["nbspawn._launch"],
     ["nbspawn._running"],
-    ["nbspawn._api", "nbspawn._magic"],
+    ["nbspawn._api", "nbspawn._magic", "nbspawn._door"],
     ["nbspawn"],  # the package's __init__: the public names
 ]
 

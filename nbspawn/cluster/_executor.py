@@ -23,20 +23,11 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 from .. import _errorfile
 from .._errorfile import ErrorRecord
-from .._options import (
-    parse_backend,
-    parse_env,
-    parse_kb,
-    parse_nodes,
-    parse_nprocs,
-    parse_ranks,
-    parse_seconds,
-    parse_start_method,
-)
+from .._options import Backend, ranks_within
 from .._request import RunRequest, Settings
 from .._run import Run
 from .._source import CellSource
@@ -54,7 +45,7 @@ PUBLISH_EVERY = 0.1  # the whole cluster sends at most 10 batches a second: each
 
 def plan_cluster(request: RunRequest, rich: bool) -> tuple[RunSpec, ClusterRanks]:
     """Everything checked, cheapest first, then the nodes asked (one round trip); starts nothing."""
-    from ..handoff._names import parse_names, pickle_names
+    from ..handoff._names import pickle_names
 
     assert request.cluster is not None  # the dispatch sends only cluster runs here
     if request.share:
@@ -63,17 +54,9 @@ def plan_cluster(request: RunRequest, rich: bool) -> tuple[RunSpec, ClusterRanks
             "The names the cell uses are sent to every node by value; use --out to bring values back."
         )
     settings = request.settings
-    out_names = parse_names(request.out, "--out")
-    n_nodes = parse_nodes(request.nodes)
-    nprocs = parse_nprocs(settings.nprocs)
-    method: str | None = parse_start_method(settings.start_method)
-    method = None if method == "auto" else method  # each node chooses, as on one machine
-    backend = parse_backend(settings.backend)
-    env = parse_env(settings.env)
-    timeout = parse_seconds(settings.timeout, "--timeout", allow_zero=False)
-    grace = parse_seconds(settings.grace_period, "--grace-period", allow_zero=True)
-    saved_kb = parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb")
-    image_kb = parse_kb(settings.max_image_kb, "SpawnMagics.max_image_kb")
+    out_names = request.out
+    method = None if settings.start_method == "auto" else settings.start_method  # each node chooses, as on one machine
+    env = dict(settings.env)
     program = list(request.program) if request.program is not None else None
     cell = request.cell or CellSource("", label=" ".join(program or []))
     names = b""
@@ -81,7 +64,9 @@ def plan_cluster(request: RunRequest, rich: bool) -> tuple[RunSpec, ClusterRanks
         names = pickle_names(cell.parse(), request.namespace, request.hidden)
     client, ids = resolve_client(request.cluster, request.namespace)
     refuse_if_busy(client)
-    found, chosen_backend = plan(client, ids, nodes=n_nodes, nprocs=nprocs, backend=backend, start_method=method, program=program)
+    found, chosen_backend = plan(
+        client, ids, nodes=request.nodes, nprocs=settings.nprocs, backend=settings.backend, start_method=method, program=program
+    )
     world = found.world_size
     run_id = new_run_id()
     spec = RunSpec(
@@ -92,30 +77,30 @@ def plan_cluster(request: RunRequest, rich: bool) -> tuple[RunSpec, ClusterRanks
         cell=cell,
         run_dir=run_directory(None, run_id),  # the kernel's copy of what the agents report
         env=env,
-        timeout=timeout,
-        grace_period=5.0 if grace is None else grace,
-        shown_ranks=parse_ranks(settings.ranks, world),
+        timeout=settings.timeout,
+        grace_period=settings.grace_period,
+        shown_ranks=ranks_within(settings.ranks, world, "--ranks", f"a run of {world} ranks"),
         parent_pid=os.getpid(),
         omp_threads=None,
         out_names=out_names,
         cell_numbers=dict(request.cell_numbers),
         rich=rich,
-        max_saved_bytes=saved_kb * 1024,
-        max_image_bytes=image_kb * 1024,
+        max_saved_bytes=settings.max_saved_kb * 1024,
+        max_image_bytes=settings.max_image_kb * 1024,
         master_port=found.master_port,
         master_addr=found.master_addr,
         world_size=world,
         nnodes=len(found.nodes),
     )
-    node_settings = Settings(
+    node_settings = Settings(  # checked and settled: the node reads nothing again
         nprocs=found.ranks_per_node,
-        start_method="spawn" if program is not None else method,
-        backend=chosen_backend,
+        start_method="spawn" if program is not None else method or "auto",
+        backend=cast(Backend, chosen_backend),
         env=env,
         grace_period=spec.grace_period,
         log_dir=settings.log_dir,
-        max_saved_kb=saved_kb,
-        max_image_kb=image_kb // len(found.nodes),  # the run's image budget, shared by its nodes
+        max_saved_kb=settings.max_saved_kb,
+        max_image_kb=settings.max_image_kb // len(found.nodes),  # the run's image budget, shared by its nodes
     )
     job = _wire.Job(
         run_id=run_id,

@@ -33,8 +33,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._clash import Asked, Settled, refuse_clashes, world_clashes
-from .._options import parse_kb, parse_on, parse_ranks, parse_seconds, parse_world_name
+from .._clash import Settled, asked_of, refuse_clashes, world_clashes
+from .._options import on_within, ranks_within
 from .._request import RunRequest, Settings
 from .._run import Run
 from .._spec import RunSpec, new_run_id, run_directory
@@ -56,7 +56,7 @@ class LostWorld:
 
     why: str
     cluster: str  # the kernel variable holding the client
-    nodes: int | str | None
+    nodes: int | None
     settings: Settings
 
 
@@ -184,10 +184,10 @@ def stop(names: list[str] | None = None) -> list[str]:
 def plan_cluster_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, ClusterWorldCell]:
     """A cell on cluster world ``request.world``: the world planned and checked if it is new (as a
     cluster run is), else this cell's own options checked against it.  Starts nothing."""
-    from ..handoff._names import parse_names, pickle_names
+    from ..handoff._names import pickle_names
 
     assert request.world is not None and request.cell is not None  # the dispatch sends only world cells here
-    name, cell = parse_world_name(request.world), request.cell
+    name, cell = request.world, request.cell
     world = _worlds.get(name)
     notes: tuple[str, ...] = ()
     lost = _lost.get(name) if world is None else None
@@ -199,7 +199,7 @@ def plan_cluster_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, Cluster
         )
     if world is None:
         spec, fresh = plan_cluster(dataclasses.replace(request, on=None), rich)
-        on = parse_on(request.on, spec.nprocs, name)
+        on = on_within(request.on, spec.nprocs, name)
         world = ClusterWorld(name, spec, fresh.cluster, request, fresh.job["settings"])
         spec = dataclasses.replace(spec, notes=(*spec.notes, *notes), on_ranks=on)
         job = _wire.Job(**{**fresh.job, "on": sorted(on) if on is not None else None})
@@ -209,12 +209,9 @@ def plan_cluster_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, Cluster
     settings = request.settings
     if request.share:
         raise SpawnUsageError("--share does not work on a cluster: memory cannot be shared across machines; use --out")
-    out_names = parse_names(request.out, "--out")
-    timeout = parse_seconds(settings.timeout, "--timeout", allow_zero=False)
-    grace = parse_seconds(settings.grace_period, "--grace-period", allow_zero=True)
-    shown = parse_ranks(settings.ranks, world.spec.nprocs)
-    on = parse_on(request.on, world.spec.nprocs, name)
-    parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb")
+    out_names = request.out
+    shown = ranks_within(settings.ranks, world.spec.nprocs, "--ranks", f"a run of {world.spec.nprocs} ranks")
+    on = on_within(request.on, world.spec.nprocs, name)
     names = pickle_names(cell.parse(), request.namespace, request.hidden, world=name, owned=world.owned)
     run_id = new_run_id()
     spec = dataclasses.replace(
@@ -222,8 +219,8 @@ def plan_cluster_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, Cluster
         run_id=run_id,
         run_dir=run_directory(None, run_id),
         cell=cell,
-        timeout=timeout,
-        grace_period=world.spec.grace_period if grace is None else grace,
+        timeout=settings.timeout,
+        grace_period=settings.grace_period,
         shown_ranks=shown,
         out_names=out_names,
         cell_numbers=dict(request.cell_numbers),
@@ -251,10 +248,10 @@ def _as_before(request: RunRequest, lost: LostWorld) -> RunRequest:
     given, settings, before = request.settings.given, request.settings, lost.settings
     settings = dataclasses.replace(
         settings,
-        nprocs=settings.nprocs if "-n" in given else before.nprocs,
-        start_method=settings.start_method if "--start-method" in given else before.start_method,
-        backend=settings.backend if "--backend" in given else before.backend,
-        env=settings.env if "--env" in given else before.env,
+        nprocs=settings.nprocs if given.nprocs else before.nprocs,
+        start_method=settings.start_method if given.start_method else before.start_method,
+        backend=settings.backend if given.backend else before.backend,
+        env=settings.env if given.env else before.env,
     )
     nodes = request.nodes if request.nodes is not None else lost.nodes
     return dataclasses.replace(request, cluster=request.cluster or lost.cluster, nodes=nodes, settings=settings)
@@ -263,21 +260,11 @@ def _as_before(request: RunRequest, lost: LostWorld) -> RunRequest:
 def _check_settings(world: ClusterWorld, request: RunRequest) -> None:
     """A cell cannot change a world that runs: its controller, nodes, ranks, start method, backend or
     environment (``nbspawn._clash``: the one rule, for worlds here and on clusters)."""
-    from .._options import parse_backend, parse_env, parse_nodes, parse_nprocs, parse_start_method
-
-    given, settings = request.settings.given, request.settings
     clash = []
     if request.cluster is not None:
         client, _ids = resolve_client(request.cluster, request.namespace)
         if client is not world.cluster.client:
             clash.append(f"--cluster {request.cluster} (another controller's engines)")
-    asked = Asked(
-        nprocs=parse_nprocs(settings.nprocs) if "-n" in given else None,
-        start_method=parse_start_method(settings.start_method) if "--start-method" in given else None,
-        backend=parse_backend(settings.backend) if "--backend" in given else None,
-        env=parse_env(settings.env) if "--env" in given else None,
-        nodes=parse_nodes(request.nodes),
-    )
     nodes = world.cluster.nodes
     settled = Settled(
         nprocs=world.cluster.ranks_per_node,
@@ -286,7 +273,12 @@ def _check_settings(world: ClusterWorld, request: RunRequest) -> None:
         env=world.spec.env,
         nodes=len(nodes),
     )
-    clash += world_clashes(settled, asked, lambda: ranks_per_node(nodes, "auto"), lambda n: resolve_backend(nodes, "auto", n))
+    clash += world_clashes(
+        settled,
+        asked_of(request.settings, request.nodes),
+        lambda: ranks_per_node(nodes, "auto"),
+        lambda n: resolve_backend(nodes, "auto", n),
+    )
     refuse_clashes(world.name, world.settings(), clash)
 
 

@@ -29,28 +29,18 @@ import time
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from .. import _cuda
-from .._clash import Asked, Settled, refuse_clashes, world_clashes
+from .._clash import Settled, asked_of, refuse_clashes, world_clashes
 from .._listen import host_store, release
-from .._options import (
-    parse_backend,
-    parse_env,
-    parse_kb,
-    parse_nprocs,
-    parse_on,
-    parse_ranks,
-    parse_seconds,
-    parse_start_method,
-    parse_world_name,
-)
+from .._options import Backend, StartMethod, on_within, ranks_within
 from .._request import RunRequest, Settings
 from .._run import Run
 from .._source import CellSource
 from .._spec import RunSpec, build_spec, cuda_device_count, new_run_id, resolve_backend, resolve_nprocs
 from ..errors import SpawnUsageError, rank_spans
-from ..handoff._names import names_bound, pack_namespace, parse_names, pick_shared
+from ..handoff._names import names_bound, pack_namespace, pick_shared
 from ..handoff._shm import Payload, new_run_prefix, share_
 from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
 from ..ranks._fds import kernel_descriptors
@@ -93,7 +83,7 @@ class World:
     kept: dict[int, KeptFailure] = field(default_factory=dict)  # rank -> the last failure it keeps
     # --start-method as the user gave it (auto unless given): a lost world started again resolves it
     # again, for the kernel as it is then (CUDA touched since, say), instead of insisting on spec's
-    asked_start_method: str = "auto"
+    asked_start_method: StartMethod = "auto"
     store: Any = None  # the world's TCPStore, on loopback, for its life (a world on one machine)
     # names its cells bind (at their top level, whether they ran to the end or not): the world's own,
     # which the kernel never sends it again (``handoff._names.pack_namespace``)
@@ -277,7 +267,7 @@ class Lost(NamedTuple):
     """A lost world, as the next cell naming it starts it again."""
 
     spec: RunSpec  # how it ran
-    start_method: str  # --start-method as the user gave it (auto unless given)
+    start_method: StartMethod  # --start-method as the user gave it (auto unless given)
 
 
 _worlds: dict[str, World] = {}
@@ -299,9 +289,9 @@ def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
     backend, ports, environment) and checks only what is the cell's (timeout, shown ranks, names).
     """
     assert request.cell is not None and request.world is not None  # the dispatch sends only cells here
-    name = parse_world_name(request.world)
+    name = request.world
     cell, settings = request.cell, request.settings
-    share_names, out_names = parse_names(request.share, "--share"), parse_names(request.out, "--out")
+    share_names, out_names = request.share, request.out
     world = _worlds.get(name)
     if world is not None:
         _lose_if_a_rank_died(world)
@@ -322,12 +312,9 @@ def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
     else:
         _check_settings(world, settings)
         method, notes = world.spec.start_method, ()
-        timeout = parse_seconds(settings.timeout, "--timeout", allow_zero=False)
-        grace_given = parse_seconds(settings.grace_period, "--grace-period", allow_zero=True)
-        grace = 5.0 if grace_given is None else grace_given
-        shown = parse_ranks(settings.ranks, world.spec.nprocs)
-        saved = parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb") * 1024
-        images = parse_kb(settings.max_image_kb, "SpawnMagics.max_image_kb") * 1024
+        timeout, grace = settings.timeout, settings.grace_period
+        shown = ranks_within(settings.ranks, world.spec.nprocs, "--ranks", f"a run of {world.spec.nprocs} ranks")
+        saved, images = settings.max_saved_kb * 1024, settings.max_image_kb * 1024
     try:
         on = _cell_ranks(request.on, shown, world.spec.nprocs if world is not None else spec.nprocs, name)
         tree = cell.parse()
@@ -338,7 +325,7 @@ def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
         owned = world.owned if world is not None else set()
         payload = pack_namespace(tree, request.namespace, request.hidden, shared, world=name, owned=owned)
         if world is None:
-            world = start_world(name, spec, parse_start_method(settings.start_method))
+            world = start_world(name, spec, settings.start_method)
             _lost.pop(name, None)
     except BaseException:
         if world is None:
@@ -368,12 +355,10 @@ def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
     return cspec, WorldCell(world, job)
 
 
-def _cell_ranks(
-    on: str | int | tuple[int, ...] | None, shown: frozenset[int] | None, nprocs: int, name: str
-) -> frozenset[int] | None:
+def _cell_ranks(on: frozenset[int] | None, shown: frozenset[int] | None, nprocs: int, name: str) -> frozenset[int] | None:
     """``--on``: the ranks of the world that run the cell (None: all), checked against its size; the
     ranks ``--ranks`` shows must be among them."""
-    ranks = parse_on(on, nprocs, name)
+    ranks = on_within(on, nprocs, name)
     if ranks is not None and shown is not None and not shown <= ranks:
         extra = sorted(shown - ranks)
         raise SpawnUsageError(
@@ -417,10 +402,10 @@ def _as_before(settings: Settings, lost: Lost) -> Settings:
     given, spec = settings.given, lost.spec
     return replace(
         settings,
-        nprocs=settings.nprocs if "-n" in given else spec.nprocs,
-        start_method=settings.start_method if "--start-method" in given else lost.start_method,
-        backend=settings.backend if "--backend" in given else spec.backend,
-        env=settings.env if "--env" in given else dict(spec.env),
+        nprocs=settings.nprocs if given.nprocs else spec.nprocs,
+        start_method=settings.start_method if given.start_method else lost.start_method,
+        backend=settings.backend if given.backend else cast(Backend, spec.backend),
+        env=settings.env if given.env else dict(spec.env),
     )
 
 
@@ -432,23 +417,19 @@ def _settings_text(spec: RunSpec) -> str:
 def _check_settings(world: World, settings: Settings) -> None:
     """The options this cell gave must be the world's own: it cannot change a world that runs
     (``nbspawn._clash``: the one rule, for worlds here and on clusters)."""
-    given, spec = settings.given, world.spec
-    asked = Asked(
-        nprocs=parse_nprocs(settings.nprocs) if "-n" in given else None,
-        start_method=parse_start_method(settings.start_method) if "--start-method" in given else None,
-        backend=parse_backend(settings.backend) if "--backend" in given else None,
-        env=parse_env(settings.env) if "--env" in given else None,
-    )
+    spec = world.spec
     settled = Settled(nprocs=spec.nprocs, start_method=spec.start_method, backend=spec.backend, env=spec.env)
 
     def gpus() -> int:
         return cuda_device_count(spec.env)
 
-    clashes = world_clashes(settled, asked, lambda: resolve_nprocs("auto", gpus), lambda n: resolve_backend("auto", n, gpus))
+    clashes = world_clashes(
+        settled, asked_of(settings), lambda: resolve_nprocs("auto", gpus), lambda n: resolve_backend("auto", n, gpus)
+    )
     refuse_clashes(world.name, world.settings(), clashes)
 
 
-def start_world(name: str, spec: RunSpec, asked_start_method: str = "auto") -> World:
+def start_world(name: str, spec: RunSpec, asked_start_method: StartMethod = "auto") -> World:
     """A new world, started with the settings of ``spec`` (its first cell's); its ranks print
     between cells to ``<log-dir>/<run-id>-world-<name>/``."""
     base = os.path.dirname(spec.run_dir)
