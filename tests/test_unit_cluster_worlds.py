@@ -10,13 +10,14 @@ import pytest
 from nbspawn._request import Given, RunRequest, Settings
 from nbspawn._source import CellSource
 from nbspawn.cluster import _plan
-from nbspawn.cluster._world import LostWorld, _as_before
+from nbspawn.cluster._world import LostWorld
 from nbspawn.errors import SpawnUsageError
+from nbspawn.planning._cluster_world import as_before
 
 
 def test_a_lost_worlds_next_cell_runs_where_and_as_it_did_unless_it_says_otherwise():
     lost = LostWorld("node 1 was lost", "rc", 2, Settings(nprocs=2, backend="gloo", env={"A": "1"}, given=Given(nprocs=True)))
-    bare = _as_before(RunRequest(CellSource("pass"), world="w"), lost)
+    bare = as_before(RunRequest(CellSource("pass"), world="w"), lost)
     assert (bare.cluster, bare.nodes, bare.settings.nprocs, bare.settings.backend, bare.settings.env) == (
         "rc",
         2,
@@ -24,7 +25,7 @@ def test_a_lost_worlds_next_cell_runs_where_and_as_it_did_unless_it_says_otherwi
         "gloo",
         {"A": "1"},
     )
-    own = _as_before(
+    own = as_before(
         RunRequest(CellSource("pass"), world="w", cluster="rc2", nodes=1, settings=Settings(nprocs=4, given=Given(nprocs=True))),
         lost,
     )

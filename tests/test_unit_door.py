@@ -91,7 +91,18 @@ def test_the_counter_sees_a_planner_that_reads_again(tmp_path):
     assert seen == [("parse_seconds", "--timeout", __name__)]
 
 
-PLANNERS = ["_spec.py", "_launch.py", "executors/_world.py", "cluster/_executor.py", "cluster/_world.py", "cluster/_agent.py"]
+PLANNERS = [
+    "_spec.py",
+    "_launch.py",
+    "planning/_fresh.py",
+    "planning/_world.py",
+    "planning/_cluster.py",
+    "planning/_cluster_world.py",
+    "executors/_world.py",
+    "cluster/_executor.py",
+    "cluster/_world.py",
+    "cluster/_agent.py",
+]
 
 
 @pytest.mark.parametrize("path", PLANNERS)

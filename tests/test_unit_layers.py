@@ -33,6 +33,7 @@ FLOORS = [
     ["nbspawn.views"],
     ["nbspawn.executors"],
     ["nbspawn.cluster"],
+    ["nbspawn.planning"],
     ["nbspawn._launch"],
     ["nbspawn._running"],
     ["nbspawn._api", "nbspawn._magic", "nbspawn._door"],
