@@ -46,7 +46,7 @@ rc[:].activate()
 BREAKDOWN = """
 from nbspawn._source import CellSource
 from nbspawn._request import RunRequest, Settings
-from nbspawn.cluster._executor import plan_cluster
+from nbspawn.planning._cluster import plan_cluster
 from nbspawn.executors._supervisor import execute as _execute
 from nbspawn.views._protocol import RunView
 _t0 = time.perf_counter()

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._door import read_request, read_settings
 from ._launch import start
 from ._options import OPTIONS, with_debug_collectives
-from ._request import RunRequest, Settings, given_options
+from ._request import Given
 from ._run import Run
 from ._source import CellSource
 from .views._protocol import RunView
@@ -59,7 +60,10 @@ def launch(
     if cluster is not None and not isinstance(cluster, str):
         names, cluster = {**names, "<cluster>": cluster}, "<cluster>"
     ranks_env = with_debug_collectives(env, debug_collectives)
-    settings = Settings(
+    given = Given(
+        nprocs=nprocs is not None, start_method=start_method is not None, backend=backend is not None, env=ranks_env is not None
+    )
+    settings = read_settings(
         nprocs="auto" if nprocs is None else nprocs,
         start_method=start_method,
         backend=backend,
@@ -68,21 +72,21 @@ def launch(
         timeout=timeout,
         grace_period=grace_period,
         log_dir=log_dir,
-        ranks=tuple(ranks) if isinstance(ranks, list) else ranks,
-        given=given_options(nprocs, start_method, backend, ranks_env),
+        ranks=ranks,
+        given=given,
     )
     program = tuple(cell) if isinstance(cell, list) else None
-    request = RunRequest(
+    request = read_request(
         cell=None if program is not None else CellSource(str(cell)),
         program=program,
         world=world,
-        on=tuple(on) if isinstance(on, list) else on,
+        on=on,
         cluster=cluster,
         nodes=nodes,
         settings=settings,
         namespace=names,
-        share=tuple(share) if isinstance(share, list) else share,
-        out=tuple(out) if isinstance(out, list) else out,
+        share=share,
+        out=out,
         background=background,
     )
     run = start(request, view or (TextView() if echo else None))

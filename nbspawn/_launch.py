@@ -18,20 +18,14 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from . import _listen
 from ._options import OPTIONS
-from ._program import parse_program
 from ._request import RunRequest
 from ._run import Run
-from ._source import CellSource
-from ._spec import Handoff, RunSpec, build_spec
+from ._spec import RunSpec
 from .errors import SpawnUsageError
 from .executors._base import Executor
-from .executors._fresh import FreshRanks
-from .executors._program import ProgramRanks
 from .executors._supervisor import execute
-from .handoff._names import pack_namespace, parse_names, pick_shared
-from .handoff._shm import new_run_prefix, share_
+from .planning._fresh import plan_fresh_cell, plan_program
 from .views._protocol import RunView
 
 
@@ -54,30 +48,28 @@ def plan(request: RunRequest, rich: bool) -> tuple[RunSpec, Executor]:
     """The spec and executor of ``request``; starts nothing (but a kept world that is new)."""
     refuse_combinations(request)
     if request.world is not None and (request.cluster is not None or _on_a_cluster(request.world)):
-        from .cluster._world import plan_cluster_cell
+        from .planning._cluster_world import plan_cluster_world_cell  # ipyparallel is needed only on a cluster
 
-        return plan_cluster_cell(request, rich)
+        return plan_cluster_world_cell(request, rich)
     if request.cluster is not None:
-        from .cluster._executor import plan_cluster  # ipyparallel is needed only here
+        from .planning._cluster import plan_cluster  # ipyparallel is needed only here
 
         return plan_cluster(request, rich)
     if request.program is not None:
-        program = parse_program(list(request.program))
-        spec = build_spec(CellSource("", label=str(program)), request.settings, rich=rich, program=program)
-        return spec, ProgramRanks(spec)
+        return plan_program(request, rich)
     if request.world is not None:
-        from .executors._world import plan_cell
+        from .planning._world import plan_world_cell
 
-        return plan_cell(request, rich)
-    return _fresh_cell(request, rich)
+        return plan_world_cell(request, rich)
+    return plan_fresh_cell(request, rich)
 
 
 def refuse_combinations(request: RunRequest) -> None:
     """What the request asks for together that cannot be done, each said in one line."""
     if request.program is not None:
         given = {
-            "start_method": request.settings.start_method is not None,
-            "backend": request.settings.backend is not None,
+            "start_method": request.settings.given.start_method,
+            "backend": request.settings.given.backend,
             "share": bool(request.share),
             "out": bool(request.out),
             "world": request.world is not None,
@@ -131,27 +123,3 @@ def stop_worlds(names: list[str] | None) -> list[str]:
     remote = module.stop([n for n in names if module.is_cluster_world(n)])
     local = [n for n in names if n not in remote]
     return [*(_world.stop(local) if local else []), *remote]
-
-
-def _fresh_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, Executor]:
-    """Fresh ranks for one cell: under fork they get the kernel's namespace as it is (copy-on-write),
-    under spawn and forkserver the names the cell uses, pickled by value."""
-    assert request.cell is not None  # not a program
-    cell = request.cell
-    share_names, out_names = parse_names(request.share, "--share"), parse_names(request.out, "--out")
-    shared: dict[str, object] = {}
-
-    def handoff(method: str) -> Handoff:
-        shared.update(pick_shared(share_names, request.namespace, method))
-        prefix = new_run_prefix() if out_names else None
-        if method == "fork":
-            return Handoff(request.namespace, None, out_names, prefix)
-        return Handoff(None, pack_namespace(cell.parse(), request.namespace, request.hidden, shared), out_names, prefix)
-
-    spec = build_spec(cell, request.settings, rich=rich, handoff=handoff, cell_numbers=request.cell_numbers)
-    try:
-        share_(list(shared.values()))  # the costly step, once everything is known to be right
-    except BaseException:
-        _listen.release(spec.master_port)
-        raise
-    return spec, FreshRanks(spec)

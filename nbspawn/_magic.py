@@ -21,9 +21,10 @@ from IPython.core.magic_arguments import argument, argument_group, magic_argumen
 from traitlets import Float, Int, Unicode, Union
 
 from . import _cuda, _running, _tpu
+from ._door import read_request, read_settings
 from ._launch import start
 from ._options import Option, options_in, with_debug_collectives
-from ._request import RunRequest, Settings, given_options
+from ._request import Given, RunRequest
 from ._run import Run
 from ._source import CellSource, CellSyntaxError, cell_files
 from .errors import SpawnUsageError
@@ -273,7 +274,13 @@ class SpawnMagics(Magics):
         shell = self.shell
         assert shell is not None  # a magic runs in a shell
         env = with_debug_collectives(args.env, args.debug_collectives)
-        settings = Settings(
+        given = Given(
+            nprocs=args.nprocs is not None,
+            start_method=args.start_method is not None,
+            backend=args.backend is not None,
+            env=env is not None,
+        )
+        settings = read_settings(
             nprocs=self.nprocs if args.nprocs is None else args.nprocs,
             start_method=args.start_method or (None if program is not None else self.start_method),
             backend=args.backend or (None if program is not None else self.backend),
@@ -286,7 +293,7 @@ class SpawnMagics(Magics):
             max_saved_kb=self.max_saved_kb,
             max_image_kb=self.max_image_kb,
             pdb=bool(getattr(args, "pdb", False)) or bool(getattr(shell, "call_pdb", False)),  # --pdb, or %pdb on
-            given=given_options(args.nprocs, args.start_method, args.backend, env),
+            given=given,
         )
         cluster = (self.cluster if args.cluster is None else args.cluster).strip() or None
         if program is not None or args.fresh:
@@ -295,7 +302,7 @@ class SpawnMagics(Magics):
             world = args.world.strip() or None
         else:  # the configured world: for cells on this machine
             world = None if cluster else self.world.strip() or None
-        return RunRequest(
+        return read_request(
             cell=cell,
             program=program,
             world=world,

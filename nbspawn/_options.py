@@ -17,13 +17,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast
 
 from .errors import SpawnUsageError
 
 START_METHODS = ("fork", "spawn", "forkserver")
 BACKENDS = ("none", "gloo", "nccl", "auto")
 ACCELERATORS = ("auto", "tpu", "none")
+StartMethod = Literal["fork", "spawn", "forkserver", "auto"]  # auto: this machine decides (nbspawn._cuda)
+Backend = Literal["none", "gloo", "nccl", "auto"]  # auto: nccl where every rank has a GPU
+Accelerator = Literal["auto", "tpu", "none"]  # auto: tpu where torch_xla finds chips (nbspawn._tpu)
 
 
 @dataclass(frozen=True)
@@ -178,7 +181,7 @@ def with_debug_collectives(
     return tuple(given)
 
 
-def parse_nprocs(value: Any) -> int | str:
+def parse_nprocs(value: Any) -> int | Literal["auto"]:
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
     try:
@@ -210,28 +213,54 @@ def parse_env(items: list[str] | tuple[str, ...] | Mapping[str, str] | None) -> 
     return env
 
 
-def parse_ranks(value: str | list[int] | tuple[int, ...] | None, nprocs: int) -> frozenset[int] | None:
-    """``0,2`` or ``0-3,7``: the ranks whose output is shown (all are logged)."""
+def parse_ranks(value: str | list[int] | tuple[int, ...] | None, nprocs: int | None = None) -> frozenset[int] | None:
+    """``0,2`` or ``0-3,7``: the ranks whose output is shown (all are logged).  Without ``nprocs``
+    (the door: how many ranks there are is decided later) only the list is read;
+    :func:`ranks_within` then checks it against the run."""
     if value is None or value == "":
         return None
-    return parse_rank_list(value, nprocs, "--ranks", f"a run of {nprocs} ranks")
+    ranks = _rank_list(value, "--ranks")
+    return ranks if nprocs is None else ranks_within(ranks, nprocs, "--ranks", f"a run of {nprocs} ranks")
 
 
-def parse_on(value: str | int | list[int] | tuple[int, ...] | None, nprocs: int, world: str) -> frozenset[int] | None:
+def parse_on(
+    value: str | int | list[int] | tuple[int, ...] | None, nprocs: int | None = None, world: str = ""
+) -> frozenset[int] | None:
     """``--on 0`` or ``0,2-3``: the ranks of the kept world ``world`` (``nprocs`` ranks) that run the
-    cell; None for every rank (not given, or naming them all)."""
+    cell; None for every rank (not given, or naming them all).  Without ``nprocs`` (the door: the
+    world's size is its own) only the list is read; :func:`on_within` then checks it against the world."""
     if value is None:
         return None
     if isinstance(value, int):  # launch(on=0)
         value = (value,)
     if (isinstance(value, str) and not value.strip()) or (not isinstance(value, str) and not list(value)):
         raise SpawnUsageError(f"--on needs the ranks that run the cell, like 0 or 0,2-3, not {value!r}")
-    on = parse_rank_list(value, nprocs, "--on", f"world {world!r} of {nprocs} ranks")
-    return None if len(on) == nprocs else on
+    on = _rank_list(value, "--on")
+    return on if nprocs is None else on_within(on, nprocs, world)
 
 
-def parse_rank_list(value: str | list[int] | tuple[int, ...], nprocs: int, option: str, where: str) -> frozenset[int]:
-    """``0,2`` or ``0-3,7`` (or the ranks themselves), each a rank of ``where`` (``nprocs`` ranks)."""
+def on_within(on: frozenset[int] | None, nprocs: int, world: str) -> frozenset[int] | None:
+    """``--on``, read at the door, checked against world ``world`` of ``nprocs`` ranks; None where it
+    names every rank."""
+    if on is None:
+        return None
+    checked = ranks_within(on, nprocs, "--on", f"world {world!r} of {nprocs} ranks") or frozenset()
+    return None if len(checked) == nprocs else checked
+
+
+def ranks_within(ranks: frozenset[int] | None, nprocs: int, option: str, where: str) -> frozenset[int] | None:
+    """Ranks read at the door, each a rank of ``where`` (``nprocs`` ranks): no parsing, the one check
+    that needs to know how many ranks there are."""
+    if ranks is None:
+        return None
+    bad = sorted(r for r in ranks if not 0 <= r < nprocs)
+    if bad:
+        raise SpawnUsageError(f"{option}: rank {bad[0]} does not exist in {where} (0-{nprocs - 1})")
+    return ranks
+
+
+def _rank_list(value: str | list[int] | tuple[int, ...], option: str) -> frozenset[int]:
+    """``0,2`` or ``0-3,7`` (or the ranks themselves), read (not yet checked against a run)."""
     if isinstance(value, str):
         ranks: set[int] = set()
         for part in value.replace(" ", "").split(","):
@@ -248,9 +277,6 @@ def parse_rank_list(value: str | list[int] | tuple[int, ...], nprocs: int, optio
             ranks = {int(r) for r in value}
         except (TypeError, ValueError):
             raise SpawnUsageError(f"{option} expects a list of ranks like [0, 2], not {value!r}") from None
-    bad = sorted(r for r in ranks if not 0 <= r < nprocs)
-    if bad:
-        raise SpawnUsageError(f"{option}: rank {bad[0]} does not exist in {where} (0-{nprocs - 1})")
     return frozenset(ranks)
 
 
@@ -288,28 +314,28 @@ def parse_nodes(value: Any) -> int | None:
     return nodes
 
 
-def parse_start_method(requested: str | None) -> str:
+def parse_start_method(requested: str | None) -> StartMethod:
     """The name checked: fork, spawn, forkserver or auto (what this machine offers is not asked)."""
     method = (requested or "auto").strip().lower()
     if method not in (*START_METHODS, "auto"):
         raise SpawnUsageError(f"--start-method must be one of fork, spawn, forkserver, not {requested!r}")
-    return method
+    return cast(StartMethod, method)
 
 
-def parse_accelerator(accelerator: str | None) -> str:
+def parse_accelerator(accelerator: str | None) -> Accelerator:
     """The name checked: auto, tpu or none (whether this host has a TPU is not asked)."""
     name = (accelerator or "auto").strip().lower()
     if name not in ACCELERATORS:
         raise SpawnUsageError(f"--accelerator must be one of {', '.join(ACCELERATORS)}, not {accelerator!r}")
-    return name
+    return cast(Accelerator, name)
 
 
-def parse_backend(backend: str | None) -> str:
+def parse_backend(backend: str | None) -> Backend:
     """The name checked: none, gloo, nccl or auto (whether GPUs are there is not asked)."""
     name = (backend or "none").strip().lower()
     if name not in BACKENDS:
         raise SpawnUsageError(f"--backend must be one of none, gloo, nccl, auto, not {backend!r}")
-    return name
+    return cast(Backend, name)
 
 
 def parse_world_name(name: str) -> str:

@@ -24,16 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from . import _cuda, _listen, _tpu
-from ._options import (
-    parse_accelerator,
-    parse_backend,
-    parse_env,
-    parse_kb,
-    parse_nprocs,
-    parse_ranks,
-    parse_seconds,
-    parse_start_method,
-)
+from ._options import Backend, StartMethod, ranks_within
 from ._program import Program
 from ._rankdir import RankDir
 from ._request import Settings
@@ -264,8 +255,8 @@ def auto_nprocs(gpus: int, cpus: int) -> int:
     return gpus if gpus else max(1, min(4, cpus))
 
 
-def resolve_nprocs(value: object, gpus: Callable[[], int] | None = None) -> int:
-    n = parse_nprocs(value)
+def resolve_nprocs(n: int | str, gpus: Callable[[], int] | None = None) -> int:
+    """``-n`` (read at the door) on this machine: ``auto`` counted here."""
     if n != "auto":
         return int(n)
     return auto_nprocs((gpus or cuda_device_count)(), usable_cpus())
@@ -324,11 +315,11 @@ def cuda_initialized() -> bool:
     return bool(torch.cuda.is_initialized() or torch.cuda._is_in_bad_fork())
 
 
-def choose_start_method(requested: str | None, gpus: Callable[[], int] | None = None) -> tuple[str, list[str]]:
+def choose_start_method(requested: StartMethod | None, gpus: Callable[[], int] | None = None) -> tuple[str, list[str]]:
     """Fork where forked ranks could use everything this machine has (fast, and the cell sees the
     kernel's names), else forkserver; the facts are gathered only where fork is in question
     (``nbspawn._cuda.fork_facts``, ``decide_start_method``)."""
-    method = parse_start_method(requested)
+    method = requested or "auto"
     available = multiprocessing.get_all_start_methods()
     blocker = None
     if method in ("auto", "fork") and "fork" in available:
@@ -336,16 +327,15 @@ def choose_start_method(requested: str | None, gpus: Callable[[], int] | None = 
     return _cuda.decide_start_method(method, available, blocker)
 
 
-def resolve_backend(backend: str | None, nprocs: int, gpus: Callable[[], int] | None = None) -> str:
+def resolve_backend(backend: Backend, nprocs: int, gpus: Callable[[], int] | None = None) -> str:
     return resolve_backend_noted(backend, nprocs, gpus)[0]
 
 
-def resolve_backend_noted(backend: str | None, nprocs: int, gpus: Callable[[], int] | None = None) -> tuple[str, str | None]:
+def resolve_backend_noted(backend: Backend, nprocs: int, gpus: Callable[[], int] | None = None) -> tuple[str, str | None]:
     """The backend, and a note if ``auto`` passed over the GPUs (``nbspawn._cuda.resolve_backend``)."""
-    name = parse_backend(backend)
-    if name in ("none", "gloo"):
-        return name, None
-    return _cuda.resolve_backend(name, nprocs, (gpus or cuda_device_count)())
+    if backend in ("none", "gloo"):
+        return backend, None
+    return _cuda.resolve_backend(backend, nprocs, (gpus or cuda_device_count)())
 
 
 class _GpuCount:
@@ -394,41 +384,35 @@ def build_spec(
     run_id: str | None = None,
     placement: Placement | None = None,
 ) -> RunSpec:
-    """Check every setting, cheapest first, then decide what depends on this machine; the one way a
+    """Decide what depends on this machine (the settings were read at the door), cheapest first; the one way a
     spec of ranks on this machine is made (a fresh cell, a program, a new world, a cluster node's ranks).
 
     ``handoff(start_method)`` gives the ranks the kernel's names, once everything else is known to be
     right.  Nothing is created on disk here but the temporary log directory, made last.
     """
-    requested = parse_nprocs(settings.nprocs)
-    accelerator = parse_accelerator(settings.accelerator)
-    user_env = parse_env(settings.env)
+    user_env = dict(settings.env)
     gpus = _GpuCount(user_env)
     method, notes = choose_start_method("spawn" if program is not None else settings.start_method, gpus)
-    seconds = parse_seconds(settings.timeout, "--timeout", allow_zero=False)
-    grace = parse_seconds(settings.grace_period, "--grace-period", allow_zero=True)
-    saved_kb = parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb")
-    image_kb = parse_kb(settings.max_image_kb, "SpawnMagics.max_image_kb")
     cell.parse()
     tpu: _tpu.TpuPlan | None = None
-    if _tpu.wants_tpu(accelerator, os.environ):
+    if _tpu.wants_tpu(settings.accelerator, os.environ):
         _tpu.refuse_if_runtime_up(_tpu.culprit())
-        tpu = _tpu.plan(os.environ, user_env, None if requested == "auto" else int(requested))
+        tpu = _tpu.plan(os.environ, user_env, None if settings.nprocs == "auto" else int(settings.nprocs))
         notes.extend(tpu.notes)
         n = len(tpu.rank_envs)
     else:
         n = resolve_nprocs(settings.nprocs, gpus)
-    shown = parse_ranks(settings.ranks, n)
+    shown = ranks_within(settings.ranks, n, "--ranks", f"a run of {n} ranks")
     backend = "none"  # a program sets up its own group
     if program is None:
         backend, note = resolve_backend_noted(settings.backend, n, gpus)
         notes.extend([note] if note else [])
     omp = rank_threads(method, n, user_env, notes)
-    given = handoff(method) if handoff is not None else Handoff()
-    if given.namespace_payload is not None:
+    handed = handoff(method) if handoff is not None else Handoff()
+    if handed.namespace_payload is not None:
         from .handoff._names import check_shared_devices
 
-        check_shared_devices(getattr(given.namespace_payload, "shared", None) or [], _cuda.ranks_visible(user_env, os.environ))
+        check_shared_devices(getattr(handed.namespace_payload, "shared", None) or [], _cuda.ranks_visible(user_env, os.environ))
     run_id = run_id or new_run_id()
     return RunSpec(
         run_id=run_id,
@@ -438,20 +422,20 @@ def build_spec(
         cell=cell,
         run_dir=run_directory(settings.log_dir, run_id),
         env=user_env,
-        timeout=seconds,
-        grace_period=5.0 if grace is None else grace,
+        timeout=settings.timeout,
+        grace_period=settings.grace_period,
         shown_ranks=shown,
         parent_pid=os.getpid(),
         omp_threads=omp,
-        namespace=given.namespace,
-        namespace_payload=given.namespace_payload,
-        out_names=given.out_names,
-        shm_prefix=given.shm_prefix,
+        namespace=handed.namespace,
+        namespace_payload=handed.namespace_payload,
+        out_names=handed.out_names,
+        shm_prefix=handed.shm_prefix,
         notes=tuple(notes),
         cell_numbers=dict(cell_numbers or {}),
         rich=rich,
-        max_saved_bytes=saved_kb * 1024,
-        max_image_bytes=image_kb * 1024,
+        max_saved_bytes=settings.max_saved_kb * 1024,
+        max_image_bytes=settings.max_image_kb * 1024,
         program=program,
         pdb=bool(settings.pdb) and program is None,
         # one machine: a port of 127.0.0.1, held until the executor's store takes it over

@@ -157,6 +157,34 @@ def test_options_that_contradict_a_cluster_world_are_refused(kernel, nodes):
     assert_nothing_left(nodes)
 
 
+# The same cells on a world here and on a cluster world, both -n 2 --backend gloo: case, spaces and
+# auto mean the same on both (issue #27: the two checks used to compare raw strings differently).
+SAME_ANSWER_CELLS = ["-n 02 --backend GLOO", "-n auto", "--backend auto", "-n 3", "--backend nccl", "--env A=1"]
+
+
+def test_a_cell_gets_the_same_clash_answer_on_a_world_here_and_on_a_cluster_world(kernel, nodes):
+    from nbspawn._spec import auto_nprocs, usable_cpus
+
+    ok(kernel, "%%spawn --world here -n 2 --backend gloo\npass")
+    ok(kernel, "%%spawn --cluster rc --world there -n 2 --backend gloo\npass")
+    answers = {}
+    for options in SAME_ANSWER_CELLS:
+        for world in ("here", "there"):
+            result = run(kernel, f"%%spawn --world {world} {options}\nprint('ran')")
+            said = result.error.evalue.partition("; this cell asks for ")[2] if result.status == "error" else "ran"
+            answers[options, world] = said.partition(". Leave those options out")[0] or result.error_text
+        assert answers[options, "here"] == answers[options, "there"], answers
+    ok(kernel, "%spawn stop here there")
+    assert_nothing_left(nodes)
+    auto = auto_nprocs(0, usable_cpus())  # -n auto on this machine (no GPU): its cores, up to 4
+    assert answers["-n 02 --backend GLOO", "here"] == "ran"
+    assert answers["-n auto", "here"] == ("ran" if auto == 2 else f"-n auto ({auto})")
+    assert answers["--backend auto", "here"] == "ran"  # no GPU: auto is gloo
+    assert answers["-n 3", "here"] == "-n 3"
+    assert answers["--backend nccl", "here"] == "--backend nccl"
+    assert answers["--env A=1", "here"] == "--env A=1"
+
+
 def test_kernel_death_leaves_nothing_of_a_world_between_cells(nodes):
     with connected_kernel(nodes) as k:
         ok(k, "%%spawn --cluster rc --world kw -n 2 --backend gloo\nimport torch\nz = 1")

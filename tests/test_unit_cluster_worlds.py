@@ -7,25 +7,26 @@ from types import SimpleNamespace
 
 import pytest
 
-from nbspawn._request import RunRequest, Settings
+from nbspawn._request import Given, RunRequest, Settings
 from nbspawn._source import CellSource
 from nbspawn.cluster import _plan
-from nbspawn.cluster._world import LostWorld, _as_before
+from nbspawn.cluster._world import LostWorld
 from nbspawn.errors import SpawnUsageError
+from nbspawn.planning._cluster_world import as_before
 
 
 def test_a_lost_worlds_next_cell_runs_where_and_as_it_did_unless_it_says_otherwise():
-    lost = LostWorld("node 1 was lost", "rc", 2, Settings(nprocs=2, backend="gloo", env=("A=1",), given=frozenset({"-n"})))
-    bare = _as_before(RunRequest(CellSource("pass"), world="w"), lost)
+    lost = LostWorld("node 1 was lost", "rc", 2, Settings(nprocs=2, backend="gloo", env={"A": "1"}, given=Given(nprocs=True)))
+    bare = as_before(RunRequest(CellSource("pass"), world="w"), lost)
     assert (bare.cluster, bare.nodes, bare.settings.nprocs, bare.settings.backend, bare.settings.env) == (
         "rc",
         2,
         2,
         "gloo",
-        ("A=1",),
+        {"A": "1"},
     )
-    own = _as_before(
-        RunRequest(CellSource("pass"), world="w", cluster="rc2", nodes=1, settings=Settings(nprocs=4, given=frozenset({"-n"}))),
+    own = as_before(
+        RunRequest(CellSource("pass"), world="w", cluster="rc2", nodes=1, settings=Settings(nprocs=4, given=Given(nprocs=True))),
         lost,
     )
     assert (own.cluster, own.nodes, own.settings.nprocs, own.settings.backend) == ("rc2", 1, 4, "gloo")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nbspawn import _cuda
-from nbspawn._request import Settings
+from nbspawn._request import Given, Settings
 from nbspawn._source import CellSource
 from nbspawn.cluster._plan import gpus_of
 from nbspawn.cluster._plan import resolve_backend as cluster_backend
@@ -75,7 +75,7 @@ def test_build_spec_counts_auto_ranks_with_the_ranks_environment(monkeypatch, tm
     monkeypatch.setattr(_cuda, "physical_gpus", lambda: 4)
     monkeypatch.setattr(_cuda, "fork_facts", lambda gpus: _cuda.ForkFacts(gpus=gpus))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    settings = Settings(nprocs="auto", env=("CUDA_VISIBLE_DEVICES=0",), log_dir=str(tmp_path))
+    settings = Settings(nprocs="auto", env={"CUDA_VISIBLE_DEVICES": "0"}, log_dir=str(tmp_path))
     spec = _spec.build_spec(CellSource("pass"), settings, rich=False)
     assert spec.nprocs == 1 and spec.start_method == "fork"
     settings = Settings(nprocs="auto", log_dir=str(tmp_path), backend="auto")
@@ -427,13 +427,14 @@ def test_a_world_cell_does_not_rechoose_the_start_method(monkeypatch, tmp_path):
     is its own setting, not a new fork (10a)."""
     from nbspawn._spec import RunSpec
     from nbspawn.executors import _world
+    from nbspawn.planning import _world as world_planner
 
     monkeypatch.setattr(_cuda, "fork_blocker", lambda facts: "CUDA is already initialized in this kernel")
     spec = RunSpec(run_id="w", nprocs=2, start_method="fork", backend="gloo", cell=CellSource("pass"), run_dir=str(tmp_path))
     world = _world.World(name="w", spec=spec, base_dir=str(tmp_path))
-    _world._check_settings(world, Settings(nprocs=2, start_method="fork", given=frozenset({"--start-method", "-n"})))
+    world_planner.check_settings(world, Settings(nprocs=2, start_method="fork", given=Given(start_method=True, nprocs=True)))
     with pytest.raises(SpawnUsageError, match="--start-method spawn"):
-        _world._check_settings(world, Settings(start_method="spawn", given=frozenset({"--start-method"})))
+        world_planner.check_settings(world, Settings(start_method="spawn", given=Given(start_method=True)))
 
 
 def test_a_lost_world_starts_again_with_the_start_method_the_user_asked_for(tmp_path):
@@ -442,13 +443,14 @@ def test_a_lost_world_starts_again_with_the_start_method_the_user_asked_for(tmp_
     would be refused as an explicit fork though the user never chose one (issue 25, item 6)."""
     from nbspawn._spec import RunSpec
     from nbspawn.executors import _world
+    from nbspawn.planning import _world as world_planner
 
     spec = RunSpec(run_id="w", nprocs=2, start_method="fork", backend="nccl", cell=CellSource("pass"), run_dir=str(tmp_path))
-    again = _world._as_before(Settings(), _world.Lost(spec, "auto"))
+    again = world_planner.as_before(Settings(), _world.Lost(spec, "auto"))
     assert again.start_method == "auto" and again.nprocs == 2 and again.backend == "nccl"
     method, notes = _cuda.decide_start_method(again.start_method, METHODS, "CUDA is already initialized in this kernel")
     assert method == "forkserver" and notes  # not refused
-    asked = _world._as_before(Settings(), _world.Lost(spec, "fork"))  # the user's own --start-method fork stands
+    asked = world_planner.as_before(Settings(), _world.Lost(spec, "fork"))  # the user's own --start-method fork stands
     assert asked.start_method == "fork"
-    given = _world._as_before(Settings(start_method="spawn", given=frozenset({"--start-method"})), _world.Lost(spec, "fork"))
+    given = world_planner.as_before(Settings(start_method="spawn", given=Given(start_method=True)), _world.Lost(spec, "fork"))
     assert given.start_method == "spawn"

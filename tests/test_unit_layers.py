@@ -24,6 +24,7 @@ FLOORS = [
         "nbspawn._cuda",
         "nbspawn._tpu",
         "nbspawn._listen",
+        "nbspawn._clash",
     ],
     ["nbspawn.handoff"],
     ["nbspawn._spec"],
@@ -33,9 +34,10 @@ FLOORS = [
     ["nbspawn.views"],
     ["nbspawn.executors"],
     ["nbspawn.cluster"],
+    ["nbspawn.planning"],
     ["nbspawn._launch"],
     ["nbspawn._running"],
-    ["nbspawn._api", "nbspawn._magic"],
+    ["nbspawn._api", "nbspawn._magic", "nbspawn._door"],
     ["nbspawn"],  # the package's __init__: the public names
 ]
 

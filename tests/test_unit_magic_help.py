@@ -12,10 +12,11 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 
 from nbspawn._api import _API_ONLY, launch
+from nbspawn._door import read_request, read_settings
 from nbspawn._launch import plan, refuse_combinations
 from nbspawn._magic import FORMS, SpawnMagics
 from nbspawn._options import OPTIONS
-from nbspawn._request import RunRequest, Settings
+from nbspawn._request import Given, RunRequest, Settings
 from nbspawn._source import CellSource
 from nbspawn.errors import SpawnUsageError
 
@@ -78,8 +79,11 @@ def cell(**fields):
 @pytest.mark.parametrize(
     ("request_", "message"),
     [
-        (RunRequest(None, program=("x.py",), share="t"), "--share does not apply to a program"),
-        (RunRequest(None, program=("x.py",), settings=Settings(backend="gloo")), "--backend does not apply to a program"),
+        (RunRequest(None, program=("x.py",), share=("t",)), "--share does not apply to a program"),
+        (
+            RunRequest(None, program=("x.py",), settings=Settings(backend="gloo", given=Given(backend=True))),
+            "--backend does not apply to a program",
+        ),
         (cell(nodes=2), "--nodes needs --cluster"),
         (cell(cluster="rc", world="w", background=True), "--bg runs on fresh ranks"),
         (cell(world="w", background=True), "--bg runs on fresh ranks"),
@@ -92,20 +96,27 @@ def test_what_cannot_be_combined_is_refused_in_one_line(request_, message):
 
 
 @pytest.mark.parametrize(
-    ("settings", "message"),
+    ("given", "message"),
     [
-        (Settings(nprocs=0), "--nprocs must be a positive integer"),
-        (Settings(start_method="thread"), "--start-method must be one of"),
-        (Settings(backend="mpi"), "--backend must be one of"),
-        (Settings(env=("NOEQUALS",)), "--env expects KEY=VALUE"),
-        (Settings(timeout="-1"), "--timeout must be more than zero"),
-        (Settings(nprocs=2, ranks="5"), "--ranks: rank 5 does not exist"),
+        ({"nprocs": 0}, "--nprocs must be a positive integer"),
+        ({"start_method": "thread"}, "--start-method must be one of"),
+        ({"backend": "mpi"}, "--backend must be one of"),
+        ({"env": ("NOEQUALS",)}, "--env expects KEY=VALUE"),
+        ({"timeout": "-1"}, "--timeout must be more than zero"),
+        ({"nprocs": 2, "ranks": "5"}, "--ranks: rank 5 does not exist"),  # read at the door, checked by the plan
     ],
 )
-def test_a_bad_option_is_refused_before_anything_starts(settings, message, tmp_path):
+def test_a_bad_option_is_refused_before_anything_starts(given, message, tmp_path):
+    """Read at the door (``nbspawn._door``) or, for what only the plan knows (the run's size), planned:
+    either way one line, and nothing made."""
     log_dir = tmp_path / "logs"
+    raw = {"nprocs": "auto", "start_method": None, "backend": None, "env": None, "timeout": None}
+    raw |= {"grace_period": 5.0, "ranks": None, "log_dir": str(log_dir), **given}
     with pytest.raises(SpawnUsageError, match=message):
-        plan(cell(settings=Settings(**{**settings.__dict__, "log_dir": str(log_dir)})), rich=False)
+        plan(
+            read_request(cell=CellSource("pass"), program=None, settings=read_settings(**raw, given=Given()), namespace={}),
+            rich=False,
+        )
     assert not log_dir.exists()  # nothing was made on disk
 
 

@@ -71,9 +71,9 @@ def test_on_without_a_world_is_refused_saying_why():
     with pytest.raises(
         Exception, match=r"^--on needs --world NAME: .*a fresh cell's ranks are all new.*--ranks shows only some"
     ) as caught:
-        refuse_combinations(RunRequest(CellSource("pass"), on="0"))
+        refuse_combinations(RunRequest(CellSource("pass"), on=frozenset({0})))
     assert "\n" not in str(caught.value)
-    refuse_combinations(RunRequest(CellSource("pass"), on="0", world="w"))  # with a world: fine
+    refuse_combinations(RunRequest(CellSource("pass"), on=frozenset({0}), world="w"))  # with a world: fine
 
 
 def test_a_programs_parser_refuses_on():

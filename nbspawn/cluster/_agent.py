@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import _listen
-from .._options import parse_env
+from .._options import StartMethod
 from .._request import Settings
 from .._run import RankState, Run
 from .._spec import Placement, RunSpec
@@ -94,7 +94,7 @@ def versions() -> dict[str, str]:
     return {"python": platform.python_version(), "torch": torch.__version__, "nbspawn": __version__}
 
 
-def probe(kernel_cwd: str, program: list[str] | None, start_method: str | None, controller_hint: str | None) -> dict:
+def probe(kernel_cwd: str, program: list[str] | None, start_method: StartMethod | None, controller_hint: str | None) -> dict:
     """This engine's node and what the kernel must check before the run (one round trip)."""
     import torch
 
@@ -337,7 +337,7 @@ def node_placement(job: _wire.Job, node: _wire.Spot) -> tuple[Settings, Placemen
     """This node's settings (its socket interface and GPUs in the ranks' environment, unless the user
     set them) and its ranks' place in the world: what a run and a kept world on it are built from."""
     settings = job["settings"]
-    user_env = parse_env(settings.env)
+    user_env = dict(settings.env)  # read in the kernel, at the door
     node_env = _socket_interface(node["master_addr"], user_env)
     if node.get("cuda_visible") is not None and "CUDA_VISIBLE_DEVICES" not in user_env:
         node_env["CUDA_VISIBLE_DEVICES"] = str(node["cuda_visible"])  # every GPU of the node, not the agent's one

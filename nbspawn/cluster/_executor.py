@@ -18,7 +18,6 @@ errors are the ones a local run has.  What differs is how ranks are seen and rea
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import threading
@@ -27,113 +26,16 @@ from typing import Any
 
 from .. import _errorfile
 from .._errorfile import ErrorRecord
-from .._options import (
-    parse_backend,
-    parse_env,
-    parse_kb,
-    parse_nodes,
-    parse_nprocs,
-    parse_ranks,
-    parse_seconds,
-    parse_start_method,
-)
-from .._request import RunRequest, Settings
 from .._run import Run
-from .._source import CellSource
-from .._spec import RunSpec, new_run_id, run_directory
-from ..errors import SpawnUsageError
+from .._spec import RunSpec
 from ..events._streams import Event
 from ..events._where import RankToAsk, describe
 from ..executors._base import Executor
 from . import _agent, _wire
-from ._plan import ClusterPlan, companion_client, hold, plan, refuse_if_busy, release, remember_port, resolve_client
+from ._plan import ClusterPlan, hold, release, remember_port
 
 FINAL_WAIT = 10.0  # after its ranks ended, how long a node's agent may take to clean up and answer
 PUBLISH_EVERY = 0.1  # the whole cluster sends at most 10 batches a second: each node 1 / (0.1 x nodes)
-
-
-def plan_cluster(request: RunRequest, rich: bool) -> tuple[RunSpec, ClusterRanks]:
-    """Everything checked, cheapest first, then the nodes asked (one round trip); starts nothing."""
-    from ..handoff._names import parse_names, pickle_names
-
-    assert request.cluster is not None  # the dispatch sends only cluster runs here
-    if request.share:
-        raise SpawnUsageError(
-            "--share does not work on a cluster: memory cannot be shared across machines. "
-            "The names the cell uses are sent to every node by value; use --out to bring values back."
-        )
-    settings = request.settings
-    out_names = parse_names(request.out, "--out")
-    n_nodes = parse_nodes(request.nodes)
-    nprocs = parse_nprocs(settings.nprocs)
-    method: str | None = parse_start_method(settings.start_method)
-    method = None if method == "auto" else method  # each node chooses, as on one machine
-    backend = parse_backend(settings.backend)
-    env = parse_env(settings.env)
-    timeout = parse_seconds(settings.timeout, "--timeout", allow_zero=False)
-    grace = parse_seconds(settings.grace_period, "--grace-period", allow_zero=True)
-    saved_kb = parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb")
-    image_kb = parse_kb(settings.max_image_kb, "SpawnMagics.max_image_kb")
-    program = list(request.program) if request.program is not None else None
-    cell = request.cell or CellSource("", label=" ".join(program or []))
-    names = b""
-    if program is None:
-        names = pickle_names(cell.parse(), request.namespace, request.hidden)
-    client, ids = resolve_client(request.cluster, request.namespace)
-    refuse_if_busy(client)
-    found, chosen_backend = plan(client, ids, nodes=n_nodes, nprocs=nprocs, backend=backend, start_method=method, program=program)
-    world = found.world_size
-    run_id = new_run_id()
-    spec = RunSpec(
-        run_id=run_id,
-        nprocs=world,
-        start_method=found.start_method,
-        backend=chosen_backend,
-        cell=cell,
-        run_dir=run_directory(None, run_id),  # the kernel's copy of what the agents report
-        env=env,
-        timeout=timeout,
-        grace_period=5.0 if grace is None else grace,
-        shown_ranks=parse_ranks(settings.ranks, world),
-        parent_pid=os.getpid(),
-        omp_threads=None,
-        out_names=out_names,
-        cell_numbers=dict(request.cell_numbers),
-        rich=rich,
-        max_saved_bytes=saved_kb * 1024,
-        max_image_bytes=image_kb * 1024,
-        master_port=found.master_port,
-        master_addr=found.master_addr,
-        world_size=world,
-        nnodes=len(found.nodes),
-    )
-    node_settings = Settings(
-        nprocs=found.ranks_per_node,
-        start_method="spawn" if program is not None else method,
-        backend=chosen_backend,
-        env=env,
-        grace_period=spec.grace_period,
-        log_dir=settings.log_dir,
-        max_saved_kb=saved_kb,
-        max_image_kb=image_kb // len(found.nodes),  # the run's image budget, shared by its nodes
-    )
-    job = _wire.Job(
-        run_id=run_id,
-        cell=cell,
-        program=program,
-        names=names,
-        out_names=list(out_names),
-        settings=node_settings,
-        rich=rich,
-        cwd=os.getcwd(),
-        publish_every=PUBLISH_EVERY * len(found.nodes),
-        on=None,
-    )
-    if request.background:
-        # the run's thread talks to the engines through a client of its own: the user's is not
-        # thread-safe, and stays the user's (the port book of the engines' facts stays with it)
-        return spec, ClusterRanks(spec, dataclasses.replace(found, client=companion_client(client)), job, port_book=client)
-    return spec, ClusterRanks(spec, found, job)
 
 
 class ClusterRanks(Executor):

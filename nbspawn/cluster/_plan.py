@@ -224,8 +224,8 @@ def ranks_per_node(nodes: list[Node], nprocs: int | str) -> int:
     return next(iter(counts.values()))
 
 
-def resolve_backend(nodes: list[Node], backend: str | None, per_node: int) -> str:
-    name = (backend or "none").strip().lower()
+def resolve_backend(nodes: list[Node], name: str, per_node: int) -> str:
+    """``--backend`` (read at the door) on these nodes: auto decided from their GPUs, nccl checked."""
     if name in ("none", "gloo"):
         return name
     gpus = {node.label: node.gpus for node in nodes}
@@ -253,7 +253,7 @@ def master_address(nodes: list[Node]) -> str:
 
 
 def plan(
-    client: Any, ids: list[int], *, nodes: int | None, nprocs: int | str, backend: str | None,
+    client: Any, ids: list[int], *, nodes: int | None, nprocs: int | str, backend: str,
     start_method: str | None, program: list[str] | None,
 ) -> tuple[ClusterPlan, str]:  # fmt: skip
     """Ask the engines, choose the nodes and check them; returns the plan and the backend to use."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import os
 import signal
 import threading
@@ -33,15 +32,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._options import parse_kb, parse_on, parse_ranks, parse_seconds, parse_world_name
 from .._request import RunRequest, Settings
 from .._run import Run
-from .._spec import RunSpec, new_run_id, run_directory
-from ..errors import SpawnUsageError
+from .._spec import RunSpec
 from ..handoff._names import names_bound
 from . import _agent, _nodeworld, _wire
-from ._executor import ClusterRanks, plan_cluster
-from ._plan import ClusterPlan, companion_client, refuse_if_busy, resolve_client
+from ._executor import ClusterRanks
+from ._plan import ClusterPlan, companion_client
 
 STOP_TIMEOUT = 15.0  # how long a node's agent may take to stop its ranks of a world
 
@@ -55,7 +52,7 @@ class LostWorld:
 
     why: str
     cluster: str  # the kernel variable holding the client
-    nodes: int | str | None
+    nodes: int | None
     settings: Settings
 
 
@@ -165,6 +162,16 @@ def worlds() -> dict[str, ClusterWorld]:
     return dict(_worlds)
 
 
+def running(name: str) -> ClusterWorld | None:
+    """The cluster world ``name`` if it runs."""
+    return _worlds.get(name)
+
+
+def lost(name: str) -> LostWorld | None:
+    """How the cluster world ``name`` was asked for, if it was lost: its next cell starts it again so."""
+    return _lost.get(name)
+
+
 def is_cluster_world(name: str) -> bool:
     """A kept world on a cluster, or one lost there (its next cell starts it there again)."""
     return name in _worlds or name in _lost
@@ -178,114 +185,6 @@ def stop(names: list[str] | None = None) -> list[str]:
         if name in _worlds:
             _worlds[name].stop()
     return chosen
-
-
-def plan_cluster_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, ClusterWorldCell]:
-    """A cell on cluster world ``request.world``: the world planned and checked if it is new (as a
-    cluster run is), else this cell's own options checked against it.  Starts nothing."""
-    from ..handoff._names import parse_names, pickle_names
-
-    assert request.world is not None and request.cell is not None  # the dispatch sends only world cells here
-    name, cell = parse_world_name(request.world), request.cell
-    world = _worlds.get(name)
-    notes: tuple[str, ...] = ()
-    lost = _lost.get(name) if world is None else None
-    if lost is not None:
-        request = _as_before(request, lost)
-        notes = (
-            f"nbspawn: world {name!r} was lost ({lost.why}); this cell starts a new one on --cluster {request.cluster} "
-            "with its settings, but none of the names its ranks had: run the cells that set them up again.",
-        )
-    if world is None:
-        spec, fresh = plan_cluster(dataclasses.replace(request, on=None), rich)
-        on = parse_on(request.on, spec.nprocs, name)
-        world = ClusterWorld(name, spec, fresh.cluster, request, fresh.job["settings"])
-        spec = dataclasses.replace(spec, notes=(*spec.notes, *notes), on_ranks=on)
-        job = _wire.Job(**{**fresh.job, "on": sorted(on) if on is not None else None})
-        return spec, ClusterWorldCell(spec, fresh.cluster, job, world, first=True)
-    _check_settings(world, request)
-    refuse_if_busy(world.cluster.client)
-    settings = request.settings
-    if request.share:
-        raise SpawnUsageError("--share does not work on a cluster: memory cannot be shared across machines; use --out")
-    out_names = parse_names(request.out, "--out")
-    timeout = parse_seconds(settings.timeout, "--timeout", allow_zero=False)
-    grace = parse_seconds(settings.grace_period, "--grace-period", allow_zero=True)
-    shown = parse_ranks(settings.ranks, world.spec.nprocs)
-    on = parse_on(request.on, world.spec.nprocs, name)
-    parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb")
-    names = pickle_names(cell.parse(), request.namespace, request.hidden, world=name, owned=world.owned)
-    run_id = new_run_id()
-    spec = dataclasses.replace(
-        world.spec,
-        run_id=run_id,
-        run_dir=run_directory(None, run_id),
-        cell=cell,
-        timeout=timeout,
-        grace_period=world.spec.grace_period if grace is None else grace,
-        shown_ranks=shown,
-        out_names=out_names,
-        cell_numbers=dict(request.cell_numbers),
-        rich=rich,
-        notes=(),
-        on_ranks=on,
-    )
-    job = _wire.Job(
-        run_id=run_id,
-        cell=cell,
-        program=None,
-        names=names,
-        out_names=list(out_names),
-        settings=world.node_settings,
-        rich=rich,
-        cwd=os.getcwd(),
-        publish_every=0.1 * len(world.cluster.nodes),
-        on=sorted(on) if on is not None else None,
-    )
-    return spec, ClusterWorldCell(spec, world.cluster, job, world, first=False)
-
-
-def _as_before(request: RunRequest, lost: LostWorld) -> RunRequest:
-    """A lost world's next cell: where and how it ran, except what this cell gives itself."""
-    given, settings, before = request.settings.given, request.settings, lost.settings
-    settings = dataclasses.replace(
-        settings,
-        nprocs=settings.nprocs if "-n" in given else before.nprocs,
-        start_method=settings.start_method if "--start-method" in given else before.start_method,
-        backend=settings.backend if "--backend" in given else before.backend,
-        env=settings.env if "--env" in given else before.env,
-    )
-    nodes = request.nodes if request.nodes is not None else lost.nodes
-    return dataclasses.replace(request, cluster=request.cluster or lost.cluster, nodes=nodes, settings=settings)
-
-
-def _check_settings(world: ClusterWorld, request: RunRequest) -> None:
-    """A cell cannot change a world that runs: its nodes, ranks, backend or environment."""
-    given, settings = request.settings.given, request.settings
-    clash = []
-    if request.cluster is not None:
-        client, _ids = resolve_client(request.cluster, request.namespace)
-        if client is not world.cluster.client:
-            clash.append(f"--cluster {request.cluster} (another controller's engines)")
-    if request.nodes is not None and str(request.nodes) != str(len(world.cluster.nodes)):
-        clash.append(f"--nodes {request.nodes}")
-    if "-n" in given and str(settings.nprocs) != str(world.cluster.ranks_per_node):
-        clash.append(f"-n {settings.nprocs}")
-    if "--backend" in given and settings.backend not in (None, "auto", world.spec.backend):
-        clash.append(f"--backend {settings.backend}")
-    if "--env" in given and settings.env and dict(world.spec.env) != dict(_env(settings.env)):
-        clash.append("--env")
-    if clash:
-        raise SpawnUsageError(
-            f"world {world.name!r} runs with {world.settings()}; this cell asks for {', '.join(clash)}. "
-            f"Leave those options out, or %spawn stop {world.name} first."
-        )
-
-
-def _env(value: Any) -> dict[str, str]:
-    from .._options import parse_env
-
-    return parse_env(value)
 
 
 class ClusterWorldCell(ClusterRanks):

@@ -97,7 +97,7 @@ def post_mortem(world: _world.World, rank: int | None, view: RunView) -> Run:
             "%spawn debug needs a frontend that answers input(): this cell was sent without stdin "
             "(allow_stdin false: nbclient, nbconvert, papermill)"
         )
-    _world._lose_if_a_rank_died(world)  # a rank that died since is said now, the world cleaned up
+    _world.lose_if_a_rank_died(world)  # a rank that died since is said now, the world cleaned up
     run_id = new_run_id()
     spec = replace(
         world.spec,

@@ -32,25 +32,14 @@ from multiprocessing.process import BaseProcess
 from typing import Any, NamedTuple
 
 from .. import _cuda
-from .._listen import host_store, release
-from .._options import (
-    parse_backend,
-    parse_env,
-    parse_kb,
-    parse_nprocs,
-    parse_on,
-    parse_ranks,
-    parse_seconds,
-    parse_start_method,
-    parse_world_name,
-)
-from .._request import RunRequest, Settings
+from .._listen import host_store
+from .._options import StartMethod
 from .._run import Run
 from .._source import CellSource
-from .._spec import RunSpec, build_spec, cuda_device_count, new_run_id, resolve_backend, resolve_nprocs
-from ..errors import SpawnUsageError, rank_spans
-from ..handoff._names import names_bound, pack_namespace, parse_names, pick_shared
-from ..handoff._shm import Payload, new_run_prefix, share_
+from .._spec import RunSpec
+from ..errors import SpawnUsageError
+from ..handoff._names import names_bound
+from ..handoff._shm import Payload
 from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
 from ..ranks._fds import kernel_descriptors
 from ..ranks._world import EXITED, INTERRUPTED, OK, RAISED, STARTED, WorldJob, run_world_rank
@@ -92,7 +81,7 @@ class World:
     kept: dict[int, KeptFailure] = field(default_factory=dict)  # rank -> the last failure it keeps
     # --start-method as the user gave it (auto unless given): a lost world started again resolves it
     # again, for the kernel as it is then (CUDA touched since, say), instead of insisting on spec's
-    asked_start_method: str = "auto"
+    asked_start_method: StartMethod = "auto"
     store: Any = None  # the world's TCPStore, on loopback, for its life (a world on one machine)
     # names its cells bind (at their top level, whether they ran to the end or not): the world's own,
     # which the kernel never sends it again (``handoff._names.pack_namespace``)
@@ -116,7 +105,7 @@ class World:
         return self.spec.run_dir
 
     def settings(self) -> str:
-        return _settings_text(self.spec)
+        return settings_text(self.spec)
 
     def start(self) -> None:
         from torch.multiprocessing import start_processes
@@ -276,7 +265,7 @@ class Lost(NamedTuple):
     """A lost world, as the next cell naming it starts it again."""
 
     spec: RunSpec  # how it ran
-    start_method: str  # --start-method as the user gave it (auto unless given)
+    start_method: StartMethod  # --start-method as the user gave it (auto unless given)
 
 
 _worlds: dict[str, World] = {}
@@ -290,99 +279,17 @@ def worlds() -> dict[str, World]:
     return dict(_worlds)
 
 
-def plan_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:
-    """A cell on the world ``request.world``: everything checked first (options, names, what the cell
-    uses), then the world started if it is new.
-
-    A cell on a world that exists builds no spec of its own: it takes the world's (ranks, start method,
-    backend, ports, environment) and checks only what is the cell's (timeout, shown ranks, names).
-    """
-    assert request.cell is not None and request.world is not None  # the dispatch sends only cells here
-    name = parse_world_name(request.world)
-    cell, settings = request.cell, request.settings
-    share_names, out_names = parse_names(request.share, "--share"), parse_names(request.out, "--out")
-    world = _worlds.get(name)
-    if world is not None:
-        _lose_if_a_rank_died(world)
-    if world is None:
-        again = _lost.get(name)
-        if again is not None:
-            settings = _as_before(settings, again)
-        spec = build_spec(cell, settings, rich=rich, cell_numbers=request.cell_numbers)
-        method, notes = spec.start_method, spec.notes
-        if again is not None:
-            notes = (
-                *notes,
-                f"nbspawn: world {name!r} was lost; this cell starts a new one with its settings "
-                f"({_settings_text(spec)}), but none of the names its ranks had: run the cells that set them up again.",
-            )
-        timeout, grace, shown = spec.timeout, spec.grace_period, spec.shown_ranks
-        saved, images = spec.max_saved_bytes, spec.max_image_bytes
-    else:
-        _check_settings(world, settings)
-        method, notes = world.spec.start_method, ()
-        timeout = parse_seconds(settings.timeout, "--timeout", allow_zero=False)
-        grace_given = parse_seconds(settings.grace_period, "--grace-period", allow_zero=True)
-        grace = 5.0 if grace_given is None else grace_given
-        shown = parse_ranks(settings.ranks, world.spec.nprocs)
-        saved = parse_kb(settings.max_saved_kb, "SpawnMagics.max_saved_kb") * 1024
-        images = parse_kb(settings.max_image_kb, "SpawnMagics.max_image_kb") * 1024
-    try:
-        on = _cell_ranks(request.on, shown, world.spec.nprocs if world is not None else spec.nprocs, name)
-        tree = cell.parse()
-        ranks_visible = _cuda.ranks_visible(world.spec.env if world is not None else spec.env, os.environ)
-        # a kept world's ranks were started before this kernel could poison fork (fork is refused or
-        # avoided then), so CUDA IPC reaches them whatever their start method
-        shared = pick_shared(share_names, request.namespace, method, ranks_started=world is not None, ranks_visible=ranks_visible)
-        owned = world.owned if world is not None else set()
-        payload = pack_namespace(tree, request.namespace, request.hidden, shared, world=name, owned=owned)
-        if world is None:
-            world = start_world(name, spec, parse_start_method(settings.start_method))
-            _lost.pop(name, None)
-    except BaseException:
-        if world is None:
-            release(spec.master_port)  # the new world's port, reserved by build_spec
-        raise
-    run_id = new_run_id()
-    cspec = replace(
-        world.spec,
-        run_id=run_id,
-        run_dir=os.path.join(world.base_dir, run_id),
-        cell=cell,
-        timeout=timeout,
-        grace_period=grace,
-        shown_ranks=shown,
-        max_saved_bytes=saved,
-        max_image_bytes=images,
-        out_names=out_names,
-        shm_prefix=new_run_prefix() if out_names else None,
-        notes=notes,
-        cell_numbers=dict(request.cell_numbers),
-        on_ranks=on,
-    )
-    share_(list(shared.values()))
-    job = WorldJob(
-        cell, cspec.run_dir, cspec.run_id, payload, out_names, cspec.shm_prefix, shared=tuple(shared), grace=grace, on=on
-    )
-    return cspec, WorldCell(world, job)
+def running(name: str) -> World | None:
+    """The kept world ``name`` if it runs (idle between cells, or running one)."""
+    return _worlds.get(name)
 
 
-def _cell_ranks(
-    on: str | int | tuple[int, ...] | None, shown: frozenset[int] | None, nprocs: int, name: str
-) -> frozenset[int] | None:
-    """``--on``: the ranks of the world that run the cell (None: all), checked against its size; the
-    ranks ``--ranks`` shows must be among them."""
-    ranks = parse_on(on, nprocs, name)
-    if ranks is not None and shown is not None and not shown <= ranks:
-        extra = sorted(shown - ranks)
-        raise SpawnUsageError(
-            f"--ranks {rank_spans(extra)}: {'rank' if len(extra) == 1 else 'ranks'} {rank_spans(extra)} "
-            f"{'does' if len(extra) == 1 else 'do'} not run this cell (--on {rank_spans(sorted(ranks))}); --ranks picks among those that do"
-        )
-    return ranks
+def lost(name: str) -> Lost | None:
+    """How the world ``name`` ran, if it was lost: its next cell starts it again so."""
+    return _lost.get(name)
 
 
-def _lose_if_a_rank_died(world: World) -> None:
+def lose_if_a_rank_died(world: World) -> None:
     """A rank that died between cells (the OOM killer, NCCL's watchdog) loses the world: said now,
     before the cell is sent to the others, and nothing of the world is left running."""
     dead = [(rank, process.exitcode) for rank, process in enumerate(world.processes) if not process.is_alive()]
@@ -408,50 +315,12 @@ def _exit_text(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _as_before(settings: Settings, lost: Lost) -> Settings:
-    """A lost world started again: its settings, except those this cell gave.  Its start method is
-    the one the user asked for (auto unless given), resolved again: the lost world's own (fork,
-    chosen by auto) would be refused as an explicit fork once CUDA was touched in the kernel (after
-    an NCCL failure, say), though the user never chose one."""
-    given, spec = settings.given, lost.spec
-    return replace(
-        settings,
-        nprocs=settings.nprocs if "-n" in given else spec.nprocs,
-        start_method=settings.start_method if "--start-method" in given else lost.start_method,
-        backend=settings.backend if "--backend" in given else spec.backend,
-        env=settings.env if "--env" in given else dict(spec.env),
-    )
-
-
-def _settings_text(spec: RunSpec) -> str:
+def settings_text(spec: RunSpec) -> str:
     env = " ".join(f"--env {k}={v}" for k, v in spec.env.items())
     return f"-n {spec.nprocs} --start-method {spec.start_method} --backend {spec.backend}" + (f" {env}" if env else "")
 
 
-def _check_settings(world: World, settings: Settings) -> None:
-    """The options this cell gave must be the world's own: it cannot change a world that runs."""
-    given, spec = settings.given, world.spec
-    clash = []
-    # -n auto on a TPU world: its own count, one rank per chip (nbspawn._tpu), not the GPUs'
-    tpu_auto = bool(spec.accelerator_envs) and parse_nprocs(settings.nprocs) == "auto"
-    if "-n" in given and not tpu_auto and resolve_nprocs(settings.nprocs, lambda: cuda_device_count(spec.env)) != spec.nprocs:
-        clash.append(f"-n {settings.nprocs}")
-    if "--start-method" in given and parse_start_method(settings.start_method) not in ("auto", spec.start_method):
-        clash.append(f"--start-method {parse_start_method(settings.start_method)}")
-    if "--backend" in given and parse_backend(settings.backend) != spec.backend:
-        backend = resolve_backend(settings.backend, spec.nprocs, lambda: cuda_device_count(spec.env))
-        if backend != spec.backend:
-            clash.append(f"--backend {backend}")
-    if "--env" in given and parse_env(settings.env) != spec.env:
-        clash.append(f"--env {parse_env(settings.env)}")
-    if clash:
-        raise SpawnUsageError(
-            f"world {world.name!r} runs with {world.settings()}; this cell asks for {', '.join(clash)}. "
-            f"Leave those options out, or %spawn stop {world.name} first."
-        )
-
-
-def start_world(name: str, spec: RunSpec, asked_start_method: str = "auto") -> World:
+def start_world(name: str, spec: RunSpec, asked_start_method: StartMethod = "auto") -> World:
     """A new world, started with the settings of ``spec`` (its first cell's); its ranks print
     between cells to ``<log-dir>/<run-id>-world-<name>/``."""
     base = os.path.dirname(spec.run_dir)
@@ -460,6 +329,7 @@ def start_world(name: str, spec: RunSpec, asked_start_method: str = "auto") -> W
     world = World(name=name, spec=wspec, base_dir=base, asked_start_method=asked_start_method)
     world.start()
     _worlds[name] = world
+    _lost.pop(name, None)
     return world
 
 

@@ -1,0 +1,94 @@
+"""The one rule for a cell on a kept world that runs: which of its options the world cannot honour.
+
+A world's ranks, start method, backend and environment were settled by its first cell; a later cell
+that names one of them must ask for what the world already is, else it is refused (a world that runs
+cannot change).  Kept worlds on this machine (``executors._world``) and on a cluster
+(``cluster._world``) both ask :func:`world_clashes`, with typed values on both sides, so the same cell
+gets the same answer on either: ``--backend GLOO`` is ``gloo``, ``-n " 2"`` is 2, and ``-n auto``
+(``--backend auto``) is what auto comes to for that world (its caller says how, from the facts it
+has: this machine's GPUs and cores, or the nodes' probed facts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from ._request import Settings
+from .errors import SpawnUsageError
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What a running world is: fixed for its life."""
+
+    nprocs: int  # ranks (a cluster world: ranks per node, as -n says)
+    start_method: str  # fork | spawn | forkserver (a cluster's nodes may differ: "fork/forkserver")
+    backend: str  # resolved: none | gloo | nccl
+    env: Mapping[str, str]  # the user's --env
+    nodes: int | None = None  # a cluster world's nodes; None on this machine
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a cell asks of the world it runs on, parsed and typed; None where the cell did not say."""
+
+    nprocs: int | str | None = None  # a count, or "auto"
+    start_method: str | None = None  # fork | spawn | forkserver | auto
+    backend: str | None = None  # none | gloo | nccl | auto
+    env: Mapping[str, str] | None = None
+    nodes: int | None = None
+
+
+def asked_of(settings: Settings, nodes: int | None = None) -> Asked:
+    """What a cell's settings ask of a world: the options the user gave (``Settings.given``), and
+    ``--nodes`` (None: not given)."""
+    given = settings.given
+    return Asked(
+        nprocs=settings.nprocs if given.nprocs else None,
+        start_method=settings.start_method if given.start_method else None,
+        backend=settings.backend if given.backend else None,
+        env=settings.env if given.env else None,
+        nodes=nodes,
+    )
+
+
+def world_clashes(world: Settled, cell: Asked, auto_nprocs: Callable[[], int], auto_backend: Callable[[int], str]) -> list[str]:
+    """The options of ``cell`` that ``world`` cannot honour, as the user would write them (empty: none).
+
+    ``auto_nprocs()`` is what ``-n auto`` comes to for this world, ``auto_backend(nprocs)`` what
+    ``--backend auto`` does; each is asked only when the cell says auto (they may probe a machine).
+    An ``auto`` that cannot be resolved for the world (a ``SpawnUsageError``) is a clash.
+    """
+    clashes = []
+    if cell.nodes is not None and world.nodes is not None and cell.nodes != world.nodes:
+        clashes.append(f"--nodes {cell.nodes}")
+    if cell.nprocs is not None:
+        wanted = _resolved(auto_nprocs) if cell.nprocs == "auto" else cell.nprocs
+        if wanted != world.nprocs:
+            clashes.append(f"-n auto ({wanted})" if cell.nprocs == "auto" and wanted is not None else f"-n {cell.nprocs}")
+    if cell.start_method not in (None, "auto", world.start_method):
+        clashes.append(f"--start-method {cell.start_method}")
+    if cell.backend is not None:
+        backend = _resolved(lambda: auto_backend(world.nprocs)) if cell.backend == "auto" else cell.backend
+        if backend != world.backend:
+            clashes.append(f"--backend auto ({backend})" if cell.backend == "auto" and backend else f"--backend {cell.backend}")
+    if cell.env is not None and dict(cell.env) != dict(world.env):
+        clashes.append("--env " + (" ".join(f"{k}={v}" for k, v in cell.env.items()) or "(none)"))
+    return clashes
+
+
+def _resolved(resolve: Callable[[], object]) -> object | None:
+    try:
+        return resolve()
+    except SpawnUsageError:
+        return None
+
+
+def refuse_clashes(name: str, settled: str, clashes: list[str]) -> None:
+    """One refusal, worded the same for every world: ``settled`` is how the world runs, as options."""
+    if clashes:
+        raise SpawnUsageError(
+            f"world {name!r} runs with {settled}; this cell asks for {', '.join(clashes)}. "
+            f"Leave those options out, or %spawn stop {name} first."
+        )

@@ -1,0 +1,96 @@
+"""A cluster run, planned: the request (read at the door) and the nodes' facts (one round trip, asked
+in ``cluster._plan``) become the kernel's frozen spec, the job every node's agent gets (with the
+node's settled settings: it reads nothing again) and the executor, ``ClusterRanks``."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import cast
+
+from .._options import Backend, ranks_within
+from .._request import RunRequest, Settings
+from .._source import CellSource
+from .._spec import RunSpec, new_run_id, run_directory
+from ..cluster import _wire
+from ..cluster._executor import PUBLISH_EVERY, ClusterRanks
+from ..cluster._plan import companion_client, plan, refuse_if_busy, resolve_client
+from ..errors import SpawnUsageError
+
+
+def plan_cluster(request: RunRequest, rich: bool) -> tuple[RunSpec, ClusterRanks]:
+    """Everything checked, cheapest first, then the nodes asked (one round trip); starts nothing."""
+    from ..handoff._names import pickle_names
+
+    assert request.cluster is not None  # the dispatch sends only cluster runs here
+    if request.share:
+        raise SpawnUsageError(
+            "--share does not work on a cluster: memory cannot be shared across machines. "
+            "The names the cell uses are sent to every node by value; use --out to bring values back."
+        )
+    settings = request.settings
+    out_names = request.out
+    method = None if settings.start_method == "auto" else settings.start_method  # each node chooses, as on one machine
+    env = dict(settings.env)
+    program = list(request.program) if request.program is not None else None
+    cell = request.cell or CellSource("", label=" ".join(program or []))
+    names = b""
+    if program is None:
+        names = pickle_names(cell.parse(), request.namespace, request.hidden)
+    client, ids = resolve_client(request.cluster, request.namespace)
+    refuse_if_busy(client)
+    found, chosen_backend = plan(
+        client, ids, nodes=request.nodes, nprocs=settings.nprocs, backend=settings.backend, start_method=method, program=program
+    )
+    world = found.world_size
+    run_id = new_run_id()
+    spec = RunSpec(
+        run_id=run_id,
+        nprocs=world,
+        start_method=found.start_method,
+        backend=chosen_backend,
+        cell=cell,
+        run_dir=run_directory(None, run_id),  # the kernel's copy of what the agents report
+        env=env,
+        timeout=settings.timeout,
+        grace_period=settings.grace_period,
+        shown_ranks=ranks_within(settings.ranks, world, "--ranks", f"a run of {world} ranks"),
+        parent_pid=os.getpid(),
+        omp_threads=None,
+        out_names=out_names,
+        cell_numbers=dict(request.cell_numbers),
+        rich=rich,
+        max_saved_bytes=settings.max_saved_kb * 1024,
+        max_image_bytes=settings.max_image_kb * 1024,
+        master_port=found.master_port,
+        master_addr=found.master_addr,
+        world_size=world,
+        nnodes=len(found.nodes),
+    )
+    node_settings = Settings(  # checked and settled: the node reads nothing again
+        nprocs=found.ranks_per_node,
+        start_method="spawn" if program is not None else method or "auto",
+        backend=cast(Backend, chosen_backend),
+        env=env,
+        grace_period=spec.grace_period,
+        log_dir=settings.log_dir,
+        max_saved_kb=settings.max_saved_kb,
+        max_image_kb=settings.max_image_kb // len(found.nodes),  # the run's image budget, shared by its nodes
+    )
+    job = _wire.Job(
+        run_id=run_id,
+        cell=cell,
+        program=program,
+        names=names,
+        out_names=list(out_names),
+        settings=node_settings,
+        rich=rich,
+        cwd=os.getcwd(),
+        publish_every=PUBLISH_EVERY * len(found.nodes),
+        on=None,
+    )
+    if request.background:
+        # the run's thread talks to the engines through a client of its own: the user's is not
+        # thread-safe, and stays the user's (the port book of the engines' facts stays with it)
+        return spec, ClusterRanks(spec, dataclasses.replace(found, client=companion_client(client)), job, port_book=client)
+    return spec, ClusterRanks(spec, found, job)

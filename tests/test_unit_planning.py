@@ -1,0 +1,117 @@
+"""The planners (``nbspawn.planning``) without processes: a typed request (as the door makes it) and
+this machine's, a world's or the nodes' facts become a frozen spec and its executor, or one line of
+refusal.  Nothing is started: a fresh cell's and a program's spec are only planned, a world and a
+cluster world are made as data (their processes and engines are the end-to-end tests' business)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from nbspawn import _listen
+from nbspawn._request import Given, RunRequest, Settings
+from nbspawn._source import CellSource
+from nbspawn._spec import RunSpec
+from nbspawn.cluster._plan import ClusterPlan, Node
+from nbspawn.cluster._world import ClusterWorld
+from nbspawn.errors import SpawnUsageError
+from nbspawn.executors._fresh import FreshRanks
+from nbspawn.executors._program import ProgramRanks
+from nbspawn.executors._world import World
+from nbspawn.planning import _cluster_world, _world
+from nbspawn.planning._fresh import plan_fresh_cell, plan_program
+
+
+def test_a_fresh_cell_is_planned_from_typed_settings(tmp_path):
+    names = {"x": 1}
+    settings = Settings(nprocs=2, start_method="fork", backend="gloo", env={"A": "1"}, timeout=3.0, log_dir=str(tmp_path))
+    spec, executor = plan_fresh_cell(RunRequest(CellSource("y = x"), settings=settings, namespace=names, out=("y",)), rich=False)
+    _listen.release(spec.master_port)
+    assert isinstance(executor, FreshRanks) and executor.spec is spec
+    assert (spec.nprocs, spec.start_method, spec.backend, spec.env, spec.timeout) == (2, "fork", "gloo", {"A": "1"}, 3.0)
+    assert spec.namespace is names and spec.namespace_payload is None  # fork: the kernel's own names
+    assert spec.out_names == ("y",) and spec.shm_prefix  # --out: a place for the values to come back
+    assert spec.run_dir.startswith(str(tmp_path))
+
+
+def test_a_fresh_cell_under_spawn_is_sent_the_names_it_uses_by_value(tmp_path):
+    settings = Settings(nprocs=1, start_method="spawn", log_dir=str(tmp_path))
+    spec, _ = plan_fresh_cell(RunRequest(CellSource("print(x)"), settings=settings, namespace={"x": 1, "unused": 2}), rich=False)
+    _listen.release(spec.master_port)
+    assert spec.namespace is None and spec.namespace_payload is not None
+
+
+def test_ranks_shown_are_checked_against_the_runs_size_by_its_planner(tmp_path):
+    settings = Settings(nprocs=2, ranks=frozenset({5}), log_dir=str(tmp_path / "logs"))
+    with pytest.raises(SpawnUsageError, match=r"--ranks: rank 5 does not exist in a run of 2 ranks \(0-1\)"):
+        plan_fresh_cell(RunRequest(CellSource("pass"), settings=settings), rich=False)
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_program_is_planned_as_a_new_process_per_rank(tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    settings = Settings(nprocs=2, log_dir=str(tmp_path))
+    spec, executor = plan_program(RunRequest(None, program=("train.py", "--lr", "0.1"), settings=settings), rich=False)
+    _listen.release(spec.master_port)
+    assert isinstance(executor, ProgramRanks)
+    assert (spec.nprocs, spec.start_method, spec.backend, spec.pdb) == (2, "spawn", "none", False)
+    assert spec.program is not None and "train.py" in str(spec.program)
+
+
+@pytest.mark.parametrize(
+    ("on", "shown", "expected"),
+    [(None, None, None), (frozenset({0, 1, 2, 3}), None, None), (frozenset({0, 2}), frozenset({2}), frozenset({0, 2}))],
+)
+def test_a_cells_ranks_on_a_world(on, shown, expected):
+    assert _world.cell_ranks(on, shown, 4, "w") == expected
+
+
+def test_ranks_shown_must_run_the_cell_and_exist_in_the_world():
+    with pytest.raises(SpawnUsageError, match=r"--ranks 1: rank 1 does not run this cell \(--on 0\)"):
+        _world.cell_ranks(frozenset({0}), frozenset({1}), 4, "w")
+    with pytest.raises(SpawnUsageError, match="--on: rank 4 does not exist in world 'w' of 4 ranks"):
+        _world.cell_ranks(frozenset({4}), None, 4, "w")
+
+
+def local_world(tmp_path) -> World:
+    spec = RunSpec("w", 2, "fork", "gloo", CellSource("pass"), str(tmp_path), env={"A": "1"})
+    return World(name="w", spec=spec, base_dir=str(tmp_path))
+
+
+def cluster_world(tmp_path) -> ClusterWorld:
+    nodes = [Node(i, f"n{i}", f"n{i}", None, i, [i], {"cpus": 2}) for i in range(2)]
+    plan = ClusterPlan(
+        client=SimpleNamespace(), nodes=nodes, ranks_per_node=2, master_addr="127.0.0.1", master_port=1, start_method="fork"
+    )
+    spec = RunSpec("w", 4, "fork", "gloo", CellSource("pass"), str(tmp_path), env={"A": "1"})
+    return ClusterWorld("w", spec, plan, RunRequest(CellSource("pass"), cluster="rc"), Settings())
+
+
+ALL = Given(nprocs=True, start_method=True, backend=True, env=True)
+
+
+@pytest.mark.parametrize("which", ["local", "cluster"])
+def test_a_world_that_runs_is_checked_by_the_one_rule(tmp_path, which):
+    """The same typed cell on a world here and on a cluster world of the same settings: one answer."""
+    same = Settings(nprocs=2, start_method="fork", backend="gloo", env={"A": "1"}, given=ALL)
+    other = Settings(nprocs=3, backend="nccl", given=Given(nprocs=True, backend=True))
+    if which == "local":
+        world = local_world(tmp_path)
+        _world.check_settings(world, same)
+        with pytest.raises(SpawnUsageError, match=r"this cell asks for -n 3, --backend nccl\. Leave those"):
+            _world.check_settings(world, other)
+    else:
+        cworld = cluster_world(tmp_path)
+        _cluster_world.check_settings(cworld, RunRequest(CellSource("pass"), settings=same))
+        with pytest.raises(SpawnUsageError, match=r"this cell asks for -n 3, --backend nccl\. Leave those"):
+            _cluster_world.check_settings(cworld, RunRequest(CellSource("pass"), settings=other))
+
+
+def test_a_cluster_worlds_auto_is_what_its_nodes_come_to(tmp_path):
+    cworld = cluster_world(tmp_path)  # two nodes of 2 CPUs, no GPU: -n auto is 2 a node, --backend auto gloo
+    auto = Settings(nprocs="auto", backend="auto", given=Given(nprocs=True, backend=True))
+    _cluster_world.check_settings(cworld, RunRequest(CellSource("pass"), settings=auto))
+    with pytest.raises(SpawnUsageError, match=r"this cell asks for --nodes 1\. Leave"):
+        _cluster_world.check_settings(cworld, RunRequest(CellSource("pass"), nodes=1))
