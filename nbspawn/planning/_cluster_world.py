@@ -12,6 +12,7 @@ from .._options import on_within, ranks_within
 from .._request import RunRequest
 from .._spec import RunSpec, new_run_id, run_directory
 from ..cluster import _wire, _world
+from ..cluster._executor import PUBLISH_EVERY
 from ..cluster._plan import ranks_per_node, refuse_if_busy, resolve_backend, resolve_client
 from ..cluster._world import ClusterWorld, ClusterWorldCell, LostWorld
 from ..errors import SpawnUsageError
@@ -73,7 +74,7 @@ def plan_cluster_world_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, C
         settings=world.node_settings,
         rich=rich,
         cwd=os.getcwd(),
-        publish_every=0.1 * len(world.cluster.nodes),
+        publish_every=PUBLISH_EVERY * len(world.cluster.nodes),
         on=sorted(on) if on is not None else None,
     )
     return spec, ClusterWorldCell(spec, world.cluster, job, world, first=False)
