@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 from kernel_harness import ok, rank_lines
+from training_cells import LIGHTNING
 from widget_harness import spawn_widget
 
 # found, not imported: this test process forks ranks of its own elsewhere (tests/test_terminal.py),
@@ -27,20 +28,6 @@ pytestmark = pytest.mark.skipif(
 
 WIDGET = "application/vnd.nbspawn.widget+json"
 
-LIGHTNING = """
-import os, torch, lightning as L
-from torch.utils.data import DataLoader, TensorDataset
-class Tiny(L.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-    def training_step(self, batch, i):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.layer(x), y)
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-data = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8)
-"""
 
 FIT = """
 trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from lab_harness import NEEDS_WIDGET, Page, live_view, open_notebook, run_cell, select_pane, serve, shot, sync_api, write_notebook
+from training_cells import LIGHTNING
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600), NEEDS_WIDGET]
 
@@ -41,27 +42,20 @@ FITS = """frames => frames.map(f => {
 
 # what a user's training cell displays: a pandas DataFrame, and Lightning with its defaults, which with
 # rich installed are RichModelSummary (a table) and RichProgressBar (a live <pre> display)
-TRAINS = """\
+TRAINS = (
+    """\
 %%spawn -n 1
-import time, pandas as pd, torch, lightning as L
+import time, pandas as pd
 from IPython.display import display
-from torch.utils.data import DataLoader, TensorDataset
-display(pd.DataFrame({"epoch": [1, 2, 3], "loss": [0.9, 0.5, 0.25]}))
-class Tiny(L.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-    def training_step(self, batch, i):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.layer(x), y)
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-data = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8)
+display(pd.DataFrame({"epoch": [1, 2, 3], "loss": [0.9, 0.5, 0.25]}))"""
+    + LIGHTNING
+    + """\
 trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False)
 trainer.fit(Tiny(), data)
 print("fitted", trainer.global_step)
 time.sleep(60)
 """
+)
 MISSING = [m for m in ("pandas", "lightning", "rich") if importlib.util.find_spec(m) is None]
 
 
