@@ -74,7 +74,9 @@ class RunSpec:
     world_size: int = 0  # 0: nprocs (one node)
     node_rank: int = 0
     nnodes: int = 1
-    hosts_store: bool = False  # a run on this machine alone: its executor hosts the store, on loopback
+    # the executor here hosts the store, once every rank is started (a forked rank would inherit the
+    # connections it accepted): a run on this machine alone, or node 0 of a cluster
+    hosts_store: bool = False
     # --on: the (global) ranks of a kept world that run this cell; None: every rank.  The others are
     # sent the cell only to be told to sit it out (nbspawn.ranks._world), and are not supervised.
     on_ranks: frozenset[int] | None = None
@@ -130,7 +132,9 @@ class RunSpec:
             "TORCHELASTIC_USE_AGENT_STORE": "True",
         }
         env.update(_cuda.torchrun_env(self.env, os.environ))  # what torchrun's agent sets for NCCL
-        if self.hosts_store:  # one machine: gloo's and NCCL's sockets on loopback too (NVLink, P2P, SHM are no sockets)
+        if (
+            self.master_addr == _listen.LOOPBACK
+        ):  # one machine: gloo's and NCCL's sockets on loopback too (NVLink, P2P, SHM are no sockets)
             env.update(_cuda.socket_interface_env(_listen.loopback_interface(), self.env, os.environ))
         env.update(self.env)
         if self.omp_threads is not None:  # after --env: a fork-safety override wins over the user's
@@ -446,7 +450,7 @@ def build_spec(
         node_rank=placement.node_rank if placement else 0,
         nnodes=placement.nnodes if placement else 1,
         kernel_env=dict(os.environ) if method == "forkserver" else None,
-        hosts_store=placement is None,
+        hosts_store=placement is None or placement.node_rank == 0,
         accelerator_envs=tpu.rank_envs if tpu else (),
         unset_env=_tpu.LAUNCHER_KEYS if tpu else (),
     )

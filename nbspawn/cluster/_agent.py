@@ -39,7 +39,7 @@ from .. import _listen
 from .._options import StartMethod
 from .._request import Settings
 from .._run import RankState, Run
-from .._spec import Placement, RunSpec
+from .._spec import Placement
 from ..errors import SpawnOutputError
 from ..events._where import RankToAsk, rank_collectives, rank_stacks
 from ..executors._fresh import FreshRanks
@@ -315,10 +315,7 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
         )  # fmt: skip
         executor = _NodeProgramRanks(spec) if program is not None else _NodeCellRanks(spec)
         _store = None  # the previous run's: every node's ranks of it had ended before this run began
-        _store = _host_store(spec) if node["index"] == 0 else None
-        run = execute(spec, view, executor)
-        # The store stays up until the next run: other nodes' ranks may still be leaving the group
-        # (a store that vanishes under a rank's exit aborts it).
+        run = execute(spec, view, executor)  # node 0's executor hosts the run's store once its ranks are forked
         next_port = _listen.reserve(spec.master_addr) if node["index"] == 0 else None
     missing = run.error.missing if isinstance(run.error, SpawnOutputError) else []
     return {
@@ -352,22 +349,31 @@ def node_placement(job: _wire.Job, node: _wire.Spot) -> tuple[Settings, Placemen
     return dataclasses.replace(settings, env={**node_env, **user_env}), placement
 
 
+def _keep_store(store: Any) -> None:
+    """Node 0's store of a run stays up until the next run: other nodes' ranks may still be leaving
+    the group (a store that vanishes under a rank's exit aborts it)."""
+    global _store
+    _store = store
+
+
 class _NodeCellRanks(FreshRanks):
     """Fresh ranks, watched closely: a stop request from the kernel is acted on within 50 ms."""
 
     poll_max = 0.05
     watches_hangs = False
 
+    def cleanup(self, lose: bool) -> None:
+        _keep_store(self.store)
+        super().cleanup(lose)
+
 
 class _NodeProgramRanks(ProgramRanks):
     poll_max = 0.05
     watches_hangs = False
 
-
-def _host_store(spec: RunSpec) -> Any:
-    """Node 0's agent hosts the run's TCPStore, as torchrun's agent does, on the address the nodes reach
-    it at (not every interface); ranks join it as clients."""
-    return _listen.host_store(spec.master_addr, spec.master_port)
+    def cleanup(self, lose: bool) -> None:
+        _keep_store(self.store)
+        super().cleanup(lose)
 
 
 def _socket_interface(master_addr: str, user_env: dict[str, str]) -> dict[str, str]:

@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import threading
 import time
-from typing import Any
 
 from .. import _listen
 from .._spec import build_spec
@@ -30,7 +29,6 @@ from ..executors import _world
 from ..executors._world import WorldCell
 from . import _agent, _wire
 
-_stores: dict[str, Any] = {}  # node 0: each world's TCPStore, alive as long as the world
 _cell_running = threading.Event()  # a cell's apply watches the heartbeat itself
 _watcher: threading.Thread | None = None
 _lock = threading.Lock()  # a cell, a stop and the watcher never change the node's worlds at once
@@ -87,8 +85,6 @@ def run_world_cell(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> 
             )  # fmt: skip
             with _agent._working_directory(job["cwd"]):
                 run = execute(spec, view, _NodeWorldCell(world, cell))
-            if run.world_lost:
-                _release(name)
         finally:
             _cell_running.clear()
     missing = getattr(run.error, "missing", None) or []
@@ -119,11 +115,8 @@ def _world_for(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> tupl
     settings, placement = _agent.node_placement(job, node)
     with _agent._working_directory(job["cwd"]):
         spec = build_spec(job["cell"], settings, rich=job["rich"], run_id=job["run_id"], placement=placement)
-    next_port = None
-    if node["index"] == 0:
-        _stores[name] = _agent._host_store(spec)
-        next_port = _listen.reserve(spec.master_addr)  # the next fresh run's, told to the kernel
-    world = _world.start_world(name, spec)
+    world = _world.start_world(name, spec)  # node 0's world hosts its store, for its life, once its ranks are forked
+    next_port = _listen.reserve(spec.master_addr) if node["index"] == 0 else None  # the next fresh run's, told to the kernel
     _watch_the_kernel()
     return world, next_port
 
@@ -152,13 +145,7 @@ def _stop_here(name: str) -> bool:
     if had:
         with contextlib.suppress(Exception):
             _world.stop([name])
-    _release(name)
     return had
-
-
-def _release(name: str) -> None:
-    store = _stores.pop(name, None)
-    del store  # node 0's TCPStore of the world: its port is free again
 
 
 def _watch_the_kernel() -> None:
