@@ -15,15 +15,13 @@ and the executor's announcement (a cluster's node order) are said here, once, be
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
-from typing import Any
 
 from ._options import OPTIONS
 from ._request import RunRequest
 from ._run import Run
 from ._spec import RunSpec
 from .errors import SpawnUsageError
-from .executors._base import Executor
+from .executors._base import Executor, KeptWorld
 from .executors._supervisor import execute
 from .planning._fresh import plan_fresh_cell, plan_program
 from .views._protocol import RunView
@@ -34,8 +32,6 @@ def start(request: RunRequest, view: RunView | None = None) -> Run:
     thread of the run's own.  Raises ``SpawnUsageError`` (nothing started) for a bad request."""
     view = view or RunView()
     spec, executor = plan(request, view.rich)
-    if spec.pdb != (request.settings.pdb and spec.program is None):  # a kept world's spec is its first cell's
-        spec = replace(spec, pdb=request.settings.pdb and spec.program is None)
     for note in spec.notes:
         print(note, file=sys.stderr)
     announcement = executor.announcement()
@@ -103,7 +99,7 @@ def _on_a_cluster(world: str) -> bool:
     return module is not None and module.is_cluster_world(world)
 
 
-def kept_worlds() -> dict[str, Any]:
+def kept_worlds() -> dict[str, KeptWorld]:
     """Every kept world of this kernel, on this machine and on clusters, by name."""
     from .executors._world import worlds
 

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from . import _errorfile
 from ._errorfile import ErrorRecord
@@ -21,13 +22,17 @@ from .events._display import DisplayItems
 from .events._streams import Event, RankStreams
 from .events._where import ANSWER_WAIT, RankToAsk, where_now
 
+# the views' messages carry these as they are (views._messages; their TypeScript twins in messages.ts)
+RankStatus = Literal["starting", "running", "done", "failed", "stopped", "absent"]  # absent: --on, it sits the cell out
+RunStatus = Literal["starting", "running", "succeeded", "failed", "timeout", "interrupted", "stopped"]
+
 
 @dataclass
 class RankState:
     rank: int
     dir: str
     pid: int | None = None
-    status: str = "starting"  # starting | running | done | failed | stopped | absent (--on: it does not run this cell)
+    status: RankStatus = "starting"
     exit_code: int | None = None  # negative: killed by that signal
     signal_name: str | None = None
     started_at: float | None = None
@@ -96,7 +101,7 @@ class RankState:
 class Run:
     spec: RunSpec
     ranks: list[RankState] = field(default_factory=list)
-    status: str = "starting"  # starting | running | succeeded | failed | timeout | interrupted | stopped
+    status: RunStatus = "starting"
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
     error: BaseException | None = None

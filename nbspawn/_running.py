@@ -52,8 +52,6 @@ def shown(names: list[str]) -> dict[str, object]:
 def where(names: list[str]) -> str:
     """Every rank's stack now, of these background runs and worlds (all running ones if none is named)."""
     from ._launch import kept_worlds
-    from ._rankdir import RankDir
-    from .events._where import RankToAsk, where_now
     from .executors._registry import background_runs
 
     runs, worlds = background_runs(), kept_worlds()
@@ -71,13 +69,7 @@ def where(names: list[str]) -> str:
         elapsed = time.time() - run.started_at
         text = run.where()
         parts.append(f"run {run.run_id} (background, {elapsed:.0f} s):\n{text or '  (no rank is running)'}")
-    for world in chosen_worlds:
-        if not hasattr(world, "processes"):  # a cluster world: its nodes' agents look
-            parts.append(f"world {world.name!r} ({world.state}, {world.cells} cells, on a cluster):\n{world.where()}")
-            continue
-        asked = [RankToAsk(r, pid, RankDir(world.spec.rank_dir(r)).stacks) for r, pid in enumerate(world.pids)]
-        text = where_now(asked, None, idle="idle: waiting for the next cell")
-        parts.append(f"world {world.name!r} ({world.state}, {world.cells} cells):\n{text}")
+    parts.extend(world.where() for world in chosen_worlds)  # a cluster world's nodes' agents look at theirs
     return "\n\n".join(parts) or "nothing is running in the background, and there is no kept world"
 
 

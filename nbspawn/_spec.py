@@ -416,7 +416,7 @@ def build_spec(
     if handed.namespace_payload is not None:
         from .handoff._names import check_shared_devices
 
-        check_shared_devices(getattr(handed.namespace_payload, "shared", None) or [], _cuda.ranks_visible(user_env, os.environ))
+        check_shared_devices(handed.namespace_payload.shared or [], _cuda.ranks_visible(user_env, os.environ))
     run_id = run_id or new_run_id()
     return RunSpec(
         run_id=run_id,

@@ -19,17 +19,26 @@
  * (`application/vnd.nbspawn.run+json`), drawn by the run renderer (`mime.ts`) with this same view (`view.ts`).
  */
 
-import { IRunBundle, WidgetRequest, decodeWidgetMessage, parseBundle, record } from './messages';
+import { IRunBundle, IWidgetState, WidgetRequest, decodeWidgetMessage, parseBundle, record } from './messages';
 import { ILiveSource, LiveOutput, applyWidgetMessage } from './output';
 import { LiveView } from './view';
 
-/** The part of anywidget's model API used here (AFM). */
-interface IAnyModel {
-  get(name: string): unknown;
-  on(event: string, callback: (...args: unknown[]) => void): void;
-  off(event?: string | null, callback?: ((...args: unknown[]) => void) | null): void;
-  send(content: unknown, callbacks?: unknown, buffers?: unknown[]): void;
+/** Events of the model heard here: a synced trait changed, a custom message, the comm lost. */
+type ModelEvent<T> = `change:${keyof T & string}` | 'msg:custom' | 'comm_live_update';
+
+/**
+ * The part of anywidget's model API used here (AFM), typed by its traits as anywidget's own
+ * `AnyModel<T>` is.  A trait is `undefined` until the kernel's first state arrives, and a kernel of
+ * another version may send other shapes: what is read is still decoded (`parseBundle`, `record`).
+ */
+interface IAnyModel<T> {
+  get<K extends keyof T & string>(name: K): T[K] | undefined;
+  on(event: ModelEvent<T>, callback: (...args: unknown[]) => void): void;
+  off(event?: ModelEvent<T> | null, callback?: ((...args: unknown[]) => void) | null): void;
+  send(content: WidgetRequest): void;
 }
+
+type WidgetModel = IAnyModel<IWidgetState>;
 
 type Cleanup = () => void;
 
@@ -40,7 +49,7 @@ class LiveRun implements ILiveSource {
   stopRequested = false;
   whereText: string | null = null;
 
-  constructor(private _model: IAnyModel) {
+  constructor(private _model: WidgetModel) {
     this.syncClock();
   }
 
@@ -72,15 +81,13 @@ class LiveRun implements ILiveSource {
 
   stop(): void {
     this.stopRequested = true;
-    const stop: WidgetRequest = { type: 'stop' };
-    this._model.send(stop);
+    this._model.send({ type: 'stop' });
     this.refresh();
   }
 
   where(): void {
     this.whereText = '';
-    const where: WidgetRequest = { type: 'where' };
-    this._model.send(where);
+    this._model.send({ type: 'where' });
     this.refresh();
   }
 
@@ -173,12 +180,12 @@ function markLost(el: HTMLElement): void {
  */
 const runs = new Map<string, LiveRun>();
 
-function runKey(model: IAnyModel): string {
+function runKey(model: WidgetModel): string {
   const id = record(model.get('header')).run_id;
   return typeof id === 'string' ? id : '';
 }
 
-function initialize({ model }: { model: IAnyModel }): Cleanup {
+function initialize({ model }: { model: WidgetModel }): Cleanup {
   const key = runKey(model);
   const live = new LiveRun(model);
   runs.set(key, live);
@@ -196,8 +203,7 @@ function initialize({ model }: { model: IAnyModel }): Cleanup {
   model.on('change:ranks', onChange);
   model.on('change:error', onChange);
   // whatever was sent before this model existed (a late view, a reloaded page): the kernel's tail
-  const replay: WidgetRequest = { type: 'replay' };
-  model.send(replay);
+  model.send({ type: 'replay' });
   return () => {
     model.off('comm_live_update', onCommLive);
     model.off('msg:custom', onMessage);
@@ -210,7 +216,7 @@ function initialize({ model }: { model: IAnyModel }): Cleanup {
   };
 }
 
-function render({ model, el }: { model: IAnyModel; el: HTMLElement }): Cleanup {
+function render({ model, el }: { model: WidgetModel; el: HTMLElement }): Cleanup {
   let own: Cleanup | null = null;
   if (!runs.has(runKey(model))) {
     own = initialize({ model }); // a frontend that did not call initialize

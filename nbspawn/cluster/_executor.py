@@ -30,7 +30,7 @@ from .._run import Run
 from .._spec import RunSpec
 from ..events._streams import Event
 from ..events._where import RankToAsk, describe
-from ..executors._base import Executor
+from ..executors._base import Executor, RankEnd
 from . import _agent, _wire
 from ._plan import ClusterPlan, hold, release, remember_port
 
@@ -57,7 +57,7 @@ class ClusterRanks(Executor):
         self.next_seq: dict[int, int] = {}
         self.answered: dict[int, _wire.Answer | None] = {}  # node index -> run_node's result (None: lost), once handled
         self.asked: set[int] = set()  # nodes told to stop
-        self.ends: dict[int, tuple[int, bool]] = {}  # rank -> (exit code, died), reported, not yet reaped
+        self.ends: dict[int, RankEnd] = {}  # reported by its node, not yet reaped
         self.reported: set[int] = set()
         self.pipes: list[tuple[int, int]] = []  # per rank: readable when its end (or its node's answer) came
         self.pipes_lock = threading.Lock()
@@ -103,7 +103,7 @@ class ClusterRanks(Executor):
     def waitables(self, rank: int) -> list[Any]:
         return [self.pipes[rank][0]] if self.spec.runs(rank) else []  # --on: the others sit the cell out
 
-    def ended(self, rank: int, ready: Any) -> tuple[int, bool] | None:
+    def ended(self, rank: int, ready: Any) -> RankEnd | None:
         with contextlib.suppress(BlockingIOError):
             os.read(self.pipes[rank][0], 64)
         return self.ends.pop(rank, None)  # None: woken because its node answered, read next
@@ -300,7 +300,7 @@ class ClusterRanks(Executor):
             with open(state.stacks_path, "w", encoding="utf-8") as fh:
                 fh.write(record["stacks"])
         self.reported.add(rank)
-        self.ends[rank] = (int(record["exit_code"] or 0), bool(record.get("died", True)))
+        self.ends[rank] = RankEnd(int(record["exit_code"] or 0), died=bool(record.get("died", True)))
         os.write(self.pipes[rank][1], b"x")
 
     def _answered(self, index: int, events: list[Event]) -> None:

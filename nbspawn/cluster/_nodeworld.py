@@ -25,6 +25,7 @@ import time
 
 from .. import _listen
 from .._spec import build_spec
+from ..errors import SpawnOutputError
 from ..executors import _world
 from ..executors._world import WorldCell
 from . import _agent, _wire
@@ -87,7 +88,7 @@ def run_world_cell(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> 
                 run = execute(spec, view, _NodeWorldCell(world, cell))
         finally:
             _cell_running.clear()
-    missing = getattr(run.error, "missing", None) or []
+    missing = run.error.missing if isinstance(run.error, SpawnOutputError) else []
     return {
         "last_seq": view.seq,
         "final": view.final,

@@ -117,7 +117,8 @@ class ClusterWorld:
             collectives.update(answer["collectives"])
         ranks = [RankToAsk(r, None, "", self.cluster.node_of(r).label) for r in range(self.spec.nprocs)]
         text = describe(ranks, stacks, None, idle="idle: waiting for the next cell", collectives=collectives)
-        return text + (f"\n({', '.join(silent)} did not answer)" if silent else "")
+        text += f"\n({', '.join(silent)} did not answer)" if silent else ""
+        return f"world {self.name!r} ({self.state}, {self.cells} cells, on a cluster):\n{text}"
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """Every node's ranks of the world leave; nothing of it is left on any node."""

@@ -7,7 +7,7 @@ this machine, writing their output to their rank directories:
 
 * :meth:`start` the ranks (their pids, in rank order; on failure nothing is left running);
 * :meth:`waitables`: what becomes ready when a rank's cell ends or the rank dies;
-* :meth:`ended`: how it ended, ``(exit code, died)``, or None if what woke was news, not its end;
+* :meth:`ended`: how it ended (a :class:`RankEnd`), or None if what woke was news, not its end;
 * :meth:`cleanup`: leave nothing running that should not be (``lose``: a kept world is lost).
 
 Executors: ``_fresh.FreshRanks`` (new processes per cell), ``_world.WorldCell`` (a cell on a kept
@@ -18,7 +18,7 @@ world), ``_program.ProgramRanks`` (a program per rank), ``nbspawn.cluster._execu
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 from ..handoff._names import receive_outputs
 from ._procs import signal_group
@@ -29,6 +29,13 @@ if TYPE_CHECKING:
 from ..events._where import RankToAsk, rank_collectives, rank_stacks
 
 POLL_MAX = 0.25  # the longest the supervisor waits between looks for new output
+
+
+class RankEnd(NamedTuple):
+    """How a rank's part of the run ended (:meth:`Executor.ended`)."""
+
+    exit_code: int  # 0, a cell's own code (ranks._cell.EXIT_RAISED, ...), or -signal
+    died: bool  # the process is gone (a kept world's rank that finished its cell lives on)
 
 
 class Executor(ABC):
@@ -46,7 +53,7 @@ class Executor(ABC):
     def waitables(self, rank: int) -> list[Any]: ...
 
     @abstractmethod
-    def ended(self, rank: int, ready: Any) -> tuple[int, bool] | None: ...
+    def ended(self, rank: int, ready: Any) -> RankEnd | None: ...
 
     @abstractmethod
     def cleanup(self, lose: bool) -> None: ...
@@ -80,3 +87,20 @@ class Executor(ABC):
         """``--out``: each name's values by rank, and the (rank, name) pairs some rank did not define."""
         dirs = [state.dir if run.spec.runs(state.rank) else None for state in run.ranks]  # --on: None for the others
         return receive_outputs(dirs, run.spec.out_names)
+
+
+class KeptWorld(Protocol):
+    """A kept world, on this machine (``executors._world.World``) or on a cluster
+    (``cluster._world.ClusterWorld``): what ``%spawn status``, ``where``, ``stop`` and ``worlds()`` ask of it."""
+
+    name: str
+    state: str
+    cells: int
+
+    def status(self) -> dict[str, Any]:
+        """Its row of ``%spawn status`` and ``nbspawn.worlds()``."""
+        ...
+
+    def where(self) -> str:
+        """Where its ranks are now, titled with the world's name (``%spawn where``)."""
+        ...

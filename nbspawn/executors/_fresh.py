@@ -21,7 +21,7 @@ from ..ranks._capture import rank_classes, stdio_streams
 from ..ranks._cell import Inherited, run_rank
 from ..ranks._fds import kernel_descriptors
 from . import _reaper
-from ._base import Executor
+from ._base import Executor, RankEnd
 from ._procs import end_processes, environment, one_flush, pid_of, prepare_forkserver
 
 
@@ -79,10 +79,10 @@ class FreshRanks(Executor):
     def waitables(self, rank: int) -> list[Any]:
         return [self.processes[rank].sentinel]
 
-    def ended(self, rank: int, ready: Any) -> tuple[int, bool]:
+    def ended(self, rank: int, ready: Any) -> RankEnd:
         process = self.processes[rank]
         process.join()
-        return process.exitcode or 0, True
+        return RankEnd(process.exitcode or 0, died=True)
 
     def cleanup(self, lose: bool) -> None:
         pids = [pid_of(p) for p in self.processes]

@@ -19,7 +19,7 @@ from .._rankdir import RankDir
 from .._run import Run
 from .._spec import RunSpec
 from . import _reaper
-from ._base import Executor
+from ._base import Executor, RankEnd
 from ._procs import end_popens
 
 
@@ -64,8 +64,8 @@ class ProgramRanks(Executor):
     def waitables(self, rank: int) -> list[Any]:
         return [self.pidfds[rank]]
 
-    def ended(self, rank: int, ready: Any) -> tuple[int, bool]:
-        return self.procs[rank].wait(), True
+    def ended(self, rank: int, ready: Any) -> RankEnd:
+        return RankEnd(self.procs[rank].wait(), died=True)
 
     def cleanup(self, lose: bool) -> None:
         end_popens(self.procs)

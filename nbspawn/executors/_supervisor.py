@@ -257,7 +257,7 @@ class _Supervisor(PromptDesk, HangWatch):
             return
         for other in [w for w, r in self.alive.items() if r == rank]:
             del self.alive[other]
-        code, died = ended
+        code, died = ended.exit_code, ended.died
         state = self.run.ranks[rank]
         state.ended_at = time.time()
         state.exit_code = code

@@ -44,7 +44,7 @@ from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
 from ..ranks._fds import kernel_descriptors
 from ..ranks._world import EXITED, INTERRUPTED, OK, RAISED, STARTED, WorldJob, run_world_rank
 from . import _reaper
-from ._base import Executor
+from ._base import Executor, RankEnd
 from ._procs import end_processes, interrupts_deferred, pid_of, prepare_forkserver, signal_group
 
 STOP_WAIT = 5.0  # how long ``stop`` waits for ranks to leave on their own before killing them
@@ -165,6 +165,15 @@ class World:
         self.conns = []
         _reaper.forget(pids)
 
+    def where(self) -> str:
+        """Where every rank is now (between cells: idle), asked by signal, read from its files."""
+        from .._rankdir import RankDir
+        from ..events._where import RankToAsk, where_now
+
+        asked = [RankToAsk(r, pid, RankDir(self.spec.rank_dir(r)).stacks) for r, pid in enumerate(self.pids)]
+        text = where_now(asked, None, idle="idle: waiting for the next cell")
+        return f"world {self.name!r} ({self.state}, {self.cells} cells):\n{text}"
+
     def status(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -229,7 +238,7 @@ class WorldCell(Executor):
             return []
         return [self.world.conns[rank], self.world.processes[rank].sentinel]
 
-    def ended(self, rank: int, ready: Any) -> tuple[int, bool] | None:
+    def ended(self, rank: int, ready: Any) -> RankEnd | None:
         conn = self.world.conns[rank]
         if ready is conn:
             try:
@@ -242,10 +251,11 @@ class WorldCell(Executor):
                     if rank in self.held:
                         self._signal(rank, self.held.pop(rank))
                     return None
-                return {OK: 0, RAISED: EXIT_RAISED, INTERRUPTED: EXIT_INTERRUPTED, EXITED: code}.get(outcome, 1), False
+                code = {OK: 0, RAISED: EXIT_RAISED, INTERRUPTED: EXIT_INTERRUPTED, EXITED: code}.get(outcome, 1)
+                return RankEnd(code, died=False)
         process = self.world.processes[rank]
         process.join()
-        return process.exitcode or 0, True
+        return RankEnd(process.exitcode or 0, died=True)
 
     def cleanup(self, lose: bool) -> None:
         world = self.world

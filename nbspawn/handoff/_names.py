@@ -341,7 +341,7 @@ def pick_shared(
     return shared
 
 
-def check_shared_devices(shared: list[Any], ranks_visible: str | None) -> None:
+def check_shared_devices(shared: Collection[Any], ranks_visible: str | None) -> None:
     """CUDA IPC handles carry the kernel's device numbers: the ranks must number the GPUs alike."""
     kernel_visible = os.environ.get(_cuda.VISIBLE)
     if _cuda.same_devices(kernel_visible, ranks_visible):

@@ -64,6 +64,7 @@ def plan_cluster_world_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, C
         rich=rich,
         notes=(),
         on_ranks=on,
+        pdb=settings.pdb,  # --pdb, %pdb on: the cell's own (the world's spec is its first cell's)
     )
     job = _wire.Job(
         run_id=run_id,

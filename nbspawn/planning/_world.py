@@ -93,6 +93,7 @@ def plan_world_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell
         notes=notes,
         cell_numbers=dict(request.cell_numbers),
         on_ranks=on,
+        pdb=settings.pdb,  # --pdb, %pdb on: the cell's own (the world's spec is its first cell's)
     )
     share_(list(shared.values()))
     job = WorldJob(

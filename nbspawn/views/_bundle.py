@@ -26,7 +26,7 @@ from typing import Any
 
 from .._rankdir import DISPLAY_FILE, STDERR, STDOUT
 from .._run import RankState, Run
-from ..errors import RankExitedError, RankRaisedError, rank_spans
+from ..errors import RankExitedError, RankRaisedError, SpawnInterrupted, rank_spans
 from ..events._display import WIDGET_MIME
 from ._messages import RankRecord, RunRecord
 from ._safehtml import safe_html
@@ -116,7 +116,7 @@ def run_record(run: Run, elided: dict[int, int] | None = None) -> RunRecord:
         else {
             "rank": root.rank if root else None,
             "summary": ESCAPE.sub("", summary or ""),
-            "stopped_by": getattr(error, "stopped_by", None) if run.status == "stopped" else None,
+            "stopped_by": error.stopped_by if isinstance(error, SpawnInterrupted) and run.status == "stopped" else None,
         },
         "output_in": "text/html",
         "ranks": [rank_record(state, elided.get(state.rank, 0)) for state in ranks],

@@ -2,13 +2,15 @@
 the live widget's traits and messages, the status comm's data, and a cell's runs after a reload.
 
 The TypeScript side's twin is ``labextension/src/messages.ts`` (``IRunRecord``, ``IWidgetState``,
-``IOutputMessage``, ``IReplayMessage``, ``IWhereMessage``, ``WidgetRequest``, ``IRunStatus``,
+``IOutputMessage``, ``IReplayMessage``, ``IWhereMessage``, ``WidgetRequest``, ``IRunStatus`` (here ``StatusMessage``),
 ``ILiveInfo``, the ``nbspawn.active`` messages): a field changed here is changed there too.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal, TypedDict
+
+from .._run import RankStatus, RunStatus
 
 # a display item (nbspawn.events._display): {"kind", "id", "mime", "value", "text", "meta", "wait"}
 DisplayItem = dict[str, Any]
@@ -19,7 +21,7 @@ RankChunk = list[Any]  # [rank, stream, text] or [rank, "display", item]: a list
 class RankRecord(TypedDict):
     rank: int
     pid: int | None
-    status: str  # starting | running | done | failed | stopped
+    status: RankStatus  # never absent: a rank that sits a cell out (--on) is not in its record
     exit_code: int | None
     signal: str | None
     duration: float | None
@@ -50,7 +52,7 @@ class RunHeader(TypedDict):
     log_dir: str
     started_at: float
     duration: float | None
-    status: str  # starting | running | succeeded | failed | timeout | interrupted | stopped
+    status: RunStatus
     world: str | None
     world_cell: int | None
     error: RunErrorRecord | None
@@ -107,11 +109,11 @@ def widget_request(content: object) -> Request | None:
     return kind if kind in ("replay", "stop", "where") else None
 
 
-class RunStatus(TypedDict):
+class StatusMessage(TypedDict):
     """``nbspawn.status`` comm data (the JupyterLab toolbar item)."""
 
     run_id: str
-    status: str  # running while the run is active, then its final status
+    status: RunStatus  # running while the run is active, then its final status
     nprocs: int
     running: list[int]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from .._comms import create_comm
 from .._run import Run
-from ._messages import RunStatus
+from ._messages import StatusMessage
 
 TARGET = "nbspawn.status"
 _ACTIVE = ("starting", "running")
@@ -35,7 +35,7 @@ def in_kernel() -> bool:
     return getattr(shell, "kernel", None) is not None
 
 
-def status_data(run: Run) -> RunStatus:
+def status_data(run: Run) -> StatusMessage:
     return {
         "run_id": run.run_id,
         "status": "running" if run.status in _ACTIVE else run.status,
@@ -53,7 +53,7 @@ class StatusComm:
     def __init__(self, open_after: float = 0.2) -> None:
         self.open_after = open_after
         self.comm: Any = None
-        self.last: RunStatus | None = None
+        self.last: StatusMessage | None = None
         self.wanted = False
 
     def open(self, run: Run) -> None:
@@ -92,7 +92,7 @@ class StatusComm:
             log.debug("nbspawn.status comm close failed: %s", err)
         self.comm = None
 
-    def _send(self, data: RunStatus) -> None:
+    def _send(self, data: StatusMessage) -> None:
         self.last = data
         try:
             self.comm.send(data)
