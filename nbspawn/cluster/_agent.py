@@ -9,17 +9,7 @@ The kernel calls two functions on engines through ipyparallel's ``apply``:
   that sends what the ranks report to the kernel as ipyparallel data messages (batched, at most
   ``1 / publish_every`` a second), never through the engine's stdout.
 
-The kernel reaches a busy engine only with signals, which ipyparallel's nanny delivers:
-
-* SIGINT: interrupt (the kernel's interrupt or Stop; twice: kill), as on one machine;
-* SIGUSR2 (:data:`STOP_SIGNAL`): stop the node's ranks as a failure stops them (stacks, then
-  SIGTERM): another node failed, or the run timed out;
-* SIGWINCH (:data:`HEARTBEAT_SIGNAL`), every :data:`HEARTBEAT_EVERY` s while the run lives: the
-  kernel is alive.  Engines outlive a kernel, so an agent that hears nothing for
-  :data:`HEARTBEAT_LOST` s stops its ranks itself.
-
-Both handlers are installed by the probe and stay: a signal that arrives after a run ended finds a
-handler, not SIGUSR2's default action (which would end the engine).
+The kernel reaches a busy engine only with signals (``_contact``: stop, heartbeat, where).
 """
 
 from __future__ import annotations
@@ -29,7 +19,6 @@ import contextlib
 import dataclasses
 import os
 import platform
-import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -45,44 +34,14 @@ from ..events._where import RankToAsk, rank_collectives, rank_stacks
 from ..executors._fresh import FreshRanks
 from ..executors._program import ProgramRanks
 from ..views._protocol import RunView
-from . import _net, _wire
+from . import _contact, _net, _wire
 
-STOP_SIGNAL = signal.SIGUSR2
-HEARTBEAT_SIGNAL = signal.SIGWINCH
-WHERE_SIGNAL = signal.SIGURG  # ignored by default: one that comes before the handler harms nothing
 LOOK_WAIT = 1.5  # the longest an agent waits for its ranks' dumps when asked where they are
-HEARTBEAT_EVERY = 0.5
-HEARTBEAT_LOST = 3.0
 READ_BUDGET = 32 * 1024  # bytes of each stream of each rank read per poll, as the live widget reads
 BATCH_CHARS = 64 * 1024  # most text of one rank in one batch; older lines are counted, not sent
 STACKS_SENT = 64 * 1024
 
-_last_beat = time.monotonic()
-_stop_asked = False
-_where_asked = 0  # how many times the kernel asked where the ranks are
-_where_told = 0
 _store: Any = None  # node 0's TCPStore of the last run
-
-
-def _beat(_signum: int, _frame: object) -> None:
-    global _last_beat
-    _last_beat = time.monotonic()
-
-
-def _ask_stop(_signum: int, _frame: object) -> None:
-    global _stop_asked
-    _stop_asked = True
-
-
-def _ask_where(_signum: int, _frame: object) -> None:
-    global _where_asked
-    _where_asked += 1
-
-
-def _install_handlers() -> None:
-    signal.signal(HEARTBEAT_SIGNAL, _beat)
-    signal.signal(STOP_SIGNAL, _ask_stop)
-    signal.signal(WHERE_SIGNAL, _ask_where)
 
 
 def versions() -> dict[str, str]:
@@ -102,7 +61,7 @@ def probe(kernel_cwd: str, program: list[str] | None, start_method: StartMethod 
     from .._spec import choose_start_method, usable_cpus
     from ..errors import SpawnUsageError
 
-    _install_handlers()
+    _contact.install_handlers()
     visible = os.environ.get(_cuda.VISIBLE)
     physical = _cuda.physical_gpus() if _cuda.compiled_with_cuda(torch) else 0
     cwd = kernel_cwd if os.path.isdir(kernel_cwd) else os.getcwd()
@@ -114,7 +73,7 @@ def probe(kernel_cwd: str, program: list[str] | None, start_method: StartMethod 
     if program is not None and problem is None:
         from .._program import parse_program
 
-        with _working_directory(cwd):
+        with working_directory(cwd):
             try:
                 parse_program(program)
             except SpawnUsageError as err:
@@ -144,7 +103,8 @@ def probe(kernel_cwd: str, program: list[str] | None, start_method: StartMethod 
 
 
 @contextlib.contextmanager
-def _working_directory(path: str) -> Iterator[None]:
+def working_directory(path: str) -> Iterator[None]:
+    """The kernel's working directory (as the engine sees it) for what runs inside: a cell's relative paths."""
     before = os.getcwd()
     os.chdir(path)
     try:
@@ -203,11 +163,10 @@ class RelayView(RunView):
             self._publish()  # the kernel stops the other nodes on it: no waiting
 
     def tick(self, run: Run) -> None:
-        global _where_told
-        if _where_asked > _where_told:
-            _where_told = _where_asked
+        asked = _contact.where_wanted()
+        if asked is not None:
             ranks = [RankToAsk(s.rank + self.offset, s.pid, s.stacks_path) for s in run.ranks if s.status == "running"]
-            self._publish_data({_wire.where_key(_where_told): look(ranks, run.spec.program is not None)})
+            self._publish_data({_wire.where_key(asked): look(ranks, run.spec.program is not None)})
         if not self.pids_sent:
             self._send_pids(run)
             self._publish()
@@ -219,10 +178,10 @@ class RelayView(RunView):
         self.final, self.batch = self.batch, []
 
     def wants_stop(self) -> bool | str:
-        if _stop_asked:
+        if _contact.stop_asked():
             return "the kernel stopped this node's ranks"
-        if time.monotonic() - _last_beat > HEARTBEAT_LOST:
-            return f"the kernel is gone (no heartbeat for {HEARTBEAT_LOST:g} s)"
+        if _contact.kernel_silent():
+            return f"the kernel is gone (no heartbeat for {_contact.HEARTBEAT_LOST:g} s)"
         return False
 
     # -- batching ---------------------------------------------------------------------------------
@@ -284,7 +243,7 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
 
     Returns the last batch, how many were published before it, and the node's ``--out`` values.
     """
-    global _stop_asked, _last_beat, _store
+    global _store
     import cloudpickle
 
     from .._program import parse_program
@@ -292,9 +251,8 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
     from ..executors._supervisor import execute
     from ..handoff._shm import Payload, forget_arrivals, new_run_prefix
 
-    _install_handlers()
-    _stop_asked, _last_beat = False, time.monotonic()
-    view = RelayView(node["offset"], job["rich"], job["publish_every"], _publisher())
+    _contact.begin_run()
+    view = RelayView(node["offset"], job["rich"], job["publish_every"], _contact.publisher())
     out_names = tuple(job["out_names"])
 
     def handoff(method: str) -> Handoff:
@@ -307,7 +265,7 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
         return Handoff(None, Payload(names), out_names, prefix)
 
     settings, placement = node_placement(job, node)
-    with _working_directory(job["cwd"]):
+    with working_directory(job["cwd"]):
         program = parse_program(job["program"]) if job["program"] is not None else None
         spec = build_spec(
             job["cell"], settings, rich=job["rich"], handoff=None if program else handoff, program=program,
@@ -384,14 +342,3 @@ def _socket_interface(master_addr: str, user_env: dict[str, str]) -> dict[str, s
     source = _net.source_address(master_addr)
     name = _listen.interface_of(source) if source else None
     return _cuda.socket_interface_env(name, user_env, os.environ)
-
-
-def _publisher() -> Any:
-    """ipyparallel's data channel, when this is an engine running an apply."""
-    from ipykernel.zmqshell import ZMQInteractiveShell
-
-    shell = ZMQInteractiveShell.instance()
-    pub = getattr(shell, "data_pub", None)
-    if pub is None:
-        raise RuntimeError("run_node runs on an ipyparallel engine (it has no data channel here)")
-    return pub.publish_data

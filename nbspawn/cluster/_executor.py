@@ -31,7 +31,7 @@ from .._spec import RunSpec
 from ..events._streams import Event
 from ..events._where import RankToAsk, describe
 from ..executors._base import Executor, RankEnd
-from . import _agent, _wire
+from . import _agent, _contact, _wire
 from ._plan import ClusterPlan, hold, release, remember_port
 
 FINAL_WAIT = 10.0  # after its ranks ended, how long a node's agent may take to clean up and answer
@@ -140,7 +140,7 @@ class ClusterRanks(Executor):
         client = self.cluster.client if supervising else self.port_book
         agents = [self.cluster.nodes[i].agent for i in asked]
         registered = set(client.ids)
-        client.send_signal(int(_agent.WHERE_SIGNAL), targets=[a for a in agents if a in registered], block=False)
+        client.send_signal(int(_contact.WHERE_SIGNAL), targets=[a for a in agents if a in registered], block=False)
         answers: dict[int, _wire.Where] = {}
         until = time.monotonic() + max(wait, _agent.LOOK_WAIT) + 1.0  # the agents look, then answer
         while len(answers) < len(asked) and time.monotonic() < until:
@@ -163,7 +163,7 @@ class ClusterRanks(Executor):
         """One request per node: SIGINT interrupts (a second one kills), SIGTERM stops as a failure does."""
         if sig == signal.SIGUSR1:
             return  # each agent asks its own ranks for their stacks before stopping them
-        wanted = signal.SIGINT if sig in (signal.SIGINT, signal.SIGKILL) else _agent.STOP_SIGNAL
+        wanted = signal.SIGINT if sig in (signal.SIGINT, signal.SIGKILL) else _contact.STOP_SIGNAL
         nodes = sorted({self.cluster.node_of(r).index for r in ranks} - set(self.answered))
         if nodes:
             self.asked.update(nodes)
@@ -237,10 +237,10 @@ class ClusterRanks(Executor):
 
     def _heartbeat(self) -> None:
         now = time.monotonic()
-        if now - self.last_beat >= _agent.HEARTBEAT_EVERY:
+        if now - self.last_beat >= _contact.HEARTBEAT_EVERY:
             self.last_beat = now
             targets = [n.agent for n in self.cluster.nodes if n.index not in self.answered]
-            self._send_signal(_agent.HEARTBEAT_SIGNAL, targets)
+            self._send_signal(_contact.HEARTBEAT_SIGNAL, targets)
 
     def _send_signal(self, sig: int, agents: list[int]) -> None:
         """To the agents still registered: an engine that died is unregistered (a signal to it would

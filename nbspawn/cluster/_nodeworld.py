@@ -12,7 +12,7 @@ node's agent:
 
 Engines outlive kernels.  Between cells no ``apply`` runs, so a thread of the agent (started with
 the node's first world) watches the kernel's heartbeat, which the kernel keeps sending while it has
-a world here: silence for :data:`~nbspawn.cluster._agent.HEARTBEAT_LOST` seconds and the node's
+a world here: silence for :data:`~nbspawn.cluster._contact.HEARTBEAT_LOST` seconds and the node's
 worlds are stopped, leaving nothing running.
 """
 
@@ -28,7 +28,7 @@ from .._spec import build_spec
 from ..errors import SpawnOutputError
 from ..executors import _world
 from ..executors._world import WorldCell
-from . import _agent, _wire
+from . import _agent, _contact, _wire
 
 _cell_running = threading.Event()  # a cell's apply watches the heartbeat itself
 _watcher: threading.Thread | None = None
@@ -51,8 +51,7 @@ def run_world_cell(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> 
     from ..handoff._shm import Payload, forget_arrivals, new_run_prefix
     from ..ranks._world import WorldJob
 
-    _agent._install_handlers()
-    _agent._stop_asked, _agent._last_beat = False, time.monotonic()
+    _contact.begin_run()
     forget_arrivals()
     with _lock:
         _cell_running.set()
@@ -62,7 +61,7 @@ def run_world_cell(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> 
                 node["offset"],
                 job["rich"],
                 job["publish_every"],
-                _agent._publisher(),
+                _contact.publisher(),
                 alive=lambda r: world.processes[r].is_alive(),
             )
             out_names = tuple(job["out_names"])
@@ -84,7 +83,7 @@ def run_world_cell(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> 
                 job["cell"], spec.run_dir, run_id, Payload(names), out_names, spec.shm_prefix,
                 grace=spec.grace_period, rank_offset=node["offset"], on=spec.on_ranks,
             )  # fmt: skip
-            with _agent._working_directory(job["cwd"]):
+            with _agent.working_directory(job["cwd"]):
                 run = execute(spec, view, _NodeWorldCell(world, cell))
         finally:
             _cell_running.clear()
@@ -114,7 +113,7 @@ def _world_for(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> tupl
     if world is not None:  # a part left by a kernel that died, under the same name: not this world
         _stop_here(name)
     settings, placement = _agent.node_placement(job, node)
-    with _agent._working_directory(job["cwd"]):
+    with _agent.working_directory(job["cwd"]):
         spec = build_spec(job["cell"], settings, rich=job["rich"], run_id=job["run_id"], placement=placement)
     world = _world.start_world(name, spec)  # node 0's world hosts its store, for its life, once its ranks are forked
     next_port = _listen.reserve(spec.master_addr) if node["index"] == 0 else None  # the next fresh run's, told to the kernel
@@ -160,8 +159,8 @@ def _watch_the_kernel() -> None:
 
 def _watch() -> None:
     while _world.worlds():
-        time.sleep(_agent.HEARTBEAT_EVERY)
-        if _cell_running.is_set() or time.monotonic() - _agent._last_beat <= _agent.HEARTBEAT_LOST:
+        time.sleep(_contact.HEARTBEAT_EVERY)
+        if _cell_running.is_set() or not _contact.kernel_silent():
             continue
         with _lock:
             if _cell_running.is_set():

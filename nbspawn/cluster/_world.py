@@ -36,7 +36,7 @@ from .._request import RunRequest, Settings
 from .._run import Run
 from .._spec import RunSpec
 from ..handoff._names import names_bound
-from . import _agent, _nodeworld, _wire
+from . import _contact, _nodeworld, _wire
 from ._executor import ClusterRanks
 from ._plan import ClusterPlan, companion_client
 
@@ -284,8 +284,8 @@ class _Heartbeat:
                     if companion is not None:
                         with contextlib.suppress(Exception):  # an engine that died is no longer registered
                             alive = [agent for agent in world.agents if agent in set(companion.ids)]
-                            companion.send_signal(int(_agent.HEARTBEAT_SIGNAL), targets=alive, block=False)
-            time.sleep(_agent.HEARTBEAT_EVERY)
+                            companion.send_signal(int(_contact.HEARTBEAT_SIGNAL), targets=alive, block=False)
+            time.sleep(_contact.HEARTBEAT_EVERY)
 
 
 _heartbeat = _Heartbeat()
