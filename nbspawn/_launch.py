@@ -95,27 +95,20 @@ def refuse_combinations(request: RunRequest) -> None:
 
 def _on_a_cluster(world: str) -> bool:
     """Whether ``world`` names a kept world on a cluster (its later cells need not say --cluster)."""
-    module = sys.modules.get("nbspawn.cluster._world")  # none was made if it was never imported
-    return module is not None and module.is_cluster_world(world)
+    from .executors._world import held_elsewhere
+
+    return held_elsewhere(world)
 
 
 def kept_worlds() -> dict[str, KeptWorld]:
     """Every kept world of this kernel, on this machine and on clusters, by name."""
-    from .executors._world import worlds
+    from .executors._world import every_world
 
-    module = sys.modules.get("nbspawn.cluster._world")
-    return {**worlds(), **(module.worlds() if module is not None else {})}
+    return every_world()
 
 
 def stop_worlds(names: list[str] | None) -> list[str]:
     """Stop these kept worlds, wherever they run (all, if None); an unknown name is a usage error."""
-    from .executors import _world
+    from .executors._world import stop_anywhere
 
-    module = sys.modules.get("nbspawn.cluster._world")
-    if module is None:
-        return _world.stop(names)
-    if names is None:
-        return [*_world.stop(None), *module.stop(None)]
-    remote = module.stop([n for n in names if module.is_cluster_world(n)])
-    local = [n for n in names if n not in remote]
-    return [*(_world.stop(local) if local else []), *remote]
+    return stop_anywhere(names)

@@ -35,6 +35,7 @@ from typing import Any
 from .._request import RunRequest, Settings
 from .._run import Run
 from .._spec import RunSpec
+from ..executors import _world as _local_worlds
 from ..handoff._names import names_bound
 from . import _contact, _nodeworld, _wire
 from ._executor import ClusterRanks
@@ -186,6 +187,10 @@ def stop(names: list[str] | None = None) -> list[str]:
         if name in _worlds:
             _worlds[name].stop()
     return chosen
+
+
+# %spawn status, where and stop, and nbspawn.worlds(), find these through the local registry
+_local_worlds.keep_elsewhere(_local_worlds.WorldsElsewhere(worlds, is_cluster_world, stop))
 
 
 class ClusterWorldCell(ClusterRanks):

@@ -26,6 +26,7 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -44,7 +45,7 @@ from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
 from ..ranks._fds import kernel_descriptors
 from ..ranks._world import EXITED, INTERRUPTED, OK, RAISED, STARTED, WorldJob, run_world_rank
 from . import _reaper
-from ._base import Executor, RankEnd
+from ._base import Executor, KeptWorld, RankEnd
 from ._procs import end_processes, interrupts_deferred, pid_of, prepare_forkserver, signal_group
 
 STOP_WAIT = 5.0  # how long ``stop`` waits for ranks to leave on their own before killing them
@@ -287,6 +288,44 @@ _lost: dict[str, Lost] = {}
 def worlds() -> dict[str, World]:
     """The kept worlds of this process, by name."""
     return dict(_worlds)
+
+
+class WorldsElsewhere(NamedTuple):
+    """Kept worlds this module does not hold: a cluster's (``cluster._world`` registers its own when
+    it is first imported, so ipyparallel is loaded only for a cluster)."""
+
+    worlds: Callable[[], Mapping[str, KeptWorld]]
+    holds: Callable[[str], bool]  # it keeps this world, or lost it (its next cell starts it there again)
+    stop: Callable[[list[str] | None], list[str]]  # those of these names it holds (all, if None)
+
+
+_elsewhere: list[WorldsElsewhere] = []
+
+
+def keep_elsewhere(keeper: WorldsElsewhere) -> None:
+    _elsewhere.append(keeper)
+
+
+def held_elsewhere(name: str) -> bool:
+    """Whether world ``name`` is (or was, lost) one kept elsewhere: its later cells need not say where."""
+    return any(keeper.holds(name) for keeper in _elsewhere)
+
+
+def every_world() -> dict[str, KeptWorld]:
+    """Every kept world of this kernel, on this machine and elsewhere, by name."""
+    found: dict[str, KeptWorld] = dict(_worlds)
+    for keeper in _elsewhere:
+        found.update(keeper.worlds())
+    return found
+
+
+def stop_anywhere(names: list[str] | None) -> list[str]:
+    """Stop these kept worlds, wherever they run (all, if None); an unknown name is a usage error."""
+    if names is None:
+        return [*stop(None), *(n for keeper in _elsewhere for n in keeper.stop(None))]
+    remote = [n for keeper in _elsewhere for n in keeper.stop([n for n in names if keeper.holds(n)])]
+    local = [n for n in names if n not in remote]
+    return [*(stop(local) if local else []), *remote]
 
 
 def running(name: str) -> World | None:
