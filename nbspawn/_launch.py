@@ -31,7 +31,7 @@ def start(request: RunRequest, view: RunView | None = None) -> Run:
     """Check ``request``, start its ranks, and supervise them: to the end, or (``background``) in a
     thread of the run's own.  Raises ``SpawnUsageError`` (nothing started) for a bad request."""
     view = view or RunView()
-    spec, executor = plan(request, view.rich)
+    spec, executor = plan_run(request, view.rich)
     for note in spec.notes:
         print(note, file=sys.stderr)
     announcement = executor.announcement()
@@ -40,7 +40,7 @@ def start(request: RunRequest, view: RunView | None = None) -> Run:
     return execute(spec, view, executor, background=request.background)
 
 
-def plan(request: RunRequest, rich: bool) -> tuple[RunSpec, Executor]:
+def plan_run(request: RunRequest, rich: bool) -> tuple[RunSpec, Executor]:
     """The spec and executor of ``request``; starts nothing (but a kept world that is new)."""
     refuse_combinations(request)
     if request.world is not None and (request.cluster is not None or _on_a_cluster(request.world)):

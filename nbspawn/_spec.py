@@ -401,7 +401,7 @@ def build_spec(
     tpu: _tpu.TpuPlan | None = None
     if _tpu.wants_tpu(settings.accelerator, os.environ):
         _tpu.refuse_if_runtime_up(_tpu.culprit())
-        tpu = _tpu.plan(os.environ, user_env, None if settings.nprocs == "auto" else int(settings.nprocs))
+        tpu = _tpu.plan_tpu(os.environ, user_env, None if settings.nprocs == "auto" else int(settings.nprocs))
         notes.extend(tpu.notes)
         n = len(tpu.rank_envs)
     else:

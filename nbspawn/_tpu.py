@@ -163,7 +163,7 @@ def refuse_if_runtime_up(culprit: str = "") -> None:
         )
 
 
-def plan(environ: Mapping[str, str], user_env: Mapping[str, str], nprocs: int | None) -> TpuPlan:
+def plan_tpu(environ: Mapping[str, str], user_env: Mapping[str, str], nprocs: int | None) -> TpuPlan:
     """Each rank's environment, as torch_xla's launcher would set it in a worker of a launch of
     ``nprocs`` processes (None: ``tpu.num_local_processes()``, as ``xmp.spawn`` starts)."""
     tpu = _tpu_module()

@@ -13,7 +13,7 @@ from IPython.core.magic_arguments import parse_argstring
 
 from nbspawn._api import _API_ONLY, launch
 from nbspawn._door import read_request, read_settings
-from nbspawn._launch import plan, refuse_combinations
+from nbspawn._launch import plan_run, refuse_combinations
 from nbspawn._magic import FORMS, SpawnMagics
 from nbspawn._options import OPTIONS
 from nbspawn._request import Given, RunRequest, Settings
@@ -113,7 +113,7 @@ def test_a_bad_option_is_refused_before_anything_starts(given, message, tmp_path
     raw = {"nprocs": "auto", "start_method": None, "backend": None, "env": None, "timeout": None}
     raw |= {"grace_period": 5.0, "ranks": None, "log_dir": str(log_dir), **given}
     with pytest.raises(SpawnUsageError, match=message):
-        plan(
+        plan_run(
             read_request(cell=CellSource("pass"), program=None, settings=read_settings(**raw, given=Given()), namespace={}),
             rich=False,
         )
@@ -121,7 +121,7 @@ def test_a_bad_option_is_refused_before_anything_starts(given, message, tmp_path
 
 
 def test_a_good_request_is_a_frozen_spec(tmp_path):
-    spec, executor = plan(cell(settings=Settings(nprocs=2, start_method="spawn", log_dir=str(tmp_path))), rich=True)
+    spec, executor = plan_run(cell(settings=Settings(nprocs=2, start_method="spawn", log_dir=str(tmp_path))), rich=True)
     assert (spec.nprocs, spec.start_method, spec.rich) == (2, "spawn", True)
     assert spec.run_dir.startswith(str(tmp_path))
     with pytest.raises(AttributeError):

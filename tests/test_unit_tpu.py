@@ -113,7 +113,7 @@ def reference() -> dict:
 def test_each_rank_gets_torch_xlas_environment_and_auto_is_its_process_count(name, reference, chips):
     chips(TOPOLOGIES[name][1])
     before = dict(os.environ)
-    plan = _tpu.plan(host_environ(name), {}, None)
+    plan = _tpu.plan_tpu(host_environ(name), {}, None)
     assert dict(os.environ) == before  # the kernel's environment is untouched
     assert plan.local_processes == reference[name]["count"] == TOPOLOGIES[name][1]
     assert [dict(env) for env in plan.rank_envs] == reference[name]["ranks"]
@@ -124,7 +124,7 @@ def test_each_rank_gets_torch_xlas_environment_and_auto_is_its_process_count(nam
 def test_the_topologies_read_as_torch_xla_documents_them(chips):
     """A few values said outright, so a torch_xla that changed its arithmetic is noticed (the pin)."""
     chips(4)
-    v4 = _tpu.plan(host_environ("v4-8"), {}, None).rank_envs
+    v4 = _tpu.plan_tpu(host_environ("v4-8"), {}, None).rank_envs
     assert v4[1] == {
         "PJRT_LOCAL_PROCESS_RANK": "1",
         "PJRT_LOCAL_PROCESS_COUNT": "4",
@@ -135,12 +135,12 @@ def test_the_topologies_read_as_torch_xla_documents_them(chips):
         "TPU_PROCESS_PORT": "8477",
         "CLOUD_TPU_TASK_ID": "1",
     }
-    pod = _tpu.plan(host_environ("v4-16"), {}, None).rank_envs
+    pod = _tpu.plan_tpu(host_environ("v4-16"), {}, None).rank_envs
     assert pod[2]["CLOUD_TPU_TASK_ID"] == "6"  # worker 1's third chip: 1 * 4 + 2
     assert pod[2]["TPU_PROCESS_BOUNDS"] == "2,2,2"
     assert pod[0]["TPU_PROCESS_ADDRESSES"].split(",")[4] == "host1:8476"
     chips(8)
-    v5e = _tpu.plan(host_environ("v5litepod-8"), {}, None).rank_envs
+    v5e = _tpu.plan_tpu(host_environ("v5litepod-8"), {}, None).rank_envs
     assert [env["TPU_VISIBLE_CHIPS"] for env in v5e] == [str(r) for r in range(8)]
     assert {env["TPU_PROCESS_BOUNDS"] for env in v5e} == {"2,4,1"}
 
@@ -158,7 +158,7 @@ def test_a_previous_launchs_variables_never_reach_the_next(name, reference, chip
         "TPU_PROCESS_PORT": "9999",
         "PJRT_LOCAL_PROCESS_COUNT": "1",
     }
-    plan = _tpu.plan(host_environ(name, **stale), {}, None)
+    plan = _tpu.plan_tpu(host_environ(name, **stale), {}, None)
     assert plan.local_processes == reference[name]["count"]
     assert [dict(env) for env in plan.rank_envs] == reference[name]["ranks"]
     assert len(plan.notes) == 1 and "TPU_PROCESS_BOUNDS=1,1,1" in plan.notes[0]
@@ -167,7 +167,7 @@ def test_a_previous_launchs_variables_never_reach_the_next(name, reference, chip
 @needs_torch_xla
 def test_env_sets_a_launcher_variable_on_purpose(chips):
     chips(4)
-    plan = _tpu.plan(host_environ("v4-8"), {"TPU_PROCESS_PORT": "9000"}, None)
+    plan = _tpu.plan_tpu(host_environ("v4-8"), {"TPU_PROCESS_PORT": "9000"}, None)
     assert all("TPU_PROCESS_PORT" not in env for env in plan.rank_envs)  # the user's own (--env) stands
     assert plan.rank_envs[3]["TPU_VISIBLE_CHIPS"] == "3"
 
@@ -175,19 +175,19 @@ def test_env_sets_a_launcher_variable_on_purpose(chips):
 @needs_torch_xla
 def test_one_rank_uses_one_chip_as_xmp_spawn_nprocs_1_and_other_counts_are_refused(chips):
     chips(4)
-    (one,) = _tpu.plan(host_environ("v4-8"), {}, 1).rank_envs
+    (one,) = _tpu.plan_tpu(host_environ("v4-8"), {}, 1).rank_envs
     assert one == {
         "PJRT_LOCAL_PROCESS_COUNT": "1",
         "TPU_VISIBLE_CHIPS": "0",
         "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
         "TPU_PROCESS_BOUNDS": "1,1,1",
     }
-    assert len(_tpu.plan(host_environ("v4-8"), {}, 4).rank_envs) == 4
+    assert len(_tpu.plan_tpu(host_environ("v4-8"), {}, 4).rank_envs) == 4
     with pytest.raises(SpawnUsageError, match=r"-n 3 on a TPU host: .*\(4 here\)"):
-        _tpu.plan(host_environ("v4-8"), {}, 3)
+        _tpu.plan_tpu(host_environ("v4-8"), {}, 3)
     chips(0)
     with pytest.raises(SpawnUsageError, match="finds no TPU chip"):
-        _tpu.plan(host_environ("v4-8"), {}, None)
+        _tpu.plan_tpu(host_environ("v4-8"), {}, None)
 
 
 @needs_torch_xla

@@ -252,7 +252,7 @@ def master_address(nodes: list[Node]) -> str:
     )
 
 
-def plan(
+def plan_nodes(
     client: Any, ids: list[int], *, nodes: int | None, nprocs: int | str, backend: str,
     start_method: str | None, program: list[str] | None,
 ) -> tuple[ClusterPlan, str]:  # fmt: skip

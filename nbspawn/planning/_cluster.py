@@ -14,7 +14,7 @@ from .._source import CellSource
 from .._spec import RunSpec, new_run_id, run_directory
 from ..cluster import _wire
 from ..cluster._executor import PUBLISH_EVERY, ClusterRanks
-from ..cluster._plan import companion_client, plan, refuse_if_busy, resolve_client
+from ..cluster._plan import companion_client, plan_nodes, refuse_if_busy, resolve_client
 from ..errors import SpawnUsageError
 
 
@@ -39,7 +39,7 @@ def plan_cluster(request: RunRequest, rich: bool) -> tuple[RunSpec, ClusterRanks
         names = pickle_names(cell.parse(), request.namespace, request.hidden)
     client, ids = resolve_client(request.cluster, request.namespace)
     refuse_if_busy(client)
-    found, chosen_backend = plan(
+    found, chosen_backend = plan_nodes(
         client, ids, nodes=request.nodes, nprocs=settings.nprocs, backend=settings.backend, start_method=method, program=program
     )
     world = found.world_size
