@@ -3,7 +3,7 @@
 A world's ranks, start method, backend and environment were settled by its first cell; a later cell
 that names one of them must ask for what the world already is, else it is refused (a world that runs
 cannot change).  Kept worlds on this machine (``executors._world``) and on a cluster
-(``cluster._world``) both ask :func:`world_clashes`, with typed values on both sides, so the same cell
+(``cluster._clusterworld``) both ask :func:`world_clashes`, with typed values on both sides, so the same cell
 gets the same answer on either: ``--backend GLOO`` is ``gloo``, ``-n " 2"`` is 2, and ``-n auto``
 (``--backend auto``) is what auto comes to for that world (its caller says how, from the facts it
 has: this machine's GPUs and cores, or the nodes' probed facts).

@@ -78,7 +78,7 @@ class RunSpec:
     # connections it accepted): a run on this machine alone, or node 0 of a cluster
     hosts_store: bool = False
     # --on: the (global) ranks of a kept world that run this cell; None: every rank.  The others are
-    # sent the cell only to be told to sit it out (nbspawn.ranks._world), and are not supervised.
+    # sent the cell only to be told to sit it out (nbspawn.ranks._worldloop), and are not supervised.
     on_ranks: frozenset[int] | None = None
     # forkserver: the kernel's environment when the run was planned.  The fork server keeps the one the
     # kernel had when it started, so a later os.environ["NCCL_P2P_DISABLE"] = "1" (or CUDA_VISIBLE_DEVICES,

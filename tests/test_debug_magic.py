@@ -45,7 +45,7 @@ def test_post_mortem_of_a_worlds_last_failure_at_the_failed_cells_own_lines(fres
     assert (
         f"> {failed_cell}, line 4, in f" in text and f"  {failed_cell}, line 6\n-> f(rank)" in text
     )  # w, as IPython names cells
-    assert "_world.py" not in text and "_cell.py" not in text
+    assert "_worldloop.py" not in text and "_cell.py" not in text
     # the world lives on, and keeps the failure: without a rank, the root cause's rank is debugged again
     talk = converse(fresh_kernel, "%spawn debug", ["p v + 100", "c"])
     assert talk.prompts == ["(Pdb rank 1) "] * 2 and "101" in rank_lines(talk.result.stdout, 1)

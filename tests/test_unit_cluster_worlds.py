@@ -10,7 +10,7 @@ import pytest
 from nbspawn._request import Given, RunRequest, Settings
 from nbspawn._source import CellSource
 from nbspawn.cluster import _plan
-from nbspawn.cluster._world import LostWorld
+from nbspawn.cluster._clusterworld import LostWorld
 from nbspawn.errors import SpawnUsageError
 from nbspawn.planning._cluster_world import as_before
 

@@ -100,7 +100,7 @@ PLANNERS = [
     "planning/_cluster_world.py",
     "executors/_world.py",
     "cluster/_executor.py",
-    "cluster/_world.py",
+    "cluster/_clusterworld.py",
     "cluster/_agent.py",
 ]
 

@@ -13,8 +13,8 @@ from nbspawn import _listen
 from nbspawn._request import Given, RunRequest, Settings
 from nbspawn._source import CellSource
 from nbspawn._spec import RunSpec
+from nbspawn.cluster._clusterworld import ClusterWorld
 from nbspawn.cluster._plan import ClusterPlan, Node
-from nbspawn.cluster._world import ClusterWorld
 from nbspawn.errors import SpawnUsageError
 from nbspawn.executors._fresh import FreshRanks
 from nbspawn.executors._program import ProgramRanks

@@ -161,7 +161,7 @@ def test_without_a_rank_the_root_cause_of_the_last_failed_cell_is_debugged():
 
 def test_a_rank_keeps_a_failure_not_an_interrupt_nor_a_quit_debugger():
     from nbspawn._source import CellSource
-    from nbspawn.ranks import _world as rank_world
+    from nbspawn.ranks import _worldloop as rank_world
 
     cell = CellSource("x")
     before = rank_world._kept

@@ -19,7 +19,7 @@ from nbspawn._request import RunRequest
 from nbspawn._source import CellSource
 from nbspawn._spec import RunSpec
 from nbspawn.handoff._names import receive_outputs
-from nbspawn.ranks._world import WorldJob
+from nbspawn.ranks._worldloop import WorldJob
 
 
 def spec(on: frozenset[int] | None, nprocs: int = 4, **more: object) -> RunSpec:

@@ -49,7 +49,7 @@ def run_world_cell(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> 
 
     from ..executors._supervisor import execute
     from ..handoff._shm import Payload, forget_arrivals, new_run_prefix
-    from ..ranks._world import WorldJob
+    from ..ranks._worldloop import WorldJob
 
     _contact.begin_run()
     forget_arrivals()

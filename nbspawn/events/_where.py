@@ -1,6 +1,6 @@
 """Where is every rank right now: ``%spawn where [RUN-ID|WORLD]``.
 
-Each rank installed faulthandler at its start (``ranks._cell``, ``ranks._world``, ``ranks/_program.py``)
+Each rank installed faulthandler at its start (``ranks._cell``, ``ranks._worldloop``, ``ranks/_program.py``)
 for SIGUSR1: the dump is written by the signal handler itself, in C, so a rank blocked in C — a
 collective, with the GIL released or not — still gives its stack.  Asking is: note how long each
 rank's ``stacks.log`` is, signal the rank (its pid only, never its group: a DataLoader worker has no

@@ -91,7 +91,7 @@ class Executor(ABC):
 
 class KeptWorld(Protocol):
     """A kept world, on this machine (``executors._world.World``) or on a cluster
-    (``cluster._world.ClusterWorld``): what ``%spawn status``, ``where``, ``stop`` and ``worlds()`` ask of it."""
+    (``cluster._clusterworld.ClusterWorld``): what ``%spawn status``, ``where``, ``stop`` and ``worlds()`` ask of it."""
 
     name: str
     state: str

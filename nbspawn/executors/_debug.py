@@ -1,6 +1,6 @@
 """``%spawn debug [NAME|RUN-ID] [RANK]``: debug a rank after the fact, from a later cell.
 
-* On a kept world (``NAME``): a post-mortem of the last failure a rank kept (``ranks._world``
+* On a kept world (``NAME``): a post-mortem of the last failure a rank kept (``ranks._worldloop``
   keeps a failed cell's exception, as ``sys.last_traceback`` is kept for IPython's ``%debug``).  It
   is one more job on the world's rank loop, supervised as a cell is: the rank's pdb prompts come
   through this cell's stdin (the prompt desk), at the failed cell's own lines; the others answer at
@@ -21,7 +21,7 @@ from .._run import Run
 from .._spec import new_run_id
 from ..errors import SpawnUsageError
 from ..events._prompts import stdin_answerable
-from ..ranks._world import WorldJob
+from ..ranks._worldloop import WorldJob
 from ..views._protocol import RunView
 from . import _world
 from ._prompting import attachable, waiting_runs

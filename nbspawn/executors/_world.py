@@ -11,7 +11,7 @@
     %spawn stop w                              # nothing of w is left but its logs
 
 A :class:`World` owns its rank processes (started by ``torch.multiprocessing.start_processes`` with
-``nbspawn.ranks._world.run_world_rank``) and one pipe per rank.  Each cell on it is an ordinary run
+``nbspawn.ranks._worldloop.run_world_rank``) and one pipe per rank.  Each cell on it is an ordinary run
 (its own spec, log directory, view and error) whose executor, :class:`WorldCell`, hands the cell to
 the ranks instead of starting new ones.  The supervisor applies the same failure policy as to a
 fresh run, except that a failed cell *interrupts* the other ranks: if all of them come back within
@@ -43,7 +43,7 @@ from ..handoff._names import names_bound
 from ..handoff._shm import Payload
 from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
 from ..ranks._fds import kernel_descriptors
-from ..ranks._world import EXITED, INTERRUPTED, OK, RAISED, STARTED, WorldJob, run_world_rank
+from ..ranks._worldloop import EXITED, INTERRUPTED, OK, RAISED, STARTED, WorldJob, run_world_rank
 from . import _reaper
 from ._base import Executor, KeptWorld, RankEnd
 from ._procs import end_processes, interrupts_deferred, pid_of, prepare_forkserver, signal_group
@@ -53,7 +53,7 @@ STOP_WAIT = 5.0  # how long ``stop`` waits for ranks to leave on their own befor
 
 @dataclass(frozen=True)
 class KeptFailure:
-    """A failure a world's rank keeps for ``%spawn debug`` (``ranks._world.keep_failure`` is its end)."""
+    """A failure a world's rank keeps for ``%spawn debug`` (``ranks._worldloop.keep_failure`` is its end)."""
 
     rank: int
     cell: CellSource  # the cell that failed there
@@ -291,7 +291,7 @@ def worlds() -> dict[str, World]:
 
 
 class WorldsElsewhere(NamedTuple):
-    """Kept worlds this module does not hold: a cluster's (``cluster._world`` registers its own when
+    """Kept worlds this module does not hold: a cluster's (``cluster._clusterworld`` registers its own when
     it is first imported, so ipyparallel is loaded only for a cluster)."""
 
     worlds: Callable[[], Mapping[str, KeptWorld]]

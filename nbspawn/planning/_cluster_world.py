@@ -11,10 +11,11 @@ from .._clash import Settled, asked_of, refuse_clashes, world_clashes
 from .._options import on_within, ranks_within
 from .._request import RunRequest
 from .._spec import RunSpec, new_run_id, run_directory
-from ..cluster import _wire, _world
+from ..cluster import _clusterworld as _world
+from ..cluster import _wire
+from ..cluster._clusterworld import ClusterWorld, ClusterWorldCell, LostWorld
 from ..cluster._executor import PUBLISH_EVERY
 from ..cluster._plan import ranks_per_node, refuse_if_busy, resolve_backend, resolve_client
-from ..cluster._world import ClusterWorld, ClusterWorldCell, LostWorld
 from ..errors import SpawnUsageError
 from ..handoff._names import pickle_names
 from ._cluster import plan_cluster

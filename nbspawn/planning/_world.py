@@ -25,7 +25,7 @@ from ..executors import _world
 from ..executors._world import Lost, World, WorldCell
 from ..handoff._names import pack_namespace, pick_shared
 from ..handoff._shm import new_run_prefix, share_
-from ..ranks._world import WorldJob
+from ..ranks._worldloop import WorldJob
 
 
 def plan_world_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell]:

@@ -376,7 +376,7 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-_OWN_FILES = {__file__, __file__.replace("_cell.py", "_world.py")}
+_OWN_FILES = {__file__, __file__.replace("_cell.py", "_worldloop.py")}
 
 
 def write_error(rank_dir: str, cell: CellSource, exc: BaseException) -> None:
