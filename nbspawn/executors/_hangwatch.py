@@ -4,8 +4,9 @@ about to be stopped is looked at first.
 Looking is asking every rank where it is (``events._where``: its stack by faulthandler, its place in
 its collectives from torch's flight recorder).  While a run goes on, a rank waiting in a collective
 that another has not entered gets a note (its chip says so); when it is stopped by ``--timeout``,
-interrupt or Stop, what was seen makes the error's hang verdict.  A mixin of
-``_supervisor._Supervisor``: the attributes below are the loop's.
+interrupt or Stop, what was seen makes the error's hang verdict.  One part of the supervisor
+(``_supervisor._Supervisor.hangs``), with its own state: the loop tells it when output flowed and
+which ranks are still in the cell, and reads back what was seen when the run was stopped.
 """
 
 from __future__ import annotations
@@ -28,31 +29,46 @@ NOTE_REFRESH = 1.0  # while hung, the chips' "for N s" is recounted from the las
 
 
 class HangWatch:
-    run: Run
-    spec: RunSpec
-    executor: Executor
-    view: RunView
-    alive: dict[Any, int]
-    pids: list[int]
-    remote: bool
-    watches: bool  # its executor's ranks are to be looked at when quiet
-    stop_reason: str | None
-    seen_at_stop: dict[int, str]  # where each rank was when the run was stopped
-    collectives_at_stop: dict[int, list[dict[str, Any]]]  # and how far in its collectives
-    quiet_since: float  # when the ranks last wrote anything
-    hang_look_after: float
-    noticed: bool  # the ranks' chips say they look hung
-    last_look: tuple[dict[int, str], dict[int, list[dict[str, Any]]], str] | None  # stacks, collectives, sitting out
-    notes_counted_at: float  # when the chips' "for N s" was last recounted
+    def __init__(self, run: Run, view: RunView, executor: Executor) -> None:
+        self.run = run
+        self.spec: RunSpec = run.spec
+        self.view = view
+        self.executor = executor
+        self.seen_at_stop: dict[int, str] = {}  # where each rank was when the run was stopped
+        self.collectives_at_stop: dict[int, list[dict[str, Any]]] = {}  # and how far in its collectives
+        self.quiet_since = time.monotonic()  # when the ranks last wrote anything
+        self.hang_look_after = HANG_FIRST_LOOK
+        self.noticed = False  # the ranks' chips say they look hung
+        # what the last look saw while they looked hung: stacks, collectives, the ranks sitting out
+        self.last_look: tuple[dict[int, str], dict[int, list[dict[str, Any]]], str] | None = None
+        self.notes_counted_at = 0.0  # when the chips' "for N s" was last recounted
 
-    def _watch_for_hangs(self) -> None:
+    def output_flowed(self) -> None:
+        """The ranks wrote something: nothing hangs, and the next look is a while away."""
+        self.quiet_since = time.monotonic()
+        self.hang_look_after = HANG_FIRST_LOOK
+        self.last_look = None
+        if self.noticed:
+            self.noticed = False
+            for state in self.run.ranks:
+                state.note = None
+            self.view.hang_noticed(self.run, None)
+
+    def quiet(self, running: list[int], stopping: bool) -> None:
+        """The ranks wrote nothing this turn: look at ``running`` if they have been quiet long
+        enough (not once the run is being stopped), and keep the chips' counts fresh while they look hung."""
+        if not stopping:
+            self._watch_for_hangs(running)
+        self._recount_hang_notes()
+
+    def _watch_for_hangs(self, running: list[int]) -> None:
         """Ranks quiet for a while are looked at (their stacks and collectives); if some wait in a
         collective that another has not entered, their chips say so while it lasts.  Nothing is
         asked while output flows, and the looks back off while the ranks are merely busy."""
         now = time.monotonic()
-        if not self.watches or self.stop_reason is not None or now < self.quiet_since + self.hang_look_after:
+        if not self.executor.watches_hangs or now < self.quiet_since + self.hang_look_after:
             return
-        dumps, collectives = self.executor.look(self.run, sorted(set(self.alive.values())), STACK_DUMP_WAIT)
+        dumps, collectives = self.executor.look(self.run, running, STACK_DUMP_WAIT)
         stacks = {r: main_thread_stack(d, self.spec.cell) for r, d in dumps.items() if d} if self.spec.program is None else {}
         sitting_out = self.spec.sitting_out()  # --on: ranks a collective may wait for, which do not run the cell
         notes = live_notes(stacks, collectives, sitting_out=sitting_out)
@@ -82,21 +98,12 @@ class HangWatch:
             state.note = notes.get(state.rank)
         self.view.hang_noticed(self.run, hang_verdict(stacks, collectives, sitting_out=sitting_out))
 
-    def _hang_cleared(self) -> None:
-        self.hang_look_after = HANG_FIRST_LOOK
-        self.last_look = None
-        if self.noticed:
-            self.noticed = False
-            for state in self.run.ranks:
-                state.note = None
-            self.view.hang_noticed(self.run, None)
-
-    def _look_before_stopping(self) -> None:
+    def look_before_stopping(self, running: list[int], pids: list[int]) -> None:
         """Where each running rank is, asked before it is interrupted (an interrupt unwinds it, and
         a rank in a collective then reports its peers' noise): what the hang verdict is made of."""
-        if self.remote:  # a node's agent looks at its own ranks
+        if self.executor.remote:  # a node's agent looks at its own ranks
             return
-        asked = [RankToAsk(r, self.pids[r], self.run.ranks[r].stacks_path) for r in sorted(set(self.alive.values()))]
+        asked = [RankToAsk(r, pids[r], self.run.ranks[r].stacks_path) for r in running]
         dumps = rank_stacks(asked, wait=STACK_DUMP_WAIT)
         if self.spec.program is None:  # a cell's ranks write them down (ranks._watch); a program's do not
             self.collectives_at_stop = rank_collectives(asked, dumps)

@@ -51,7 +51,7 @@ from ..ranks._cell import EXIT_INTERRUPTED
 from ..views._protocol import RunView
 from . import _registry
 from ._base import Executor
-from ._hangwatch import HANG_FIRST_LOOK, STACK_DUMP_WAIT, HangWatch
+from ._hangwatch import STACK_DUMP_WAIT, HangWatch
 from ._procs import interrupts_deferred, signal_group
 from ._prompting import PromptDesk
 
@@ -124,7 +124,7 @@ def _bring_outputs_home(run: Run, executor: Executor) -> None:
         run.error = SpawnOutputError(missing, run, run.facts())
 
 
-class _Supervisor(PromptDesk, HangWatch):
+class _Supervisor(PromptDesk):
     def __init__(self, run: Run, view: RunView, executor: Executor) -> None:
         self.run = run
         self.spec = run.spec
@@ -142,15 +142,8 @@ class _Supervisor(PromptDesk, HangWatch):
         self.lost: str | None = None  # a kept world that cannot go on: why
         self.stopped_by: str | None = None  # "Stop button" | "run.stop()" | why a node agent was told to stop
         self.remote = executor.remote
-        self.watches = executor.watches_hangs  # a cluster's ranks too: their agents look
         self.interrupted_after_stop = False
-        self.seen_at_stop: dict[int, str] = {}  # where each rank was when the run was stopped
-        self.collectives_at_stop: dict[int, list[dict[str, Any]]] = {}  # and how far in its collectives
-        self.quiet_since = time.monotonic()  # when the ranks last wrote anything
-        self.hang_look_after = HANG_FIRST_LOOK
-        self.noticed = False  # the ranks' chips say they look hung
-        self.last_look = None
-        self.notes_counted_at = 0.0
+        self.hangs = HangWatch(run, view, executor)  # quiet ranks looked at; where they were when stopped
         self._init_prompts()  # the prompt desk's own (executors._prompting)
 
     # -- starting ---------------------------------------------------------------------------------
@@ -176,6 +169,10 @@ class _Supervisor(PromptDesk, HangWatch):
         if interrupted:
             self._begin_stop("interrupt")
 
+    def _running(self) -> list[int]:
+        """The ranks still in the cell."""
+        return sorted(set(self.alive.values()))
+
     # -- the loop ---------------------------------------------------------------------------------
 
     def supervise(self) -> None:
@@ -193,13 +190,12 @@ class _Supervisor(PromptDesk, HangWatch):
                 if self.stop_reason is None:
                     self._check_stop()
                 if self._forward_output():
-                    poll, self.quiet_since = POLL_MIN, time.monotonic()
-                    self._hang_cleared()
+                    poll = POLL_MIN
+                    self.hangs.output_flowed()
                 else:
                     poll = min(self.executor.poll_max, poll * 2)
                     if not self.prompt_notes:  # a rank at a prompt is not hung, nor are those waiting for it
-                        self._watch_for_hangs()
-                        self._recount_hang_notes()
+                        self.hangs.quiet(self._running(), stopping=self.stop_reason is not None)
                 for waitable in sorted((w for w in ready if w in self.alive), key=self._error_time):
                     if waitable in self.alive:
                         self._reap(self.alive[waitable], waitable)
@@ -297,7 +293,7 @@ class _Supervisor(PromptDesk, HangWatch):
             failure.traceback = traceback or None
         interrupted = failure.exc_type == "KeyboardInterrupt" or code == EXIT_INTERRUPTED
         failure.stopped = state.rank in self.signalled and (record is None or interrupted)
-        seen = self.seen_at_stop.get(state.rank)
+        seen = self.hangs.seen_at_stop.get(state.rank)
         if failure.stopped and interrupted and seen and seen not in (STILL_STARTING, CELL_ENDED) and self.spec.program is None:
             # where it was, not how the interrupt unwound it (inside torch's logging, a peer's
             # "Connection closed"): ranks stopped at the same place then read as one
@@ -348,7 +344,7 @@ class _Supervisor(PromptDesk, HangWatch):
 
     def _begin_stop(self, reason: str) -> None:
         if reason in ("interrupt", "stop", "timeout"):
-            self._look_before_stopping()
+            self.hangs.look_before_stopping(self._running(), self.pids)
         self.stop_reason = reason
         # ranks that live on are interrupted first, so they can come back and the world survives
         if reason in ("interrupt", "stop") or (self.executor.keeps_ranks and self.lost is None):
@@ -425,8 +421,8 @@ class _Supervisor(PromptDesk, HangWatch):
             kind = RankRaisedError if root.exc_type else RankExitedError
             return kind([root, *stopped], run, run.facts())
         # a cluster's ranks are looked at by their nodes' agents: the stacks they sent are what there is
-        seen = self.seen_at_stop or {f.rank: f.stack for f in stopped if f.stack and self.remote}
-        verdict = hang_verdict(seen, self.collectives_at_stop, sitting_out=self.spec.sitting_out())
+        seen = self.hangs.seen_at_stop or {f.rank: f.stack for f in stopped if f.stack and self.remote}
+        verdict = hang_verdict(seen, self.hangs.collectives_at_stop, sitting_out=self.spec.sitting_out())
         if self.stop_reason == "timeout":
             run.status = "timeout"
             return SpawnTimeoutError(self.spec.timeout or 0, stopped, run, run.facts(), verdict=verdict)
