@@ -47,12 +47,17 @@ test:
 # 12-14 min each for Colab and Kaggle, 4-6 for the torch floor and newest, on 2 cores). `make -k runtimes` runs them all
 # whatever fails. Each needs `make test`'s build of the extension (it installs the clone).
 KERNEL_TESTS := tests --ignore=tests/test_cluster_nodes.py --ignore=tests/test_cluster_worlds.py --ignore=tests/test_frameworks.py
+# Kaggle's kernel packages are Colab's (IPython 7.34, ipykernel 6.17.1, jupyter_client 7.4.9); what differs is
+# Python 3.12, torch 2.10 and ipywidgets 8.1.5.  Its job leaves out what the Colab job already runs on the same kernel
+# stack and what does not touch those three: clusters (ipyparallel), the example notebooks, process lifecycle,
+# the text view (about 2.8 min of its 13).
+KAGGLE_TESTS := $(KERNEL_TESTS) --ignore=tests/test_cluster.py --ignore=tests/test_notebooks.py --ignore=tests/test_spawn_lifecycle.py --ignore=tests/test_terminal.py
 TORCH_RANGE_TESTS := tests/test_spawn_core.py tests/test_worlds.py tests/test_debugger.py tests/test_handoff.py tests/test_rank_output.py
 runtimes: runtime-colab-gpu runtime-kaggle-gpu runtime-floor runtime-newest runtime-tpu-cpu
 runtime-colab-gpu:
 	bash .ci/runtime colab-gpu $(KERNEL_TESTS) -q
 runtime-kaggle-gpu:
-	bash .ci/runtime kaggle-gpu -m "not browser" $(KERNEL_TESTS) -q
+	bash .ci/runtime kaggle-gpu -m "not browser" $(KAGGLE_TESTS) -q
 runtime-floor:
 	bash .ci/runtime floor -m "not browser" $(TORCH_RANGE_TESTS) -q
 runtime-newest:
