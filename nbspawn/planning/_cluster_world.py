@@ -11,8 +11,7 @@ from .._clash import Settled, asked_of, refuse_clashes, world_clashes
 from .._options import on_within, ranks_within
 from .._request import RunRequest
 from .._spec import RunSpec, new_run_id, run_directory
-from ..cluster import _clusterworld as _world
-from ..cluster import _wire
+from ..cluster import _clusterworld, _wire
 from ..cluster._clusterworld import ClusterWorld, ClusterWorldCell, LostWorld
 from ..cluster._executor import PUBLISH_EVERY
 from ..cluster._plan import ranks_per_node, refuse_if_busy, resolve_backend, resolve_client
@@ -26,9 +25,9 @@ def plan_cluster_world_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, C
     cluster run is), else this cell's own options checked against it.  Starts nothing."""
     assert request.world is not None and request.cell is not None  # the dispatch sends only world cells here
     name, cell = request.world, request.cell
-    world = _world.running(name)
+    world = _clusterworld.running(name)
     notes: tuple[str, ...] = ()
-    lost = _world.lost(name) if world is None else None
+    lost = _clusterworld.lost(name) if world is None else None
     if lost is not None:
         request = as_before(request, lost)
         notes = (
