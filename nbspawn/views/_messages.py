@@ -8,7 +8,7 @@ The TypeScript side's twin is ``labextension/src/messages.ts`` (``IRunRecord``, 
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, get_args
 
 from .._run import RankStatus, RunStatus
 
@@ -106,7 +106,7 @@ Request = Literal["replay", "stop", "where"]
 def widget_request(content: object) -> Request | None:
     """Browser -> kernel (a widget custom message ``{"type": "replay" | "stop" | "where"}``); None: not ours."""
     kind = content.get("type") if isinstance(content, dict) else None
-    return kind if kind in ("replay", "stop", "where") else None
+    return kind if kind in get_args(Request) else None
 
 
 class StatusMessage(TypedDict):
