@@ -132,9 +132,9 @@ class RunSpec:
             "TORCHELASTIC_USE_AGENT_STORE": "True",
         }
         env.update(_cuda.torchrun_env(self.env, os.environ))  # what torchrun's agent sets for NCCL
-        if (
-            self.master_addr == _listen.LOOPBACK
-        ):  # one machine: gloo's and NCCL's sockets on loopback too (NVLink, P2P, SHM are no sockets)
+        # a store on loopback: every rank is on this machine, so gloo's and NCCL's sockets are on loopback
+        # too (NVLink, P2P, SHM are no sockets)
+        if self.master_addr == _listen.LOOPBACK:
             env.update(_cuda.socket_interface_env(_listen.loopback_interface(), self.env, os.environ))
         env.update(self.env)
         if self.omp_threads is not None:  # after --env: a fork-safety override wins over the user's
