@@ -165,8 +165,23 @@ class RunSpec:
             environ.pop(key, None)
 
 
+_issued: tuple[str, set[str]] = ("", set())  # this second's stamp, and the ids given out in it
+
+
 def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+    """``20261126-035250-3f9a1c``: when, to the second, and 24 random bits, never the same twice in
+    this process (a kept world's cells share one directory, and quick cells share a second; 16 bits
+    once gave two cells of one world the same directory).  Kernels that share a ``--log-dir`` may
+    still meet by chance: 1 in 16.7 million per pair of runs in the same second."""
+    global _issued
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if _issued[0] != stamp:
+        _issued = (stamp, set())
+    taken = _issued[1]
+    while (run_id := f"{stamp}-{secrets.token_hex(3)}") in taken:
+        pass
+    taken.add(run_id)
+    return run_id
 
 
 def usable_cpus(cgroup_file: str = "/proc/self/cgroup", cgroup_root: str = "/sys/fs/cgroup") -> int:

@@ -115,3 +115,15 @@ def test_a_cluster_worlds_auto_is_what_its_nodes_come_to(tmp_path):
     _cluster_world.check_settings(cworld, RunRequest(CellSource("pass"), settings=auto))
     with pytest.raises(SpawnUsageError, match=r"this cell asks for --nodes 1\. Leave"):
         _cluster_world.check_settings(cworld, RunRequest(CellSource("pass"), nodes=1))
+
+
+def test_run_ids_are_never_the_same_twice_even_when_chance_repeats_itself(monkeypatch):
+    """A kept world's cells share one directory: two of its cells in one second once drew the same
+    id (16 random bits) and the second could not write its logs.  Chance repeating is forced here."""
+    from nbspawn import _spec
+
+    draws = iter(["abcdef", "abcdef", "abcdef", "123456"])
+    monkeypatch.setattr(_spec.secrets, "token_hex", lambda n: next(draws))
+    monkeypatch.setattr(_spec.time, "strftime", lambda fmt: "20261126-035250")
+    first, second = _spec.new_run_id(), _spec.new_run_id()
+    assert (first, second) == ("20261126-035250-abcdef", "20261126-035250-123456")
