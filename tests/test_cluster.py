@@ -128,8 +128,9 @@ def test_failure_on_node_1_stops_node_0_at_once_and_names_the_node(kernel, nodes
 
 
 def test_a_hang_across_nodes_gets_its_verdict_at_the_timeout(kernel, nodes):
-    """Ranks on both nodes wait in a barrier that rank 2 (node 1) never enters: the stacks the nodes'
-    agents send at the timeout make the verdict."""
+    """Ranks on both nodes wait in a barrier that rank 2 (node 1) never enters: what the nodes' agents
+    see when the kernel asks them at the timeout, before any rank is stopped, makes the verdict (the
+    same one a run on one machine gets: the collective's number, how long they waited)."""
     code = (
         "%%spawn --cluster rc -n 2 --backend gloo --timeout 8\n"
         "import time, torch.distributed as dist\n"
@@ -142,8 +143,8 @@ def test_a_hang_across_nodes_gets_its_verdict_at_the_timeout(kernel, nodes):
     assert result.status == "error" and result.error.ename == "SpawnTimeoutError", result.error_text
     text = result.error.traceback_text
     assert re.search(
-        r"^Hang: rank 2 never entered barrier \(it is at Cell In\[\d+\], line 6: time\.sleep\(60\)\); "
-        r"ranks 0-1,3 waited in it at Cell In\[\d+\], line 4: dist\.barrier\(\)$",
+        r"^Hang: rank 2 never entered barrier #1 \(it is at Cell In\[\d+\], line 6: time\.sleep\(60\)\); "
+        r"ranks 0-1,3 waited in it for \d+ s at Cell In\[\d+\], line 4: dist\.barrier\(\)$",
         text,
         re.M,
     ), text

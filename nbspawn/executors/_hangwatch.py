@@ -17,7 +17,7 @@ from typing import Any
 from .._run import Run
 from .._source import main_thread_stack, program_stack
 from .._spec import RunSpec
-from ..events._where import RankToAsk, hang_verdict, live_notes, rank_collectives, rank_stacks
+from ..events._where import hang_verdict, live_notes
 from ..views._protocol import RunView
 from ._base import Executor
 
@@ -98,15 +98,15 @@ class HangWatch:
             state.note = notes.get(state.rank)
         self.view.hang_noticed(self.run, hang_verdict(stacks, collectives, sitting_out=sitting_out))
 
-    def look_before_stopping(self, running: list[int], pids: list[int]) -> None:
+    def look_before_stopping(self, running: list[int]) -> None:
         """Where each running rank is, asked before it is interrupted (an interrupt unwinds it, and
-        a rank in a collective then reports its peers' noise): what the hang verdict is made of."""
-        if self.executor.remote:  # a node's agent looks at its own ranks
-            return
-        asked = [RankToAsk(r, pids[r], self.run.ranks[r].stacks_path) for r in running]
-        dumps = rank_stacks(asked, wait=STACK_DUMP_WAIT)
-        if self.spec.program is None:  # a cell's ranks write them down (ranks._watch); a program's do not
-            self.collectives_at_stop = rank_collectives(asked, dumps)
+        a rank in a collective then reports its peers' noise): what the hang verdict is made of.
+
+        On a cluster this asks the nodes' agents too: each agent also looks at its own ranks before
+        it stops them, but the agents stop at different moments, and a rank whose peer on another
+        node was stopped first fails ("Connection closed") before its own agent looks."""
+        dumps, collectives = self.executor.look(self.run, running, STACK_DUMP_WAIT)
+        self.collectives_at_stop = collectives  # a cell's ranks write them down (ranks._watch); a program's do not
         for rank, dump in dumps.items():
             if dump:
                 stack = program_stack(dump) if self.spec.program is not None else main_thread_stack(dump, self.spec.cell)

@@ -344,7 +344,7 @@ class _Supervisor(PromptDesk):
 
     def _begin_stop(self, reason: str) -> None:
         if reason in ("interrupt", "stop", "timeout"):
-            self.hangs.look_before_stopping(self._running(), self.pids)
+            self.hangs.look_before_stopping(self._running())
         self.stop_reason = reason
         # ranks that live on are interrupted first, so they can come back and the world survives
         if reason in ("interrupt", "stop") or (self.executor.keeps_ranks and self.lost is None):
