@@ -16,7 +16,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ._api import launch, stop, worlds
-from ._run import RankState, Run
+from ._runstate import RankState, Run
 from ._version import __version__ as __version__
 from .errors import (
     RankExitedError,

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._dispatch import start
 from ._door import read_request, read_settings
-from ._launch import start
 from ._options import OPTIONS, with_debug_collectives
 from ._request import Given
-from ._run import Run
+from ._runstate import Run
 from ._source import CellSource
 from .views._protocol import RunView
 from .views._text import TextView
@@ -122,13 +122,13 @@ then holds None for the others).  ``cluster`` (an ipyparallel ``Client``, ``Clus
 def worlds() -> dict[str, dict[str, Any]]:
     """The kept worlds of this process (on this machine and on clusters): name -> ranks, pids, state,
     cells run, logs."""
-    from ._launch import kept_worlds
+    from ._dispatch import kept_worlds
 
     return {name: world.status() for name, world in kept_worlds().items()}
 
 
 def stop(*names: str) -> list[str]:
     """Stop these kept worlds (all of them if no name is given); returns the names stopped."""
-    from ._launch import stop_worlds
+    from ._dispatch import stop_worlds
 
     return stop_worlds(list(names) or None)

@@ -1,4 +1,4 @@
-"""``%%spawn``: the magic's arguments and configuration; it writes a request, ``nbspawn._launch`` does the rest.
+"""``%%spawn``: the magic's arguments and configuration; it writes a request, ``nbspawn._dispatch`` does the rest.
 
 Defaults come from traitlets, so ``%config SpawnMagics.nprocs = 8`` (or ``ipython_config.py``)
 changes every later cell, and a cell's own options win over them.  The arguments are made from
@@ -20,12 +20,12 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, argument_group, magic_arguments, parse_argstring
 from traitlets import Float, Int, Unicode, Union
 
-from . import _cuda, _running, _tpu
+from . import _control, _cuda, _tpu
+from ._dispatch import start
 from ._door import read_request, read_settings
-from ._launch import start
 from ._options import Option, options_in, with_debug_collectives
 from ._request import Given, RunRequest
-from ._run import Run
+from ._runstate import Run
 from ._source import CellSource, CellSyntaxError, cell_files
 from .errors import SpawnUsageError
 from .views._protocol import RunView
@@ -188,11 +188,11 @@ class SpawnMagics(Magics):
         """``%spawn status``, ``%spawn stop [NAME|ID ...]`` and ``%spawn [options] -- PROGRAM [ARGS...]``."""
         words = line.split()
         if words[:1] == ["status"] and len(words) == 1:
-            print(_running.status_table())
+            print(_control.status_table())
             return None
         if words[:1] == ["where"]:
             try:
-                print(_running.where(words[1:]))
+                print(_control.where(words[1:]))
             except SpawnUsageError as err:
                 raise UsageError(str(err)) from None
             return None
@@ -203,13 +203,13 @@ class SpawnMagics(Magics):
             from IPython.display import display
 
             try:
-                display(_running.shown(words[1:]), raw=True)
+                display(_control.shown(words[1:]), raw=True)
             except SpawnUsageError as err:
                 raise UsageError(str(err)) from None
             return None
         if words[:1] == ["stop"]:
             try:
-                stopped = _running.stop(words[1:])
+                stopped = _control.stop(words[1:])
             except SpawnUsageError as err:
                 raise UsageError(str(err)) from None
             print(f"stopped {', '.join(stopped)}" if stopped else "nothing to stop")
@@ -250,7 +250,7 @@ class SpawnMagics(Magics):
     def _debug(self, words: list[str]) -> None:
         """``%spawn debug [NAME|RUN-ID] [RANK]`` (``executors._debug``): a kept world's post-mortem runs
         as a cell does (its view, its error); an attach to a background run says how it ended."""
-        from ._launch import kept_worlds
+        from ._dispatch import kept_worlds
         from .executors._debug import debug, parse_debug_words
         from .executors._world import worlds
 

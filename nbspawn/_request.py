@@ -5,7 +5,7 @@ A :class:`RunRequest` is frozen and typed: every option was read once, at the do
 environment as a dict, rank lists as sets), a default filled in where the user gave none, and a
 malformed one refused there.  What it cannot know yet is left to the planners: whether the options
 can be combined and what this machine makes of them (``-n auto``, ``--ranks`` against the run's size,
-a kept world's own settings); ``nbspawn._launch.start`` reads it and says so, the same for both doors.
+a kept world's own settings); ``nbspawn._dispatch.start`` reads it and says so, the same for both doors.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a run is asked to do, validated and frozen before any process starts.
 
-A :class:`RunSpec` is made once, by the dispatch (``nbspawn._launch``), and never changed after: the
+A :class:`RunSpec` is made once, by the dispatch (``nbspawn._dispatch``), and never changed after: the
 supervisor, the executors, the views and the ranks only read it.  It is plain data: under spawn and
 forkserver it is pickled into every rank.  What differs per rank (its directory, its environment) is
 computed from it.

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from nbspawn import _listen, _options
+from nbspawn._dispatch import plan_run
 from nbspawn._door import read_request, read_settings
-from nbspawn._launch import plan_run
 from nbspawn._request import Given, Settings
 from nbspawn._source import CellSource
 from nbspawn.errors import SpawnUsageError
@@ -93,7 +93,7 @@ def test_the_counter_sees_a_planner_that_reads_again(tmp_path):
 
 PLANNERS = [
     "_spec.py",
-    "_launch.py",
+    "_dispatch.py",
     "planning/_fresh.py",
     "planning/_world.py",
     "planning/_cluster.py",

@@ -12,8 +12,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 
 from nbspawn._api import _API_ONLY, launch
+from nbspawn._dispatch import plan_run, refuse_combinations
 from nbspawn._door import read_request, read_settings
-from nbspawn._launch import plan_run, refuse_combinations
 from nbspawn._magic import FORMS, SpawnMagics
 from nbspawn._options import OPTIONS
 from nbspawn._request import Given, RunRequest, Settings

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import get_args
 
-from nbspawn._run import RankStatus, RunStatus
+from nbspawn._runstate import RankStatus, RunStatus
 from nbspawn.views._messages import RankRecord, Request, RunErrorRecord, RunRecord, StatusMessage
 
 TS = (Path(__file__).parent.parent / "labextension" / "src" / "messages.ts").read_text()

@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 
 from nbspawn._api import launch
-from nbspawn._launch import refuse_combinations
+from nbspawn._dispatch import refuse_combinations
 from nbspawn._magic import SpawnMagics
 from nbspawn._rankdir import OUT
 from nbspawn._request import RunRequest

@@ -27,7 +27,7 @@ from typing import Any
 from .. import _listen
 from .._options import StartMethod
 from .._request import Settings
-from .._run import RankState, Run
+from .._runstate import RankState, Run
 from .._spec import Placement
 from ..errors import SpawnOutputError
 from ..events._where import RankToAsk, rank_collectives, rank_stacks

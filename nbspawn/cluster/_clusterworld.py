@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._request import RunRequest, Settings
-from .._run import Run
+from .._runstate import Run
 from .._spec import RunSpec
 from ..executors import _world as _local_worlds
 from ..handoff._names import names_bound

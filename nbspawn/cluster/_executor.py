@@ -1,7 +1,7 @@
 """A cluster run: the same cell (or program) on several nodes, each node's ranks started by its agent.
 
 In the kernel this is one more executor under the one supervisor: every rank of every node is a rank
-of the kernel's :class:`~nbspawn._run.Run`, numbered globally, and the failure policy, views and
+of the kernel's :class:`~nbspawn._runstate.Run`, numbered globally, and the failure policy, views and
 errors are the ones a local run has.  What differs is how ranks are seen and reached:
 
 * each node's agent (``nbspawn.cluster._agent.run_node``, an ipyparallel ``apply``) runs the node's
@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import _errorfile
 from .._errorfile import ErrorRecord
-from .._run import Run
+from .._runstate import Run
 from .._spec import RunSpec
 from ..events._streams import Event
 from ..events._where import RankToAsk, describe

@@ -1,10 +1,10 @@
 """How a run's ranks are started and seen to end: one supervisor, several executors.
 
 Every shape of work takes the same path (``docs/architecture.md``): ``%%spawn`` (``nbspawn._magic``) or
-``launch`` (``nbspawn._api``) writes a request; ``nbspawn._launch`` checks it and makes a frozen
+``launch`` (``nbspawn._api``) writes a request; ``nbspawn._dispatch`` checks it and makes a frozen
 :class:`~nbspawn._spec.RunSpec` and an executor before any process starts; :func:`execute` starts the
 ranks through the executor; ranks report events (output, displays, their end, errors, stacks); one
-:class:`~nbspawn._run.Run` holds the state; views render it.  This package is the middle of that:
+:class:`~nbspawn._runstate.Run` holds the state; views render it.  This package is the middle of that:
 
 * ``_supervisor``: :func:`execute` and the one supervision loop with the failure policy (the first
   failing rank is the root cause; the others get SIGINT, or their stacks dumped and SIGTERM, then
@@ -19,7 +19,7 @@ ranks through the executor; ranks report events (output, displays, their end, er
 
 (A cluster's executor, ``nbspawn.cluster._executor.ClusterRanks``, lives with the cluster code.)
 
-    >>> from nbspawn._launch import start
+    >>> from nbspawn._dispatch import start
     >>> from nbspawn._request import RunRequest, Settings
     >>> from nbspawn._source import CellSource
     >>> run = start(RunRequest(CellSource("print(1)"), settings=Settings(nprocs=2, start_method="fork")))

@@ -24,7 +24,7 @@ from ..handoff._names import receive_outputs
 from ._procs import signal_group
 
 if TYPE_CHECKING:
-    from .._run import Run
+    from .._runstate import Run
     from ..events._streams import Event
 from ..events._where import RankToAsk, rank_collectives, rank_stacks
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from .._run import Run
+from .._runstate import Run
 from .._spec import new_run_id
 from ..errors import SpawnUsageError
 from ..events._prompts import stdin_answerable

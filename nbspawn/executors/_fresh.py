@@ -15,7 +15,7 @@ from typing import Any
 
 from .._cuda import collect_ipc
 from .._listen import host_store
-from .._run import Run
+from .._runstate import Run
 from .._spec import RunSpec
 from ..ranks._capture import rank_classes, stdio_streams
 from ..ranks._cell import Inherited, run_rank

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .._run import Run
+from .._runstate import Run
 from .._source import main_thread_stack, program_stack
 from .._spec import RunSpec
 from ..events._where import hang_verdict, live_notes

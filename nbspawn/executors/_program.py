@@ -16,7 +16,7 @@ from typing import Any
 from .._listen import host_store
 from .._program import Program
 from .._rankdir import RankDir
-from .._run import Run
+from .._runstate import Run
 from .._spec import RunSpec
 from . import _reaper
 from ._base import Executor, RankEnd

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._run import Run
+from .._runstate import Run
 from .._spec import RunSpec
 from ..errors import SpawnUsageError
 from ..events._prompts import PromptChannel, PromptRequest, decorate, leaves, next_prompt, stdin_answerable

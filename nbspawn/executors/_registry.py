@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import atexit
 
-from .._run import Run
+from .._runstate import Run
 
 _last_run: Run | None = None
 _background_runs: dict[str, Run] = {}

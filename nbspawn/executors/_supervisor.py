@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any
 
-from .._run import RankState, Run
+from .._runstate import RankState, Run
 from .._source import CELL_ENDED, STILL_STARTING, main_thread_stack, program_stack, rewrite_notebook_frames
 from .._spec import RunSpec
 from ..errors import (

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 from .. import _cuda
 from .._listen import host_store
 from .._options import StartMethod
-from .._run import Run
+from .._runstate import Run
 from .._source import CellSource
 from .._spec import RunSpec
 from ..errors import SpawnUsageError

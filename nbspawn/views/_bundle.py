@@ -25,7 +25,7 @@ import re
 from typing import Any
 
 from .._rankdir import DISPLAY_FILE, STDERR, STDOUT
-from .._run import RankState, Run
+from .._runstate import RankState, Run
 from ..errors import RankExitedError, RankRaisedError, SpawnInterrupted, rank_spans
 from ..events._display import WIDGET_MIME
 from ._messages import RankRecord, RunRecord

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypedDict, get_args
 
-from .._run import RankStatus, RunStatus
+from .._runstate import RankStatus, RunStatus
 
 # a display item (nbspawn.events._display): {"kind", "id", "mime", "value", "text", "meta", "wait"}
 DisplayItem = dict[str, Any]

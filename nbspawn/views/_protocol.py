@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .._run import RankState, Run
+    from .._runstate import RankState, Run
 
 
 class RunView:

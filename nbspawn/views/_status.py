@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from .._comms import create_comm
-from .._run import Run
+from .._runstate import Run
 from ._messages import StatusMessage
 
 TARGET = "nbspawn.status"

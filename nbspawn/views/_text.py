@@ -40,7 +40,7 @@ from typing import Any, TextIO
 
 import wcwidth
 
-from .._run import RankState, Run
+from .._runstate import RankState, Run
 from ..events._widgetbar import widget_text
 from ._protocol import RunView
 from ._sgr import ESCAPE

@@ -30,7 +30,7 @@ from typing import Any
 import anywidget
 import traitlets
 
-from .._run import RankState, Run
+from .._runstate import RankState, Run
 from . import _active
 from ._bundle import FrozenRun, json_size, run_record, tail_within
 from ._busy import kept_busy

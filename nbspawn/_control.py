@@ -10,7 +10,7 @@ from .errors import SpawnUsageError
 
 def stop(names: list[str]) -> list[str]:
     """Stop these worlds and background runs (all of them if no name is given)."""
-    from ._launch import stop_worlds
+    from ._dispatch import stop_worlds
     from .executors._registry import background_runs
 
     runs = background_runs()
@@ -51,7 +51,7 @@ def shown(names: list[str]) -> dict[str, object]:
 
 def where(names: list[str]) -> str:
     """Every rank's stack now, of these background runs and worlds (all running ones if none is named)."""
-    from ._launch import kept_worlds
+    from ._dispatch import kept_worlds
     from .executors._registry import background_runs
 
     runs, worlds = background_runs(), kept_worlds()
@@ -75,7 +75,7 @@ def where(names: list[str]) -> str:
 
 def status_table() -> str:
     """Kept worlds and background runs, one line each."""
-    from ._launch import kept_worlds
+    from ._dispatch import kept_worlds
     from .executors._registry import background_runs
 
     worlds, runs = kept_worlds(), background_runs()

@@ -18,7 +18,7 @@ import sys
 
 from ._options import OPTIONS
 from ._request import RunRequest
-from ._run import Run
+from ._runstate import Run
 from ._spec import RunSpec
 from .errors import SpawnUsageError
 from .executors._base import Executor, KeptWorld
