@@ -2,11 +2,12 @@
 kernel's own stdin channel, one prompt at a time.
 
 Ranks write their requests to the run's prompt channel (``events._prompts``, ``ranks._prompt``); the
-supervision loop, woken by it, calls :meth:`PromptDesk._serve_prompts`: a failing rank's "post-mortem?"
+supervision loop, woken by it, calls :meth:`PromptDesk.serve`: a failing rank's "post-mortem?"
 is answered first (yes only to the first one, with ``--pdb``), then the next prompt in arrival order is
 asked with the kernel's ``input()`` (a Jupyter ``input_request``).  While the kernel waits, a watcher
 thread keeps the other ranks' output flowing and ends the prompt for Stop, ``--timeout`` or the
-prompting rank's end.  A mixin of ``_supervisor._Supervisor``: the attributes below are the loop's.
+prompting rank's end.  One part of the supervisor (``_supervisor._Supervisor.desk``), as ``HangWatch``
+is another: what it needs of the loop is :class:`Loop`.
 
 A background run has no cell to ask in: its ranks wait at their prompts, their chips say so, and a
 later cell attaches (``%spawn debug RUN-ID [RANK]``, :meth:`PromptDesk.attach`): that cell's own
@@ -26,7 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from .._runstate import Run
 from .._spec import RunSpec
@@ -51,45 +52,37 @@ def waiting_runs() -> dict[str, dict[int, str]]:
     return {run_id: dict(desk.prompt_notes) for run_id, desk in list(_attachable.items()) if desk.prompt_notes}
 
 
-class PromptDesk:
-    run: Run
-    spec: RunSpec
-    view: RunView
-    alive: dict[Any, int]
+class Loop(Protocol):
+    """What the prompt desk needs of the supervision loop that owns it."""
+
+    alive: dict[Any, int]  # waitable -> rank, for ranks still in the cell
     stop_reason: str | None
-    deadline: float
-    prompts: PromptChannel | None  # where ranks ask (None: nothing can answer them)
-    pending: list[PromptRequest]  # prompts waiting their turn, in arrival order
-    last_prompted: int | None  # the rank answered last
-    sticky_until: float  # ... which keeps the prompt until then (a pdb session under way)
-    post_mortem: int | None  # the rank told to stop in post-mortem (--pdb)
-    prompt_lock: threading.Lock  # pending, asking and attached: shared with a cell attached to a background run
-    asking: PromptRequest | None  # the prompt being asked now
-    attached: bool  # a later cell answers this background run's prompts
-    prompt_notes: dict[int, str]  # rank -> what it waits at, as its chip says
+    deadline: float  # --timeout, monotonic
 
-    # the supervision loop's own
-    def _forward_output(self, final: bool = False) -> bool:
-        raise NotImplementedError
+    def forward_output(self, final: bool = False) -> bool: ...
 
-    def _check_stop(self) -> None:
-        raise NotImplementedError
+    def check_stop(self) -> None: ...
 
-    def _check_clocks(self) -> None:
-        raise NotImplementedError
+    def check_clocks(self) -> None: ...
 
-    def _init_prompts(self) -> None:
-        self.prompts = None
-        self.pending = []
-        self.last_prompted = None
-        self.sticky_until = 0.0
-        self.post_mortem = None
-        self.prompt_lock = threading.Lock()
-        self.asking = None
-        self.attached = False
-        self.prompt_notes = {}
 
-    def _open_prompts(self, answerable: bool) -> None:
+class PromptDesk:
+    def __init__(self, run: Run, view: RunView, loop: Loop) -> None:
+        self.run = run
+        self.spec: RunSpec = run.spec
+        self.view = view
+        self.loop = loop
+        self.prompts: PromptChannel | None = None  # where ranks ask (None: nothing can answer them)
+        self.pending: list[PromptRequest] = []  # prompts waiting their turn, in arrival order
+        self.last_prompted: int | None = None  # the rank answered last
+        self.sticky_until = 0.0  # ... which keeps the prompt until then (a pdb session under way)
+        self.post_mortem: int | None = None  # the rank told to stop in post-mortem (--pdb)
+        self.prompt_lock = threading.Lock()  # pending, asking and attached: shared with a cell attached to a background run
+        self.asking: PromptRequest | None = None  # the prompt being asked now
+        self.attached = False  # a later cell answers this background run's prompts
+        self.prompt_notes: dict[int, str] = {}  # rank -> what it waits at, as its chip says
+
+    def open(self, answerable: bool) -> None:
         """The prompt channel, where something can answer (``answerable``: the cell that starts the run
         was sent with stdin): its own input box, or (a background run) a later cell's, which attaches.
         A run started without stdin (nbclient, papermill) has none: its prompts fail at once."""
@@ -98,7 +91,7 @@ class PromptDesk:
         if self.prompts is not None and self.run.background:
             _attachable[self.run.run_id] = self
 
-    def _close_prompts(self) -> None:
+    def close(self) -> None:
         _attachable.pop(self.run.run_id, None)
         with self.prompt_lock:
             self.pending.clear()
@@ -106,16 +99,16 @@ class PromptDesk:
         if self.prompts is not None:
             self.prompts.close()
 
-    def _serve_prompts(self) -> None:
+    def serve(self) -> None:
         """Answer what the ranks asked: whether a failing rank stops in post-mortem, then one prompt
         (a background run's wait for a cell to attach)."""
         assert self.prompts is not None  # only called with a channel
         with self.prompt_lock:
             self._take_requests()
-            if self.stop_reason is not None or self.run.background:
+            if self.loop.stop_reason is not None or self.run.background:
                 self._mark_prompts()
                 return
-        alive = set(self.alive.values())
+        alive = set(self.loop.alive.values())
         sticky = self.last_prompted in alive and time.monotonic() < self.sticky_until
         chosen = next_prompt(self.pending, self.last_prompted if sticky else None, sticky)
         if chosen is None:
@@ -125,7 +118,7 @@ class PromptDesk:
         self.pending.remove(request)
         self.asking = request
         self._mark_prompts()
-        self._forward_output()  # what the rank printed (pdb's listing) comes before its prompt
+        self.loop.forward_output()  # what the rank printed (pdb's listing) comes before its prompt
         self.view.flush(self.run)  # shown now, not at the view's next redraw: the prompt blocks it
         waiting = sorted({r.rank for r in self.pending if r.kind != "failed"} - {request.rank})
         try:
@@ -149,17 +142,17 @@ class PromptDesk:
         post-mortem; with the run ending, every waiting rank told to stop.  Under ``prompt_lock``."""
         assert self.prompts is not None
         self.pending.extend(self.prompts.read())
-        alive = set(self.alive.values())
+        alive = set(self.loop.alive.values())
         self.pending = [r for r in self.pending if r.rank in alive]
         for asked in [r for r in self.pending if r.kind == "failed"]:
-            if self.stop_reason is None and self.post_mortem in alive:
+            if self.loop.stop_reason is None and self.post_mortem in alive:
                 continue  # asked again once the post-mortem under way ends (its rank is the root cause)
             self.pending.remove(asked)
-            stop = self.spec.pdb and self.stop_reason is None and self.post_mortem is None
+            stop = self.spec.pdb and self.loop.stop_reason is None and self.post_mortem is None
             if stop:
                 self.post_mortem = asked.rank
             self.prompts.answer(asked, value="post-mortem" if stop else "")
-        if self.stop_reason is not None:  # the run ends: a rank still asking is stopped
+        if self.loop.stop_reason is not None:  # the run ends: a rank still asking is stopped
             for asked in [r for r in self.pending if r.kind != "failed"]:
                 self.pending.remove(asked)
                 self.prompts.answer(asked, stop=True)
@@ -191,24 +184,24 @@ class PromptDesk:
         """The kernel's own input() (a Jupyter input_request), the answer as the rank reads it; None
         if the prompt was ended for Stop, --timeout or the rank's end (a watcher thread interrupts the
         wait).  An interrupt from the user propagates: the run is interrupted as always."""
-        own = [w for w, r in self.alive.items() if r == request.rank]
+        own = [w for w, r in self.loop.alive.items() if r == request.rank]
 
         def look() -> str | None:
-            if time.monotonic() >= self.deadline:
+            if time.monotonic() >= self.loop.deadline:
                 return "timeout"
             if self.view.wants_stop() or self.run._stop_requested:
                 return "stop"
             if own and multiprocessing.connection.wait(own, timeout=0):
                 return "ended"
-            if self._forward_output():  # the other ranks run on meanwhile
+            if self.loop.forward_output():  # the other ranks run on meanwhile
                 self.view.flush(self.run)
             return None
 
         reply, why = _input(request, prompt, look)
-        if why == "stop" and self.stop_reason is None:
-            self._check_stop()
+        if why == "stop" and self.loop.stop_reason is None:
+            self.loop.check_stop()
         elif why == "timeout":
-            self._check_clocks()
+            self.loop.check_clocks()
         return reply
 
     # -- a later cell attached to a background run ------------------------------------------------
@@ -263,9 +256,9 @@ class PromptDesk:
         last_answer, going_on, last_rank = time.monotonic(), False, None
         while True:
             with self.prompt_lock:
-                if self.run.done or self.stop_reason is not None:
+                if self.run.done or self.loop.stop_reason is not None:
                     went = f"rank {last_rank} went on; " if last_rank is not None and going_on else ""
-                    return f"{went}the run {'ended' if self.run.done else 'is ending'} ({self.run.status if self.run.done else self.stop_reason})"
+                    return f"{went}the run {'ended' if self.run.done else 'is ending'} ({self.run.status if self.run.done else self.loop.stop_reason})"
                 candidates = [r for r in self.pending if r.kind != "failed" and rank in (None, r.rank)]
                 sticky = last_rank is not None and not going_on
                 chosen = next_prompt(candidates, last_rank if sticky else None, sticky)
@@ -293,7 +286,7 @@ class PromptDesk:
             others = sorted({r.rank for r in self.pending if r.kind != "failed"} - {chosen.rank})
 
             def look(request: PromptRequest = chosen) -> str | None:
-                if self.run.done or self.stop_reason is not None:
+                if self.run.done or self.loop.stop_reason is not None:
                     return "stop"
                 return "ended" if self.run.ranks[request.rank].status != "running" else None
 

@@ -124,7 +124,7 @@ def _bring_outputs_home(run: Run, executor: Executor) -> None:
         run.error = SpawnOutputError(missing, run, run.facts())
 
 
-class _Supervisor(PromptDesk):
+class _Supervisor:
     def __init__(self, run: Run, view: RunView, executor: Executor) -> None:
         self.run = run
         self.spec = run.spec
@@ -144,14 +144,14 @@ class _Supervisor(PromptDesk):
         self.remote = executor.remote
         self.interrupted_after_stop = False
         self.hangs = HangWatch(run, view, executor)  # quiet ranks looked at; where they were when stopped
-        self._init_prompts()  # the prompt desk's own (executors._prompting)
+        self.desk = PromptDesk(run, view, self)  # the ranks' input(), breakpoint() and pdb, answered here
 
     # -- starting ---------------------------------------------------------------------------------
 
     def start(self) -> None:
         now = time.time()
         if not self.remote:
-            self._open_prompts(stdin_answerable())
+            self.desk.open(stdin_answerable())
         else:
             executor, run = self.executor, self.run
             run._ask_elsewhere = lambda wait: executor.where(run, wait) or ""
@@ -180,36 +180,36 @@ class _Supervisor(PromptDesk):
         while self.alive:
             try:
                 waitables: list[Any] = list(self.alive)
-                if self.prompts is not None:
-                    waitables.append(self.prompts)
-                    if self.pending and not self.run.background:
+                if self.desk.prompts is not None:
+                    waitables.append(self.desk.prompts)
+                    if self.desk.pending and not self.run.background:
                         poll = POLL_MIN
                 wait = min(poll, max(0.0, min(self.deadline, self.escalate_at) - time.monotonic()))
                 ready: list[Any] = multiprocessing.connection.wait(waitables, timeout=wait)
                 # Stop first: under a flood, reading output is most of what this loop does
                 if self.stop_reason is None:
-                    self._check_stop()
-                if self._forward_output():
+                    self.check_stop()
+                if self.forward_output():
                     poll = POLL_MIN
                     self.hangs.output_flowed()
                 else:
                     poll = min(self.executor.poll_max, poll * 2)
-                    if not self.prompt_notes:  # a rank at a prompt is not hung, nor are those waiting for it
+                    if not self.desk.prompt_notes:  # a rank at a prompt is not hung, nor are those waiting for it
                         self.hangs.quiet(self._running(), stopping=self.stop_reason is not None)
                 for waitable in sorted((w for w in ready if w in self.alive), key=self._error_time):
                     if waitable in self.alive:
                         self._reap(self.alive[waitable], waitable)
-                self._check_clocks()
-                if self.prompts is not None and (self.pending or self.prompts in ready):
-                    self._serve_prompts()
+                self.check_clocks()
+                if self.desk.prompts is not None and (self.desk.pending or self.desk.prompts in ready):
+                    self.desk.serve()
                 self.view.tick(self.run)
             except KeyboardInterrupt:
                 self._on_interrupt()
-        self._forward_output(final=True)
+        self.forward_output(final=True)
 
     # -- prompts ----------------------------------------------------------------------------------
 
-    def _check_stop(self) -> None:
+    def check_stop(self) -> None:
         """The view's Stop button or ``run.stop()``; or, from a node agent's view, a reason to stop
         its ranks as a failure does (another node failed, the kernel is gone)."""
         request = self.view.wants_stop()
@@ -225,7 +225,7 @@ class _Supervisor(PromptDesk):
         record = self.run.ranks[self.alive[waitable]].read_error()
         return record.time if record else float("inf")
 
-    def _forward_output(self, final: bool = False) -> bool:
+    def forward_output(self, final: bool = False) -> bool:
         view = self.view
         budget = view.read_budget
         if budget is not None and self.stop_reason is not None:
@@ -319,7 +319,7 @@ class _Supervisor(PromptDesk):
 
     # -- stopping ---------------------------------------------------------------------------------
 
-    def _check_clocks(self) -> None:
+    def check_clocks(self) -> None:
         now = time.monotonic()
         if self.stop_reason is None and now >= self.deadline:
             self._begin_stop("timeout")
@@ -402,7 +402,7 @@ class _Supervisor(PromptDesk):
         if self.executor.keeps_ranks and self.alive and self.lost is None:
             self.lost = "its cell did not finish"  # an error in the supervisor itself
         self.executor.cleanup(lose=self.lost is not None)
-        self._close_prompts()
+        self.desk.close()
         self.run.world_lost = self.lost
         self.alive.clear()
         self.run.close_logs()
