@@ -127,3 +127,32 @@ def test_run_ids_are_never_the_same_twice_even_when_chance_repeats_itself(monkey
     monkeypatch.setattr(_spec.time, "strftime", lambda fmt: "20261126-035250")
     first, second = _spec.new_run_id(), _spec.new_run_id()
     assert (first, second) == ("20261126-035250-abcdef", "20261126-035250-123456")
+
+
+def test_each_executor_says_once_how_the_supervisor_treats_its_ranks():
+    """Kept worlds' ranks outlive the cell wherever they run (a node's part of a world too: it once
+    lost its keep and its ranks were killed at a failure); a node's agent watches closely and leaves
+    hang looks to the kernel; a cluster's ranks are remote."""
+    from nbspawn.cluster import _agent, _nodeworld
+    from nbspawn.cluster._clusterworld import ClusterWorldCell
+    from nbspawn.cluster._executor import ClusterRanks
+
+    keeps = {
+        cls: cls.supervision.keeps_ranks
+        for cls in (FreshRanks, ProgramRanks, _world.WorldCell, _nodeworld._NodeWorldCell, ClusterRanks, ClusterWorldCell)
+    }
+    assert keeps == {
+        FreshRanks: False,
+        ProgramRanks: False,
+        _world.WorldCell: True,
+        _nodeworld._NodeWorldCell: True,
+        ClusterRanks: False,
+        ClusterWorldCell: True,
+    }
+    agents = (_agent._NodeCellRanks, _agent._NodeProgramRanks, _nodeworld._NodeWorldCell)
+    assert all(not cls.supervision.watches_hangs and cls.supervision.poll_max < FreshRanks.supervision.poll_max for cls in agents)
+    assert (
+        ClusterRanks.supervision.remote
+        and ClusterWorldCell.supervision.remote
+        and not _nodeworld._NodeWorldCell.supervision.remote
+    )

@@ -31,6 +31,7 @@ from .._runstate import RankState, Run
 from .._spec import Placement
 from ..errors import SpawnOutputError
 from ..events._where import RankToAsk, rank_collectives, rank_stacks
+from ..executors._base import NODE_AGENT
 from ..executors._fresh import FreshRanks
 from ..executors._program import ProgramRanks
 from ..views._protocol import RunView
@@ -317,8 +318,7 @@ def _keep_store(store: Any) -> None:
 class _NodeCellRanks(FreshRanks):
     """Fresh ranks, watched closely: a stop request from the kernel is acted on within 50 ms."""
 
-    poll_max = 0.05
-    watches_hangs = False
+    supervision = NODE_AGENT
 
     def cleanup(self, lose: bool) -> None:
         _keep_store(self.store)
@@ -326,8 +326,7 @@ class _NodeCellRanks(FreshRanks):
 
 
 class _NodeProgramRanks(ProgramRanks):
-    poll_max = 0.05
-    watches_hangs = False
+    supervision = NODE_AGENT
 
     def cleanup(self, lose: bool) -> None:
         _keep_store(self.store)

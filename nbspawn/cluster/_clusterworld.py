@@ -29,7 +29,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._request import RunRequest, Settings
@@ -196,7 +196,7 @@ _local_worlds.keep_elsewhere(_local_worlds.WorldsElsewhere(worlds, is_cluster_wo
 class ClusterWorldCell(ClusterRanks):
     """One cell on a cluster world: the cluster executor, over ranks that outlive the cell."""
 
-    keeps_ranks = True
+    supervision = replace(ClusterRanks.supervision, keeps_ranks=True)
 
     def __init__(self, spec: RunSpec, cluster: ClusterPlan, job: _wire.Job, world: ClusterWorld, first: bool) -> None:
         super().__init__(spec, cluster, job)

@@ -22,11 +22,13 @@ import contextlib
 import dataclasses
 import threading
 import time
+from dataclasses import replace
 
 from .. import _listen
 from .._spec import build_spec
 from ..errors import SpawnOutputError
 from ..executors import _world
+from ..executors._base import NODE_AGENT
 from ..executors._world import WorldCell
 from . import _agent, _contact, _wire
 
@@ -38,8 +40,7 @@ _lock = threading.Lock()  # a cell, a stop and the watcher never change the node
 class _NodeWorldCell(WorldCell):
     """A cell on the node's part of a world, watched closely (a stop from the kernel within 50 ms)."""
 
-    poll_max = 0.05
-    watches_hangs = False
+    supervision = replace(NODE_AGENT, keeps_ranks=True)  # a world's ranks still outlive the cell
 
 
 def run_world_cell(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> _wire.Answer:

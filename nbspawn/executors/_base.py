@@ -10,6 +10,9 @@ this machine, writing their output to their rank directories:
 * :meth:`ended`: how it ended (a :class:`RankEnd`), or None if what woke was news, not its end;
 * :meth:`cleanup`: leave nothing running that should not be (``lose``: a kept world is lost).
 
+Where the supervisor's policy differs (ranks that outlive the cell, ranks on other machines, how
+closely they are watched), the executor says so once, in its :attr:`Executor.supervision`.
+
 Executors: ``_fresh.FreshRanks`` (new processes per cell), ``_world.WorldCell`` (a cell on a kept
 world), ``_program.ProgramRanks`` (a program per rank), ``nbspawn.cluster._executor.ClusterRanks``
 (every node's ranks, reported by the nodes' agents).
@@ -18,6 +21,7 @@ world), ``_program.ProgramRanks`` (a program per rank), ``nbspawn.cluster._execu
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 from ..handoff._names import receive_outputs
@@ -38,13 +42,24 @@ class RankEnd(NamedTuple):
     died: bool  # the process is gone (a kept world's rank that finished its cell lives on)
 
 
-class Executor(ABC):
-    keeps_ranks: ClassVar[bool] = False  # the ranks outlive the cell: a failure interrupts them instead of ending them
-    remote: ClassVar[bool] = False  # the ranks are not this machine's processes: their agents stop them and dump stacks
-    poll_max: ClassVar[float] = POLL_MAX
+@dataclass(frozen=True)
+class Supervision:
+    """The few ways the one supervisor treats executors' ranks differently, named once per executor
+    (:attr:`Executor.supervision`) rather than spread as flags."""
+
+    keeps_ranks: bool = False  # the ranks outlive the cell: a failure interrupts them instead of ending them
+    remote: bool = False  # the ranks are not this machine's processes: their agents stop them and dump stacks
+    poll_max: float = POLL_MAX  # the longest wait between looks for output (a node's agent: how soon a stop is acted on)
     # quiet ranks are looked at for a hang (a node's agent does not: the kernel shows no notes for a
     # cluster's ranks, and its looks would only fill their stacks.log)
-    watches_hangs: ClassVar[bool] = True
+    watches_hangs: bool = True
+
+
+NODE_AGENT = Supervision(poll_max=0.05, watches_hangs=False)  # a node's ranks, watched by its agent for the kernel
+
+
+class Executor(ABC):
+    supervision: ClassVar[Supervision] = Supervision()
 
     @abstractmethod
     def start(self, run: Run) -> list[int]: ...

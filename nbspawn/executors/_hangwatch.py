@@ -66,7 +66,7 @@ class HangWatch:
         collective that another has not entered, their chips say so while it lasts.  Nothing is
         asked while output flows, and the looks back off while the ranks are merely busy."""
         now = time.monotonic()
-        if not self.executor.watches_hangs or now < self.quiet_since + self.hang_look_after:
+        if not self.executor.supervision.watches_hangs or now < self.quiet_since + self.hang_look_after:
             return
         dumps, collectives = self.executor.look(self.run, running, STACK_DUMP_WAIT)
         stacks = {r: main_thread_stack(d, self.spec.cell) for r, d in dumps.items() if d} if self.spec.program is None else {}

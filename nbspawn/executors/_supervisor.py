@@ -56,7 +56,7 @@ from ._procs import interrupts_deferred, signal_group
 from ._prompting import PromptDesk
 
 # How often new output is looked for: soon after output arrived, then backing off while ranks are
-# quiet (up to the executor's poll_max), so a long silent run costs the kernel almost nothing.
+# quiet (up to the executor's ``supervision.poll_max``), so a long silent run costs the kernel almost nothing.
 # Exits wake the loop at once anyway.
 POLL_MIN = 0.02
 STOPPING_READ_BUDGET = 4096  # bytes of each stream of each rank read per poll while a run is being stopped
@@ -141,7 +141,8 @@ class _Supervisor:
         self.end_order: list[int] = []
         self.lost: str | None = None  # a kept world that cannot go on: why
         self.stopped_by: str | None = None  # "Stop button" | "run.stop()" | why a node agent was told to stop
-        self.remote = executor.remote
+        self.policy = executor.supervision
+        self.remote = self.policy.remote
         self.interrupted_after_stop = False
         self.hangs = HangWatch(run, view, executor)  # quiet ranks looked at; where they were when stopped
         self.desk = PromptDesk(run, view, self)  # the ranks' input(), breakpoint() and pdb, answered here
@@ -169,6 +170,12 @@ class _Supervisor:
         if interrupted:
             self._begin_stop("interrupt")
 
+    @property
+    def _world_goes_on(self) -> bool:
+        """Its ranks outlive the cell (a kept world) and nothing has lost them yet: a failure, a stop
+        or a timeout interrupts them, and they are not to be ended."""
+        return self.policy.keeps_ranks and self.lost is None
+
     def _running(self) -> list[int]:
         """The ranks still in the cell."""
         return sorted(set(self.alive.values()))
@@ -193,7 +200,7 @@ class _Supervisor:
                     poll = POLL_MIN
                     self.hangs.output_flowed()
                 else:
-                    poll = min(self.executor.poll_max, poll * 2)
+                    poll = min(self.policy.poll_max, poll * 2)
                     if not self.desk.prompt_notes:  # a rank at a prompt is not hung, nor are those waiting for it
                         self.hangs.quiet(self._running(), stopping=self.stop_reason is not None)
                 for waitable in sorted((w for w in ready if w in self.alive), key=self._error_time):
@@ -258,7 +265,7 @@ class _Supervisor:
         state.ended_at = time.time()
         state.exit_code = code
         self.end_order.append(rank)
-        if died and self.executor.keeps_ranks and self.lost is None:
+        if died and self._world_goes_on:
             how = f"signal {-code}" if code < 0 else f"exit code {code}"
             with contextlib.suppress(ValueError):
                 how = signal.Signals(-code).name if code < 0 else how
@@ -337,7 +344,7 @@ class _Supervisor:
             else:
                 self._escalate()
         else:  # a second interrupt: no more patience
-            if self.executor.keeps_ranks and self.lost is None:
+            if self._world_goes_on:
                 self.lost = "interrupted twice"
             self._send(signal.SIGKILL)
             self.stage, self.escalate_at = "sigkill", float("inf")
@@ -347,7 +354,7 @@ class _Supervisor:
             self.hangs.look_before_stopping(self._running())
         self.stop_reason = reason
         # ranks that live on are interrupted first, so they can come back and the world survives
-        if reason in ("interrupt", "stop") or (self.executor.keeps_ranks and self.lost is None):
+        if reason in ("interrupt", "stop") or self._world_goes_on:
             self._send(signal.SIGINT)
             self.stage = "sigint"
             self.escalate_at = time.monotonic() + self.spec.grace_period
@@ -356,7 +363,7 @@ class _Supervisor:
 
     def _escalate(self) -> None:
         if self.stage == "sigint":
-            if self.executor.keeps_ranks and self.lost is None:
+            if self._world_goes_on:
                 stuck = ", ".join(map(str, sorted(set(self.alive.values()))))
                 self.lost = (
                     f"rank {stuck} did not come back within {self.spec.grace_period:g} s of the interrupt "
@@ -399,7 +406,7 @@ class _Supervisor:
             self._cleanup()
 
     def _cleanup(self) -> None:
-        if self.executor.keeps_ranks and self.alive and self.lost is None:
+        if self._world_goes_on and self.alive:
             self.lost = "its cell did not finish"  # an error in the supervisor itself
         self.executor.cleanup(lose=self.lost is not None)
         self.desk.close()

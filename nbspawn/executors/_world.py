@@ -45,7 +45,7 @@ from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
 from ..ranks._fds import kernel_descriptors
 from ..ranks._worldloop import EXITED, INTERRUPTED, OK, RAISED, STARTED, WorldJob, run_world_rank
 from . import _reaper
-from ._base import Executor, KeptWorld, RankEnd
+from ._base import Executor, KeptWorld, RankEnd, Supervision
 from ._procs import end_processes, interrupts_deferred, pid_of, prepare_forkserver, signal_group
 
 STOP_WAIT = 5.0  # how long ``stop`` waits for ranks to leave on their own before killing them
@@ -192,7 +192,7 @@ class World:
 class WorldCell(Executor):
     """The executor of one cell on a kept world: its ranks live on after it."""
 
-    keeps_ranks = True
+    supervision = Supervision(keeps_ranks=True)
 
     def __init__(self, world: World, job: WorldJob) -> None:
         self.world = world
