@@ -251,23 +251,23 @@ class _OutputWidgets:
         # and then takes this one; records are written under `drain_lock`, in the order queued
         self.lock = threading.RLock()
         self.drain_lock = threading.Lock()
+        self.timer: threading.Timer | None = None
+        self.models: dict[str, list[dict[str, Any]]] = {}  # model id -> nbformat outputs (kept across cells)
         self.reset()
 
     def reset(self) -> None:
         """A new cell (a kept world's rank): nothing is shown in its pane yet.  An Output made by an
         earlier cell still captures (in a notebook, into that cell's output), shown here if displayed
         again; its clear_output() must never clear this cell's pane."""
-        timer = getattr(self, "timer", None)
-        if timer is not None:
-            timer.cancel()
-        self.models: dict[str, list[dict[str, Any]]] = getattr(self, "models", {})  # model id -> nbformat outputs
+        if self.timer is not None:
+            self.timer.cancel()
         self.active: list[str] = []  # capturing now, innermost last
         self.shown: set[str] = set()
         self.waiting: set[str] = set()  # clear_output(wait=True): cleared by the next output
         self.dirty: set[str] = set()
         self.decoders: dict[int, Any] = {}
         self.last = 0.0
-        self.timer: threading.Timer | None = None
+        self.timer = None
         self.outbox: list[dict[str, Any]] = []  # display records to write, in order
 
     # -- what ipywidgets says (the comm) ----------------------------------------------------------
