@@ -238,6 +238,9 @@ class TextView(RunView):
 
     def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None, live: bool | None = None) -> None:
         self._out = {"stdout": stdout, "stderr": stderr}
+        # the streams this view wrote to: only those are flushed at the end (in a kernel, a flush is a
+        # round trip to its I/O thread, ~0.25 ms each, for a quiet cell that printed nothing)
+        self._wrote: set[str] = set()
         self._live_choice = live
         self._live = False
         self._pending: dict[tuple[int, str], str] = {}  # (rank, stream) -> the open line
@@ -352,7 +355,7 @@ class TextView(RunView):
         for rank in range(run.nprocs):
             self._flush_rank(rank)
         self._render(force=True)
-        for stream in ("stdout", "stderr"):
+        for stream in sorted(self._wrote):
             with contextlib.suppress(OSError, ValueError):
                 self._stream(stream).flush()
         self._status.close(run)
@@ -389,6 +392,7 @@ class TextView(RunView):
         if self._live:
             self._queue.append((stream, text))
         else:
+            self._wrote.add(stream)
             self._stream(stream).write(text)
 
     # -- the footer -------------------------------------------------------------------------------
