@@ -67,9 +67,19 @@ export class Pane {
     this._bars = h('div', { class: 'nbs-Bars' });
     this._out.append(this._earlier, this._flow, this._bars);
     const out = this._out;
+    // A scroll event comes a frame after the scroll: by then more output (or a frame sized once
+    // loaded) may have grown the pane below where it scrolled itself, which is no reason to stop
+    // following. Only the user scrolling up, above where the pane last put itself, stops it; the
+    // bottom, reached by any means, starts it again.
     out.addEventListener(
       'scroll',
-      () => (this._stick = out.scrollTop + out.clientHeight >= out.scrollHeight - 8),
+      () => {
+        if (out.scrollTop + out.clientHeight >= out.scrollHeight - 8) {
+          this._stick = true;
+        } else if (out.scrollTop < this._autoTop - 1) {
+          this._stick = false;
+        }
+      },
       { passive: true }
     );
     // an image laid out only once decoded (no size in its metadata) grows the output after the
@@ -78,7 +88,7 @@ export class Pane {
       'load',
       () => {
         if (this._stick) {
-          out.scrollTop = out.scrollHeight;
+          this._toBottom();
         }
       },
       true
@@ -89,7 +99,7 @@ export class Pane {
     if (typeof ResizeObserver !== 'undefined') {
       new ResizeObserver(() => {
         if (this._stick) {
-          out.scrollTop = out.scrollHeight;
+          this._toBottom();
         }
       }).observe(this._flow);
     }
@@ -98,7 +108,7 @@ export class Pane {
     this._host.appendChild(this._root);
     this.refreshHead();
     this._build();
-    requestAnimationFrame(() => (out.scrollTop = out.scrollHeight));
+    requestAnimationFrame(() => this._toBottom());
   }
 
   /** The latest run record (rank records for the head and the elision markers). */
@@ -290,8 +300,15 @@ export class Pane {
     // lines may have come into an empty pane (the bars and markers did not change): no placeholder
     this._drawEmpty();
     if (this._stick) {
-      out.scrollTop = out.scrollHeight;
+      this._toBottom();
     }
+  }
+
+  /** Follow the output: scroll to the bottom, and remember where that put the pane. */
+  private _toBottom(): void {
+    const out = this._out;
+    out.scrollTop = out.scrollHeight;
+    this._autoTop = out.scrollTop;
   }
 
   /** The pane's flow (its newest `_cap` entries), bars and markers, from the model. */
@@ -435,6 +452,7 @@ export class Pane {
   private _flow: HTMLElement;
   private _bars: HTMLElement;
   private _stick = true;
+  private _autoTop = 0; // where the pane last scrolled itself (following its output)
   private _cap = WINDOW;
   private _nodes = new Map<Entry, HTMLElement>();
   private _barNodes = new Map<Entry, HTMLElement>();

@@ -59,9 +59,22 @@ time.sleep(60)
 MISSING = [m for m in ("pandas", "lightning", "rich") if importlib.util.find_spec(m) is None]
 
 
+# a rank that prints on: the pane follows it, unless the user scrolled up to read
+PRINTS = """\
+%%spawn -n 1
+import time
+for i in range(600):
+    print("line", i, flush=True)
+    time.sleep(0.03)
+time.sleep(60)
+"""
+AT_BOTTOM = "o => o.scrollTop + o.clientHeight >= o.scrollHeight - 8"
+
+
 def _write(root: Path) -> None:
     write_notebook(root, "html.ipynb", ["%load_ext nbspawn", SHOWS])
     write_notebook(root, "train.ipynb", ["%load_ext nbspawn", TRAINS])
+    write_notebook(root, "prints.ipynb", ["%load_ext nbspawn", PRINTS])
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +127,34 @@ def test_a_dataframe_and_lightnings_default_bar_and_summary_show_whole(lab, brow
         assert len(fits) >= 3, fits
         assert all(top and bottom for top, bottom, _, _ in fits), fits
         # the pane followed its output to the end, frames sized after they loaded included
-        at_bottom = "o => o.scrollTop + o.clientHeight >= o.scrollHeight - 8"
-        assert pane.evaluate(at_bottom), "the pane stopped following its output"
+        assert pane.evaluate(AT_BOTTOM), "the pane stopped following its output"
         shot(view, artifacts, "rank-dataframe-lightning-whole.png", unhover=True)
+        view.locator(".nbs-Stop").click()
+
+
+def test_a_pane_follows_its_output_until_the_user_scrolls_up_and_again_from_the_bottom(lab, browser, artifacts):
+    """The pane keeps its newest line in view while a rank prints, however its own scroll events and
+    the output interleave; the user scrolling up to read stops that (the pane stays where they put it
+    while lines keep coming), and scrolling back to the bottom starts it again."""
+    with Page(browser, width=1200, height=900) as p:
+        pg = p.page
+        cells = open_notebook(pg, lab, "prints.ipynb")
+        run_cell(pg, cells.nth(0), until="[1]:")
+        cell = cells.nth(1)
+        run_cell(pg, cell)
+        view = live_view(cell, widget=True)
+        pane = select_pane(view, 0)
+        sync_api.expect(pane).to_contain_text("line 80", timeout=60_000)
+        assert pane.evaluate(AT_BOTTOM), "the pane did not follow its output"
+        pane.hover()
+        pg.mouse.wheel(0, -600)  # the user scrolls up to read
+        pg.wait_for_timeout(300)
+        read_at = pane.evaluate("o => o.scrollTop")
+        pg.wait_for_timeout(1500)  # ~50 more lines arrive
+        assert not pane.evaluate(AT_BOTTOM), "the pane jumped back to its newest line while the user read"
+        assert abs(pane.evaluate("o => o.scrollTop") - read_at) <= 2, "the pane moved while the user read"
+        pg.mouse.wheel(0, 100_000)  # back to the bottom
+        pg.wait_for_timeout(1500)
+        assert pane.evaluate(AT_BOTTOM), "the pane did not follow again from the bottom"
+        shot(view, artifacts, "pane-follows-again.png", unhover=True)
         view.locator(".nbs-Stop").click()
