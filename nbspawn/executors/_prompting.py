@@ -66,6 +66,28 @@ class Loop(Protocol):
     def check_clocks(self) -> None: ...
 
 
+class _EndedLoop:
+    """The loop of a run that has ended, for a desk closed while a cell is still attached to it:
+    nothing is left to wait for, and the attached cell returns."""
+
+    def __init__(self) -> None:
+        self.alive: dict[Any, int] = {}
+        self.stop_reason: str | None = "ended"
+        self.deadline = float("-inf")
+
+    def forward_output(self, final: bool = False) -> bool:
+        return False
+
+    def check_stop(self) -> None:
+        pass
+
+    def check_clocks(self) -> None:
+        pass
+
+
+_ENDED: Loop = _EndedLoop()
+
+
 class PromptDesk:
     def __init__(self, run: Run, view: RunView, loop: Loop) -> None:
         self.run = run
@@ -92,12 +114,16 @@ class PromptDesk:
             _attachable[self.run.run_id] = self
 
     def close(self) -> None:
+        """The run is over: no rank asks any more.  The desk also lets go of its loop: the supervisor
+        and the desk refer to each other, and that cycle kept the supervisor, and what it holds (the
+        cell's job, the tensors its ranks sent home), alive until the garbage collector came by."""
         _attachable.pop(self.run.run_id, None)
         with self.prompt_lock:
             self.pending.clear()
             self._mark_prompts()
         if self.prompts is not None:
             self.prompts.close()
+        self.loop = _ENDED
 
     def serve(self) -> None:
         """Answer what the ranks asked: whether a failing rank stops in post-mortem, then one prompt
