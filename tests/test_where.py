@@ -37,7 +37,7 @@ def test_where_groups_the_ranks_of_a_hung_background_run(kernel):
         assert head, text
         assert re.search(
             r"^ranks 0-1,3: Cell In\[\d+\], line 4: dist\.barrier\(\)  \(in barrier, distributed_c10d\.py\)  "
-            r"\[in barrier #1 for \d+ s\]$",
+            r"\[in barrier #1 for \d+(-\d+)? s\]$",  # a range where the ranks entered it in different seconds
             text,
             re.M,
         ), text
