@@ -142,7 +142,6 @@ class _Supervisor:
         self.lost: str | None = None  # a kept world that cannot go on: why
         self.stopped_by: str | None = None  # "Stop button" | "run.stop()" | why a node agent was told to stop
         self.policy = executor.supervision
-        self.remote = self.policy.remote
         self.interrupted_after_stop = False
         self.hangs = HangWatch(run, view, executor)  # quiet ranks looked at; where they were when stopped
         self.desk = PromptDesk(run, view, self)  # the ranks' input(), breakpoint() and pdb, answered here
@@ -151,7 +150,7 @@ class _Supervisor:
 
     def start(self) -> None:
         now = time.time()
-        if not self.remote:
+        if not self.policy.remote:
             self.desk.open(stdin_answerable())
         else:
             executor, run = self.executor, self.run
@@ -320,7 +319,7 @@ class _Supervisor:
             return main_thread_stack(dump, self.spec.cell) or None
         # Signalled before it could report: it had not installed its handlers, so not begun the cell.
         # (A program that is not Python has no stack to give.)
-        if self.remote:  # its agent sent no stack: there was none to send
+        if self.policy.remote:  # its agent sent no stack: there was none to send
             return None
         return STILL_STARTING if state.rank in self.signalled and self.spec.program is None else None
 
@@ -378,7 +377,7 @@ class _Supervisor:
         """Ask every running rank for its stack, then SIGTERM; SIGKILL follows after the grace period."""
         # Only ranks that installed faulthandler (their stacks.log exists) can take SIGUSR1; for one
         # still starting, SIGUSR1 would be fatal and misreported. (Remote ranks: their agent does it.)
-        alive = set() if self.remote else set(self.alive.values())
+        alive = set() if self.policy.remote else set(self.alive.values())
         waiting = {r for r in alive if os.path.exists(self.run.ranks[r].stacks_path)}
         for rank in waiting:
             state = self.run.ranks[rank]
@@ -427,8 +426,9 @@ class _Supervisor:
             assert root is not None  # the root cause is chosen once its failure is recorded
             kind = RankRaisedError if root.exc_type else RankExitedError
             return kind([root, *stopped], run, run.facts())
-        # a cluster's ranks are looked at by their nodes' agents: the stacks they sent are what there is
-        seen = self.hangs.seen_at_stop or {f.rank: f.stack for f in stopped if f.stack and self.remote}
+        # what the look before stopping saw; on a cluster whose agents did not answer it in time, the
+        # stacks each agent sent with its ranks' ends are what there is
+        seen = self.hangs.seen_at_stop or {f.rank: f.stack for f in stopped if f.stack and self.policy.remote}
         verdict = hang_verdict(seen, self.hangs.collectives_at_stop, sitting_out=self.spec.sitting_out())
         if self.stop_reason == "timeout":
             run.status = "timeout"
