@@ -30,7 +30,7 @@ from .._runstate import Run
 from .._spec import RunSpec
 from ..events._streams import Event
 from ..events._where import RankToAsk, describe
-from ..executors._base import Executor, RankEnd, Supervision
+from ..executors._base import CLUSTER_POLL_MAX, Executor, RankEnd, Supervision
 from . import _agent, _contact, _wire
 from ._plan import ClusterPlan, hold, release, remember_port
 
@@ -41,7 +41,7 @@ PUBLISH_EVERY = 0.1  # the whole cluster sends at most 10 batches a second: each
 class ClusterRanks(Executor):
     """The executor of a cluster run: every node's ranks, started and reported by the nodes' agents."""
 
-    supervision = Supervision(remote=True, poll_max=0.05)  # poll_max: how soon a node's news (a failure above all) is acted on
+    supervision = Supervision(remote=True, poll_max=CLUSTER_POLL_MAX)  # a node's news (a failure above all) acted on soon
 
     def __init__(self, spec: RunSpec, cluster: ClusterPlan, job: _wire.Job, port_book: Any = None) -> None:
         self.spec = spec

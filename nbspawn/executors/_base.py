@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 from ..events._where import RankToAsk, rank_collectives, rank_stacks
 
 POLL_MAX = 0.25  # the longest the supervisor waits between looks for new output
+CLUSTER_POLL_MAX = 0.05  # ... on a cluster, at either end (a node's agent, the kernel): how soon a node's news is acted on
 
 
 class RankEnd(NamedTuple):
@@ -55,7 +56,7 @@ class Supervision:
     watches_hangs: bool = True
 
 
-NODE_AGENT = Supervision(poll_max=0.05, watches_hangs=False)  # a node's ranks, watched by its agent for the kernel
+NODE_AGENT = Supervision(poll_max=CLUSTER_POLL_MAX, watches_hangs=False)  # a node's ranks, watched by its agent for the kernel
 
 
 class Executor(ABC):
