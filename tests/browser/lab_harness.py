@@ -317,6 +317,14 @@ def open_notebook(pg: PwPage, server: Server, name: str) -> Locator:
     return wait_until_ready(notebook_root(pg, server))
 
 
+def open_with_nbspawn(pg: PwPage, server: Server, name: str) -> Locator:
+    """Open ``name`` and run its first cell (``%load_ext nbspawn``, as every test notebook begins) to
+    its end; its cells."""
+    cells = open_notebook(pg, server, name)
+    run_cell(pg, cells.nth(0), until="[1]:")
+    return cells
+
+
 def open_lab_notebook(page: PwPage, lab: Server, name: str) -> Locator:
     """Open ``name`` in JupyterLab; its first run view (a saved run, drawn by the renderer)."""
     page.goto(lab_url(lab, name))

@@ -17,7 +17,7 @@ from lab_harness import (
     chip_statuses,
     frozen_run,
     live_view,
-    open_notebook,
+    open_with_nbspawn,
     run_cell,
     serve,
     shot,
@@ -48,8 +48,7 @@ def lab(tmp_path_factory):
 def test_a_background_run_stopped_with_spawn_stop_is_stopped_everywhere(lab, browser, artifacts):
     with Page(browser, width=1200, height=1000) as p:
         pg = p.page
-        cells = open_notebook(pg, lab, "bg.ipynb")
-        run_cell(pg, cells.nth(0), until="[1]:")
+        cells = open_with_nbspawn(pg, lab, "bg.ipynb")
         bg = cells.nth(1)
         run_cell(pg, bg, until="[2]:")  # the cell returns at once; the run goes on
         view = live_view(bg, widget=True)

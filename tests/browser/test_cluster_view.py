@@ -18,7 +18,7 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
     Page,
     frozen_run,
     live_view,
-    open_notebook,
+    open_with_nbspawn,
     run_cell,
     serve,
     shot,
@@ -61,8 +61,7 @@ def lab(tmp_path_factory, nodes):
 def test_lab_cluster_run_names_each_ranks_node(lab, browser, artifacts):
     with Page(browser, width=1200, height=1000) as p:
         pg = p.page
-        cells = open_notebook(pg, lab, "cluster.ipynb")
-        run_cell(pg, cells.nth(0), until="[1]:")
+        cells = open_with_nbspawn(pg, lab, "cluster.ipynb")
 
         run = cells.nth(1)
         run_cell(pg, run)

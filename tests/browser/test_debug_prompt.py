@@ -15,7 +15,7 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
     Page,
     frozen_run,
     live_view,
-    open_notebook,
+    open_with_nbspawn,
     run_cell,
     select_pane,
     serve,
@@ -52,8 +52,7 @@ def nb7(tmp_path_factory):
 
 
 def _answer_the_prompt(pg, server, artifacts, name: str) -> None:
-    cells = open_notebook(pg, server, "debug.ipynb")
-    run_cell(pg, cells.nth(0), until="[1]:")
+    cells = open_with_nbspawn(pg, server, "debug.ipynb")
     cell = cells.nth(1)
     run_cell(pg, cell)
     stdin = cell.locator(".jp-Stdin")
@@ -106,8 +105,7 @@ def _above(pane, command: str, answer: str) -> None:
 def test_the_ranks_pane_reads_each_pdb_command_above_its_answer(lab, browser, artifacts):
     with Page(browser, width=1200, height=1000) as p:
         pg = p.page
-        cells = open_notebook(pg, lab, "transcript.ipynb")
-        run_cell(pg, cells.nth(0), until="[1]:")
+        cells = open_with_nbspawn(pg, lab, "transcript.ipynb")
         cell = cells.nth(1)
         run_cell(pg, cell)
         for i, command in enumerate(["p x", "p x * 2"]):

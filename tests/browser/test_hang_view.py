@@ -19,7 +19,7 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
     Page,
     frozen_run,
     live_view,
-    open_notebook,
+    open_with_nbspawn,
     run_cell,
     serve,
     shot,
@@ -52,8 +52,7 @@ def lab(tmp_path_factory):
 def test_a_hang_is_seen_live_asked_where_and_explained(lab, browser, artifacts):
     with Page(browser, width=1200, height=1000) as p:
         pg = p.page
-        cells = open_notebook(pg, lab, "hang.ipynb")
-        run_cell(pg, cells.nth(0), until="[1]:")
+        cells = open_with_nbspawn(pg, lab, "hang.ipynb")
 
         hang = cells.nth(1)
         run_cell(pg, hang)

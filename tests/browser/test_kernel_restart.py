@@ -10,7 +10,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lab_harness import NEEDS_WIDGET, Page, live_view, open_notebook, run_cell, serve, shot, sync_api, write_notebook
+from lab_harness import (
+    NEEDS_WIDGET,
+    Page,
+    live_view,
+    open_with_nbspawn,
+    run_cell,
+    serve,
+    shot,
+    sync_api,
+    write_notebook,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600), NEEDS_WIDGET]
 
@@ -35,8 +45,7 @@ def lab(tmp_path_factory):
 def test_a_kernel_restart_ends_the_live_view(lab, browser, artifacts):
     with Page(browser, width=1200, height=900) as p:
         pg = p.page
-        cells = open_notebook(pg, lab, "restart.ipynb")
-        run_cell(pg, cells.nth(0), until="[1]:")
+        cells = open_with_nbspawn(pg, lab, "restart.ipynb")
         cell = cells.nth(1)
         run_cell(pg, cell)
         view = live_view(cell, widget=True)

@@ -25,7 +25,7 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
     frozen_run,
     live_view,
     notebook_root,
-    open_notebook,
+    open_with_nbspawn,
     page_shot,
     run_cell,
     serve,
@@ -104,8 +104,7 @@ def nb7(tmp_path_factory):
 def test_lab_live_run_stop_and_reload(lab, browser, artifacts):
     with Page(browser, width=1200, height=1100) as p:
         pg = p.page
-        cells = open_notebook(pg, lab, "live.ipynb")
-        run_cell(pg, cells.nth(0), until="[1]:")
+        cells = open_with_nbspawn(pg, lab, "live.ipynb")
 
         # ---- a live run: chips, the clock, the bar redrawn in place ---------------------------------
         train = cells.nth(1)
@@ -214,8 +213,7 @@ def test_lab_live_run_stop_and_reload(lab, browser, artifacts):
 def test_notebook7_live_widget(nb7, browser, artifacts):
     with Page(browser, width=1200, height=1000) as p:
         pg = p.page
-        cells = open_notebook(pg, nb7, "nb7-live.ipynb")
-        run_cell(pg, cells.nth(0), until="[1]:")
+        cells = open_with_nbspawn(pg, nb7, "nb7-live.ipynb")
         run_cell(pg, cells.nth(1))
         view = live_view(cells.nth(1))
         sync_api.expect(view.locator(".nbs-Chip")).to_have_count(4)

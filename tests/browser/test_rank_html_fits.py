@@ -11,7 +11,18 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from lab_harness import NEEDS_WIDGET, Page, live_view, open_notebook, run_cell, select_pane, serve, shot, sync_api, write_notebook
+from lab_harness import (
+    NEEDS_WIDGET,
+    Page,
+    live_view,
+    open_with_nbspawn,
+    run_cell,
+    select_pane,
+    serve,
+    shot,
+    sync_api,
+    write_notebook,
+)
 from training_cells import LIGHTNING
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600), NEEDS_WIDGET]
@@ -85,8 +96,7 @@ def lab(tmp_path_factory):
 def test_a_ranks_html_shows_whole(lab, browser, artifacts):
     with Page(browser, width=1200, height=1000) as p:
         pg = p.page
-        cells = open_notebook(pg, lab, "html.ipynb")
-        run_cell(pg, cells.nth(0), until="[1]:")
+        cells = open_with_nbspawn(pg, lab, "html.ipynb")
         cell = cells.nth(1)
         run_cell(pg, cell)
         view = live_view(cell, widget=True)
@@ -110,8 +120,7 @@ def test_a_ranks_html_shows_whole(lab, browser, artifacts):
 def test_a_dataframe_and_lightnings_default_bar_and_summary_show_whole(lab, browser, artifacts):
     with Page(browser, width=1200, height=1400) as p:
         pg = p.page
-        cells = open_notebook(pg, lab, "train.ipynb")
-        run_cell(pg, cells.nth(0), until="[1]:")
+        cells = open_with_nbspawn(pg, lab, "train.ipynb")
         cell = cells.nth(1)
         run_cell(pg, cell)
         view = live_view(cell, widget=True)
@@ -138,8 +147,7 @@ def test_a_pane_follows_its_output_until_the_user_scrolls_up_and_again_from_the_
     while lines keep coming), and scrolling back to the bottom starts it again."""
     with Page(browser, width=1200, height=900) as p:
         pg = p.page
-        cells = open_notebook(pg, lab, "prints.ipynb")
-        run_cell(pg, cells.nth(0), until="[1]:")
+        cells = open_with_nbspawn(pg, lab, "prints.ipynb")
         cell = cells.nth(1)
         run_cell(pg, cell)
         view = live_view(cell, widget=True)

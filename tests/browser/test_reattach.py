@@ -30,6 +30,7 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
     notebook_root,
     notebook_url,
     open_notebook,
+    open_with_nbspawn,
     page_shot,
     run_cell,
     save_until,
@@ -158,8 +159,7 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts):
     with Page(browser, width=1200, height=1100) as p:
         pg = p.page
         pg.add_init_script(WATCH_JS)
-        cells = open_notebook(pg, lab, "reattach.ipynb")
-        run_cell(pg, cells.nth(0), until="[1]:")
+        cells = open_with_nbspawn(pg, lab, "reattach.ipynb")
         started = time.monotonic()
         _start_and_reload(pg, cells, 1, artifacts, "reattach-lab")
         # the file saved mid-run holds the live display, with its run's ids
@@ -262,8 +262,7 @@ def test_notebook7_reload_mid_run_reattaches_and_stops(nb7, browser, artifacts):
     with Page(browser, width=1200, height=1000) as p:
         pg = p.page
         pg.add_init_script(WATCH_JS)
-        cells = open_notebook(pg, nb7, "nb7-reattach.ipynb")
-        run_cell(pg, cells.nth(0), until="[1]:")
+        cells = open_with_nbspawn(pg, nb7, "nb7-reattach.ipynb")
         _start_and_reload(pg, cells, 1, artifacts, "reattach-nb7")
 
         cell = pg.locator(".jp-Cell").nth(1)
