@@ -38,6 +38,9 @@ class RankStreams:
     def __init__(self, rank: int, rank_dir: str) -> None:
         self.rank = rank
         self.dir = rank_dir
+        # looked for at every read until the rank makes them
+        self.display_path = os.path.join(rank_dir, FILES[DISPLAY])
+        self.order_path = os.path.join(rank_dir, ORDER)
         # stdout and stderr exist from the start (ranks append to them); the others once written
         flags = os.O_RDONLY | os.O_CREAT
         self.fds = [
@@ -62,9 +65,9 @@ class RankStreams:
     def _lazy(self) -> None:
         """Open display.jsonl and order.bin once the rank has made them."""
         if self.fds[DISPLAY] < 0:
-            self.fds[DISPLAY] = _open_if_there(os.path.join(self.dir, FILES[DISPLAY]))
+            self.fds[DISPLAY] = _open_if_there(self.display_path)
         if self.order_fd < 0:
-            self.order_fd = _open_if_there(os.path.join(self.dir, ORDER))
+            self.order_fd = _open_if_there(self.order_path)
 
     def read(self, budget: int | None = None) -> list[Event]:
         """Everything new, in written order; with ``budget``, at most about that many bytes per text stream."""

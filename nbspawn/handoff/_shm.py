@@ -561,6 +561,8 @@ class Payload:
     def __reduce__(self) -> tuple:
         if self.sent:
             raise RuntimeError("this payload was sent already: its objects are no longer held")
+        if isinstance(self.obj, dict) and not self.obj:  # a cell that reads no kernel name: nothing to seal
+            return (dict, ())
         buf = io.BytesIO()
         _Pickler(buf, None, self.shared, self.copies).dump(self.obj)
         names = tuple(self.obj) if isinstance(self.obj, dict) else ()

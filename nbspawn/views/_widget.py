@@ -198,11 +198,11 @@ class WidgetView(RunView):
         _active.RUNS.ended(run.run_id, run.shown)  # for a page loaded after the end
         try:
             if self.handle is not None:
-                self.handle.update(frozen)
+                self.handle.update(run.shown, raw=True)
             else:  # a quick run: its frozen view is all it shows
                 from IPython.display import display
 
-                display(frozen)
+                display(run.shown, raw=True)  # the bundle made above, not IPython's formatters again
         except Exception as err:  # the frozen view must not hide the run's own error
             log.warning("nbspawn: could not show the frozen view: %s", err)
         if self.widget is not None:
