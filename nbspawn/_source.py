@@ -95,12 +95,15 @@ class CellSource:
         except SyntaxError as err:
             raise CellSyntaxError(err, self.label) from None
 
-    def compile(self) -> tuple[CodeType, CodeType | None]:
+    def compile(self, tree: ast.Module | None = None) -> tuple[CodeType, CodeType | None]:
         """Code for the cell, split like IPython does: statements, then a last bare expression.
 
         The value of a trailing expression is printed by the rank, as a notebook would display it.
+        ``tree``: the cell as :meth:`parse` gave it, if the caller has it (it is consumed: its last
+        expression is taken out), so a world's rank parses each cell once.
         """
-        tree = self.parse()
+        if tree is None:
+            tree = self.parse()
         linecache.cache[CELL_FILENAME] = (len(self.padded), None, self.padded.splitlines(True), CELL_FILENAME)
         last = None
         if tree.body and isinstance(final := tree.body[-1], ast.Expr):

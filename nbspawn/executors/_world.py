@@ -194,9 +194,10 @@ class WorldCell(Executor):
 
     supervision = Supervision(keeps_ranks=True)
 
-    def __init__(self, world: World, job: WorldJob) -> None:
+    def __init__(self, world: World, job: WorldJob, bound: set[str] | None = None) -> None:
         self.world = world
         self.job = job
+        self.bound = bound  # the names the cell binds, if its plan has them (else the cell is parsed again)
         self.started: set[int] = set()  # ranks that said they run the cell (and can be interrupted)
         self.held: dict[int, int] = {}  # rank -> SIGINT held until it has started the cell
         self.run: Run | None = None
@@ -217,7 +218,8 @@ class WorldCell(Executor):
         self.world.state = "running"
         self.world.cells += self.job.debug is None
         if self.job.debug is None:
-            self.world.owned.update(names_bound(self.job.cell.parse()))  # from now on, whatever the cell does
+            bound = self.bound if self.bound is not None else names_bound(self.job.cell.parse())
+            self.world.owned.update(bound)  # from now on, whatever the cell does
         run.world, run.world_cell = self.world.name, self.world.cells
         # every rank is sent the cell (--on: those that do not run it are told to sit it out, with none
         # of the kernel's names or --share tensors): a world's first cell makes its process group

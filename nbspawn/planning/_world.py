@@ -23,7 +23,7 @@ from .._spec import RunSpec, build_spec, cuda_device_count, new_run_id, resolve_
 from ..errors import SpawnUsageError, rank_spans
 from ..executors import _world
 from ..executors._world import Lost, World, WorldCell
-from ..handoff._names import pack_namespace, pick_shared
+from ..handoff._names import names_bound, pack_namespace, pick_shared
 from ..handoff._shm import new_run_prefix, share_
 from ..ranks._worldloop import WorldJob
 
@@ -99,7 +99,7 @@ def plan_world_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, WorldCell
     job = WorldJob(
         cell, cspec.run_dir, cspec.run_id, payload, out_names, cspec.shm_prefix, shared=tuple(shared), grace=grace, on=on
     )
-    return cspec, WorldCell(world, job)
+    return cspec, WorldCell(world, job, names_bound(tree))
 
 
 def cell_ranks(on: frozenset[int] | None, shown: frozenset[int] | None, nprocs: int, name: str) -> frozenset[int] | None:

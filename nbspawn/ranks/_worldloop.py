@@ -265,28 +265,36 @@ def _run(job: WorldJob, rank: int, namespace: dict[str, Any], own: set[str]) -> 
     from ..handoff._names import names_bound, send_outputs, unpack_namespace
 
     tree = job.cell.parse()
+    bound = names_bound(tree)  # before compile takes the last expression out of the tree (``(x := 1)``)
     if job.names is not None:
         # a name this rank's cells assigned is the rank's own (the kernel sends none of the world's names, but
         # one given to --share); no loop variable is left bound in this frame, which a failed cell's kept
         # traceback holds (it would keep a --share tensor alive)
         namespace.update({name: value for name, value in unpack_namespace(job.names).items() if name not in own})
-    code, last = job.cell.compile()
+    code, last = job.cell.compile(tree)
     try:
         _rank.execute_cell(code, last, namespace, lambda exc: _rank.write_error(job.rank_dir(rank), job.cell, exc))
     finally:  # what the cell bound, even if it failed half-way, is now the rank's own
-        own.update(name for name in names_bound(tree) if name in namespace)
+        own.update(name for name in bound if name in namespace)
     if job.out_names:
         send_outputs(namespace, job.out_names, job.shm_prefix or "", job.rank_dir(rank))
 
 
 def _stacks_to(rank_dir: str, previous: Any) -> Any:
-    """faulthandler's dumps (SIGUSR1, fatal signals) go to this directory's stacks.log."""
-    stack_file = open(RankDir(rank_dir).stacks, "a")  # noqa: SIM115 - kept open for the handler
-    faulthandler.enable(file=stack_file, all_threads=True)
-    if previous is None:  # what faulthandler restores at shutdown: nothing that kills a leaving rank
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    """faulthandler's dumps (SIGUSR1, fatal signals) go to this directory's stacks.log.
+
+    The first call opens the file faulthandler is given; later ones point that same descriptor at
+    another directory's file (``dup2``), as ``redirect_output`` does with stdout: two switches a cell
+    then cost a few system calls, not a file object and faulthandler's two handlers set up again."""
+    path = RankDir(rank_dir).stacks
     if previous is not None:
-        previous.close()
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)  # as open(path, "a") makes it
+        os.dup2(target, previous.fileno(), inheritable=False)  # as open() made the first
+        os.close(target)
+        return previous
+    stack_file = open(path, "a")  # noqa: SIM115 - kept open for the handler
+    faulthandler.enable(file=stack_file, all_threads=True)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # what faulthandler restores at shutdown: nothing that kills a leaving rank
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     _rank._stack_file = stack_file
     return stack_file
