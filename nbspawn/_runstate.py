@@ -218,14 +218,19 @@ class Run:
         """A cluster run's log directories, ``host:path`` by node, as far as its agents told them."""
         return {state.node: state.remote_dir.rsplit("/", 1)[0] for state in self.ranks if state.node and state.remote_dir}
 
-    def prepare_logs(self) -> None:
-        """Create ``<run-dir>/<rank>/`` and open a reader on its files before any rank writes."""
+    def prepare_logs(self, ranks_make_theirs: bool = False) -> None:
+        """Create ``<run-dir>/<rank>/`` and open a reader on its files before any rank writes.
+
+        ``ranks_make_theirs``: each rank makes its own directory and files as it begins the cell (a kept
+        world's ranks, which are running already: beside the kernel's work, not in its way); the kernel
+        makes the run directory and reads the ranks' files once they are there."""
         os.makedirs(self.spec.run_dir, mode=0o700, exist_ok=True)  # private to the user (docs/guide.md: What a run exposes)
         for rank in range(self.spec.nprocs):
             state = RankState(rank=rank, dir=self.spec.rank_dir(rank))
-            os.mkdir(state.dir, 0o700)
+            if not ranks_make_theirs:
+                os.mkdir(state.dir, 0o700)
             self.ranks.append(state)
-            self._streams.append(RankStreams(rank, state.dir))
+            self._streams.append(RankStreams(rank, state.dir, made=not ranks_make_theirs))
             self.display_items.paths[rank] = state.display_path
 
     def read_new_output(self, final: bool = False, budget: int | None = None) -> list[Event]:

@@ -40,7 +40,8 @@ _lock = threading.Lock()  # a cell, a stop and the watcher never change the node
 class _NodeWorldCell(WorldCell):
     """A cell on the node's part of a world, watched closely (a stop from the kernel within 50 ms)."""
 
-    supervision = replace(NODE_AGENT, keeps_ranks=True)  # a world's ranks still outlive the cell
+    # a world's ranks still outlive the cell, and make their own directories as they begin it
+    supervision = replace(NODE_AGENT, keeps_ranks=True, ranks_make_their_dirs=True)
 
 
 def run_world_cell(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> _wire.Answer:

@@ -35,19 +35,19 @@ class Event:
 class RankStreams:
     """Incremental, ordered reader of one rank's stdout.log, stderr.log and display.jsonl."""
 
-    def __init__(self, rank: int, rank_dir: str) -> None:
+    def __init__(self, rank: int, rank_dir: str, made: bool = True) -> None:
+        """``made``: the kernel makes the rank's stdout and stderr now, so it reads them from the start;
+        else the rank makes them (a kept world's, as it begins a cell) and they are opened once there."""
         self.rank = rank
         self.dir = rank_dir
-        # looked for at every read until the rank makes them
-        self.display_path = os.path.join(rank_dir, FILES[DISPLAY])
+        # looked for at every read until the rank has made them
+        self.paths = [os.path.join(rank_dir, name) for name in FILES]
         self.order_path = os.path.join(rank_dir, ORDER)
-        # stdout and stderr exist from the start (ranks append to them); the others once written
-        flags = os.O_RDONLY | os.O_CREAT
-        self.fds = [
-            os.open(os.path.join(rank_dir, FILES[0]), flags, 0o600),
-            os.open(os.path.join(rank_dir, FILES[1]), flags, 0o600),
-            -1,
-        ]
+        if made:
+            flags = os.O_RDONLY | os.O_CREAT
+            self.fds = [os.open(self.paths[0], flags, 0o600), os.open(self.paths[1], flags, 0o600), -1]
+        else:
+            self.fds = [-1, -1, -1]
         self.order_fd = -1
         self.released = False
         self.pos = [0, 0, 0]  # bytes of each file already turned into events
@@ -63,9 +63,11 @@ class RankStreams:
         return self.released
 
     def _lazy(self) -> None:
-        """Open display.jsonl and order.bin once the rank has made them."""
-        if self.fds[DISPLAY] < 0:
-            self.fds[DISPLAY] = _open_if_there(self.display_path)
+        """Open the files the rank makes (display.jsonl, order.bin; a world rank's all) once they are there."""
+        fds = self.fds
+        for stream in (0, 1, 2):
+            if fds[stream] < 0:
+                fds[stream] = _open_if_there(self.paths[stream])
         if self.order_fd < 0:
             self.order_fd = _open_if_there(self.order_path)
 

@@ -54,6 +54,9 @@ class Supervision:
     # quiet ranks are looked at for a hang (a node's agent does not: the kernel shows no notes for a
     # cluster's ranks, and its looks would only fill their stacks.log)
     watches_hangs: bool = True
+    # each rank makes its own <rank>/ directory as it begins the cell (``Run.prepare_logs``): ranks that
+    # are running already (a kept world's) do it beside the kernel, not before it can send them the cell
+    ranks_make_their_dirs: bool = False
 
 
 NODE_AGENT = Supervision(poll_max=CLUSTER_POLL_MAX, watches_hangs=False)  # a node's ranks, watched by its agent for the kernel

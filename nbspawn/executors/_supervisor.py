@@ -70,7 +70,7 @@ def execute(spec: RunSpec, view: RunView, executor: Executor, background: bool =
     """
     run = Run(spec, background=background)
     try:
-        run.prepare_logs()
+        run.prepare_logs(ranks_make_theirs=executor.supervision.ranks_make_their_dirs)
     except OSError as err:
         run.close_logs()
         raise SpawnUsageError(f"cannot write logs to {spec.run_dir}: {err.strerror or err}") from None

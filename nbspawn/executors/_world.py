@@ -193,7 +193,7 @@ class World:
 class WorldCell(Executor):
     """The executor of one cell on a kept world: its ranks live on after it."""
 
-    supervision = Supervision(keeps_ranks=True)
+    supervision = Supervision(keeps_ranks=True, ranks_make_their_dirs=True)
 
     def __init__(self, world: World, job: WorldJob, bound: set[str] | None = None) -> None:
         self.world = world

@@ -16,6 +16,7 @@ come back from an interrupt lives on.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import faulthandler
 import os
 import signal
@@ -129,6 +130,8 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
             _sit_out(job, rank, spec.backend, group)
             continue
         rank_dir = job.rank_dir(rank)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(rank_dir, 0o700)  # the kernel made the cell's run directory; each rank makes its own
         redirect_output(rank_dir)
         stacks = _stacks_to(rank_dir, stacks)
         os.environ.update(job.env)
