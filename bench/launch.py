@@ -200,11 +200,39 @@ class Kernel:
         self._spec_dir.cleanup()
 
 
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU used so far by the kernel itself (every thread of it: ipykernel's I/O threads too) and by
+    everything under it: live descendants (kept-world ranks, ipyparallel engines, ping children) and
+    the children it has reaped (fresh ranks, bare forks), which /proc counts in its cutime/cstime."""
+    own = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                own += int(f.read().split()[0])  # ns on the CPU
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that ended meanwhile
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    under = (int(fields[13]) + int(fields[14])) / TICKS  # cutime + cstime
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:
+            continue  # ended meanwhile: counted once reaped
+        under += times.user + times.system + times.children_user + times.children_system
+    return own / 1e9, under
+
+
 @dataclass
 class Row:
     method: str
     n: int | None
     times: list[float]
+    kernel_cpu: float = 0.0  # CPU seconds per cell: the kernel process, all its threads
+    others_cpu: float = 0.0  # ... and every process under it (ranks, engines, forks)
 
     @property
     def median_ms(self) -> float:
@@ -221,8 +249,11 @@ class Bench:
 
     def measure(self, method: str, n: int | None, code: str) -> None:
         self.kernel.run(code)  # warm-up: imports, first fork server, caches
+        own, under = cpu_seconds(self.kernel.pid)
         times = [self.kernel.run(code) for _ in range(self.reps)]
-        self.rows.append(row := Row(method, n, times))
+        own_after, under_after = cpu_seconds(self.kernel.pid)
+        row = Row(method, n, times, (own_after - own) / self.reps, (under_after - under) / self.reps)
+        self.rows.append(row)
         print(f"  {method:<28} N={n if n is not None else '-':<3} median {row.median_ms:9.1f} ms", file=sys.stderr)
 
     def table(self) -> str:
@@ -232,13 +263,17 @@ class Bench:
         def ratio(row: Row, base: Row | None) -> str:
             return f"{row.median_ms / base.median_ms:.1f}x" if base and row.n is not None else "-"
 
-        lines = [f"{'method':<28} {'N':>3} {'median ms':>10} {'min ms':>9} {'vs fork':>8} {'vs %%px':>8}"]
+        lines = [
+            f"{'method':<28} {'N':>3} {'median ms':>10} {'min ms':>9} {'vs fork':>8} {'vs %%px':>8} "
+            f"{'kernel CPU':>11} {'others CPU':>11}"
+        ]
         lines.append("-" * len(lines[0]))
         for row in self.rows:
             n = "-" if row.n is None else str(row.n)
             lines.append(
                 f"{row.method:<28} {n:>3} {row.median_ms:>10.1f} {row.min_ms:>9.1f} "
-                f"{ratio(row, find(BARE, row.n)):>8} {ratio(row, find(PX, row.n)):>8}"
+                f"{ratio(row, find(BARE, row.n)):>8} {ratio(row, find(PX, row.n)):>8} "
+                f"{row.kernel_cpu * 1e3:>11.2f} {row.others_cpu * 1e3:>11.2f}"
             )
         return "\n".join(lines)
 
@@ -256,7 +291,15 @@ class Bench:
             ("%%spawn fork", BARE),
         ]
         lines = []
+        empty = find(PASS, None)
         for n in sorted({r.n for r in self.rows if r.n is not None}):
+            for view in ("widget", "text") if empty else ():
+                world = find(f"%%spawn --world ({view})", n)
+                if world and empty:  # the goal's own terms: what a world cell adds to an empty kernel cell
+                    lines.append(
+                        f"N={n:<3} %%spawn --world ({view}) - {PASS}: median {world.median_ms - empty.median_ms:.2f} ms "
+                        f"(kernel CPU +{(world.kernel_cpu - empty.kernel_cpu) * 1e3:.2f} ms, ranks {world.others_cpu * 1e3:.2f} ms)"
+                    )
             for top, base in pairs:
                 a, b = find(top, n), find(base, n)
                 if a and b:
@@ -370,6 +413,7 @@ def main() -> int:
     _kernel, status = with_kernel(lambda: Kernel(args.timeout), work)
     if bench is not None:
         print(f"\nper-cell wall time, execute_request -> execute_reply; {kernel_versions()}")
+        print("CPU ms per cell (mean): the kernel process (every thread) and the processes under it (ranks, engines)")
         print(bench.table())
         if ratios := bench.ratios():
             print(f"\ngoal ratios (medians; the goals: world text and widget <= 0.3x %%px, fresh fork <= 1.05x torch)\n{ratios}")
