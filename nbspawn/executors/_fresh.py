@@ -17,7 +17,7 @@ from .._cuda import collect_ipc
 from .._listen import host_store
 from .._runstate import Run
 from .._spec import RunSpec
-from ..ranks._capture import rank_classes, stdio_streams
+from ..ranks._capture import ready_to_fork_display, stdio_streams
 from ..ranks._cell import Inherited, run_rank
 from ..ranks._fds import kernel_descriptors
 from . import _reaper
@@ -42,7 +42,7 @@ class FreshRanks(Executor):
         elif spec.start_method == "fork":
             stdio_streams()
             if "IPython" in sys.modules:
-                rank_classes()  # made once here, inherited by every forked rank
+                ready_to_fork_display()  # made and read once here, inherited by every forked rank
             shared_env = spec.shared_env()
             inherited = Inherited(spec.cell.compile(), kernel_descriptors())  # last: what is open now
         with environment(shared_env), one_flush():

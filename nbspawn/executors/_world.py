@@ -25,6 +25,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -41,6 +42,7 @@ from .._spec import RunSpec
 from ..errors import SpawnUsageError
 from ..handoff._names import names_bound
 from ..handoff._shm import Payload
+from ..ranks._capture import ready_to_fork_display
 from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
 from ..ranks._fds import kernel_descriptors
 from ..ranks._worldloop import EXITED, INTERRUPT, INTERRUPTED, OK, RAISED, WorldJob, run_world_rank
@@ -120,6 +122,8 @@ class World:
         # a forked rank keeps the ranks' ends (it closes the others' itself), never the kernel's
         ranks_ends = frozenset(child.fileno() for _parent, child in pipes)
         kernel_fds = kernel_descriptors(ranks_ends) if spec.start_method == "fork" else ()
+        if spec.start_method == "fork" and "IPython" in sys.modules:
+            ready_to_fork_display()  # made and read once here, inherited by every forked rank
         if spec.start_method == "forkserver":
             prepare_forkserver()
         with interrupts_deferred():
