@@ -207,23 +207,28 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     """CPU used so far by the kernel itself (every thread of it: ipykernel's I/O threads too) and by
     everything under it: live descendants (kept-world ranks, ipyparallel engines, ping children) and
     the children it has reaped (fresh ranks, bare forks), which /proc counts in its cutime/cstime."""
-    own = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                own += int(f.read().split()[0])  # ns on the CPU
-        except (OSError, ValueError, IndexError):
-            pass  # a thread that ended meanwhile
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     under = (int(fields[13]) + int(fields[14])) / TICKS  # cutime + cstime
     for child in psutil.Process(pid).children(recursive=True):
         try:
-            times = child.cpu_times()
-        except psutil.Error:
+            times = child.cpu_times()  # its reaped children's, in clock ticks
+            under += times.children_user + times.children_system + _threads_cpu(child.pid) / 1e9
+        except (psutil.Error, OSError):
             continue  # ended meanwhile: counted once reaped
-        under += times.user + times.system + times.children_user + times.children_system
-    return own / 1e9, under
+    return _threads_cpu(pid) / 1e9, under
+
+
+def _threads_cpu(pid: int) -> int:
+    """Nanoseconds on the CPU of every thread of ``pid`` (schedstat: exact, where ticks are 10 ms)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that ended meanwhile
+    return total
 
 
 @dataclass
