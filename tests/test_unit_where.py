@@ -4,7 +4,7 @@ rewriting give them. No kernel, no processes."""
 from __future__ import annotations
 
 from nbspawn._source import STILL_STARTING
-from nbspawn.events._where import RankToAsk, describe, hang_verdict, live_notes
+from nbspawn.events._where import SETTLED, RankToAsk, await_dumps, describe, hang_verdict, live_notes
 
 BARRIER = (
     "  Cell In[3], line 4\n      dist.barrier()\n"
@@ -210,3 +210,42 @@ def test_nccl_collectives_are_read_from_nccls_own_flight_recorder():
         "scheduled",
         2.0,
     )
+
+
+# -- await_dumps: a dump is read whole ------------------------------------------------------------
+
+
+def _write_in_pieces(path, pieces, gap):
+    import time
+
+    for piece in pieces:
+        time.sleep(gap)
+        with open(path, "a") as fh:
+            fh.write(piece)
+
+
+def test_a_dump_still_being_written_is_waited_on_until_whole(tmp_path):
+    """faulthandler writes a line at a time; a rank preempted between two lines has grown its file but
+    not finished (what stop 34's CI caught: the kernel sent SIGTERM after the first line, and the
+    error lost where the rank was). The wait ends only once the file has stopped growing."""
+    import threading
+
+    path = tmp_path / "stacks.log"
+    path.write_text("earlier dump\n")
+    before = path.stat().st_size
+    lines = ["Thread 0x1 (most recent call first):\n", '  File "a.py", line 1 in f\n', '  File "b.py", line 2 in all_reduce\n']
+    writer = threading.Thread(target=_write_in_pieces, args=(path, lines, SETTLED / 2))
+    writer.start()
+    answered = await_dumps({3: (str(path), before)}, wait=2.0)
+    read_then = path.read_text()[before:]  # what the kernel reads the moment the wait ends
+    writer.join()
+    assert answered == {3}
+    assert read_then == "".join(lines)
+
+
+def test_a_rank_that_never_answers_is_left_out_after_the_wait(tmp_path):
+    quiet, answers = tmp_path / "quiet.log", tmp_path / "answers.log"
+    quiet.write_text("")
+    answers.write_text("")
+    _write_in_pieces(answers, ["dump\n"], 0)
+    assert await_dumps({0: (str(quiet), 0), 1: (str(answers), 0)}, wait=0.3) == {1}

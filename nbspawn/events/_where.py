@@ -50,17 +50,7 @@ def rank_stacks(ranks: list[RankToAsk], wait: float = ANSWER_WAIT) -> dict[int, 
         except (ProcessLookupError, PermissionError, OSError):
             sizes.pop(asked.rank, None)
     paths = {asked.rank: asked.stacks_path for asked in ranks}
-    grown: dict[int, tuple[int, float]] = {}
-    until = time.monotonic() + wait
-    while time.monotonic() < until:
-        now = time.monotonic()
-        for rank, before in sizes.items():
-            size = _size(paths[rank])
-            if size > before and grown.get(rank, (0, 0.0))[0] != size:
-                grown[rank] = (size, now)
-        if len(grown) == len(sizes) and all(now - at >= SETTLED for _size_, at in grown.values()):
-            break
-        time.sleep(0.01)
+    grown = await_dumps({rank: (paths[rank], before) for rank, before in sizes.items()}, wait)
     found: dict[int, str | None] = {asked.rank: None for asked in ranks}
     for rank, before in sizes.items():
         if rank in grown:
@@ -68,6 +58,25 @@ def rank_stacks(ranks: list[RankToAsk], wait: float = ANSWER_WAIT) -> dict[int, 
                 fh.seek(before)
                 found[rank] = fh.read().decode("utf-8", "replace")
     return found
+
+
+def await_dumps(asked: dict[int, tuple[str, int]], wait: float) -> set[int]:
+    """The ranks whose stacks file (``asked``: rank -> its path and size before it was asked) took a
+    whole dump within ``wait`` seconds.  faulthandler writes a dump a line at a time, so a file that has
+    grown is waited on until it has not grown for :data:`SETTLED`: one read (or a rank ended) while it
+    still grows is a dump cut short, without the frames that say where the rank was."""
+    grown: dict[int, tuple[int, float]] = {}
+    until = time.monotonic() + wait
+    while time.monotonic() < until:
+        now = time.monotonic()
+        for rank, (path, before) in asked.items():
+            size = _size(path)
+            if size > before and grown.get(rank, (0, 0.0))[0] != size:
+                grown[rank] = (size, now)
+        if len(grown) == len(asked) and all(now - at >= SETTLED for _size_, at in grown.values()):
+            break
+        time.sleep(0.01)
+    return set(grown)
 
 
 def rank_collectives(ranks: list[RankToAsk], dumps: dict[int, str | None], wait: float = 0.6) -> dict[int, list[dict[str, Any]]]:

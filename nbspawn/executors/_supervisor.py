@@ -44,7 +44,7 @@ from ..errors import (
     SpawnUsageError,
 )
 from ..events._prompts import stdin_answerable
-from ..events._where import hang_verdict
+from ..events._where import await_dumps, hang_verdict
 from ..handoff import _shm
 from ..handoff._names import discard_outputs
 from ..ranks._cell import EXIT_INTERRUPTED
@@ -378,16 +378,15 @@ class _Supervisor:
         # Only ranks that installed faulthandler (their stacks.log exists) can take SIGUSR1; for one
         # still starting, SIGUSR1 would be fatal and misreported. (Remote ranks: their agent does it.)
         alive = set() if self.policy.remote else set(self.alive.values())
-        waiting = {r for r in alive if os.path.exists(self.run.ranks[r].stacks_path)}
-        for rank in waiting:
+        asked: dict[int, tuple[str, int]] = {}
+        for rank in alive:
             state = self.run.ranks[rank]
-            state.stack_from = _size(state.stacks_path)  # earlier dumps (a look while it ran) are not this one
-            signal_group(self.pids[rank], signal.SIGUSR1)
-        until = time.monotonic() + STACK_DUMP_WAIT
-        while waiting and time.monotonic() < until:
-            waiting = {r for r in waiting if _size(self.run.ranks[r].stacks_path) <= (self.run.ranks[r].stack_from or 0)}
-            if waiting:
-                time.sleep(0.01)
+            if os.path.exists(state.stacks_path):
+                state.stack_from = _size(state.stacks_path)  # earlier dumps (a look while it ran) are not this one
+                asked[rank] = (state.stacks_path, state.stack_from)
+                signal_group(self.pids[rank], signal.SIGUSR1)
+        if asked:  # whole dumps: SIGTERM in the middle of one would cut off where the rank was
+            await_dumps(asked, STACK_DUMP_WAIT)
         self._send(signal.SIGTERM)
         self.stage = "sigterm"
         self.escalate_at = time.monotonic() + self.spec.grace_period
