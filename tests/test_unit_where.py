@@ -226,7 +226,7 @@ def _write_in_pieces(path, pieces, gap):
 
 def test_a_dump_still_being_written_is_waited_on_until_whole(tmp_path):
     """faulthandler writes a line at a time; a rank preempted between two lines has grown its file but
-    not finished (what stop 34's CI caught: the kernel sent SIGTERM after the first line, and the
+    not finished (what a fresh-clone CI run caught on 2026-11-26: the kernel sent SIGTERM after the first line, and the
     error lost where the rank was). The wait ends only once the file has stopped growing."""
     import threading
 
