@@ -45,7 +45,7 @@ from ..handoff._shm import Payload
 from ..ranks._capture import ready_to_fork_display
 from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
 from ..ranks._fds import kernel_descriptors
-from ..ranks._worldloop import EXITED, INTERRUPT, INTERRUPTED, OK, RAISED, WorldJob, run_world_rank
+from ..ranks._worldloop import EXITED, INTERRUPTED, OK, RAISED, STARTED, WorldJob, run_world_rank
 from . import _reaper
 from ._base import Executor, KeptWorld, RankEnd, Supervision
 from ._procs import end_processes, interrupts_deferred, pid_of, prepare_forkserver, signal_group
@@ -77,7 +77,6 @@ class World:
     processes: list[BaseProcess] = field(default_factory=list)
     conns: list[Connection] = field(default_factory=list)
     cells: int = 0
-    jobs: int = 0  # jobs sent (cells and %spawn debug): each job's seq
     state: str = "starting"  # starting | idle | running | lost | stopped
     started_at: float = field(default_factory=time.time)
     lost_because: str | None = None
@@ -203,6 +202,8 @@ class WorldCell(Executor):
         self.world = world
         self.job = job
         self.bound = bound  # the names the cell binds, if its plan has them (else the cell is parsed again)
+        self.started: set[int] = set()  # ranks that said they run the cell (and can be interrupted)
+        self.held: dict[int, int] = {}  # rank -> SIGINT held until it has started the cell
         self.run: Run | None = None
 
     def signal_ranks(self, ranks: list[int], pids: list[int], sig: int) -> None:
@@ -210,11 +211,10 @@ class WorldCell(Executor):
             self._signal(rank, sig)
 
     def _signal(self, rank: int, sig: int) -> None:
-        """SIGINT goes with an INTERRUPT on the rank's pipe, sent first: a rank that has not begun the
-        job ignores SIGINT (idle ranks do), and finds the message as it begins (``ranks._worldloop``)."""
-        if sig == signal.SIGINT:
-            with contextlib.suppress(OSError, ValueError):
-                self.world.conns[rank].send((INTERRUPT, self.job.seq))
+        """A rank that has not begun the cell would ignore SIGINT (idle ranks do): hold it until it has."""
+        if sig == signal.SIGINT and rank not in self.started:
+            self.held[rank] = sig
+            return
         signal_group(self.world.pids[rank], sig)
 
     def start(self, run: Run) -> list[int]:
@@ -224,8 +224,6 @@ class WorldCell(Executor):
         if self.job.debug is None:
             bound = self.bound if self.bound is not None else names_bound(self.job.cell.parse())
             self.world.owned.update(bound)  # from now on, whatever the cell does
-        self.world.jobs += 1
-        self.job = replace(self.job, seq=self.world.jobs)
         run.world, run.world_cell = self.world.name, self.world.cells
         # every rank is sent the cell (--on: those that do not run it are told to sit it out, with none
         # of the kernel's names or --share tensors): a world's first cell makes its process group
@@ -255,6 +253,11 @@ class WorldCell(Executor):
             except (EOFError, OSError):
                 pass  # the rank is gone: its sentinel says how
             else:
+                if outcome == STARTED:
+                    self.started.add(rank)
+                    if rank in self.held:
+                        self._signal(rank, self.held.pop(rank))
+                    return None
                 code = {OK: 0, RAISED: EXIT_RAISED, INTERRUPTED: EXIT_INTERRUPTED, EXITED: code}.get(outcome, 1)
                 return RankEnd(code, died=False)
         process = self.world.processes[rank]

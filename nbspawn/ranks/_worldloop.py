@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._rankdir import RankDir, prompts_path
-from .._source import CELL_FILENAME, CellSource
+from .._source import CellSource
 from . import _cell as _rank
 from . import _children, _fds, _prompt
 from ._capture import finished, redirect_output
@@ -33,10 +33,7 @@ from ._title import name_process, rank_title
 from ._watch import watch
 
 OK, RAISED, INTERRUPTED, EXITED = "ok", "raised", "interrupted", "exited"
-# (INTERRUPT, job.seq): sent by the kernel on the pipe just before SIGINT.  An idle rank ignores SIGINT, so
-# one that arrives before the rank has begun the cell would be lost: the rank looks for this message
-# once it can be interrupted.  One that comes after the cell ended is skipped with the next job.
-INTERRUPT = "interrupt"
+STARTED = "started"  # sent once the rank can be interrupted: the kernel holds SIGINT for it until then
 
 
 @dataclass
@@ -55,7 +52,6 @@ class WorldJob:
     rank_offset: int = 0  # a cluster node's part of a world: its first global rank (directories are by global rank)
     on: frozenset[int] | None = None  # --on: the (global) ranks that run the cell; the others sit it out
     debug: int | None = None  # %spawn debug: this rank debugs the failure it kept (the others answer at once)
-    seq: int = 0  # the world's job number (cells and %spawn debug alike): which job an INTERRUPT is for
 
     def rank_dir(self, rank: int) -> str:
         return os.path.join(self.run_dir, str(self.rank_offset + rank))
@@ -119,13 +115,11 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
     group: list[Any] = []  # the default process group, made by the first cell
     while True:
         try:
-            job = _next_message(conn)
+            job = conn.recv()
         except (EOFError, OSError):
             break
         if job is None:
             break
-        if isinstance(job, tuple):  # an INTERRUPT for a job that had ended when it came
-            continue
         if not job.runs(spec.rank_offset + rank):
             _sit_out(job, rank, spec.backend, group)
             continue
@@ -164,17 +158,14 @@ def _serve(
     """Run one cell; interrupts reach it only while it runs. Returns (outcome, exit code)."""
     rank_dir = job.rank_dir(rank)
     try:
-        # from here on an interrupt is this job's; one the kernel sent before (ignored while idle) is on the
-        # pipe.  Never raised while the pipe is read: it would unwind through multiprocessing's frames,
-        # half a message read; one that comes meanwhile is raised as SIGINT is unblocked
+        # from STARTED on an interrupt is this cell's (the kernel may send it as soon as it reads it),
+        # but never inside the send itself: it would unwind through multiprocessing's frames
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            interrupted = _interrupted_before_start(conn, job.seq)
+            conn.send((STARTED, 0))
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        if interrupted:
-            raise KeyboardInterrupt
         if job.debug is not None:
             if job.debug == rank:
                 debug_kept(rank)
@@ -190,8 +181,6 @@ def _serve(
         outcome = (OK, 0) if code == 0 else (EXITED, code)
     except BaseException as exc:
         signal.signal(signal.SIGINT, _ignore_interrupt)
-        if isinstance(exc, KeyboardInterrupt) and not _reached_the_cell(exc.__traceback__):
-            exc.__traceback__ = None  # stopped before the cell's code ran: where in nbspawn's setup says nothing to the user
         _rank.write_error(rank_dir, job.cell, exc)
         if job.debug is None:
             keep_failure(exc, job.cell)
@@ -200,35 +189,6 @@ def _serve(
         signal.signal(signal.SIGINT, _ignore_interrupt)
     keep_in_step(rank, job, namespace, own)
     return outcome
-
-
-def _reached_the_cell(tb: Any) -> bool:
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == CELL_FILENAME:
-            return True
-        tb = tb.tb_next
-    return False
-
-
-# what the kernel sent while a job was starting that is not an INTERRUPT (None: leave), for the loop
-_later: list[Any] = []
-
-
-def _next_message(conn: Any) -> Any:
-    return _later.pop(0) if _later else conn.recv()
-
-
-def _interrupted_before_start(conn: Any, seq: int) -> bool:
-    """Whether the kernel interrupted job ``seq`` before this rank could be interrupted.  INTERRUPTs
-    for jobs that had ended are dropped; anything else is kept for the loop, in order."""
-    interrupted = False
-    while conn.poll(0):
-        message = conn.recv()
-        if isinstance(message, tuple):
-            interrupted = interrupted or message == (INTERRUPT, seq)
-        else:
-            _later.append(message)
-    return interrupted
 
 
 def _join(group: list[Any], backend: str, rank: int) -> None:
