@@ -17,6 +17,7 @@ from __future__ import annotations
 import _thread
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -45,6 +46,9 @@ def watch(stack_file: Callable[[], TextIO | None]) -> None:
 
 
 def _loop(stack_file: Callable[[], TextIO | None]) -> None:
+    # the process's SIGINT and SIGTERM are the main thread's: one the kernel handed this thread would
+    # not wake a main thread asleep in the cell (time.sleep), so its KeyboardInterrupt would wait
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     seen: dict[tuple[int, int], int] = {}  # the file (device, inode) -> its size when last looked at
     while True:
         time.sleep(LOOK_EVERY)
