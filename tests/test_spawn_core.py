@@ -187,6 +187,33 @@ def test_fork_sees_the_kernel_and_names_assigned_by_ranks_never_leak(kernel):
     assert ok(kernel, "print(counter, 'fresh_name' in globals())").stdout == "41 False\n"
 
 
+@pytest.mark.parametrize("shape", ["fresh", "world"])
+def test_a_kernel_objects_finalizer_runs_in_the_kernel_never_in_a_forked_rank(kernel, world, tmp_path, shape):
+    """Cyclic garbage the kernel had not collected yet when it forked is the kernel's: a rank's own
+    collection never finalizes its copy (a kernel ``__del__`` or weakref callback would run in the rank,
+    in the middle of its cell or of a pdb ``s``tep), and the kernel's next collection does."""
+    log = tmp_path / "finalized.log"
+    ok(
+        kernel,
+        "import gc, os\n"
+        "class Finalized:\n"
+        "    def __del__(self):\n"
+        f"        with open({str(log)!r}, 'a') as f:\n"
+        "            f.write(f'{os.getpid()}\\n')\n"
+        "gc.disable()  # only a collection can finalize a cycle: none runs in the kernel before the fork\n"
+        "cycle = Finalized(); cycle.me = cycle; del cycle\n"
+        "kernel_pid = os.getpid()",
+    )
+    try:
+        where = f"--world {world} " if shape == "world" else ""
+        result = ok(kernel, f"%%spawn -n 2 {where}--start-method fork\nimport gc\ngc.collect()\nprint('pid', os.getpid())")
+        assert len(rank_lines(result.stdout, 1)) == 1, result.stdout
+        assert not log.exists(), f"finalized in a rank: {log.read_text()}"
+    finally:
+        ok(kernel, "gc.enable()\ngc.collect()")
+    assert log.read_text().split() == ok(kernel, "print(kernel_pid)").stdout.split()
+
+
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_clean_interpreters_get_notebook_functions_and_classes_by_value(kernel, method):
     ok(

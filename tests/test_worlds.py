@@ -59,6 +59,18 @@ def test_world_ranks_are_named_in_ps_with_their_world(kernel, world):
             assert comm.read().strip() == f"nbspawn rank {r}"
 
 
+def test_a_world_cell_leaves_no_garbage_cycle_in_its_ranks(kernel, world):
+    """What nbspawn does around a cell leaves no reference cycle in a rank, so a rank's collections
+    are the user's own: none runs a callback in the middle of a pdb step, and a world that runs
+    thousands of cells frees their leftovers by reference counting."""
+    first = "import gc\ngc.collect()\ngc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds stays in gc.garbage"
+    ok(kernel, f"%%spawn --world {world} -n 2\n{first}")
+    ok(kernel, f"%%spawn --world {world}\nx = 1")
+    result = ok(kernel, f"%%spawn --world {world}\ngc.collect()\nprint([type(o).__qualname__ for o in gc.garbage])")
+    for r in range(2):
+        assert rank_lines(result.stdout, r) == ["[]"], result.stdout
+
+
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_a_failed_cell_interrupts_the_others_and_the_world_survives(kernel, world, method):
     first = ok(

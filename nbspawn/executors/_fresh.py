@@ -22,7 +22,7 @@ from ..ranks._cell import Inherited, run_rank
 from ..ranks._fds import kernel_descriptors
 from . import _reaper
 from ._base import Executor, RankEnd
-from ._procs import end_processes, environment, one_flush, pid_of, prepare_forkserver
+from ._procs import end_processes, environment, kernel_heap_frozen, one_flush, pid_of, prepare_forkserver
 
 
 class FreshRanks(Executor):
@@ -47,9 +47,15 @@ class FreshRanks(Executor):
             inherited = Inherited(spec.cell.compile(), kernel_descriptors())  # last: what is open now
         with environment(shared_env), one_flush():
             try:
-                context = start_processes(
-                    run_rank, args=(spec, inherited), nprocs=spec.nprocs, join=False, daemon=False, start_method=spec.start_method
-                )
+                with kernel_heap_frozen(spec.start_method == "fork"):
+                    context = start_processes(
+                        run_rank,
+                        args=(spec, inherited),
+                        nprocs=spec.nprocs,
+                        join=False,
+                        daemon=False,
+                        start_method=spec.start_method,
+                    )
                 # hosted once every rank is forked: a connection it accepted earlier (rank 0 joining while
                 # rank 3 is forked) would be a kernel socket the later ranks inherit unlisted. The reserved
                 # socket listens meanwhile, so a rank that joins first waits in its backlog.

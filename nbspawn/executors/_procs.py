@@ -123,6 +123,29 @@ def one_flush() -> Iterator[None]:
         sys.stdout, sys.stderr = streams
 
 
+@contextlib.contextmanager
+def kernel_heap_frozen(forking: bool) -> Iterator[None]:
+    """Fork ranks with the kernel's objects in the garbage collector's permanent generation
+    (``gc.freeze``, as Python's own docs advise before a fork without exec), given back to the
+    kernel's collections once the ranks are started.
+
+    A forked rank then never collects what it inherited: the kernel's cyclic garbage not yet
+    collected stays garbage there (it is the kernel's, and the kernel collects its own copy), so no
+    kernel ``__del__`` or weakref callback runs in a rank, in the middle of the cell's code or of a
+    ``pdb`` step; and a full collection in a rank walks its own objects only, never writing into
+    every page of the kernel's heap it shares until then."""
+    if not forking:
+        yield
+        return
+    import gc
+
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 _forkserver_ready = False
 
 

@@ -136,27 +136,29 @@ def names_bound(tree: ast.AST) -> set[str]:
     """Names the code binds at its top level: assignments, imports, functions, classes, for/with
     targets, ``del`` (not the locals of the functions it defines, nor comprehension variables)."""
     names: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            names.add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-            inputs = node.bases if isinstance(node, ast.ClassDef) else node.args.defaults
-            for expr in (*node.decorator_list, *inputs):
-                visit(expr)
-            return
-        elif isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-            return
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names if alias.name != "*")
-        elif isinstance(node, ast.NamedExpr):
-            names.add(node.target.id)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
+    _add_bound(tree, names)
     return names
+
+
+def _add_bound(node: ast.AST, names: set[str]) -> None:
+    """``names_bound``'s walk: a module-level function, so a world rank's every cell leaves no
+    closure cycle behind for its garbage collector."""
+    if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+        names.add(node.id)
+    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        names.add(node.name)
+        inputs = node.bases if isinstance(node, ast.ClassDef) else node.args.defaults
+        for expr in (*node.decorator_list, *inputs):
+            _add_bound(expr, names)
+        return
+    elif isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+        return
+    elif isinstance(node, (ast.Import, ast.ImportFrom)):
+        names.update((alias.asname or alias.name).split(".")[0] for alias in node.names if alias.name != "*")
+    elif isinstance(node, ast.NamedExpr):
+        names.add(node.target.id)
+    for child in ast.iter_child_nodes(node):
+        _add_bound(child, names)
 
 
 def _shippable(name: str, value: Any, hidden: Mapping[str, Any]) -> bool:
