@@ -133,11 +133,15 @@ def kernel_heap_frozen(forking: bool) -> Iterator[None]:
     collected stays garbage there (it is the kernel's, and the kernel collects its own copy), so no
     kernel ``__del__`` or weakref callback runs in a rank, in the middle of the cell's code or of a
     ``pdb`` step; and a full collection in a rank walks its own objects only, never writing into
-    every page of the kernel's heap it shares until then."""
-    if not forking:
+    every page of the kernel's heap it shares until then.
+
+    A kernel that froze its heap itself (``gc.freeze()`` in a cell, or a library's) keeps it frozen:
+    nothing is frozen or unfrozen here then, since ``gc.unfreeze`` would give back the user's too."""
+    import gc
+
+    if not forking or gc.get_freeze_count():
         yield
         return
-    import gc
 
     gc.freeze()
     try:
