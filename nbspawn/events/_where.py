@@ -1,8 +1,9 @@
 """Where is every rank right now: ``%spawn where [RUN-ID|WORLD]``.
 
 Each rank installed faulthandler at its start (``ranks._cell``, ``ranks._worldloop``, ``ranks/_program.py``)
-for SIGUSR1: the dump is written by the signal handler itself, in C, so a rank blocked in C — a
-collective, with the GIL released or not — still gives its stack.  Asking is: note how long each
+for SIGUSR1 (``ranks._stackdump``): the dump is written in C, by the signal handler itself or, from
+Python 3.11 on, where that handler can crash the rank, by a thread of the rank's own, so a rank
+blocked in a collective still gives its stack.  Asking is: note how long each
 rank's ``stacks.log`` is, signal the rank (its pid only, never its group: a DataLoader worker has no
 handler and would die of it), wait until every file stops growing, read what was appended.
 

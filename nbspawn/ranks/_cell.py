@@ -28,6 +28,7 @@ from .._source import CELL_FILENAME, CellSource, rewrite_cell_frames
 from .._spec import RunSpec
 from . import _children, _fds, _prompt
 from ._capture import capture_output, finished, flush_figures
+from ._stackdump import answer_stack_requests
 from ._title import name_process, rank_title
 from ._watch import watch
 
@@ -128,10 +129,7 @@ def _install_signal_handlers(rank_dir: str) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _stack_file = open(RankDir(rank_dir).stacks, "w")  # noqa: SIM115
     faulthandler.enable(file=_stack_file, all_threads=True)
-    # faulthandler gives SIGUSR1 back to what was there when Python shuts down: ignore it then, so a
-    # stack request that comes as the rank exits does not kill it
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True)
+    answer_stack_requests(_stack_file)
 
 
 def _namespace(spec: RunSpec) -> dict:

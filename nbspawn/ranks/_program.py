@@ -106,10 +106,7 @@ def main() -> None:
     if stacks:
         handle = open(stacks, "w")  # noqa: SIM115 - kept open for faulthandler's signal handler
         faulthandler.enable(file=handle, all_threads=True)
-        # faulthandler gives SIGUSR1 back to what was there when Python shuts down: ignore it then,
-        # so a stack request that comes as the program exits does not kill it
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-        faulthandler.register(signal.SIGUSR1, file=handle, all_threads=True)
+        _load("ranks/_stackdump.py").answer_stack_requests(handle)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _install_prompts()
     sys.argv = ["-c" if mode == "code" else target, *args]

@@ -1,7 +1,7 @@
 """In every rank: where it is in its collectives, written down whenever the kernel asks where it is.
 
-The kernel asks a rank where it is with SIGUSR1, which faulthandler answers from C by appending the
-rank's stacks to ``stacks.log`` (``ranks._cell``).  A daemon thread here notices the file grow (it
+The kernel asks a rank where it is with SIGUSR1, which faulthandler answers by appending the rank's
+stacks to ``stacks.log`` (``ranks._stackdump``).  A daemon thread here notices the file grow (it
 looks four times a second: an ``fstat``) and writes the rank's recent collectives beside it
 (``collectives.json``), from torch's flight recorder: each one's sequence number, op, input sizes and
 when it was issued.  The thread runs while the main thread is blocked in a collective (torch releases
@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from .._rankdir import COLLECTIVES
+from ._stackdump import HELPER_THREAD_BLOCKS
 
 FR_ENTRIES = "256"  # TORCH_FR_BUFFER_SIZE unless the user set it
 LOOK_EVERY = 0.25
@@ -48,7 +49,7 @@ def watch(stack_file: Callable[[], TextIO | None]) -> None:
 def _loop(stack_file: Callable[[], TextIO | None]) -> None:
     # the process's SIGINT and SIGTERM are the main thread's: one the kernel handed this thread would
     # not wake a main thread asleep in the cell (time.sleep), so its KeyboardInterrupt would wait
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.pthread_sigmask(signal.SIG_BLOCK, HELPER_THREAD_BLOCKS)
     seen: dict[tuple[int, int], int] = {}  # the file (device, inode) -> its size when last looked at
     while True:
         time.sleep(LOOK_EVERY)

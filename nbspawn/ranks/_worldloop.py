@@ -29,6 +29,7 @@ from .._source import CellSource
 from . import _cell as _rank
 from . import _children, _fds, _prompt
 from ._capture import finished, redirect_output
+from ._stackdump import answer_stack_requests
 from ._title import name_process, rank_title
 from ._watch import watch
 
@@ -297,7 +298,6 @@ def _stacks_to(rank_dir: str, previous: Any) -> Any:
         return previous
     stack_file = open(path, "a")  # noqa: SIM115 - kept open for the handler
     faulthandler.enable(file=stack_file, all_threads=True)
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # what faulthandler restores at shutdown: nothing that kills a leaving rank
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    answer_stack_requests(stack_file)
     _rank._stack_file = stack_file
     return stack_file
