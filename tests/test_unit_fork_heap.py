@@ -25,7 +25,7 @@ def test_a_rank_forked_meanwhile_freezes_all_it_inherited_and_the_kernel_is_left
     kept = [object() for _ in range(10)]
     with kernel_heap_frozen(forking=True):
         in_child = _forked_child_freeze_count()
-        assert gc.get_freeze_count() == before  # the kernel's own collector is untouched
+        assert gc.get_freeze_count() <= before  # nothing frozen in the kernel: its collector is untouched
     assert in_child > before + len(gc.get_objects()) // 2  # every object it inherited
     assert kept
 
@@ -46,7 +46,9 @@ def test_a_heap_the_user_froze_stays_frozen_as_they_left_it():
     try:
         frozen = gc.get_freeze_count()
         with kernel_heap_frozen(forking=True):
-            assert _forked_child_freeze_count() >= frozen
-        assert gc.get_freeze_count() == frozen  # never unfrozen behind the user's back
+            assert _forked_child_freeze_count() >= frozen - 100
+        # never unfrozen behind the user's back (an unfreeze leaves 0): the count only drops by the
+        # few frozen objects freed meanwhile, as any frozen object is when its last reference goes
+        assert gc.get_freeze_count() > frozen - 100
     finally:
         gc.unfreeze()

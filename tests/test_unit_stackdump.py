@@ -67,3 +67,32 @@ def test_a_rank_asked_where_it_is_hundreds_of_times_answers_and_lives_on(tmp_pat
     finally:
         child.kill()
         child.wait()
+
+
+LEAVING = """
+import sys, time
+sys.path.insert(0, {ranks!r})
+import _stackdump
+stacks = open({path!r}, "w")
+_stackdump.answer_stack_requests(stacks, from_a_thread=True)
+class SlowToGo:
+    def __del__(self):
+        time.sleep(0.3)  # the interpreter's shutdown takes a while, as with torch loaded
+keep = SlowToGo()
+print("leaving", flush=True)
+"""
+
+
+def test_a_rank_asked_where_it_is_as_its_interpreter_shuts_down_is_not_killed_by_it(tmp_path):
+    """A spawn rank finalizes its interpreter on the way out, which gives a signal with a Python
+    handler back to SIG_DFL: the hang watch's look at that moment killed it with SIGUSR1."""
+    code = LEAVING.format(ranks=RANKS_DIR, path=str(tmp_path / "stacks.log"))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline() == "leaving\n"
+    while child.poll() is None:
+        try:
+            os.kill(child.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            break
+        time.sleep(0.001)
+    assert child.wait() == 0

@@ -21,6 +21,7 @@ Standard library only: a program's rank loads this file by path (``ranks/_progra
 from __future__ import annotations
 
 import _thread
+import atexit
 import faulthandler
 import os
 import signal
@@ -42,6 +43,9 @@ def answer_stack_requests(stack_file: TextIO, *, from_a_thread: bool = HANDLER_C
         signal.siginterrupt(signal.SIGUSR1, False)  # a system call it lands in goes on (SA_RESTART)
         if signal.set_wakeup_fd(write_end, warn_on_full_buffer=False) == -1:
             _thread.start_new_thread(_answer, (stack_file, read_end))
+            # Python's shutdown gives a signal with a Python handler back to SIG_DFL, which a request
+            # arriving as the rank leaves (a spawn rank finalizes its interpreter) would die of
+            atexit.register(signal.signal, signal.SIGUSR1, signal.SIG_IGN)
             return
         signal.set_wakeup_fd(-1)  # someone's already (none in a rank nbspawn starts): theirs stays
         os.close(read_end)
