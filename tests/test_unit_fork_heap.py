@@ -1,9 +1,9 @@
-"""``executors._procs.kernel_heap_frozen``: what a forked rank's collector sees of the kernel's heap."""
+"""``executors._procs.inherited_heap_frozen``: what a forked rank's collector sees of the kernel's heap."""
 
 import gc
 import os
 
-from nbspawn.executors._procs import kernel_heap_frozen
+from nbspawn.executors._procs import inherited_heap_frozen
 
 
 def _forked_child_freeze_count() -> int:
@@ -23,7 +23,7 @@ def _forked_child_freeze_count() -> int:
 def test_a_rank_forked_meanwhile_freezes_all_it_inherited_and_the_kernel_is_left_as_it_was():
     before = gc.get_freeze_count()  # 0, or what Python froze at start-up (375 objects on 3.12)
     kept = [object() for _ in range(10)]
-    with kernel_heap_frozen(forking=True):
+    with inherited_heap_frozen(forking=True):
         in_child = _forked_child_freeze_count()
         assert gc.get_freeze_count() <= before  # nothing frozen in the kernel: its collector is untouched
     assert in_child > before + len(gc.get_objects()) // 2  # every object it inherited
@@ -31,13 +31,13 @@ def test_a_rank_forked_meanwhile_freezes_all_it_inherited_and_the_kernel_is_left
 
 
 def test_a_fork_outside_it_is_left_alone():
-    with kernel_heap_frozen(forking=True):
+    with inherited_heap_frozen(forking=True):
         pass
     assert _forked_child_freeze_count() == gc.get_freeze_count()  # the hook stays, and does nothing
 
 
 def test_nothing_is_frozen_for_ranks_that_are_not_forked():
-    with kernel_heap_frozen(forking=False):
+    with inherited_heap_frozen(forking=False):
         assert _forked_child_freeze_count() == gc.get_freeze_count()
 
 
@@ -45,7 +45,7 @@ def test_a_heap_the_user_froze_stays_frozen_as_they_left_it():
     gc.freeze()
     try:
         frozen = gc.get_freeze_count()
-        with kernel_heap_frozen(forking=True):
+        with inherited_heap_frozen(forking=True):
             assert _forked_child_freeze_count() >= frozen - 100
         # never unfrozen behind the user's back (an unfreeze leaves 0): the count only drops by the
         # few frozen objects freed meanwhile, as any frozen object is when its last reference goes

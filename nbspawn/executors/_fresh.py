@@ -22,7 +22,7 @@ from ..ranks._cell import Inherited, run_rank
 from ..ranks._fds import kernel_descriptors
 from . import _reaper
 from ._base import Executor, RankEnd
-from ._procs import end_processes, environment, kernel_heap_frozen, one_flush, pid_of, prepare_forkserver
+from ._procs import end_processes, environment, inherited_heap_frozen, one_flush, pid_of, prepare_forkserver
 
 
 class FreshRanks(Executor):
@@ -47,7 +47,7 @@ class FreshRanks(Executor):
             inherited = Inherited(spec.cell.compile(), kernel_descriptors())  # last: what is open now
         with environment(shared_env), one_flush():
             try:
-                with kernel_heap_frozen(spec.start_method == "fork"):
+                with inherited_heap_frozen(spec.start_method == "fork"):
                     context = start_processes(
                         run_rank,
                         args=(spec, inherited),

@@ -135,7 +135,7 @@ def _freeze_inherited() -> None:
 
 
 @contextlib.contextmanager
-def kernel_heap_frozen(forking: bool) -> Iterator[None]:
+def inherited_heap_frozen(forking: bool) -> Iterator[None]:
     """Ranks forked meanwhile put everything they inherited in the garbage collector's permanent
     generation (``gc.freeze``, first thing in the child, from an ``os.register_at_fork`` hook:
     before any of the rank's own code can allocate and set a collection off).

@@ -48,7 +48,7 @@ from ..ranks._fds import kernel_descriptors
 from ..ranks._worldloop import EXITED, INTERRUPTED, OK, RAISED, STARTED, WorldJob, run_world_rank
 from . import _reaper
 from ._base import Executor, KeptWorld, RankEnd, Supervision
-from ._procs import end_processes, interrupts_deferred, kernel_heap_frozen, pid_of, prepare_forkserver, signal_group
+from ._procs import end_processes, inherited_heap_frozen, interrupts_deferred, pid_of, prepare_forkserver, signal_group
 
 STOP_WAIT = 5.0  # how long ``stop`` waits for ranks to leave on their own before killing them
 
@@ -125,7 +125,7 @@ class World:
             ready_to_fork_display()  # made and read once here, inherited by every forked rank
         if spec.start_method == "forkserver":
             prepare_forkserver()
-        with interrupts_deferred(), kernel_heap_frozen(spec.start_method == "fork"):
+        with interrupts_deferred(), inherited_heap_frozen(spec.start_method == "fork"):
             context = start_processes(
                 run_world_rank,
                 args=(spec, [child for _parent, child in pipes], kernel_fds, self.name),
