@@ -96,3 +96,74 @@ def test_a_rank_asked_where_it_is_as_its_interpreter_shuts_down_is_not_killed_by
             break
         time.sleep(0.001)
     assert child.wait() == 0
+
+
+TOLD = """
+import os, sys, time
+sys.path.insert(0, {ranks!r})
+import _stackdump
+stacks = open({path!r}, "w")
+calls = []
+def then(handle):
+    calls.append(os.fstat(handle.fileno()).st_size)
+    with open({told!r}, "w") as fh:
+        fh.write(",".join(map(str, calls)))
+    if len(calls) == 1:
+        raise RuntimeError("a failing follow-up leaves the answering thread alive")
+print(_stackdump.answer_stack_requests(stacks, then=then, from_a_thread=True), flush=True)
+while True:
+    time.sleep(0.01)
+"""
+
+
+def test_the_answering_thread_says_after_each_dump_how_far_the_file_got(tmp_path):
+    """A rank's collectives are written at once after its stacks (``then``), not a watcher's poll
+    later; a ``then`` that raises does not stop the answers."""
+    path, told = tmp_path / "stacks.log", tmp_path / "told"
+    code = TOLD.format(ranks=RANKS_DIR, path=str(path), told=str(told))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "True\n"
+        for asked in (1, 2):
+            os.kill(child.pid, signal.SIGUSR1)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and (not told.exists() or told.read_text().count(",") < asked - 1):
+                time.sleep(0.01)
+            sizes = [int(size) for size in told.read_text().split(",")]
+            assert len(sizes) == asked and sizes[-1] == _size(path) > 0  # called once the dump was whole
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_faulthandlers_own_handler_tells_nobody(tmp_path):
+    """Before 3.11 (or with the wakeup descriptor taken) faulthandler answers: the caller is told to
+    watch the file itself (``ranks._watch`` then polls)."""
+    code = (
+        f"import sys; sys.path.insert(0, {RANKS_DIR!r}); import _stackdump\n"
+        f"print(_stackdump.answer_stack_requests(open({str(tmp_path / 's')!r}, 'w'), from_a_thread=False))"
+    )
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+def test_write_beside_puts_the_collectives_next_to_the_stacks_file_it_was_given(tmp_path):
+    """The directory comes from the descriptor, which a world rank points at each cell's directory
+    with dup2; ``asked`` is the file's size, which the kernel compares with what it saw."""
+    import json
+
+    from nbspawn.ranks._watch import write_beside
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    with open(first / "stacks.log", "w") as handle:
+        handle.write("dump\n")
+        handle.flush()
+        target = os.open(second / "stacks.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.write(target, b"a longer dump\n")
+        os.dup2(target, handle.fileno())
+        os.close(target)
+        write_beside(handle)
+    record = json.loads((second / "collectives.json").read_text())
+    assert record["asked"] == len("a longer dump\n") and record["entries"] == []
+    assert not (first / "collectives.json").exists()

@@ -26,6 +26,7 @@ import faulthandler
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any, TextIO
 
 HANDLER_CAN_CRASH = sys.version_info >= (3, 11)
@@ -33,20 +34,26 @@ HANDLER_CAN_CRASH = sys.version_info >= (3, 11)
 HELPER_THREAD_BLOCKS = {signal.SIGINT, signal.SIGTERM}
 
 
-def answer_stack_requests(stack_file: TextIO, *, from_a_thread: bool = HANDLER_CAN_CRASH) -> None:
+def answer_stack_requests(
+    stack_file: TextIO, *, then: Callable[[TextIO], None] | None = None, from_a_thread: bool = HANDLER_CAN_CRASH
+) -> bool:
     """From now on SIGUSR1 appends every thread's stack to ``stack_file`` (its descriptor: one that
-    is later pointed at another file with ``dup2`` is followed).  Called on the main thread, once."""
+    is later pointed at another file with ``dup2`` is followed).  Called on the main thread, once.
+
+    True when a thread of the rank's answers, and calls ``then(stack_file)`` after each dump (a
+    rank's collectives are written beside it at once); False when faulthandler's handler answers,
+    which tells nobody: a caller that must know watches the file grow."""
     if from_a_thread:
         read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # the wakeup descriptor must not block
         os.set_blocking(read_end, True)
         signal.signal(signal.SIGUSR1, _asked)
         signal.siginterrupt(signal.SIGUSR1, False)  # a system call it lands in goes on (SA_RESTART)
         if signal.set_wakeup_fd(write_end, warn_on_full_buffer=False) == -1:
-            _thread.start_new_thread(_answer, (stack_file, read_end))
+            _thread.start_new_thread(_answer, (stack_file, read_end, then))
             # Python's shutdown gives a signal with a Python handler back to SIG_DFL, which a request
             # arriving as the rank leaves (a spawn rank finalizes its interpreter) would die of
             atexit.register(signal.signal, signal.SIGUSR1, signal.SIG_IGN)
-            return
+            return True
         signal.set_wakeup_fd(-1)  # someone's already (none in a rank nbspawn starts): theirs stays
         os.close(read_end)
         os.close(write_end)
@@ -54,21 +61,24 @@ def answer_stack_requests(stack_file: TextIO, *, from_a_thread: bool = HANDLER_C
     # stack request that comes as the rank exits does not kill it
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    return False
 
 
 def _asked(_signum: int, _frame: Any) -> None:
     """SIGUSR1's Python handler: nothing to do on the main thread (the answering thread dumps)."""
 
 
-def _answer(stack_file: TextIO, read_end: int) -> None:
+def _answer(stack_file: TextIO, read_end: int, then: Callable[[TextIO], None] | None) -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, HELPER_THREAD_BLOCKS)
     while True:
-        try:
-            woken_by = os.read(read_end, 64)  # a byte per signal Python handles: their numbers
-        except InterruptedError:
-            continue
+        woken_by = os.read(read_end, 64)  # a byte per signal Python handles: their numbers (PEP 475 retries)
         if signal.SIGUSR1 in woken_by:
             try:
                 faulthandler.dump_traceback(file=stack_file, all_threads=True)
             except (OSError, ValueError):  # the file is closed: the rank is leaving
                 return
+            if then is not None:
+                try:
+                    then(stack_file)
+                except Exception:  # noqa: S110 - what follows a dump never takes the rank down
+                    pass

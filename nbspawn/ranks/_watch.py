@@ -1,11 +1,12 @@
 """In every rank: where it is in its collectives, written down whenever the kernel asks where it is.
 
-The kernel asks a rank where it is with SIGUSR1, which faulthandler answers by appending the rank's
-stacks to ``stacks.log`` (``ranks._stackdump``).  A daemon thread here notices the file grow (it
-looks four times a second: an ``fstat``) and writes the rank's recent collectives beside it
+The kernel asks a rank where it is with SIGUSR1, which appends the rank's stacks to ``stacks.log``
+(``ranks._stackdump``); then the rank's recent collectives are written beside it
 (``collectives.json``), from torch's flight recorder: each one's sequence number, op, input sizes and
-when it was issued.  The thread runs while the main thread is blocked in a collective (torch releases
-the GIL there), which is when it matters.  The kernel reads the two together: the stacks say *where*
+when it was issued.  From Python 3.11 the thread that dumped the stacks writes them at once
+(:func:`write_beside`); before, faulthandler's C handler dumps and tells nobody, so a daemon thread
+here notices the file grow (it looks four times a second: an ``fstat``).  Either thread runs while
+the main thread is blocked in a collective (torch releases the GIL there), which is when it matters.  The kernel reads the two together: the stacks say *where*
 each rank is, the sequence numbers *how far* it got (``rank 2 never entered barrier #3``).
 
 torch's flight recorders (NCCL's own, and the generic one gloo records into) keep the last
@@ -33,11 +34,14 @@ KEPT = 8  # the newest collectives written down
 _started = False
 
 
-def watch(stack_file: Callable[[], TextIO | None]) -> None:
-    """Start the thread (once per process); ``stack_file()`` is the rank's current stacks.log."""
+def watch(stack_file: Callable[[], TextIO | None], told_after_each_dump: bool) -> None:
+    """Start the thread (once per process); ``stack_file()`` is the rank's current stacks.log.
+
+    Not when the rank's own thread answers the kernel (``ranks._stackdump``, Python 3.11+): that one
+    calls :func:`write_beside` after each dump, so the collectives are there as soon as the stacks."""
     global _started
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_ENTRIES)
-    if _started:
+    if _started or told_after_each_dump:
         return
     _started = True
     # not threading.Thread.start(): it waits until the new thread has been scheduled, which on a
@@ -65,6 +69,16 @@ def _loop(stack_file: Callable[[], TextIO | None]) -> None:
         if key in seen and stat.st_size > seen[key]:  # a dump was appended: the kernel is asking
             _write(os.path.dirname(os.path.realpath(f"/proc/self/fd/{fd}")), stat.st_size)
         seen[key] = stat.st_size
+
+
+def write_beside(stack_file: TextIO) -> None:
+    """Just after a dump to ``stack_file``: the rank's recent collectives, beside it."""
+    try:
+        fd = stack_file.fileno()
+        size = os.fstat(fd).st_size
+    except (OSError, ValueError):
+        return
+    _write(os.path.dirname(os.path.realpath(f"/proc/self/fd/{fd}")), size)
 
 
 def _write(rank_dir: str, asked: int) -> None:

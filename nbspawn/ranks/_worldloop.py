@@ -31,7 +31,7 @@ from . import _children, _fds, _prompt
 from ._capture import finished, redirect_output
 from ._stackdump import answer_stack_requests
 from ._title import name_process, rank_title
-from ._watch import watch
+from ._watch import watch, write_beside
 
 OK, RAISED, INTERRUPTED, EXITED = "ok", "raised", "interrupted", "exited"
 STARTED = "started"  # sent once the rank can be interrupted: the kernel holds SIGINT for it until then
@@ -106,8 +106,8 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
     capture_output(between, spec.rich)
     signal.signal(signal.SIGINT, _ignore_interrupt)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    stacks = _stacks_to(between, None)
-    watch(lambda: _rank._stack_file)  # where it is in its collectives, when the kernel asks where it is
+    stacks, told = _answer_stacks(between)
+    watch(lambda: _rank._stack_file, told)  # where it is in its collectives, when the kernel asks where it is
     _prompt.install(spec.rank_offset + rank, None, None)  # each cell says where its prompts go
     _rank.prepare_rank(rank)
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
@@ -285,19 +285,22 @@ def _run(job: WorldJob, rank: int, namespace: dict[str, Any], own: set[str]) -> 
 
 
 def _stacks_to(rank_dir: str, previous: Any) -> Any:
-    """faulthandler's dumps (SIGUSR1, fatal signals) go to this directory's stacks.log.
+    """faulthandler's dumps (SIGUSR1, fatal signals) go to this directory's stacks.log from now on.
 
-    The first call opens the file faulthandler is given; later ones point that same descriptor at
-    another directory's file (``dup2``), as ``redirect_output`` does with stdout: two switches a cell
-    then cost a few system calls, not a file object and faulthandler's two handlers set up again."""
-    path = RankDir(rank_dir).stacks
-    if previous is not None:
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)  # as open(path, "a") makes it
-        os.dup2(target, previous.fileno(), inheritable=False)  # as open() made the first
-        os.close(target)
-        return previous
-    stack_file = open(path, "a")  # noqa: SIM115 - kept open for the handler
+    ``previous`` is the file :func:`_answer_stacks` opened: that same descriptor is pointed at the
+    other directory's file (``dup2``), as ``redirect_output`` does with stdout, so two switches a cell
+    cost a few system calls, not a file object and faulthandler's two handlers set up again."""
+    target = os.open(RankDir(rank_dir).stacks, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)  # as open(path, "a")
+    os.dup2(target, previous.fileno(), inheritable=False)  # as open() made the first
+    os.close(target)
+    return previous
+
+
+def _answer_stacks(rank_dir: str) -> tuple[Any, bool]:
+    """Once: this directory's stacks.log, the file faulthandler and the answer to SIGUSR1 write to;
+    and whether the collectives are written after each dump (``answer_stack_requests``)."""
+    stack_file = open(RankDir(rank_dir).stacks, "a")  # noqa: SIM115 - kept open for the handler
     faulthandler.enable(file=stack_file, all_threads=True)
-    answer_stack_requests(stack_file)
+    told = answer_stack_requests(stack_file, then=write_beside)
     _rank._stack_file = stack_file
-    return stack_file
+    return stack_file, told
