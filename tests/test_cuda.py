@@ -615,6 +615,31 @@ def test_cuda_visible_devices_as_a_uuid(fresh_kernel):
 
 # -- issue 25 on two GPUs: NCCL hangs diagnosed, debugging under NCCL -----------------------------
 
+
+def test_where_of_a_one_rank_nccl_run_reads_ncclss_own_recorder(fresh_kernel):
+    """One GPU: %spawn where on a background NCCL rank that finished two all_reduces and sleeps.  The
+    rank's answering thread dumps its stacks, then reads NCCL's own flight recorder (CUDA is
+    initialized there) and writes where it is in its collectives, which the kernel shows."""
+    code = (
+        "%%spawn -n 1 --backend nccl --start-method spawn --bg\n"
+        "import time, torch, torch.distributed as dist\n"
+        "t = torch.ones(1, device='cuda')\n"
+        "dist.all_reduce(t)\n"
+        "dist.all_reduce(t)\n"
+        "torch.cuda.synchronize()\n"
+        "time.sleep(300)\n"
+    )
+    ok(fresh_kernel, code, timeout=CUDA_TIMEOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while "time.sleep(300)" not in (text := ok(fresh_kernel, "%spawn where").stdout):
+            assert time.monotonic() < deadline, text
+            time.sleep(0.5)
+        assert re.search(r"^rank 0: Cell In\[\d+\], line 7: time\.sleep\(300\)  \[after all_reduce #2\]$", text, re.M), text
+    finally:
+        ok(fresh_kernel, "%spawn stop", timeout=60)
+
+
 NCCL_HANG = (
     "%%spawn -n 2 --backend nccl --start-method spawn{options}\n"
     "import time, torch, torch.distributed as dist\n"
