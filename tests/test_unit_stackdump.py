@@ -167,3 +167,27 @@ def test_write_beside_puts_the_collectives_next_to_the_stacks_file_it_was_given(
     record = json.loads((second / "collectives.json").read_text())
     assert record["asked"] == len("a longer dump\n") and record["entries"] == []
     assert not (first / "collectives.json").exists()
+
+
+OWN_HANDLER = """
+import os, signal, sys, time
+sys.path.insert(0, {ranks!r})
+import _stackdump
+_stackdump.answer_stack_requests(open({path!r}, "w"), from_a_thread=True)
+ran = []
+signal.signal(signal.SIGUSR1, lambda *_: ran.append(1))  # a cell's own handler, set after nbspawn's
+os.kill(os.getpid(), signal.SIGUSR1)
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline and not (ran and os.path.getsize({path!r})):
+    time.sleep(0.01)
+print(len(ran), os.path.getsize({path!r}) > 0)
+"""
+
+
+def test_a_cells_own_sigusr1_handler_runs_and_the_rank_still_answers(tmp_path):
+    """Python's C-level handler writes to the wakeup descriptor whatever Python handler is set, so the
+    answering thread still dumps (docs/guide.md says so); before 3.11 the cell's handler replaces
+    faulthandler's."""
+    code = OWN_HANDLER.format(ranks=RANKS_DIR, path=str(tmp_path / "stacks.log"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True).stdout
+    assert out == "1 True\n", out
