@@ -28,9 +28,8 @@ from .._source import CELL_FILENAME, CellSource, rewrite_cell_frames
 from .._spec import RunSpec
 from . import _children, _fds, _prompt
 from ._capture import capture_output, finished, flush_figures
-from ._stackdump import answer_stack_requests
 from ._title import name_process, rank_title
-from ._watch import watch, write_beside
+from ._watch import answer_where
 
 EXIT_RAISED = 1
 EXIT_INTERRUPTED = 128 + signal.SIGINT
@@ -64,8 +63,7 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
     apply_kernel_env(spec.kernel_env)
     spec.apply_env(rank, os.environ, own_only=inherited is not None)
     capture_output(rank_dir, spec.rich)
-    told = _install_signal_handlers(rank_dir)
-    watch(lambda: _stack_file, told)  # where it is in its collectives, when the kernel asks where it is
+    _install_signal_handlers(rank_dir)
     _prompt.install(
         spec.rank_offset + rank, prompts_path(spec.run_dir), RankDir(rank_dir).answers
     )  # input(), pdb: the kernel answers
@@ -122,15 +120,15 @@ def _die_with_parent(spec: RunSpec) -> None:
         pass
 
 
-def _install_signal_handlers(rank_dir: str) -> bool:
-    """SIGINT raises KeyboardInterrupt where the cell is; SIGUSR1 and fatal signals dump every stack.
-    True when the collectives are written after each dump (``answer_stack_requests``)."""
+def _install_signal_handlers(rank_dir: str) -> None:
+    """SIGINT raises KeyboardInterrupt where the cell is; fatal signals dump every stack, and SIGUSR1
+    every stack and where the rank is in its collectives."""
     global _stack_file
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _stack_file = open(RankDir(rank_dir).stacks, "w")  # noqa: SIM115
     faulthandler.enable(file=_stack_file, all_threads=True)
-    return answer_stack_requests(_stack_file, then=write_beside)
+    answer_where(_stack_file)
 
 
 def _namespace(spec: RunSpec) -> dict:

@@ -6,8 +6,9 @@ The kernel asks a rank where it is with SIGUSR1, which appends the rank's stacks
 when it was issued.  From Python 3.11 the thread that dumped the stacks writes them at once
 (:func:`write_beside`); before, faulthandler's C handler dumps and tells nobody, so a daemon thread
 here notices the file grow (it looks four times a second: an ``fstat``).  Either thread runs while
-the main thread is blocked in a collective (torch releases the GIL there), which is when it matters.  The kernel reads the two together: the stacks say *where*
-each rank is, the sequence numbers *how far* it got (``rank 2 never entered barrier #3``).
+the main thread is blocked in a collective (torch releases the GIL there), which is when it matters.
+The kernel reads the two together: the stacks say *where* each rank is, the sequence numbers *how
+far* it got (``rank 2 never entered barrier #3``).
 
 torch's flight recorders (NCCL's own, and the generic one gloo records into) keep the last
 ``TORCH_FR_BUFFER_SIZE`` collectives of every process group; ranks get a small buffer unless the user set one.  It costs a few microseconds per collective.
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from .._rankdir import COLLECTIVES
-from ._stackdump import HELPER_THREAD_BLOCKS
+from ._stackdump import HELPER_THREAD_BLOCKS, answer_stack_requests
 
 FR_ENTRIES = "256"  # TORCH_FR_BUFFER_SIZE unless the user set it
 LOOK_EVERY = 0.25
@@ -34,14 +35,16 @@ KEPT = 8  # the newest collectives written down
 _started = False
 
 
-def watch(stack_file: Callable[[], TextIO | None], told_after_each_dump: bool) -> None:
-    """Start the thread (once per process); ``stack_file()`` is the rank's current stacks.log.
+def answer_where(stack_file: TextIO) -> None:
+    """From now on the kernel's "where are you?" (SIGUSR1) is answered: every thread's stack appended
+    to ``stack_file`` (``ranks._stackdump``), then the rank's recent collectives beside it.  Called on
+    the main thread, once per process, once ``stack_file`` is open.
 
-    Not when the rank's own thread answers the kernel (``ranks._stackdump``, Python 3.11+): that one
-    calls :func:`write_beside` after each dump, so the collectives are there as soon as the stacks."""
+    From Python 3.11 the thread that dumps the stacks calls :func:`write_beside` itself, so the
+    collectives are there as soon as the stacks; before, a thread here watches the file grow."""
     global _started
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_ENTRIES)
-    if _started or told_after_each_dump:
+    if answer_stack_requests(stack_file, then=write_beside) or _started:
         return
     _started = True
     # not threading.Thread.start(): it waits until the new thread has been scheduled, which on a
@@ -50,24 +53,20 @@ def watch(stack_file: Callable[[], TextIO | None], told_after_each_dump: bool) -
     _thread.start_new_thread(_loop, (stack_file,))
 
 
-def _loop(stack_file: Callable[[], TextIO | None]) -> None:
+def _loop(stack_file: TextIO) -> None:
     # the process's SIGINT and SIGTERM are the main thread's: one the kernel handed this thread would
     # not wake a main thread asleep in the cell (time.sleep), so its KeyboardInterrupt would wait
     signal.pthread_sigmask(signal.SIG_BLOCK, HELPER_THREAD_BLOCKS)
     seen: dict[tuple[int, int], int] = {}  # the file (device, inode) -> its size when last looked at
     while True:
         time.sleep(LOOK_EVERY)
-        handle = stack_file()
-        if handle is None:
-            continue
         try:
-            fd = handle.fileno()
-            stat = os.fstat(fd)
+            stat = os.fstat(stack_file.fileno())
         except (OSError, ValueError):
             continue
         key = (stat.st_dev, stat.st_ino)
         if key in seen and stat.st_size > seen[key]:  # a dump was appended: the kernel is asking
-            _write(os.path.dirname(os.path.realpath(f"/proc/self/fd/{fd}")), stat.st_size)
+            write_beside(stack_file)
         seen[key] = stat.st_size
 
 

@@ -29,9 +29,8 @@ from .._source import CellSource
 from . import _cell as _rank
 from . import _children, _fds, _prompt
 from ._capture import finished, redirect_output
-from ._stackdump import answer_stack_requests
 from ._title import name_process, rank_title
-from ._watch import watch, write_beside
+from ._watch import answer_where
 
 OK, RAISED, INTERRUPTED, EXITED = "ok", "raised", "interrupted", "exited"
 STARTED = "started"  # sent once the rank can be interrupted: the kernel holds SIGINT for it until then
@@ -106,8 +105,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
     capture_output(between, spec.rich)
     signal.signal(signal.SIGINT, _ignore_interrupt)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    stacks, told = _answer_stacks(between)
-    watch(lambda: _rank._stack_file, told)  # where it is in its collectives, when the kernel asks where it is
+    stacks = _answer_stacks(between)
     _prompt.install(spec.rank_offset + rank, None, None)  # each cell says where its prompts go
     _rank.prepare_rank(rank)
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
@@ -296,11 +294,10 @@ def _stacks_to(rank_dir: str, previous: Any) -> Any:
     return previous
 
 
-def _answer_stacks(rank_dir: str) -> tuple[Any, bool]:
-    """Once: this directory's stacks.log, the file faulthandler and the answer to SIGUSR1 write to;
-    and whether the collectives are written after each dump (``answer_stack_requests``)."""
+def _answer_stacks(rank_dir: str) -> Any:
+    """Once: this directory's stacks.log, the file faulthandler and the answer to SIGUSR1 (where the
+    rank is: its stacks, its collectives) write to."""
     stack_file = open(RankDir(rank_dir).stacks, "a")  # noqa: SIM115 - kept open for the handler
     faulthandler.enable(file=stack_file, all_threads=True)
-    told = answer_stack_requests(stack_file, then=write_beside)
-    _rank._stack_file = stack_file
-    return stack_file, told
+    answer_where(stack_file)
+    return stack_file
