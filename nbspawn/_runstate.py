@@ -148,6 +148,11 @@ class Run:
         self.raise_for_status()
         return True
 
+    def ended_within(self, timeout: float | None) -> bool:
+        """Whether the run has ended, waiting up to ``timeout`` seconds for it; unlike ``wait`` it raises
+        nothing and binds nothing (for the package's own threads, not the user's)."""
+        return self._done.wait(timeout)
+
     def when_ended(self, callback: Callable[[Run], None]) -> None:
         """Call ``callback(run)`` once the run has ended, as it ends (now, if it has)."""
         with self._ending:

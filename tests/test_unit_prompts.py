@@ -190,3 +190,30 @@ def test_an_attached_cell_shows_where_the_rank_stopped_then_what_it_writes(tmp_p
     _echo(str(out), str(err), offsets)
     said = capsys.readouterr()
     assert said.out == "(Pdb) answer\n" and said.err == "a warning\n"
+
+
+def test_an_attached_cell_says_how_a_run_ended_when_the_desk_closes_a_moment_before_it_ends(tmp_path):
+    # the run's end closes the desk (ranks reaped), then settles the status (outputs home, the view told)
+    # and only then is done: a cell attached in between once said "the run is ending (ended)"
+    from nbspawn._runstate import Run
+    from nbspawn._source import CellSource
+    from nbspawn._spec import RunSpec
+    from nbspawn.executors._prompting import PromptDesk
+
+    class Running:
+        def __init__(self) -> None:
+            self.alive: dict = {}
+            self.stop_reason = None
+            self.deadline = float("inf")
+
+    spec = RunSpec(run_id="r", nprocs=1, start_method="fork", backend="gloo", cell=CellSource("pass"), run_dir=str(tmp_path))
+    run = Run(spec, background=True)
+    desk = PromptDesk(run, view=None, loop=Running())  # type: ignore[arg-type]  # no prompt is shown: no view
+    desk.close()
+
+    def settles() -> None:
+        run.status = "succeeded"
+        run.ended()
+
+    threading.Timer(0.2, settles).start()
+    assert desk._answer_attached(None, {}) == "the run ended (succeeded)"

@@ -37,6 +37,7 @@ from ..views._protocol import RunView
 
 PROMPT_WATCH = 0.1  # while the kernel waits at a rank's prompt: how often Stop, --timeout and the rank are looked at
 STICKY = 1.0  # seconds a rank in a pdb session keeps the prompt after a command that does not let it run on
+ENDING_WAIT = 2.0  # seconds an attached cell waits for an ending run's status before it returns
 ECHO_LINES = 15  # lines of a background rank's output shown when a cell attaches: where it stopped
 
 _attachable: dict[str, PromptDesk] = {}  # background runs whose ranks may wait at prompts, by run id
@@ -278,19 +279,30 @@ class PromptDesk:
         still = f"; rank {', '.join(map(str, left))} waits: %spawn debug {run_id} attaches" if left else ""
         return f"run {run_id}: {how}{still}"
 
+    def _how_it_ends(self, reason: str | None) -> str:
+        """What an attached cell says of a run that is ending: how it ended, once it has (its status is
+        known only then; the desk may be closed a moment before), or why it is ending if that takes
+        longer than ENDING_WAIT (a rank that takes its grace period)."""
+        if self.run.ended_within(ENDING_WAIT):
+            return f"the run ended ({self.run.status})"
+        return f"the run is ending ({reason})"
+
     def _answer_attached(self, rank: int | None, offsets: dict[int, dict[str, int]]) -> str:
         last_answer, going_on, last_rank = time.monotonic(), False, None
         while True:
             with self.prompt_lock:
-                if self.run.done or self.loop.stop_reason is not None:
-                    went = f"rank {last_rank} went on; " if last_rank is not None and going_on else ""
-                    return f"{went}the run {'ended' if self.run.done else 'is ending'} ({self.run.status if self.run.done else self.loop.stop_reason})"
-                candidates = [r for r in self.pending if r.kind != "failed" and rank in (None, r.rank)]
-                sticky = last_rank is not None and not going_on
-                chosen = next_prompt(candidates, last_rank if sticky else None, sticky)
-                if chosen is not None:
-                    self.pending.remove(chosen)
-                    self.asking = chosen
+                reason = self.loop.stop_reason
+                ending = self.run.done or reason is not None
+                if not ending:
+                    candidates = [r for r in self.pending if r.kind != "failed" and rank in (None, r.rank)]
+                    sticky = last_rank is not None and not going_on
+                    chosen = next_prompt(candidates, last_rank if sticky else None, sticky)
+                    if chosen is not None:
+                        self.pending.remove(chosen)
+                        self.asking = chosen
+            if ending:  # out of the lock: the run's end takes it to close the desk
+                went = f"rank {last_rank} went on; " if last_rank is not None and going_on else ""
+                return went + self._how_it_ends(reason)
             if chosen is None:
                 if sticky and last_rank is not None and self.run.ranks[last_rank].status == "running":
                     time.sleep(0.02)  # mid-session: it comes back once its command ran
@@ -320,7 +332,7 @@ class PromptDesk:
             if why is not None or reply is None:
                 with self.prompt_lock:
                     self.asking = None
-                return f"rank {chosen.rank} ended" if why == "ended" else "the run is ending"
+                return f"rank {chosen.rank} ended" if why == "ended" else self._how_it_ends(self.loop.stop_reason)
             assert self.prompts is not None
             with self.prompt_lock:
                 self.asking = None

@@ -53,4 +53,4 @@ def _stop_background_runs() -> None:
         if not run.done:
             run.stop()
     for run in list(_background_runs.values()):
-        run._done.wait(10)
+        run.ended_within(10)
