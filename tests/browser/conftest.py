@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,15 @@ def page(browser):
     p = Page(browser)
     yield p
     p.close()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed browser test's report ends with the log of each jupyter server running then: what the
+    kernel printed to its stderr (a warning of nbspawn's, a traceback) is there and nowhere else."""
+    outcome = yield
+    report = outcome.get_result()
+    harness = sys.modules.get("lab_harness")
+    if report.failed and harness is not None:
+        for server in harness.RUNNING:
+            report.sections.append((f"jupyter {server.app} server log (its end)", harness.log_tail(server)))

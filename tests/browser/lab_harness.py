@@ -113,6 +113,18 @@ class Server:
         return f"{self.base}{path}{sep}token={self.token}"
 
 
+# The servers running now, whose logs a failing test's report ends with (conftest's makereport hook): the
+# kernels' own stderr is there, and a view that never came is often explained by it.
+RUNNING: list[Server] = []
+
+
+def log_tail(server: Server, chars: int = 6000) -> str:
+    try:
+        return server.log.read_text(errors="replace")[-chars:]
+    except OSError as err:
+        return f"(no log: {err})"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -166,6 +178,7 @@ def _start(app: str, tmp: Path) -> Server:
     log = tmp / f"{app}-server.log"
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=root)
     server = Server(app, f"http://127.0.0.1:{port}", token, root, proc, log)
+    RUNNING.append(server)
     deadline = time.monotonic() + 120
     while True:
         if proc.poll() is not None:
@@ -183,6 +196,8 @@ def _start(app: str, tmp: Path) -> Server:
 
 
 def _stop(server: Server) -> None:
+    if server in RUNNING:
+        RUNNING.remove(server)
     server.proc.terminate()
     try:
         server.proc.wait(20)
