@@ -6,7 +6,52 @@ from __future__ import annotations
 import time
 
 import pytest
-from kernel_harness import loaded_kernel, run, start_kernel, stop_kernel
+from kernel_harness import loaded_kernel, run, settle_kernels, start_kernel, stop_kernel_later, stop_spare_kernel
+
+# The fixtures that hold a kernel; a test with none of them may fork this very process (test_shm, the
+# fork tests), so it waits for the kernels starting or stopping in a thread (kernel_harness._Spare,
+# stop_kernel_later).
+KERNEL_FIXTURES = {"kernel", "fresh_kernel", "plain_kernel", "netns_kernel"}
+
+
+START_METHODS = ("fork", "spawn", "forkserver")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--start-methods",
+        default=",".join(START_METHODS),
+        help="run a test parametrized by start method (its `method`) only for these, comma-separated; the "
+        "hosted runtimes' jobs run fork and forkserver, what a CPU and a GPU runtime start ranks with",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    wanted = set(config.getoption("--start-methods").split(","))
+    if unknown := wanted - set(START_METHODS):
+        raise pytest.UsageError(f"--start-methods: {', '.join(sorted(unknown))} is not one of {', '.join(START_METHODS)}")
+    left_out = [
+        item
+        for item in items
+        if (callspec := getattr(item, "callspec", None)) is not None
+        and callspec.params.get("method") in START_METHODS
+        and callspec.params["method"] not in wanted
+    ]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if item not in set(left_out)]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _spare_kernel():
+    yield
+    stop_spare_kernel()
+
+
+@pytest.fixture(autouse=True)
+def _no_kernel_starting_under_a_test_without_one(request):
+    if KERNEL_FIXTURES.isdisjoint(request.fixturenames):
+        settle_kernels()
 
 
 @pytest.fixture(scope="module")
@@ -14,7 +59,7 @@ def kernel():
     """One kernel per test module, with nbspawn loaded (kernel_harness.LOAD); tests must leave it usable."""
     k = loaded_kernel()
     yield k
-    stop_kernel(k)
+    stop_kernel_later(k)
 
 
 @pytest.fixture
@@ -22,7 +67,7 @@ def fresh_kernel():
     """A kernel of the test's own, with nbspawn loaded, for tests that interrupt or kill it."""
     k = loaded_kernel()
     yield k
-    stop_kernel(k)
+    stop_kernel_later(k)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +75,7 @@ def plain_kernel():
     """A kernel without nbspawn: tests the harness itself."""
     k = start_kernel()
     yield k
-    stop_kernel(k)
+    stop_kernel_later(k)
 
 
 @pytest.fixture

@@ -271,7 +271,23 @@ def load_nbspawn(kernel: Kernel, timeout: float = 120) -> Kernel:
 
 
 def loaded_kernel(**start: Any) -> Kernel:
-    """A new kernel (start_kernel's arguments) with nbspawn loaded; the caller stops it."""
+    """A new kernel (start_kernel's arguments) with nbspawn loaded; the caller stops it.
+
+    Asked with no arguments, it is the spare one started while the test before ran (_Spare), when the
+    spare was started in the same directory and environment as this call's; then the next spare starts.
+    """
+    global _spare
+    if start:
+        return _loaded_now(**start)
+    spare, _spare = _spare, None
+    kernel = spare.take() if spare is not None else None
+    if kernel is None:
+        kernel = _loaded_now()
+    _spare = _Spare()
+    return kernel
+
+
+def _loaded_now(**start: Any) -> Kernel:
     kernel = start_kernel(**start)
     try:
         return load_nbspawn(kernel)
@@ -279,6 +295,82 @@ def loaded_kernel(**start: Any) -> Kernel:
         if kernel.manager.has_kernel:
             stop_kernel(kernel)
         raise
+
+
+class _Spare:
+    """The next loaded_kernel(), started in a thread while the test that asked for this one runs.
+
+    A kernel with nbspawn loaded takes 2.2 s to start (0.5 s to be ready, 1.7 s for LOAD, which imports
+    torch), about 190 times a run of the suite and again in each runtime job; the test beside it mostly
+    waits on its ranks, so the start costs the test next to nothing. It is used only by a call made in
+    the directory and environment it was started in, as a kernel started then would be.  A test that
+    forks this process itself waits for it first (settle_kernels: a fork amid a start could copy a
+    lock the starting thread holds)."""
+
+    def __init__(self) -> None:
+        self.cwd, self.env = os.getcwd(), _environment()
+        self.kernel: Kernel | None = None
+        self.started = threading.Event()
+        threading.Thread(target=self._start, name="nbspawn-spare-kernel", daemon=True).start()
+
+    def _start(self) -> None:
+        try:
+            self.kernel = _loaded_now()
+        except BaseException:  # the caller starts one itself, and sees the error then
+            self.kernel = None
+        finally:
+            self.started.set()
+
+    def take(self) -> Kernel | None:
+        self.started.wait()
+        if self.kernel is not None and (self.cwd, self.env) != (os.getcwd(), _environment()):
+            self.discard()
+        return self.kernel
+
+    def discard(self) -> None:
+        self.started.wait()
+        kernel, self.kernel = self.kernel, None
+        if kernel is not None:
+            stop_kernel(kernel)
+
+
+_spare: _Spare | None = None
+
+
+def _environment() -> dict[str, str]:
+    """What a kernel inherits; the name of the test running differs between any two calls, and only
+    whether it is set matters to ipykernel."""
+    return {**os.environ, "PYTEST_CURRENT_TEST": "set" if "PYTEST_CURRENT_TEST" in os.environ else ""}
+
+
+_stopping: list[threading.Thread] = []
+
+
+def stop_kernel_later(kernel: Kernel) -> None:
+    """stop_kernel in a thread, for a fixture done with its kernel: the next test need not wait the 0.7 s
+    a shutdown takes (the kernel answers, then its process is waited for)."""
+    _stopping[:] = [thread for thread in _stopping if thread.is_alive()]
+    thread = threading.Thread(target=stop_kernel, args=(kernel,), name="nbspawn-kernel-stop", daemon=True)
+    thread.start()
+    _stopping.append(thread)
+
+
+def settle_kernels() -> None:
+    """Wait until no kernel is starting or stopping in a thread: before this process forks (test_shm,
+    the fork tests), and at the session's end."""
+    if _spare is not None:
+        _spare.started.wait()
+    for thread in _stopping:
+        thread.join()
+
+
+def stop_spare_kernel() -> None:
+    """The session's end: the last spare was never used; the kernels stopping are waited for."""
+    global _spare
+    spare, _spare = _spare, None
+    if spare is not None:
+        spare.discard()
+    settle_kernels()
 
 
 # -- a run's processes ----------------------------------------------------------------------------
