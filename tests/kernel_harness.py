@@ -323,7 +323,9 @@ class _Spare:
 
     def take(self) -> Kernel | None:
         self.started.wait()
-        if self.kernel is not None and (self.cwd, self.env) != (os.getcwd(), _environment()):
+        if self.kernel is not None and (
+            (self.cwd, self.env) != (os.getcwd(), _environment()) or not self.kernel.manager.is_alive()
+        ):
             self.discard()
         return self.kernel
 

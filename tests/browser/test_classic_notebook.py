@@ -53,7 +53,12 @@ def test_the_live_view_and_the_snapshot_draw_in_the_classic_notebook_with_ipywid
 
     # the run ends: the live view is replaced in place by the snapshot (HTML: no nbspawn renderer here)
     frozen = cell.locator(".nbspawn-run")
-    frozen.wait_for(timeout=90_000)
+    try:
+        frozen.wait_for(timeout=90_000)
+    except sync_api.TimeoutError:  # what the live view said then: which rank had not ended, and where
+        shot(cell, artifacts, "classic-notebook-no-snapshot.png")
+        chips = [chip.get_attribute("title") for chip in live.locator(".nbs-Chip").all()]
+        pytest.fail(f"no snapshot within 90 s; the live view's chips: {chips}\n{live.inner_text()[-3000:]}")
     sync_api.expect(live).to_have_count(0, timeout=30_000)
     text = frozen.inner_text().replace("\u2007", " ")  # tqdm pads its numbers with figure spaces
     for rank in (0, 1):
