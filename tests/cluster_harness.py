@@ -7,13 +7,14 @@ import os
 import time
 
 import psutil
-from kernel_harness import loaded_kernel, ok, shm_entries, stop_kernel
+from kernel_harness import loaded_kernel, ok, settle_kernels, shm_entries, stop_kernel
 
 
 @contextlib.contextmanager
 def connected_kernel(nodes):
     """A kernel with nbspawn loaded and ``rc``, a client of ``nodes``; stopped however the test ends."""
     kernel = loaded_kernel()
+    settle_kernels()  # no kernel starting beside a cluster's engines, agents and ranks on 2 cores
     try:
         ok(
             kernel,
