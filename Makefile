@@ -49,6 +49,8 @@ test:
 # The hosted runtimes run ranks as their users get them: fork (a CPU runtime's default) and forkserver (a GPU
 # runtime's); spawn, asked for by name only, runs on the development stack and at both ends of the torch range.
 HOSTED := --start-methods fork,forkserver
+# Nor do they run clusters (ipyparallel engines on other machines): no other machine can reach a hosted VM.
+NO_CLUSTERS := --ignore=tests/test_cluster.py --deselect "tests/test_notebooks.py::test_notebook_runs[cluster.ipynb]"
 KERNEL_TESTS := tests --ignore=tests/test_cluster_nodes.py --ignore=tests/test_cluster_worlds.py --ignore=tests/test_frameworks.py
 # Kaggle's kernel packages are Colab's (IPython 7.34, ipykernel 6.17.1, jupyter_client 7.4.9), which the Colab
 # job runs every kernel test on; what differs is Python 3.12, torch 2.10 and ipywidgets 8.1.5. Its job runs
@@ -59,7 +61,7 @@ KAGGLE_TESTS := $(wildcard tests/test_unit_*.py) tests/test_hosted_runtime.py te
 TORCH_RANGE_TESTS := tests/test_spawn_core.py tests/test_worlds.py tests/test_debugger.py tests/test_handoff.py tests/test_rank_output.py
 runtimes: runtime-colab-gpu runtime-kaggle-gpu runtime-floor runtime-newest runtime-tpu-cpu
 runtime-colab-gpu:
-	bash .ci/runtime colab-gpu $(KERNEL_TESTS) $(HOSTED) -q
+	bash .ci/runtime colab-gpu $(KERNEL_TESTS) $(NO_CLUSTERS) $(HOSTED) -q
 runtime-kaggle-gpu:
 	bash .ci/runtime kaggle-gpu -m "not browser" $(KAGGLE_TESTS) $(HOSTED) -q
 runtime-floor:
