@@ -301,7 +301,7 @@ class _Spare:
     """The next loaded_kernel(), started in a thread while the test that asked for this one runs.
 
     A kernel with nbspawn loaded takes 2.2 s to start (0.5 s to be ready, 1.7 s for LOAD, which imports
-    torch), about 190 times a run of the suite and again in each runtime job; the test beside it mostly
+    torch), about 90 times a run of the suite and again in each runtime job; the test beside it mostly
     waits on its ranks, so the start costs the test next to nothing. It is used only by a call made in
     the directory and environment it was started in, as a kernel started then would be.  A test that
     forks this process itself waits for it first (settle_kernels: a fork amid a start could copy a

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 import psutil
-from kernel_harness import descendants, execute
+from kernel_harness import descendants, execute, loaded_kernel, ok, stop_kernel
 
 
 def test_stdout_comes_back_from_a_real_kernel(plain_kernel):
@@ -47,3 +47,17 @@ def test_children_of_the_kernel_are_seen(plain_kernel):
     finally:
         execute(plain_kernel.client, "p.kill(); p.wait()")
     assert descendants(plain_kernel.pid) == []
+
+
+def test_a_kernel_asked_for_in_another_directory_or_environment_starts_there(tmp_path, monkeypatch):
+    """loaded_kernel() hands out the spare started beside the test before only where a kernel started
+    now would be the same: the spare made before the chdir and setenv below must not be it."""
+    stop_kernel(loaded_kernel())  # a spare is starting now, here, in this environment
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NBSPAWN_HARNESS_PROBE", "1")
+    kernel = loaded_kernel()
+    try:
+        said = ok(kernel, "import os\nprint(os.getcwd(), os.environ.get('NBSPAWN_HARNESS_PROBE'))").stdout
+        assert said == f"{tmp_path} 1\n"
+    finally:
+        stop_kernel(kernel)
