@@ -14,6 +14,8 @@ from kernel_harness import loaded_kernel, run, settle_kernels, start_kernel, sto
 KERNEL_FIXTURES = {"kernel", "fresh_kernel", "plain_kernel", "netns_kernel"}
 
 
+# nbspawn._options.START_METHODS, written out: importing nbspawn here would import torch (2.7 s) for
+# every pytest run, a single unit-test file's too
 START_METHODS = ("fork", "spawn", "forkserver")
 
 
@@ -39,7 +41,8 @@ def pytest_collection_modifyitems(config, items):
     ]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
-        items[:] = [item for item in items if item not in set(left_out)]
+        dropped = set(left_out)
+        items[:] = [item for item in items if item not in dropped]
 
 
 @pytest.fixture(scope="session", autouse=True)
