@@ -235,6 +235,35 @@ def test_the_kernel_stays_busy_while_a_run_goes(kernel):
     assert run_part[-1] == ("busy", msg_id), statuses
 
 
+@pytest.mark.parametrize("view", ["widget", "text"])
+def test_a_status_published_before_the_run_started_is_put_right_when_it_starts(kernel, view):
+    """A request answered while the cell had not yet reached its run (here on the control channel,
+    as JupyterLab asks; on ipykernel 7 also a page's comm on a subshell) publishes its own idle: the
+    run's start must say busy again, or the status bar reads Idle until something else is published."""
+    client = kernel.client
+    body = "import time\nprint('up', flush=True)\ntime.sleep(1)\n"
+    code = f"import time\ntime.sleep(1)\nget_ipython().run_cell_magic('spawn', '-n 2 --view {view}', {body!r})\n"
+    msg_id = client.execute(code)
+    asked = client.session.msg("kernel_info_request", {})
+    client.control_channel.send(asked)  # answered during the sleep, before the run starts
+    statuses: list[tuple[str, str | None]] = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            msg = client.get_iopub_msg(timeout=1)
+        except queue.Empty:
+            continue
+        if msg["msg_type"] == "status":
+            parent = msg["parent_header"].get("msg_id")
+            statuses.append((msg["content"]["execution_state"], parent))
+            if parent == msg_id and msg["content"]["execution_state"] == "idle":
+                break
+    cell = statuses[statuses.index(("busy", msg_id)) : statuses.index(("idle", msg_id))]
+    asked_idle = cell.index(("idle", asked["header"]["msg_id"]))  # inside the cell: during its sleep
+    assert ("busy", msg_id) in cell[asked_idle + 1 :], statuses
+    assert cell[-1] == ("busy", msg_id), statuses
+
+
 def test_the_text_view_shows_what_a_rank_displays(kernel):
     body = "from IPython.display import display, HTML\ndisplay(HTML('<b>x</b>'))\n42\n"
     result = execute(kernel.client, f"%%spawn -n 2 --view text\n{body}", timeout=120)

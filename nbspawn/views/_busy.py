@@ -5,7 +5,9 @@ the page) on a subshell, and publishes ``busy``/``idle`` around each one.  Jupyt
 shows the last status it received, whichever shell it came from, so one such message early in a
 run made the status bar read "Idle" for the rest of it while the cell was still running.  While a
 run holds the main shell, every ``idle`` published for another request is followed at once by a
-``busy`` on behalf of the cell, so the status bar says what is true.
+``busy`` on behalf of the cell, so the status bar says what is true.  The run's start says ``busy``
+once as well: a request answered between the cell's start and its run's (a page's comm, a control
+request) has published an ``idle`` of its own already.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def kept_busy() -> Iterator[None]:
             publish("busy", "shell", cell)
 
     kernel._publish_status = publish_status
+    publish("busy", "shell", cell)
     try:
         yield
     finally:

@@ -42,6 +42,7 @@ import wcwidth
 
 from .._runstate import RankState, Run
 from ..events._widgetbar import widget_text
+from ._busy import kept_busy
 from ._protocol import RunView
 from ._sgr import ESCAPE
 from ._status import StatusComm
@@ -252,6 +253,7 @@ class TextView(RunView):
         self._drawn_at = 0.0
         self._prefix_width = len("[rank0]:")
         self._status = StatusComm()  # the labextension's toolbar item; a no-op outside a kernel
+        self._busy = contextlib.ExitStack()  # the kernel says Busy while a foreground run goes (_busy)
         self._said: str | None = None  # the hang last said
         self._told_waiting: set[int] = set()  # a background run's ranks said to wait at a prompt
         self._typed: dict[int, str] = {}  # rank -> its pdb command's echo, not printed again on a terminal
@@ -269,6 +271,8 @@ class TextView(RunView):
         self._prefix_width = len(f"[rank{max(run.nprocs - 1, 0)}]:")
         choice = self._live_choice
         self._live = _isatty(self._stream("stderr")) if choice is None else choice
+        if not run.background:
+            self._busy.enter_context(kept_busy())
         self._status.open(run)
 
     def output(self, rank: int, stream: str, text: str) -> None:
@@ -352,6 +356,7 @@ class TextView(RunView):
         self._render()
 
     def finished(self, run: Run) -> None:
+        self._busy.close()
         for rank in range(run.nprocs):
             self._flush_rank(rank)
         self._render(force=True)

@@ -108,13 +108,13 @@ class WidgetView(RunView):
     def started(self, run: Run) -> None:
         self.tails = run_tails(state.rank for state in run.ranks)  # one clock: the order they print in
         self.last_flush = time.monotonic()
+        if not run.background:  # a background run leaves the kernel free, and says so
+            self._busy.enter_context(kept_busy())
         self.status.open(run)
         cell_id, execution_count = _active.current_cell()  # on the cell's thread, background or not
         if cell_id is not None:  # a page loaded later asks the kernel for this cell's run (_active)
             _active.install()
             _active.RUNS.started(cell_id, run.run_id, execution_count)
-        if not run.background:  # a background run leaves the kernel free, and says so
-            self._busy.enter_context(kept_busy())
         if run.background or self.live_after <= 0:  # a background run's thread could not say which cell it is in
             self._show(run)
 
