@@ -4,7 +4,8 @@ for it (write_notebook, notebook, code_cell), Chromium pages that record dialogs
 what the tests do in them: open a notebook in either front end and wait for its kernel (open_notebook,
 notebook_url, notebook_root, wait_until_ready; Front, for a test run in both, FRONTS), run a cell
 (run_cell), find a run's views (live_view, frozen_run, chip_statuses, select_pane), wait on the page
-(wait_for_js), save (save_until) and take screenshots (shot, page_shot).  tests/browser/conftest.py
+(wait_for_js), read the kernel's status over a run (status_spells), save (save_until) and take
+screenshots (shot, page_shot).  tests/browser/conftest.py
 holds the fixtures (artifacts, browser, page).
 
 Importing this module skips the importing test module when playwright or jupyterlab is missing.
@@ -460,6 +461,44 @@ def save_until(pg: PwPage, path: Path, predicate: Callable[[dict], bool]) -> dic
 
 
 # -- screenshots ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StatusSpells:
+    """The kernel's status over one cell's run, as the page showed it (``status_spells``)."""
+
+    run_ms: float  # from the prompt's * to its count
+    busy_ms: float  # how much of that the status read Busy
+    others: list[tuple[int, str, int]]  # each spell of another status: (ms after the *, status, ms long)
+
+
+def status_spells(changes: list[list], grace_ms: float, end_race_ms: float = 200) -> StatusSpells:
+    """``changes``: ``[ms, status, running]`` at each change of the status or of the cell's prompt
+    (running: it shows ``*``).  The run is the first spell of running.  Its first ``grace_ms`` are
+    left out (the status before nbspawn's magic runs is the kernel's own), and so are its last
+    ``end_race_ms`` (the cell's idle may come before the prompt's count)."""
+    start = next((t for t, _s, running in changes if running), None)
+    if start is None:
+        return StatusSpells(0.0, 0.0, [])
+    end = next((t for t, _s, running in changes if not running and t > start), changes[-1][0])
+    lo, hi = start + grace_ms, end - end_race_ms
+    busy = 0.0
+    others: list[tuple[int, str, int]] = []
+    for (t, status, _running), (t_next, _n, _r) in zip(changes, [*changes[1:], [end, None, None]], strict=True):
+        a, b = max(t, start), min(t_next, end)
+        if b <= a:
+            continue
+        if status == "Busy":
+            busy += b - a
+            continue
+        a, b = max(a, lo), min(b, hi)
+        if b <= a:
+            continue
+        if others and others[-1][1] == status and round(a - start) == others[-1][0] + others[-1][2]:
+            others[-1] = (others[-1][0], status, others[-1][2] + round(b - a))  # the prompt changed, not the status
+        else:
+            others.append((round(a - start), status, round(b - a)))
+    return StatusSpells(end - start, busy, others)
 
 
 def shot(locator: Locator, artifacts: Path, name: str, *, unhover: bool = False) -> None:
