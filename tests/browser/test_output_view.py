@@ -360,10 +360,11 @@ def test_busy_for_the_whole_run(front, artifacts):
     """The kernel's status reads Busy from the run's start to its end (it once read Idle for the rest
     of a run after one comm message of the page).  Every change of the status and of the cell's
     prompt is recorded as it happens (a MutationObserver, not samples), and no spell of anything but
-    Busy inside the run may last ``FLICKER_MS``: a request of the page answered mid-run (JupyterLab's
-    widget manager opens a subshell for each comm it is sent) publishes an idle of its own, which
-    the kernel follows at once with the cell's busy; the page gets them as two messages, and may
-    draw the first for a frame."""
+    Busy inside the run may last ``FLICKER_MS``: a request of the page answered mid-run (JupyterLab
+    4.4+ opens a subshell for each comm target when the live view's comms open: two
+    ``create_subshell_request`` here) publishes an idle of its own, which the kernel follows at once
+    with the cell's busy; the page gets them as two messages, and may draw the first for a frame
+    (1-20 ms measured)."""
     pg = front.pg
     cell = front.cell(C_SIX)
     pg.evaluate(
