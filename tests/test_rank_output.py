@@ -245,7 +245,6 @@ def test_a_status_published_before_the_run_started_is_put_right_when_it_starts(k
     code = f"import time\ntime.sleep(1)\nget_ipython().run_cell_magic('spawn', '-n 2 --view {view}', {body!r})\n"
     msg_id = client.execute(code)
     asked = client.session.msg("kernel_info_request", {})
-    client.control_channel.send(asked)  # answered during the sleep, before the run starts
     statuses: list[tuple[str, str | None]] = []
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
@@ -256,6 +255,8 @@ def test_a_status_published_before_the_run_started_is_put_right_when_it_starts(k
         if msg["msg_type"] == "status":
             parent = msg["parent_header"].get("msg_id")
             statuses.append((msg["content"]["execution_state"], parent))
+            if statuses[-1] == ("busy", msg_id):  # the cell has begun: answered during its sleep, before the run
+                client.control_channel.send(asked)
             if parent == msg_id and msg["content"]["execution_state"] == "idle":
                 break
     cell = statuses[statuses.index(("busy", msg_id)) : statuses.index(("idle", msg_id))]
