@@ -84,6 +84,16 @@ class RankDir:
         return self.file(ANSWERS)
 
 
+def remove_partial_writes(rank_dirs: list[str]) -> None:
+    """Once a run's ranks are gone: what a rank killed mid-write left (``collectives.json`` is written to
+    a ``.tmp`` beside it and renamed; a rank stopped at its timeout can die between the two)."""
+    for rank_dir in rank_dirs:
+        try:
+            os.unlink(os.path.join(rank_dir, COLLECTIVES + ".tmp"))
+        except OSError:  # none (the usual case), or the directory was never made
+            pass
+
+
 def prompts_path(run_dir: str) -> str:
     """The run's prompt requests: every rank writes a JSON line to it, the kernel reads them."""
     return os.path.join(run_dir, PROMPTS)

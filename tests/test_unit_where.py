@@ -249,3 +249,17 @@ def test_a_rank_that_never_answers_is_left_out_after_the_wait(tmp_path):
     answers.write_text("")
     _write_in_pieces(answers, ["dump\n"], 0)
     assert await_dumps({0: (str(quiet), 0), 1: (str(answers), 0)}, wait=0.3) == {1}
+
+
+def test_a_collectives_record_cut_short_by_a_kill_is_removed_once_the_run_is_over(tmp_path):
+    """A rank stopped at its timeout may die between writing collectives.json.tmp and renaming it."""
+    from nbspawn._rankdir import COLLECTIVES, remove_partial_writes
+
+    killed, fine = tmp_path / "0", tmp_path / "1"
+    killed.mkdir()
+    fine.mkdir()
+    (killed / (COLLECTIVES + ".tmp")).write_text('{"asked": 1, "entr')
+    (fine / COLLECTIVES).write_text('{"asked": 1, "entries": []}')
+    remove_partial_writes([str(killed), str(fine), str(tmp_path / "never-made")])
+    assert sorted(p.name for p in killed.iterdir()) == []
+    assert sorted(p.name for p in fine.iterdir()) == [COLLECTIVES]  # a whole record is a log the rank keeps

@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any
 
+from .._rankdir import remove_partial_writes
 from .._runstate import RankState, Run
 from .._source import CELL_ENDED, STILL_STARTING, main_thread_stack, program_stack, rewrite_notebook_frames
 from .._spec import RunSpec
@@ -102,6 +103,7 @@ def _finish(run: Run, view: RunView, supervisor: _Supervisor, supervise: bool = 
             # the ranks are gone: an interrupt now has nothing to stop, and must not lose the frozen view
             with interrupts_deferred():
                 supervisor.cleanup()
+                remove_partial_writes([state.dir for state in run.ranks])
                 try:
                     run.error = supervisor.outcome()
                     # a start that raised is the root cause (re-raised by execute): no rank ran to write values
