@@ -8,6 +8,7 @@ import base64
 import json
 import queue
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -194,6 +195,24 @@ def test_a_smaller_saved_size_is_configurable(kernel):
         assert lines and lines[-1] == ("stdout", f"line 19999 {'y' * 50}\n")
 
 
+def _statuses_until_idle(client, msg_id: str, seen: Callable[[dict], None]) -> list[tuple[str, str | None]]:
+    """Every status published, as (state, parent msg_id) in order, until ``msg_id``'s idle; each iopub
+    message is shown to ``seen`` first (the test's requests go out as a browser's would)."""
+    statuses: list[tuple[str, str | None]] = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            msg = client.get_iopub_msg(timeout=1)
+        except queue.Empty:
+            continue
+        seen(msg)
+        if msg["msg_type"] == "status":
+            statuses.append((msg["content"]["execution_state"], msg["parent_header"].get("msg_id")))
+            if statuses[-1] == ("idle", msg_id):
+                break
+    return statuses
+
+
 def test_the_kernel_stays_busy_while_a_run_goes(kernel):
     """A comm message handled on a subshell mid-run (the live view's replay, any widget) publishes
     busy/idle of its own: the cell's busy must come back at once, so the status bar says Busy."""
@@ -203,26 +222,19 @@ def test_the_kernel_stays_busy_while_a_run_goes(kernel):
         pytest.skip("this ipykernel has no subshells (ipykernel >= 7 has)")
     subshell = create_subshell(client)
     msg_id = client.execute("%%spawn -n 2 --view widget\nimport time\nprint('up', flush=True)\ntime.sleep(4)\n")
-    statuses: list[tuple[str, str | None]] = []  # (state, parent msg_id), in the order published
     comm_id = None
     sent = 0
+
+    def replay_asked(msg: dict) -> None:
+        nonlocal comm_id, sent
+        if msg["msg_type"] == "comm_open" and msg["content"]["data"].get("state", {}).get("_anywidget_id"):
+            comm_id = msg["content"]["comm_id"]  # the live view's own comm
+        elif msg["msg_type"] == "comm_msg" and comm_id and sent < 3:
+            send_comm_msg(client, comm_id, {"type": "replay"}, subshell)  # as a browser would
+            sent += 1
+
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                msg = client.get_iopub_msg(timeout=1)
-            except queue.Empty:
-                continue
-            parent = msg["parent_header"].get("msg_id")
-            if msg["msg_type"] == "status":
-                statuses.append((msg["content"]["execution_state"], parent))
-                if parent == msg_id and msg["content"]["execution_state"] == "idle":
-                    break
-            elif msg["msg_type"] == "comm_open" and msg["content"]["data"].get("state", {}).get("_anywidget_id"):
-                comm_id = msg["content"]["comm_id"]  # the live view's own comm
-            elif msg["msg_type"] == "comm_msg" and comm_id and sent < 3:
-                send_comm_msg(client, comm_id, {"type": "replay"}, subshell)  # as a browser would
-                sent += 1
+        statuses = _statuses_until_idle(client, msg_id, replay_asked)
     finally:
         delete_subshell(client, subshell)
     assert sent, "the run sent no output message"
@@ -245,20 +257,15 @@ def test_a_status_published_before_the_run_started_is_put_right_when_it_starts(k
     code = f"import time\ntime.sleep(1)\nget_ipython().run_cell_magic('spawn', '-n 2 --view {view}', {body!r})\n"
     msg_id = client.execute(code)
     asked = client.session.msg("kernel_info_request", {})
-    statuses: list[tuple[str, str | None]] = []
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            msg = client.get_iopub_msg(timeout=1)
-        except queue.Empty:
-            continue
-        if msg["msg_type"] == "status":
-            parent = msg["parent_header"].get("msg_id")
-            statuses.append((msg["content"]["execution_state"], parent))
-            if statuses[-1] == ("busy", msg_id):  # the cell has begun: answered during its sleep, before the run
-                client.control_channel.send(asked)
-            if parent == msg_id and msg["content"]["execution_state"] == "idle":
-                break
+    sent = False
+
+    def ask_once_the_cell_began(msg: dict) -> None:
+        nonlocal sent
+        if not sent and msg["msg_type"] == "status" and msg["parent_header"].get("msg_id") == msg_id:
+            client.control_channel.send(asked)  # answered during the cell's sleep, before its run
+            sent = True
+
+    statuses = _statuses_until_idle(client, msg_id, ask_once_the_cell_began)
     cell = statuses[statuses.index(("busy", msg_id)) : statuses.index(("idle", msg_id))]
     asked_idle = cell.index(("idle", asked["header"]["msg_id"]))  # inside the cell: during its sleep
     assert ("busy", msg_id) in cell[asked_idle + 1 :], statuses
