@@ -470,9 +470,6 @@ def save_until(pg: PwPage, path: Path, predicate: Callable[[dict], bool]) -> dic
             raise AssertionError(f"the saved notebook never matched: {json.dumps(nb)[:3000]}")
 
 
-# -- screenshots ---------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class StatusSpells:
     """The kernel's status over one cell's run, as the page showed it (``status_spells``)."""
@@ -509,6 +506,9 @@ def status_spells(changes: list[list], grace_ms: float, end_race_ms: float = 200
         else:
             others.append((round(a - start), status, round(b - a)))
     return StatusSpells(end - start, busy, others)
+
+
+# -- screenshots ---------------------------------------------------------------------------------
 
 
 def shot(locator: Locator, artifacts: Path, name: str, *, unhover: bool = False) -> None:
