@@ -146,3 +146,26 @@ def test_merged_chunks_join_only_what_no_other_rank_came_between():
     assert chunks == {0: [["stdout", "a0\na1\n"], ["stdout", "a2\n"]], 1: [["stdout", "b0\n"]]}
     assert order == [0, 1, 0]
     assert tails[0].chunks() == [["stdout", "a0\na1\na2\n"]]  # one rank alone: joined as before
+
+
+def test_the_saved_size_of_a_record_is_what_indented_json_takes_counted_without_making_it():
+    import json
+
+    from nbspawn.views._bundle import _saved_size
+
+    def as_nbformat_writes_it(record):  # the definition: nbformat indents one space a level, ~six levels deep
+        text = json.dumps(record, indent=1, ensure_ascii=False)
+        return len(text.encode("utf-8", "surrogatepass")) + 6 * text.count("\n")
+
+    ranks = [
+        {"rank": r, "status": "done", "summary": None, "traceback": "é\n\u2603", "tags": [], "where": {"a": [1, {}]}}
+        for r in range(3)
+    ]
+    records = [
+        {},
+        {"ranks": []},
+        {"run_id": "x", "ranks": ranks, "error": {"summary": "a\nb", "parts": [[1], [[]]]}},
+        {"t": (1, 2)},
+    ]
+    for record in records:
+        assert _saved_size(record) == as_nbformat_writes_it(record), record

@@ -316,9 +316,34 @@ SAVED_ENVELOPE = 1024  # the output's own keys in the notebook, and the text/pla
 
 
 def _saved_size(record: RunRecord) -> int:
-    """The record's bytes as nbformat writes it: indented one space a level, about six levels deep."""
-    text = json.dumps(record, indent=1, ensure_ascii=False)
-    return len(text.encode("utf-8", "surrogatepass")) + 6 * text.count("\n")
+    """The record's bytes as nbformat writes it: indented one space a level, about six levels deep.
+
+    That is ``json.dumps(record, indent=1)`` plus six spaces a line, counted without making that text:
+    with ``indent`` json encodes in Python (95 µs for a 4-rank record here), without it in C (35 µs);
+    the line breaks and indents are counted from the record's shape."""
+    text = json.dumps(record, ensure_ascii=False, separators=(",", ": "))
+    lines, spaces = _line_breaks(record, 0)
+    return len(text.encode("utf-8", "surrogatepass")) + lines + spaces + 6 * lines
+
+
+def _line_breaks(value: Any, depth: int) -> tuple[int, int]:
+    """Line breaks and indenting spaces ``json.dumps(value, indent=1)`` puts in ``value`` at ``depth``:
+    a non-empty container breaks before each item (indented one deeper) and before its closing bracket."""
+    if isinstance(value, dict):
+        items: Any = value.values()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        return 0, 0
+    if not items:
+        return 0, 0
+    lines, spaces = len(items) + 1, len(items) * (depth + 1) + depth
+    for item in items:
+        if isinstance(item, (dict, list, tuple)):
+            more_lines, more_spaces = _line_breaks(item, depth + 1)
+            lines += more_lines
+            spaces += more_spaces
+    return lines, spaces
 
 
 def _share(tails: dict[int, OutputTail], room: int) -> tuple[dict[int, list[Entry]], dict[int, int]]:
