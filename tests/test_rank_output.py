@@ -195,6 +195,29 @@ def test_a_smaller_saved_size_is_configurable(kernel):
         assert lines and lines[-1] == ("stdout", f"line 19999 {'y' * 50}\n")
 
 
+@pytest.mark.parametrize("written", [True, False], ids=["printed-before", "nothing-printed"])
+def test_the_frozen_view_comes_after_what_the_kernel_printed_before_it(kernel, world, written):
+    """The frozen view skips ipykernel's stream flushes only for a stream with nothing waiting: text the
+    kernel printed just before a run still arrives before the view, text printed after it after; and
+    the display publisher is ipykernel's own again once the view is shown.  A kept world's cell, since
+    it ends well within the 0.2 s after which ipykernel would send the text anyway."""
+    magic = f"get_ipython().run_cell_magic('spawn', '--world {world} -n 2 --view widget', 'pass')\n"
+    assert execute(kernel.client, magic, timeout=120).status == "ok"
+    before = 'print("kernel: before")\n' if written else ""
+    result = execute(
+        kernel.client,
+        f'{before}{magic}print("kernel: after", "_flush_streams" in vars(get_ipython().display_pub))',
+        timeout=120,
+    )
+    assert result.status == "ok", result.error_text
+    shown = [  # the frozen view: displayed, or in place of the live one where the run outlived live_after
+        out["text"].strip() if out["msg_type"] == "stream" else "the frozen view"
+        for out in result.outputs
+        if out["msg_type"] == "stream" or MIME in out.get("data", {})
+    ]
+    assert shown == ["kernel: before"] * written + ["the frozen view", "kernel: after False"]
+
+
 def _statuses_until_idle(client, msg_id: str, seen: Callable[[dict], None]) -> list[tuple[str, str | None]]:
     """Every status published, as (state, parent msg_id) in order, until ``msg_id``'s idle; each iopub
     message is shown to ``seen`` first (the test's requests go out as a browser's would)."""

@@ -34,6 +34,7 @@ from .._runstate import RankState, Run
 from . import _active
 from ._bundle import FrozenRun, json_size, run_record, tail_within
 from ._busy import kept_busy
+from ._flushes import only_written_streams_flushed
 from ._messages import LiveHeader, LiveInfo, OutputMessage, ReplayMessage, WhereMessage, WidgetState, widget_request
 from ._protocol import RunView
 from ._status import StatusComm
@@ -197,12 +198,13 @@ class WidgetView(RunView):
         run.shown = frozen._repr_mimebundle_()  # %spawn show draws it again (a page reloaded before a save)
         _active.RUNS.ended(run.run_id, run.shown)  # for a page loaded after the end
         try:
-            if self.handle is not None:
-                self.handle.update(run.shown, raw=True)
-            else:  # a quick run: its frozen view is all it shows
-                from IPython.display import display
+            with only_written_streams_flushed():
+                if self.handle is not None:
+                    self.handle.update(run.shown, raw=True)
+                else:  # a quick run: its frozen view is all it shows
+                    from IPython.display import display
 
-                display(run.shown, raw=True)  # the bundle made above, not IPython's formatters again
+                    display(run.shown, raw=True)  # the bundle made above, not IPython's formatters again
         except Exception as err:  # the frozen view must not hide the run's own error
             log.warning("nbspawn: could not show the frozen view: %s", err)
         if self.widget is not None:
