@@ -63,9 +63,10 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
     _tell_hosted_runtime(ipython)
     ipython.events.register("post_run_cell", note_cuda_culprit)
     if getattr(ipython, "kernel", None) is not None:  # a page opened before the first run asks too
-        from .views import _active
+        from .views import _active, _busy
 
         _active.install()
+        _busy.watch_statuses()  # from now on a run knows whether the status bar still says Busy
 
 
 def _tell_hosted_runtime(ipython: InteractiveShell) -> None:

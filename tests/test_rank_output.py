@@ -295,6 +295,18 @@ def test_a_status_published_before_the_run_started_is_put_right_when_it_starts(k
     assert cell[-1] == ("busy", msg_id), statuses
 
 
+@pytest.mark.parametrize("view", ["widget", "text"])
+def test_a_run_says_busy_again_only_when_another_status_came_after_its_cells(kernel, world, view):
+    """Nothing answered between the cell's busy and its run: the run publishes no status of its own
+    (each costs the cell 0.2 ms), so the cell's statuses are ipykernel's busy and idle alone."""
+    client = kernel.client
+    magic = f"get_ipython().run_cell_magic('spawn', '--world {world} -n 2 --view {view}', 'pass')"
+    assert execute(client, magic, timeout=120).status == "ok"
+    msg_id = client.execute(magic)
+    statuses = _statuses_until_idle(client, msg_id, lambda msg: None)
+    assert [s for s in statuses if s[1] == msg_id] == [("busy", msg_id), ("idle", msg_id)], statuses
+
+
 def test_the_text_view_shows_what_a_rank_displays(kernel):
     body = "from IPython.display import display, HTML\ndisplay(HTML('<b>x</b>'))\n42\n"
     result = execute(kernel.client, f"%%spawn -n 2 --view text\n{body}", timeout=120)
