@@ -168,8 +168,10 @@ def prepare_forkserver() -> None:
     """Let the forkserver import torch and nbspawn once, instead of every rank importing them."""
     global _forkserver_ready
     if not _forkserver_ready:
-        # and what a rank needs to look like a notebook (nbspawn.ranks._capture), when this is a kernel
-        preload = ["torch", "nbspawn.ranks._cell", "IPython.core.interactiveshell"]
+        # and what a rank needs to look like a notebook (nbspawn.ranks._capture), when this is a kernel;
+        # and where a descriptor sent with a rank's start is found (``--share``: a tensor's memory), which
+        # each rank otherwise imports as it unpickles one (0.6 ms of its CPU)
+        preload = ["torch", "nbspawn.ranks._cell", "IPython.core.interactiveshell", "multiprocessing.popen_forkserver"]
         if "ipykernel" in sys.modules:
             preload.append("ipykernel.zmqshell")
         multiprocessing.get_context("forkserver").set_forkserver_preload(preload)
