@@ -78,6 +78,8 @@ class RankStreams:
         self._lazy()
         self._read_order()
         ends = [os.fstat(fd).st_size if fd >= 0 else 0 for fd in self.fds]
+        if ends == self.pos and not self.pending:
+            return []  # nothing new: most reads of most ranks (the supervisor reads every rank at every wake)
         spans = self._spans(ends)
         if budget is not None:
             self._apply_budget(spans, budget)
@@ -210,9 +212,13 @@ class RankStreams:
 
 
 def _open_if_there(path: str) -> int:
+    """Asked at every read while the rank has not made the file (most ranks never display): a failed
+    ``access`` costs 0.5 µs here, a failed ``open`` with its exception 1.6 µs."""
+    if not os.access(path, os.F_OK):
+        return -1
     try:
         return os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
+    except FileNotFoundError:  # gone meanwhile (a kept world's rank begins its next cell)
         return -1
 
 
