@@ -204,7 +204,10 @@ class _Supervisor:
                     poll = min(self.policy.poll_max, poll * 2)
                     if not self.desk.prompt_notes:  # a rank at a prompt is not hung, nor are those waiting for it
                         self.hangs.quiet(self._running(), stopping=self.stop_reason is not None)
-                for waitable in sorted((w for w in ready if w in self.alive), key=self._error_time):
+                news = [w for w in ready if w in self.alive]
+                if len(news) > 1:  # each key reads a rank's error file: not for one alone (most wakes)
+                    news.sort(key=self._error_time)
+                for waitable in news:
                     if waitable in self.alive:
                         self._reap(self.alive[waitable], waitable)
                 self.check_clocks()
