@@ -131,10 +131,10 @@ def waiting(kernel: Kernel, timeout: float = 60) -> str:
 def background(kernel: Kernel, code: str) -> str:
     """Start a background run from a cell sent with stdin (a notebook's): its prompts wait for an attach."""
     assert converse(kernel, code, []).result.status == "ok"
-    said = ok(
-        kernel, "bg = nbspawn.last_run(); print(f'RUN-ID {bg.run_id}')"
-    ).stdout  # one write: the run's own lines may come between two
-    found = re.search(r"RUN-ID (\S+)", said)
+    # one write, bracketed: the run's own lines come between two writes (print writes its end apart),
+    # or right after this one ("RUN-ID 2026...-2b6ca8[rank1]: ..." once on CI)
+    said = ok(kernel, "import sys; bg = nbspawn.last_run(); sys.stdout.write(f'RUN-ID <{bg.run_id}>\\n');").stdout
+    found = re.search(r"RUN-ID <([^<>]+)>", said)
     assert found, said
     return found.group(1)
 
