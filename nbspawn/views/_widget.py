@@ -34,7 +34,7 @@ from .._runstate import RankState, Run
 from . import _active
 from ._bundle import FrozenRun, json_size, run_record, tail_within
 from ._busy import kept_busy
-from ._flushes import only_written_streams_flushed
+from ._flushes import streams_flushed_in_one_round_trip
 from ._messages import LiveHeader, LiveInfo, OutputMessage, ReplayMessage, WhereMessage, WidgetState, widget_request
 from ._protocol import RunView
 from ._status import StatusComm
@@ -198,7 +198,7 @@ class WidgetView(RunView):
         run.shown = frozen._repr_mimebundle_()  # %spawn show draws it again (a page reloaded before a save)
         _active.RUNS.ended(run.run_id, run.shown)  # for a page loaded after the end
         try:
-            with only_written_streams_flushed():
+            with streams_flushed_in_one_round_trip():
                 if self.handle is not None:
                     self.handle.update(run.shown, raw=True)
                 else:  # a quick run: its frozen view is all it shows
