@@ -24,27 +24,40 @@ from typing import Any, cast
 
 class _StatusWatch:
     """Wraps one kernel's ``_publish_status``: remembers the last status published, and while a cell
-    is kept busy answers every ``idle`` of another request with the cell's ``busy``."""
+    is kept busy answers every ``idle`` of another request with the cell's ``busy``.
+
+    Statuses come from the main thread, the control thread and ipykernel 7's subshell threads.  Each
+    is published and recorded under one lock, so ``last`` is the last one on the wire (two threads
+    could otherwise send in one order and record in the other), and a ``busy`` answered for the cell
+    is never sent after the run has let the cell go (it would follow the cell's own ``idle``)."""
 
     def __init__(self, kernel: Any, publish: Any) -> None:
         self.kernel = kernel
         self.publish = publish  # ipykernel's own
+        self.lock = threading.Lock()
         self.last: tuple[str, Any] | None = None  # (status, parent message) of the last one published
         self.cell: Any = None  # the execute_request kept busy, while a run goes
 
     def __call__(self, status: str, channel: str, parent: Any = None) -> None:
-        self.publish(status, channel, parent)
         about = parent or self.kernel.get_parent(channel)
-        self.last = (status, about)
-        cell = self.cell  # read after ``last`` is set: kept_busy sets ``cell`` before it reads ``last``
-        if cell is not None and status == "idle" and about is not cell:
-            self.publish("busy", "shell", cell)
+        with self.lock:
+            self.publish(status, channel, parent)
+            self.last = (status, about)
+            if self.cell is not None and status == "idle" and about is not self.cell:
+                self.publish("busy", "shell", self.cell)
+                self.last = ("busy", self.cell)
 
     def keep_busy(self, cell: Any) -> None:
-        self.cell = cell
-        last = self.last
-        if last is None or last[0] != "busy" or last[1] is not cell:  # another request's status came after the cell's busy
-            self.publish("busy", "shell", cell)
+        with self.lock:
+            self.cell = cell
+            last = self.last
+            if last is None or last[0] != "busy" or last[1] is not cell:  # another request's status came after the cell's busy
+                self.publish("busy", "shell", cell)
+                self.last = ("busy", cell)
+
+    def let_go(self) -> None:
+        with self.lock:
+            self.cell = None
 
 
 def watch_statuses() -> None:
@@ -62,7 +75,7 @@ def kept_busy() -> Iterator[None]:
     try:
         yield
     finally:
-        watch.cell = None
+        watch.let_go()
 
 
 def _watch(kernel: Any) -> _StatusWatch | None:
