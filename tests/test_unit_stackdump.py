@@ -191,3 +191,35 @@ def test_a_cells_own_sigusr1_handler_runs_and_the_rank_still_answers(tmp_path):
     code = OWN_HANDLER.format(ranks=RANKS_DIR, path=str(tmp_path / "stacks.log"))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True).stdout
     assert out == "1 True\n", out
+
+
+def test_a_rank_asked_where_it_is_while_it_sets_up_its_answer_is_not_killed(tmp_path, monkeypatch):
+    """The kernel asks a rank whose stacks.log exists (SIGUSR1, whose default is to kill). The file is
+    made just before the answer is set up: a look then, as a slow forkserver rank started on Kaggle's
+    CI stack, killed rank 0 ("killed by SIGUSR1"). Here that moment is stretched to half a second."""
+    import nbspawn.ranks._cell as cell
+
+    answer = cell.answer_where
+
+    def slow_answer(stack_file):
+        time.sleep(0.5)
+        answer(stack_file)
+
+    monkeypatch.setattr(cell, "answer_where", slow_answer)
+    pid = os.fork()
+    if pid == 0:  # the rank
+        code = 1
+        try:
+            cell._install_signal_handlers(str(tmp_path))
+            time.sleep(0.5)  # asked meanwhile, it lives on
+            code = 0
+        finally:
+            os._exit(code)
+    stacks = tmp_path / "stacks.log"
+    deadline = time.monotonic() + 10
+    while not stacks.exists() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert stacks.exists()
+    os.kill(pid, signal.SIGUSR1)  # as events._where.rank_stacks asks: the file exists
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, f"the rank ended with {os.waitstatus_to_exitcode(status)}"

@@ -126,6 +126,9 @@ def _install_signal_handlers(rank_dir: str) -> None:
     global _stack_file
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # the kernel asks a rank whose stacks.log exists where it is (SIGUSR1), and SIGUSR1's default is to
+    # kill: ignored until the handler below takes it (a look as a slow rank starts found it in between)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     _stack_file = open(RankDir(rank_dir).stacks, "w")  # noqa: SIM115
     faulthandler.enable(file=_stack_file, all_threads=True)
     answer_where(_stack_file)

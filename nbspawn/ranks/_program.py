@@ -104,6 +104,7 @@ def main() -> None:
 
     stacks = os.environ.get("NBSPAWN_STACKS_FILE")
     if stacks:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # asked once the file exists: not fatal before the handler takes it
         handle = open(stacks, "w")  # noqa: SIM115 - kept open for faulthandler's signal handler
         faulthandler.enable(file=handle, all_threads=True)
         _load("ranks/_stackdump.py").answer_stack_requests(handle)

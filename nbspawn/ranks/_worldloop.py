@@ -297,6 +297,7 @@ def _stacks_to(rank_dir: str, previous: Any) -> Any:
 def _answer_stacks(rank_dir: str) -> Any:
     """Once: this directory's stacks.log, the file faulthandler and the answer to SIGUSR1 (where the
     rank is: its stacks, its collectives) write to."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # asked once the file exists: not fatal before the handler takes it
     stack_file = open(RankDir(rank_dir).stacks, "a")  # noqa: SIM115 - kept open for the handler
     faulthandler.enable(file=stack_file, all_threads=True)
     answer_where(stack_file)
