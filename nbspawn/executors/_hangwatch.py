@@ -43,6 +43,11 @@ class HangWatch:
         self.last_look: tuple[dict[int, str], dict[int, list[dict[str, Any]]], str] | None = None
         self.notes_counted_at = 0.0  # when the chips' "for N s" was last recounted
 
+    def ranks_started(self) -> None:
+        """Silence counts from when the ranks exist: a slow start (a forkserver's first, which imports
+        torch: over 3 s on CI) is no quiet rank to look at, and a rank still setting up can answer no look."""
+        self.quiet_since = time.monotonic()
+
     def output_flowed(self) -> None:
         """The ranks wrote something: nothing hangs, and the next look is a while away."""
         self.quiet_since = time.monotonic()

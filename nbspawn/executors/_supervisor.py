@@ -159,6 +159,7 @@ class _Supervisor:
             run._ask_elsewhere = lambda wait: executor.where(run, wait) or ""
         with interrupts_deferred() as interrupted:
             self.pids = self.executor.start(self.run)
+        self.hangs.ranks_started()
         for rank, pid in enumerate(self.pids):
             state = self.run.ranks[rank]
             # a remote rank's pid is not known yet (0): its agent tells it; --on: one sitting the cell out is "absent"
