@@ -28,6 +28,7 @@ from .._source import CELL_FILENAME, CellSource, rewrite_cell_frames
 from .._spec import RunSpec
 from . import _children, _fds, _prompt
 from ._capture import capture_output, finished, flush_figures
+from ._stackdump import open_stack_file
 from ._title import name_process, rank_title
 from ._watch import answer_where
 
@@ -126,10 +127,7 @@ def _install_signal_handlers(rank_dir: str) -> None:
     global _stack_file
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    # the kernel asks a rank whose stacks.log exists where it is (SIGUSR1), and SIGUSR1's default is to
-    # kill: ignored until the handler below takes it (a look as a slow rank starts found it in between)
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    _stack_file = open(RankDir(rank_dir).stacks, "w")  # noqa: SIM115
+    _stack_file = open_stack_file(RankDir(rank_dir).stacks, "w")
     faulthandler.enable(file=_stack_file, all_threads=True)
     answer_where(_stack_file)
 

@@ -104,10 +104,10 @@ def main() -> None:
 
     stacks = os.environ.get("NBSPAWN_STACKS_FILE")
     if stacks:
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # asked once the file exists: not fatal before the handler takes it
-        handle = open(stacks, "w")  # noqa: SIM115 - kept open for faulthandler's signal handler
+        stackdump = _load("ranks/_stackdump.py")
+        handle = stackdump.open_stack_file(stacks, "w")
         faulthandler.enable(file=handle, all_threads=True)
-        _load("ranks/_stackdump.py").answer_stack_requests(handle)
+        stackdump.answer_stack_requests(handle)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _install_prompts()
     sys.argv = ["-c" if mode == "code" else target, *args]

@@ -27,11 +27,19 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 HANDLER_CAN_CRASH = sys.version_info >= (3, 11)
 # the process's SIGINT and SIGTERM are the main thread's: a helper thread of a rank blocks them
 HELPER_THREAD_BLOCKS = {signal.SIGINT, signal.SIGTERM}
+
+
+def open_stack_file(path: str, mode: Literal["w", "a"]) -> TextIO:
+    """The rank's ``stacks.log``, made only once SIGUSR1 cannot kill the rank: the kernel asks a rank
+    whose file exists (SIGUSR1, whose default is to kill), and :func:`answer_stack_requests` takes the
+    signal only after.  Until then it is ignored (a look as a slow forkserver rank started killed it)."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    return open(path, mode)
 
 
 def answer_stack_requests(

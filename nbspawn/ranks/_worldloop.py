@@ -29,6 +29,7 @@ from .._source import CellSource
 from . import _cell as _rank
 from . import _children, _fds, _prompt
 from ._capture import finished, redirect_output
+from ._stackdump import open_stack_file
 from ._title import name_process, rank_title
 from ._watch import answer_where
 
@@ -297,8 +298,7 @@ def _stacks_to(rank_dir: str, previous: Any) -> Any:
 def _answer_stacks(rank_dir: str) -> Any:
     """Once: this directory's stacks.log, the file faulthandler and the answer to SIGUSR1 (where the
     rank is: its stacks, its collectives) write to."""
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # asked once the file exists: not fatal before the handler takes it
-    stack_file = open(RankDir(rank_dir).stacks, "a")  # noqa: SIM115 - kept open for the handler
+    stack_file = open_stack_file(RankDir(rank_dir).stacks, "a")
     faulthandler.enable(file=stack_file, all_threads=True)
     answer_where(stack_file)
     return stack_file
