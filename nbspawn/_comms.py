@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from ._shell import running_kernel
+
 
 @functools.cache
 def kernel_owns_comms() -> bool:
@@ -37,10 +39,7 @@ def create_comm(target_name: str, data: Any = None) -> Any:
 def comm_manager() -> Any:
     """The manager that routes a front end's ``comm_open`` to a registered target."""
     if kernel_owns_comms():
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        kernel = getattr(shell, "kernel", None) if shell is not None else None
+        kernel = running_kernel()
         if kernel is None:
             raise RuntimeError("no kernel: comms need one")
         return kernel.comm_manager

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._rankdir import RankDir, prompts_path
+from .._shell import running_kernel
 
 LEAVING = frozenset({"c", "cont", "continue", "q", "quit", "exit", "EOF"})  # pdb commands that let the rank run on
 
@@ -59,12 +60,7 @@ def stdin_answerable() -> bool:
     notebook frontend; not nbclient, nbconvert or papermill), or a terminal.  Only the main thread asks."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(os, "mkfifo"):
         return False
-    shell = None
-    if "IPython" in sys.modules:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-    kernel = getattr(shell, "kernel", None)
+    kernel = running_kernel()
     if kernel is not None:
         return bool(getattr(kernel, "_allow_stdin", False))
     try:

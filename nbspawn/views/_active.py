@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._comms import comm_manager
+from .._shell import running_shell
 from ._messages import ActiveRequest, ActiveRun, ActiveRunsMessage, LiveInfo
 
 TARGET = "nbspawn.active"
@@ -116,7 +117,7 @@ _installed: set[int] = set()  # id() of the kernels whose comm target and hook a
 
 def current_cell() -> tuple[str | None, int | None]:
     """The running cell's id and prompt number, from the cell's own thread; (None, None) outside a kernel."""
-    shell = _shell()
+    shell = running_shell()
     kernel = getattr(shell, "kernel", None)
     if kernel is None:
         return None, None
@@ -138,7 +139,7 @@ def current_cell() -> tuple[str | None, int | None]:
 
 def install() -> None:
     """Once per kernel: the ``nbspawn.active`` comm target, and forgetting a cell's run when it runs again."""
-    shell = _shell()
+    shell = running_shell()
     kernel = getattr(shell, "kernel", None)
     if kernel is None or id(kernel) in _installed:
         return
@@ -168,11 +169,3 @@ def _on_open(comm: Any, msg: dict[str, Any]) -> None:
         comm.close()
         raise
     # left open: the page closes it (a comm_close from here would be logged by its connection as unknown)
-
-
-def _shell() -> Any:
-    try:
-        from IPython import get_ipython
-    except ImportError:  # pragma: no cover - IPython is a dependency
-        return None
-    return get_ipython()

@@ -21,6 +21,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any, cast
 
+from .._shell import running_kernel
+
 
 class _StatusWatch:
     """Wraps one kernel's ``_publish_status``: remembers the last status published, and while a cell
@@ -62,12 +64,12 @@ class _StatusWatch:
 
 def watch_statuses() -> None:
     """Start watching this kernel's statuses (once per kernel; ``%reload_ext`` finds the watch there)."""
-    _watch(_kernel())
+    _watch(running_kernel())
 
 
 @contextlib.contextmanager
 def kept_busy() -> Iterator[None]:
-    watch = _watch(_kernel())
+    watch = _watch(running_kernel())
     if watch is None or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -90,11 +92,3 @@ def _watch(kernel: Any) -> _StatusWatch | None:
     watch = _StatusWatch(kernel, publish)
     kernel._publish_status = watch
     return watch
-
-
-def _kernel() -> Any:
-    try:
-        from IPython import get_ipython
-    except ImportError:  # pragma: no cover
-        return None
-    return getattr(get_ipython(), "kernel", None)

@@ -23,6 +23,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from .._shell import running_shell
+
 
 @contextlib.contextmanager
 def streams_flushed_in_one_round_trip() -> Iterator[None]:
@@ -73,9 +75,5 @@ def _io_thread_of(streams: tuple[Any, ...]) -> Any:
 
 
 def _display_publisher() -> Any:
-    try:
-        from IPython import get_ipython
-    except ImportError:  # pragma: no cover
-        return None
-    publisher = getattr(get_ipython(), "display_pub", None)
+    publisher = getattr(running_shell(), "display_pub", None)
     return publisher if callable(getattr(publisher, "_flush_streams", None)) else None

@@ -18,6 +18,7 @@ from typing import Any
 
 from .._comms import create_comm
 from .._runstate import Run
+from .._shell import running_kernel
 from ._messages import StatusMessage
 
 TARGET = "nbspawn.status"
@@ -27,12 +28,7 @@ log = logging.getLogger(__name__)
 
 def in_kernel() -> bool:
     """Whether this process is a Jupyter kernel with a frontend to talk to."""
-    try:
-        from IPython import get_ipython
-    except ImportError:  # pragma: no cover - IPython is a dependency
-        return False
-    shell = get_ipython()
-    return getattr(shell, "kernel", None) is not None
+    return running_kernel() is not None
 
 
 def status_data(run: Run) -> StatusMessage:
