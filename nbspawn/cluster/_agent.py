@@ -276,6 +276,13 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
         _store = None  # the previous run's: every node's ranks of it had ended before this run began
         run = execute(spec, view, executor)  # node 0's executor hosts the run's store once its ranks are forked
         next_port = _listen.reserve(spec.master_addr) if node["index"] == 0 else None
+    return answer(run, view, node, next_port)
+
+
+def answer(run: Run, view: RelayView, node: _wire.Spot, next_port: int | None, lost: str | None = None) -> _wire.Answer:
+    """What a node's agent returns for a run of its ranks, fresh or a kept world's cell: the view's last
+    batch, the ``--out`` values, and ``next_port`` (node 0: held for the next run, which then needs no
+    probe to know node 0's port)."""
     missing = run.error.missing if isinstance(run.error, SpawnOutputError) else []
     return {
         "last_seq": view.seq,
@@ -284,8 +291,8 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
         "missing": [(rank + node["offset"], name) for rank, name in missing],
         "run_dir": run.run_dir,
         "status": run.status,
-        "next_port": next_port,  # held for the next run: it needs no probe to know node 0's port
-        "lost": None,
+        "next_port": next_port,
+        "lost": lost,
     }
 
 

@@ -26,7 +26,6 @@ from dataclasses import replace
 
 from .. import _listen
 from .._spec import build_spec
-from ..errors import SpawnOutputError
 from ..executors import _world
 from ..executors._base import NODE_AGENT
 from ..executors._world import WorldCell
@@ -89,17 +88,7 @@ def run_world_cell(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> 
                 run = execute(spec, view, _NodeWorldCell(world, cell))
         finally:
             _cell_running.clear()
-    missing = run.error.missing if isinstance(run.error, SpawnOutputError) else []
-    return {
-        "last_seq": view.seq,
-        "final": view.final,
-        "outputs": run.outputs,
-        "missing": [(rank + node["offset"], name) for rank, name in missing],
-        "run_dir": run.run_dir,
-        "status": run.status,
-        "next_port": next_port,
-        "lost": run.world_lost,
-    }
+    return _agent.answer(run, view, node, next_port, lost=run.world_lost)
 
 
 def _world_for(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> tuple[_world.World, int | None]:
