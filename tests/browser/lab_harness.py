@@ -303,6 +303,20 @@ LIVE_VIEW = ".nbs-Run.nbs-mod-live"
 WIDGET_VIEW = ".nbs-Widget .nbs-Run.nbs-mod-live"
 FROZEN_RUN = ".nbs-RunRenderer .nbs-Run"
 
+# What the kernel's status reads now: JupyterLab's status bar text; Notebook 7's tab icon, which is
+# the only indicator there that follows the kernel's status (its menu-bar item is blank for busy and
+# idle, and the toolbar circle counts pending executions).
+KERNEL_STATUS_JS = {
+    "lab": """() => {
+        const m = (document.querySelector('#jp-main-statusbar')?.textContent || '').match(/\\|\\s*(Busy|Idle|Starting|Restarting|Autorestarting|Connecting|Initializing|Unknown|Dead|Terminating|Disconnected|No Kernel)/);
+        return m ? m[1] : '?';
+    }""",
+    "nb7": """() => {
+        const href = document.querySelector("link[rel*='icon']")?.href || '';
+        return /busy/.test(href) ? 'Busy' : /favicon-notebook/.test(href) ? 'Idle' : '?' + href;
+    }""",
+}
+
 
 def lab_url(lab: Server, name: str) -> str:
     """The notebook alone in a new workspace: nothing restored from an earlier test."""

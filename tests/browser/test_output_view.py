@@ -27,6 +27,7 @@ import time
 import pytest
 from lab_harness import (  # the servers, browser pages and helpers (the fixtures: tests/browser/conftest.py)
     FRONTS,
+    KERNEL_STATUS_JS,
     NEEDS_WIDGET,
     Front,
     Page,
@@ -341,21 +342,6 @@ def test_stop_within_a_second_during_a_flood(front, artifacts):
     assert frozen.locator(".nbs-Badge").inner_text().strip().lower() == "stopped", figures
 
 
-# What the kernel's status reads now: JupyterLab's status bar text; Notebook 7's tab icon, which is
-# the only indicator there that follows the kernel's status (its menu-bar item is blank for busy and
-# idle, and the toolbar circle counts pending executions).
-STATUS_JS = {
-    "lab": """() => {
-        const m = (document.querySelector('#jp-main-statusbar')?.textContent || '').match(/\\|\\s*(Busy|Idle|Starting|Restarting|Autorestarting|Connecting|Initializing|Unknown|Dead|Terminating|Disconnected|No Kernel)/);
-        return m ? m[1] : '?';
-    }""",
-    "nb7": """() => {
-        const href = document.querySelector("link[rel*='icon']")?.href || '';
-        return /busy/.test(href) ? 'Busy' : /favicon-notebook/.test(href) ? 'Idle' : '?' + href;
-    }""",
-}
-
-
 def test_busy_for_the_whole_run(front, artifacts):
     """The kernel's status reads Busy from the run's start to its end (it once read Idle for the rest
     of a run after one comm message of the page).  Every change of the status and of the cell's
@@ -387,7 +373,7 @@ def test_busy_for_the_whole_run(front, artifacts):
             observer.observe(document.documentElement, {subtree: true, childList: true, characterData: true, attributes: true});
             window.__nbsBusyStop = () => { look(); observer.disconnect(); window.__nbsBusyDone = true; };
         }""",
-        [cell.element_handle(), STATUS_JS[front.name]],
+        [cell.element_handle(), KERNEL_STATUS_JS[front.name]],
     )
     run_cell(pg, cell)
     pg.wait_for_timeout(3000)

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from lab_harness import (  # the servers, browser pages and helpers (the fixtures: tests/browser/conftest.py)
     KERNEL_IDLE,
+    KERNEL_STATUS_JS,
     NEEDS_WIDGET,
     Page,
     chip_statuses,
@@ -110,11 +111,6 @@ WATCH_JS = """
 })();
 """
 
-LAB_STATUS_JS = """() => {
-    const m = (document.querySelector('#jp-main-statusbar')?.textContent || '').match(/\\|\\s*(Busy|Idle|Starting|Restarting|Connecting|Unknown|Dead|Disconnected|No Kernel)/);
-    return m ? m[1] : '?';
-}"""
-
 
 def _write(root: Path) -> None:
     write_notebook(root, "reattach.ipynb", [LOAD, LONG, STALE])
@@ -200,7 +196,7 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts):
         m = re.fullmatch(r"(\d+) s", shown.strip())
         assert m and abs(int(m.group(1)) - secs) < 8, (shown, secs)
         # the kernel's status is that of the running cell
-        status = pg.evaluate(LAB_STATUS_JS)
+        status = pg.evaluate(KERNEL_STATUS_JS["lab"])
         assert status == "Busy", status
         shot(view, artifacts, "reattach-lab-live.png", unhover=True)
         page_shot(pg, artifacts, "reattach-lab-page.png")
@@ -214,8 +210,8 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts):
         view2.wait_for(timeout=90_000)
         wait_for_js(view2, "v => (v.textContent.match(/tick \\d+/g) || []).length >= 10", 20_000)
         shot(view2, artifacts, "reattach-lab-second-tab.png", unhover=True)
-        assert pg2.evaluate(LAB_STATUS_JS) == "Busy"
-        assert pg.evaluate(LAB_STATUS_JS) == "Busy"  # the second tab's subshell did not change it
+        assert pg2.evaluate(KERNEL_STATUS_JS["lab"]) == "Busy"
+        assert pg.evaluate(KERNEL_STATUS_JS["lab"]) == "Busy"  # the second tab's subshell did not change it
 
         # ---- the end: the frozen run in the cell, and in the notebook --------------------------------
         (lab.root / END).write_text("")
