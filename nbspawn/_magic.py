@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.core.magic_arguments import argument, argument_group, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, argument_group, magic_arguments
 from traitlets import Float, Int, Unicode, Union
 
 from . import _control, _cuda, _tpu
@@ -214,14 +214,11 @@ class SpawnMagics(Magics):
                 raise UsageError(str(err)) from None
             print(f"stopped {', '.join(stopped)}" if stopped else "nothing to stop")
             return None
-        try:
-            tokens = shlex.split(line)
-        except ValueError as err:
-            raise UsageError(f"cannot read this line: {err}") from None
+        tokens = _words(line)
         if "--" not in tokens:
             raise UsageError(f"%spawn takes one of these forms (see %%spawn?):\n{FORMS}")
         cut = tokens.index("--")
-        args = parse_argstring(self._program_form, shlex.join(tokens[:cut]))
+        args = self._program_form.parser.parse_args(tokens[:cut])
         return self._start(args, None, tuple(tokens[cut + 1 :]))
 
     def _start(self, args: argparse.Namespace, cell: CellSource | None, program: tuple[str, ...] | None) -> Run | None:
@@ -296,10 +293,12 @@ class SpawnMagics(Magics):
             given=given,
         )
         cluster = (self.cluster if args.cluster is None else args.cluster).strip() or None
+        if getattr(args, "fresh", False) and getattr(args, "world", None) is not None:
+            raise SpawnUsageError("--fresh runs the cell on new ranks, --world on a kept world: give one of them")
         if program is not None or args.fresh:
             world = None
         elif args.world is not None:
-            world = args.world.strip() or None
+            world = args.world  # the door refuses an empty name
         else:  # the configured world: for cells on this machine
             world = None if cluster else self.world.strip() or None
         return read_request(
@@ -381,8 +380,18 @@ def _parsed(magic: Callable[..., Any], line: str) -> argparse.Namespace:
     if key not in _ARGS:
         if len(_ARGS) > 256:
             _ARGS.clear()
-        _ARGS[key] = parse_argstring(magic, line)
+        _ARGS[key] = magic.parser.parse_args(_words(line))  # type: ignore[attr-defined]  # magic_arguments' parser
     return argparse.Namespace(**vars(_ARGS[key]))
+
+
+def _words(line: str) -> list[str]:
+    """The line's words as a shell reads them: quotes group and are removed (``--env MSG="a b"``,
+    ``--log-dir '/my logs'``).  IPython's own reading keeps them (``NCCL_DEBUG='INFO'`` reached the ranks
+    with its quotes) and splits a quoted value at its spaces."""
+    try:
+        return shlex.split(line)
+    except ValueError as err:  # an unclosed quote
+        raise UsageError(f"cannot read this line: {err}") from None
 
 
 def note_cuda_culprit(result: Any) -> None:

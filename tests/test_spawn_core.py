@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 
 import pytest
 from kernel_harness import ok, rank_lines, run
@@ -396,6 +397,9 @@ def test_timeout_stops_every_rank_and_shows_where_each_was(kernel):
         ("--env NOVALUE", "--env expects KEY=VALUE"),
         ("--ranks 7", "--ranks: rank 7 does not exist"),
         ("--frobnicate", "unrecognized arguments: --frobnicate"),
+        ('--env MSG="no end', "cannot read this line: No closing quotation"),
+        ('--world ""', "--world needs a name without spaces, not ''"),
+        ("--world w --fresh", "--fresh runs the cell on new ranks, --world on a kept world: give one of them"),
         ("--log-dir /proc/nbspawn-cannot-be-here", "cannot write logs to /proc/nbspawn-cannot-be-here/"),
     ],
 )
@@ -413,6 +417,21 @@ def test_bad_input_gets_a_short_error_before_any_process_starts(kernel, options,
     assert "Traceback" not in said and "nbspawn/" not in said
     assert "should not run" not in result.stdout
     assert ok(kernel, "print(nbspawn.last_run() is before)").stdout == "True\n"
+
+
+def test_quoted_values_reach_the_ranks_as_a_shell_would_give_them(kernel, tmp_path):
+    """Quotes group a value and are removed, as in a shell: IPython's own reading of a magic's line kept
+    them (``NCCL_DEBUG='INFO'`` reached the ranks quoted) and split a quoted value at its spaces."""
+    logs = tmp_path / "my logs"
+    line = f"--env MSG=\"hello world\" LEVEL='INFO' --log-dir '{logs}' --view text"
+    result = ok(kernel, f"%%spawn -n 2 {line}\nimport os\nprint(repr(os.environ['MSG']), repr(os.environ['LEVEL']))")
+    for rank in (0, 1):
+        assert rank_lines(result.stdout, rank) == ["'hello world' 'INFO'"]
+    assert ok(kernel, "import nbspawn\nprint(nbspawn.last_run().run_dir)").stdout.startswith(f"{logs}/")
+    program = (
+        f'%spawn -n 1 --env MSG="hello world" --view text -- {sys.executable} -c "import os; print(repr(os.environ[\'MSG\']))"'
+    )
+    assert rank_lines(ok(kernel, program).stdout, 0) == ["'hello world'"]
 
 
 def test_a_syntax_error_is_reported_in_the_cells_lines_before_anything_starts(kernel):

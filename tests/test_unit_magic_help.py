@@ -9,12 +9,11 @@ import inspect
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import parse_argstring
 
 from nbspawn._api import _API_ONLY, launch
 from nbspawn._dispatch import plan_run, refuse_combinations
 from nbspawn._door import read_request, read_settings
-from nbspawn._magic import FORMS, SpawnMagics
+from nbspawn._magic import FORMS, SpawnMagics, _parsed
 from nbspawn._options import OPTIONS
 from nbspawn._request import Given, RunRequest, Settings
 from nbspawn._source import CellSource
@@ -64,12 +63,32 @@ def test_launch_documents_each_option_as_the_magic_does():
 )
 def test_a_programs_parser_refuses_cell_options(line, refused):
     with pytest.raises(UsageError, match=refused):
-        parse_argstring(SpawnMagics._program_form, f"-n 2 {line}")
+        _parsed(SpawnMagics._program_form, f"-n 2 {line}")
 
 
 def test_a_programs_parser_takes_the_common_options():
-    args = parse_argstring(SpawnMagics._program_form, "-n 2 --env A=1 B=2 --timeout 3 --bg")
+    args = _parsed(SpawnMagics._program_form, "-n 2 --env A=1 B=2 --timeout 3 --bg")
     assert (args.nprocs, args.env, args.timeout, args.background) == ("2", ["A=1", "B=2"], "3", True)
+
+
+@pytest.mark.parametrize(
+    ("line", "env", "log_dir"),
+    [
+        ('--env MSG="hello world"', ["MSG=hello world"], None),
+        ("--env NCCL_DEBUG='INFO' A=1", ["NCCL_DEBUG=INFO", "A=1"], None),
+        ("--log-dir '/tmp/my logs'", None, "/tmp/my logs"),
+        ('--log-dir "/tmp/it\'s"', None, "/tmp/it's"),
+    ],
+)
+def test_a_line_is_read_as_a_shell_reads_it(line, env, log_dir):
+    for magic in (SpawnMagics.spawn, SpawnMagics._program_form):
+        args = _parsed(magic, f"-n 2 {line}")
+        assert (args.env, args.log_dir) == (env, log_dir)
+
+
+def test_an_unclosed_quote_is_a_usage_error():
+    with pytest.raises(UsageError, match="cannot read this line: No closing quotation"):
+        _parsed(SpawnMagics.spawn, '-n 2 --env MSG="hello')
 
 
 def cell(**fields):

@@ -9,11 +9,10 @@ import pickle
 
 import pytest
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import parse_argstring
 
 from nbspawn._api import launch
 from nbspawn._dispatch import refuse_combinations
-from nbspawn._magic import SpawnMagics
+from nbspawn._magic import SpawnMagics, _parsed
 from nbspawn._rankdir import OUT
 from nbspawn._request import RunRequest
 from nbspawn._source import CellSource
@@ -78,7 +77,7 @@ def test_on_without_a_world_is_refused_saying_why():
 
 def test_a_programs_parser_refuses_on():
     with pytest.raises(UsageError, match="--on does not apply to a program: a program runs on every rank it starts"):
-        parse_argstring(SpawnMagics._program_form, "-n 2 --on 0")
+        _parsed(SpawnMagics._program_form, "-n 2 --on 0")
 
 
 def test_launch_takes_on_as_the_magic_does():
