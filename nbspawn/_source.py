@@ -19,10 +19,20 @@ from typing import Any
 
 CELL_FILENAME = "<nbspawn-cell>"
 STILL_STARTING = "  (still starting: the cell had not begun)"
-CELL_ENDED = "  (its cell had ended: the rank was reporting how)"
+CELL_ENDED = "  (its cell had ended: the rank was reporting how, or leaving)"
+# stopped unasked (it was setting up when the stop began) but set up by the time the signal came
+NOT_ASKED = "  (not known: it was stopped just as it began, before it could be asked)"
 # the rank's function that runs a cell and then reports how it ended (ranks._cell.execute_cell): a
 # dump inside it but outside the cell is a rank past its cell's end, not one still starting
 _REPORTING = re.compile(r"/nbspawn/ranks/_cell\.py\", line \d+ in (?:execute_cell|write_error|_write_error)$")
+# a rank answers only once inside its entry point (the handler is installed there): a main thread that
+# is in the rank's process (multiprocessing's bootstrap) but no longer in the entry point has returned
+# from it, on its way out (a cell that raised SystemExit, say)
+_ENTRY = re.compile(r"/nbspawn/ranks/_(?:cell|worldloop)\.py\", line \d+ in (?:run_rank|run_world_rank)$")
+_PROCESS = re.compile(r"/multiprocessing/process\.py\", line \d+ in _bootstrap$")
+# nbspawn's own code in a rank (its output capture under a print, its prompt under input()): not where
+# the user is, so cut from the innermost end of where a rank was
+_OWN = re.compile(r'File "[^"]*/nbspawn/(?:ranks|handoff|events)/[^"/]+\.py"')
 
 _FRAME = re.compile(r'File "' + re.escape(CELL_FILENAME) + r'", line (\d+)(?:, in | in )(\S+)')
 
@@ -143,16 +153,27 @@ def main_thread_stack(dump: str, cell: CellSource) -> str:
     only the thread running their cell, without the launcher frames underneath it.
     """
     blocks = [b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip()) if b.strip()]
-    chosen = next((b for b in blocks if CELL_FILENAME in b), blocks[0] if blocks else "")
-    frames = [ln for ln in chosen.splitlines()[1:] if ln.strip().startswith("File ")]
-    cut = next((i for i, ln in enumerate(frames) if CELL_FILENAME in ln and ln.rstrip().endswith("<module>")), None)
+    # the main thread's block: the one in the cell, else in the rank's entry point, else in its process's
+    # bootstrap; faulthandler names none of them (the thread that dumps comes first)
+    chosen = next((b for mark in (CELL_FILENAME, _ENTRY, _PROCESS) for b in blocks if _has(b, mark)), blocks[0] if blocks else "")
+    frames = [ln.rstrip() for ln in chosen.splitlines()[1:] if ln.strip().startswith("File ")]
+    cut = next((i for i, ln in enumerate(frames) if CELL_FILENAME in ln and ln.endswith("<module>")), None)
     if cut is None:
-        if any(_REPORTING.search(f.rstrip()) for f in frames):
+        entered = any(_ENTRY.search(f) for f in frames)
+        if any(_REPORTING.search(f) for f in frames) or (not entered and any(_PROCESS.search(f) for f in frames)):
             return CELL_ENDED
         return STILL_STARTING if frames else ""
     frames = [f.strip() for f in frames[: cut + 1] if _IMPORTLIB not in f]
     frames.reverse()
+    while len(frames) > 1 and _OWN.search(frames[-1]):
+        frames.pop()
     return rewrite_cell_frames("\n".join("  " + f for f in _trim_library(frames)), cell)
+
+
+def _has(block: str, mark: str | re.Pattern[str]) -> bool:
+    if isinstance(mark, str):
+        return mark in block
+    return any(mark.search(line.rstrip()) for line in block.splitlines())
 
 
 _IMPORTLIB = '"<frozen importlib._bootstrap'  # and _bootstrap_external: the machinery of every import

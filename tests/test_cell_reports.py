@@ -72,3 +72,72 @@ def test_a_rank_stopped_while_importing_shows_its_import_not_importlib(kernel, t
     assert re.fullmatch(r'File ".*/site-packages/slowpkg/__init__\.py", line 1 in <module>', frames[2]), frames
     assert frames[3] == "... 5 frames in slowpkg ...", frames
     assert re.fullmatch(r'File ".*/site-packages/slowpkg/m5\.py", line 2 in <module>', frames[4]), frames
+
+
+def test_a_rank_stopped_on_its_way_out_is_not_told_as_still_starting(kernel):
+    """Rank 1's cell ends, but its process waits at exit for a thread it started; rank 0 then fails.
+    Stopped there, rank 1 is past its cell (its stack is in Python's exit, not in the rank's entry
+    point): it once read "still starting: the cell had not begun" after printing from the cell."""
+    code = (
+        "%%spawn -n 2 --view text\nimport os, threading, time\nprint('began', flush=True)\n"
+        "if os.environ['RANK'] == '1':\n    threading.Thread(target=time.sleep, args=(60,)).start()\n"
+        "else:\n    time.sleep(1.5)\n    raise ValueError('boom')\n"
+    )
+    result = run(kernel, code, timeout=60)
+    assert result.status == "error"
+    stopped = result.error_text[result.error_text.index("rank 1 (pid") :]
+    assert "was stopped" in stopped.splitlines()[0], stopped
+    assert "its cell had ended" in stopped and "still starting" not in stopped, stopped
+
+
+def test_a_rank_that_exited_with_its_own_code_as_the_run_stopped_is_told_as_failed(kernel, tmp_path):
+    """Rank 0 fails once rank 1 is in its cell; the kernel then asks rank 1 where it is (SIGUSR1), which
+    its own handler answers with ``os._exit(3)``, before the kernel's SIGTERM: rank 1 ended as it chose,
+    so it failed (exited with code 3). It once read "was stopped", as if the SIGTERM had ended it."""
+    ready = tmp_path / "rank1-ready"
+    code = (
+        "%%spawn -n 2 --view text\nimport os, signal, time\n"
+        f"if os.environ['RANK'] == '0':\n    while not os.path.exists({str(ready)!r}):\n        time.sleep(0.01)\n"
+        "    raise ValueError('boom')\n"
+        f"signal.signal(signal.SIGUSR1, lambda *_: os._exit(3))\nopen({str(ready)!r}, 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    result = run(kernel, code, timeout=60)
+    assert result.status == "error" and result.error.ename == "RankRaisedError", result.error_text
+    assert "\nrank 1 (pid" in result.error_text, result.error_text
+    line = next(ln for ln in result.error_text.splitlines() if ln.startswith("rank 1 (pid"))
+    assert line.endswith("failed: exited with code 3"), result.error_text
+
+
+def test_where_a_rank_was_ends_at_the_cells_line_not_in_nbspawn(kernel):
+    """Rank 1 is stopped while it prints (in nbspawn's capture of its output, under the cell's print):
+    where it was is the cell's line, with none of nbspawn's own frames under it."""
+    code = (
+        "%%spawn -n 2 --view text\nimport os, time\n"
+        "if os.environ['RANK'] == '0':\n    time.sleep(1.5)\n    raise ValueError('boom')\n"
+        "while True:\n    print('x' * 100)\n"
+    )
+    result = run(kernel, code, timeout=60)
+    assert result.status == "error"
+    stopped = result.error_text[result.error_text.index("rank 1 (pid") :]
+    where = [ln.strip() for ln in stopped.splitlines()[2:] if ln.startswith("    ")]
+    assert re.fullmatch(r"Cell In\[\d+\], line 7", where[-2]) and where[-1] == "print('x' * 100)", stopped
+    assert "nbspawn/" not in stopped.split("Logs:")[0], stopped
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ("import threading\ng = threading.Lock()", "RuntimeError: --out: cannot send 'g' (a _thread.lock) back to the kernel"),
+        ("g = 1\nname = input('your name? ')", "NoPromptError"),
+    ],
+    ids=["out", "input"],
+)
+def test_an_error_nbspawn_raises_for_the_cells_own_call_is_told_at_the_cells_line(kernel, body, says):
+    """``--out`` of a value that cannot be sent, ``input()`` where nothing can answer (nbclient, this
+    harness): the error is the message, at the cell's line if it has one, with none of nbspawn's frames
+    under it (they once showed ``nbspawn/handoff/_names.py`` and two ``nbspawn/ranks/_prompt.py``)."""
+    result = run(kernel, f"%%spawn -n 1 --out g --view text\n{body}")
+    assert result.status == "error"
+    text = result.error_text.split("Logs:")[0]
+    assert says in text and "nbspawn/" not in text, text

@@ -199,6 +199,51 @@ def test_a_rank_past_its_cells_end_is_not_still_starting():
     assert main_thread_stack(dump, CELL) == CELL_ENDED
 
 
+# The thread that dumps (a rank's answering thread, from Python 3.11) comes first; the main thread is found
+# by what it runs, wherever it is in the dump.
+ANSWERING = """Current thread 0x00007f02 (most recent call first):
+  File "/x/nbspawn/ranks/_stackdump.py", line 80 in _answer
+
+"""
+BOOTSTRAP = (
+    '  File "/usr/lib/python3.11/multiprocessing/process.py", line 314 in _bootstrap\n'
+    '  File "/usr/lib/python3.11/multiprocessing/popen_fork.py", line 71 in _launch\n'
+)
+
+
+def test_a_rank_in_its_entry_point_before_its_cell_is_still_starting():
+    main = (
+        "Thread 0x00007f00 (most recent call first):\n"
+        '  File "/x/nbspawn/ranks/_capture.py", line 140 in capture_output\n'
+        '  File "/x/nbspawn/ranks/_cell.py", line 66 in run_rank\n'
+        '  File "/x/torch/multiprocessing/spawn.py", line 90 in _wrap\n'
+        '  File "/usr/lib/python3.11/multiprocessing/process.py", line 108 in run\n' + BOOTSTRAP
+    )
+    assert main_thread_stack(ANSWERING + main, CELL) == STILL_STARTING
+
+
+def test_a_rank_that_left_its_entry_point_is_past_its_cell():
+    """Its cell raised SystemExit, say, and Python's exit waits for a thread: the process's main thread
+    is no longer in the rank's entry point, where the answer to a stack request is set up."""
+    main = (
+        "Thread 0x00007f00 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 1590 in _shutdown\n' + BOOTSTRAP
+    )
+    assert main_thread_stack(ANSWERING + main, CELL) == CELL_ENDED
+
+
+def test_nbspawns_own_frames_under_the_cells_line_are_cut():
+    """A rank stopped inside a print is at the print: nbspawn's capture of the output is not the user's."""
+    main = (
+        "Thread 0x00007f00 (most recent call first):\n"
+        '  File "/x/site-packages/nbspawn/ranks/_capture.py", line 73 in write\n'
+        '  File "/x/site-packages/nbspawn/ranks/_capture.py", line 107 in write\n'
+        f'  File "{CELL_FILENAME}", line 5 in <module>\n'
+        '  File "/x/nbspawn/ranks/_cell.py", line 80 in run_rank\n' + BOOTSTRAP
+    )
+    assert main_thread_stack(ANSWERING + main, CELL).splitlines() == ["  Cell In[5], line 5", "      f()"]
+
+
 @pytest.mark.parametrize("dump", ["", "\n", "Current thread 0x1 (most recent call first):\n"])
 def test_no_frames_no_stack(dump):
     assert main_thread_stack(dump, CELL) == ""

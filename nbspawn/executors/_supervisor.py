@@ -33,7 +33,7 @@ from typing import Any
 
 from .._rankdir import remove_partial_writes
 from .._runstate import RankState, Run
-from .._source import CELL_ENDED, STILL_STARTING, main_thread_stack, program_stack, rewrite_notebook_frames
+from .._source import CELL_ENDED, NOT_ASKED, STILL_STARTING, main_thread_stack, program_stack, rewrite_notebook_frames
 from .._spec import RunSpec
 from ..errors import (
     RankExitedError,
@@ -306,7 +306,13 @@ class _Supervisor:
         interrupted = failure.exc_type == "KeyboardInterrupt" or code == EXIT_INTERRUPTED
         failure.stopped = state.rank in self.signalled and (record is None or interrupted)
         seen = self.hangs.seen_at_stop.get(state.rank)
-        if failure.stopped and interrupted and seen and seen not in (STILL_STARTING, CELL_ENDED) and self.spec.program is None:
+        if (
+            failure.stopped
+            and interrupted
+            and seen
+            and seen not in (STILL_STARTING, CELL_ENDED, NOT_ASKED)
+            and self.spec.program is None
+        ):
             # where it was, not how the interrupt unwound it (inside torch's logging, a peer's
             # "Connection closed"): ranks stopped at the same place then read as one
             failure.traceback, failure.stack = None, seen
@@ -323,11 +329,14 @@ class _Supervisor:
             if self.spec.program is not None:
                 return program_stack(dump) or None
             return main_thread_stack(dump, self.spec.cell) or None
-        # Signalled before it could report: it had not installed its handlers, so not begun the cell.
-        # (A program that is not Python has no stack to give.)
+        # Signalled before it could report: it had not installed its handlers, so not begun the cell
+        # (a program that is not Python has no stack to give); unless it had installed them by the time
+        # the signal came, unasked: it may have begun, where is not known.
         if self.policy.remote:  # its agent sent no stack: there was none to send
             return None
-        return STILL_STARTING if state.rank in self.signalled and self.spec.program is None else None
+        if state.rank not in self.signalled or self.spec.program is not None:
+            return None
+        return NOT_ASKED if os.path.exists(state.stacks_path) else STILL_STARTING
 
     # -- stopping ---------------------------------------------------------------------------------
 
@@ -399,8 +408,22 @@ class _Supervisor:
 
     def _send(self, sig: int) -> None:
         ranks = sorted(set(self.alive.values()))
-        self.signalled.update(ranks)
+        self.signalled.update(rank for rank in ranks if not self._exited(rank))
         self.executor.signal_ranks(ranks, self.pids, sig)
+
+    def _exited(self, rank: int) -> bool:
+        """The rank's process has ended, not reaped yet: it ended as it chose (``os._exit(3)`` as another
+        rank failed), so a signal now stops nothing, and it is told as a rank that failed, not one stopped."""
+        if self.policy.remote or not self.pids[rank]:
+            return False
+        import psutil
+
+        try:  # a zombie until its parent reaps it: the kernel, or the forkserver that forked it
+            return psutil.Process(self.pids[rank]).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+        except psutil.NoSuchProcess:  # reaped already (by the forkserver)
+            return True
+        except psutil.Error:
+            return False
 
     # -- the end ----------------------------------------------------------------------------------
 

@@ -375,6 +375,14 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 _OWN_FILES = {__file__, __file__.replace("_cell.py", "_worldloop.py")}
+# nbspawn's code that a cell's own call runs on its behalf (print, input() and pdb, --out): an error
+# raised there is the call's, told at the cell's line; an error anywhere else in nbspawn keeps its frames
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ON_ITS_BEHALF = (
+    os.path.join(_HERE, "_capture.py"),
+    os.path.join(_HERE, "_prompt.py"),
+    os.path.join(os.path.dirname(_HERE), "handoff", "_names.py"),
+)
 
 
 def write_error(rank_dir: str, cell: CellSource, exc: BaseException) -> None:
@@ -403,7 +411,12 @@ def _write_error(rank_dir: str, cell: CellSource, exc: BaseException) -> None:
         tb = tb.tb_next  # start at the cell, not at nbspawn
     if isinstance(exc, _prompt.DebuggerQuit):
         tb = _prompt.cut_debugger_frames(tb)  # end at the line where the debugger was quit
-    text = rewrite_cell_frames("".join(traceback.format_exception(type(exc), exc, tb)), cell)
+    report = traceback.TracebackException(type(exc), exc, tb)
+    frames = list(report.stack)
+    while frames and frames[-1].filename in _ON_ITS_BEHALF:
+        frames.pop()  # under the user's last line: input() waiting on the kernel, --out sending a value
+    report.stack = traceback.StackSummary.from_list(frames)
+    text = rewrite_cell_frames("".join(report.format()), cell)
     if isinstance(exc, _prompt.DebuggerQuit):  # nbspawn's exception, named as the user knows it
         text = text.replace(f"{type(exc).__module__}.{type(exc).__qualname__}:", f"{type(exc).__qualname__}:")
     _errorfile.write(RankDir(rank_dir).error, ErrorRecord.of(exc, text))
