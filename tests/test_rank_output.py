@@ -181,6 +181,22 @@ def test_stdout_and_stderr_keep_the_order_they_were_written_in(kernel):
         assert saved[r].lines[-22:] == [("stderr", "the stderr line\n"), ("stdout", "the stdout line\n"), *ticks], r
 
 
+@pytest.mark.parametrize("view", ["widget", "text"])
+def test_a_line_left_open_comes_before_the_cells_value(kernel, view):
+    """``sys.stdout.write("abc")`` then the cell's value: "abc" first, in the saved view and in text (the
+    open line once waited for its end, and came after the value)."""
+    body = "import sys\nsys.stdout.write('abc')\n42"
+    if view == "text":
+        result = execute(kernel.client, f"%%spawn -n 1 --view text\n{body}")
+        assert result.status == "ok", result.error_text
+        assert result.stdout == "[rank0]: abc\n[rank0]: 42\n"
+        return
+    result, run = spawn_widget(kernel, body, options="-n 1")
+    assert result.status == "ok", result.error_text
+    order = rank_outputs(run.frozen["text/html"])[0].order
+    assert [kind for kind, _ in order] == ["line", "display"] and order[0][1] == ("stdout", "abc"), order
+
+
 def test_a_smaller_saved_size_is_configurable(kernel):
     assert execute(kernel.client, "%config SpawnMagics.max_saved_kb = 32", timeout=30).status == "ok"
     try:

@@ -46,3 +46,44 @@ def test_lines_shown_plus_lines_skipped_are_the_lines_written(tmp_path):
         numbers = [lines[line] for line in text.splitlines() if line in lines]
         assert numbers == sorted(set(numbers)), trial
         assert os.path.exists(rank_dir / "stdout.log")
+
+
+def test_a_line_left_open_comes_before_what_the_rank_wrote_next_on_another_stream(tmp_path):
+    """Under a budget the last line of a read waits for its end, but only when nothing was written
+    after it: ``write("abc")`` then a display must read in that order (the display once came first)."""
+    from nbspawn._rankdir import ORDER, ORDER_RECORD
+
+    streams = RankStreams(0, str(tmp_path))
+    (tmp_path / "stdout.log").write_bytes(b"abc")
+    (tmp_path / "display.jsonl").write_bytes(b'{"kind": "data"}\n')
+    (tmp_path / ORDER).write_bytes(ORDER_RECORD.pack(2, 3, 0, 0))  # the switch to display, after 3 bytes of stdout
+    events = streams.read(budget=4096)
+    assert [(e.kind, e.value) for e in events] == [("stdout", "abc"), ("display", {"kind": "data"})]
+    assert streams.read(budget=4096) == []  # "abc" is not read again
+    (tmp_path / "stdout.log").write_bytes(b"abcdef")  # a line still open at the end of a read waits
+    assert streams.read(budget=4096) == []
+
+
+def test_a_line_longer_than_the_budget_shows_its_end_marked_as_cut(tmp_path):
+    """One line of 70,000 characters under a 32 KiB budget (a JSON dump printed whole): its end is
+    shown, marked ``[…]``, where it once vanished whole (counted as one skipped line)."""
+    from nbspawn.events._streams import CUT_LINE
+
+    streams = RankStreams(0, str(tmp_path))
+    (tmp_path / "stdout.log").write_bytes(("é" + "x" * 70_000 + "\nend\n").encode())
+    events = streams.read(budget=32 * 1024)
+    assert [e.kind for e in events] == ["stdout"]
+    text = events[0].value
+    assert text.startswith(CUT_LINE.decode()) and text.endswith("x\nend\n"), text[:40]
+    assert 32 * 1024 - 8 <= len(text.encode()) <= 32 * 1024 + len(CUT_LINE)
+
+
+def test_under_a_flood_a_line_cut_at_the_budgets_edge_is_still_skipped(tmp_path):
+    """Most of what a read keeps is whole lines: the older one it starts inside is skipped and counted."""
+    streams = RankStreams(0, str(tmp_path))
+    (tmp_path / "stdout.log").write_bytes(b"".join(b"line %05d\n" % i for i in range(1000)))
+    events = streams.read(budget=95)
+    assert [(e.kind, e.value) for e in events] == [
+        ("skipped", 992),
+        ("stdout", "".join(f"line {i:05d}\n" for i in range(992, 1000))),
+    ]

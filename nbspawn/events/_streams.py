@@ -84,11 +84,11 @@ class RankStreams:
         if budget is not None:
             self._apply_budget(spans, budget)
         events: list[Event] = []
-        last = {span[0]: i for i, span in enumerate(spans)}
         for i, (stream, start, end, keep_from) in enumerate(spans):
             # under a budget, a line still being written waits for its end (a bar being redrawn does
-            # not): shown half, then skipped, it would stay cut in the view
-            hold = budget is not None and last[stream] == i
+            # not): shown half, then skipped, it would stay cut in the view. Only the last span can
+            # wait: what the rank wrote after it, to another stream, must not come out before it.
+            hold = budget is not None and i == len(spans) - 1
             self._emit(stream, start, end, keep_from, events, hold)
         return events
 
@@ -188,8 +188,11 @@ class RankStreams:
             kept = os.pread(fd, end - keep_from, keep_from)
             if not ends_line:  # what is kept starts at a line's start: the rest of a cut line goes too
                 cut = kept.find(b"\n") + 1 or len(kept)
-                skipped += kept[:cut].count(b"\n")
-                kept = kept[cut:]
+                if cut > len(kept) // 2:  # unless it is most of what is kept (one line longer than the budget)
+                    kept = CUT_LINE + _from_a_character(kept)  # its end is shown, marked as cut
+                else:
+                    skipped += kept[:cut].count(b"\n")
+                    kept = kept[cut:]
             self.decoders[stream].reset()
             if self.line_open[stream]:
                 events.append(Event(self.rank, STREAMS[stream], "\n"))  # close the line the view has open
@@ -209,6 +212,17 @@ class RankStreams:
         if text:
             events.append(Event(self.rank, STREAMS[stream], text))
             self.line_open[stream] = not text.endswith("\n")
+
+
+CUT_LINE = "[…] ".encode()  # what starts a line shown only from the middle: it was longer than a read keeps
+
+
+def _from_a_character(data: bytes) -> bytes:
+    """``data`` from its first UTF-8 character that starts in it (not a continuation byte)."""
+    start = 0
+    while start < min(len(data), 3) and data[start] & 0xC0 == 0x80:
+        start += 1
+    return data[start:]
 
 
 def _open_if_there(path: str) -> int:

@@ -253,7 +253,8 @@ def to_html(record: RunRecord, outputs: dict[int, list[Entry]]) -> str:
         body = []
         if rank["elided_lines"]:
             body.append(
-                f'<div data-elided="{rank["elided_lines"]}" style="color:#57606a">{rank["elided_lines"]} lines elided '
+                f'<div data-elided="{rank["elided_lines"]}" style="color:#57606a">{rank["elided_lines"]} '
+                f"{'line' if rank['elided_lines'] == 1 else 'lines'} elided "
                 f"— full log at {e(rank['stdout_path'] or '')}</div>"
             )
         body.append(entries_html(outputs.get(rank["rank"], [])))

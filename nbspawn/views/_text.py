@@ -276,6 +276,7 @@ class TextView(RunView):
         self._status.open(run)
 
     def output(self, rank: int, stream: str, text: str) -> None:
+        self._end_open_lines(rank, but="stderr" if stream == "stdout" else "stdout")
         key = (rank, stream)
         pending = self._pending.get(key, "") + text
         *lines, pending = pending.split("\n")
@@ -300,6 +301,7 @@ class TextView(RunView):
         kind = item.get("kind")
         if kind not in ("data", "update"):
             return  # clear_output() has nothing to clear in text
+        self._end_open_lines(rank)
         key = (rank, f"display:{item.get('id')}") if item.get("id") is not None else None
         text = item_text(item).rstrip("\n")
         done = _finished_bar(item)
@@ -378,6 +380,16 @@ class TextView(RunView):
         elif self._bars.get(key) != text:
             self._bars[key] = text
             self._dirty = True
+
+    def _end_open_lines(self, rank: int, but: str | None = None) -> None:
+        """What the rank wrote next comes after the line it left open (``write("abc")``, then the cell's
+        value shown, or a line on its other stream): that line is printed now, as far as it got. A bar
+        being redrawn (``\r``) stays in the footer."""
+        for stream in ("stdout", "stderr"):
+            pending = self._pending.get((rank, stream), "")
+            if stream != but and pending and not pending.startswith("\r"):
+                self._pending[(rank, stream)] = ""
+                self._emit(stream, f"{self.prefix(rank)}{pending}\n")
 
     def _flush_rank(self, rank: int) -> None:
         """A rank ended: its open lines and bars, in their final states, become normal lines."""
