@@ -217,7 +217,7 @@ class Run:
 
     def facts(self) -> RunFacts:
         """What its error says of it besides its ranks."""
-        return RunFacts(self.run_dir, self.status, self.world, self.world_lost, self.node_log_dirs())
+        return RunFacts(self.run_dir, self.status, self.world, self.world_lost, self.world_cell, self.node_log_dirs())
 
     def node_log_dirs(self) -> dict[str, str]:
         """A cluster run's log directories, ``host:path`` by node, as far as its agents told them."""

@@ -118,6 +118,7 @@ class RunFacts:
     status: str = ""
     world: str | None = None
     world_lost: str | None = None  # why that world could not go on
+    world_cell: int | None = None  # which of that world's cells this was, from 1 (1: the cell that started it)
     node_log_dirs: dict[str, str] = field(default_factory=dict)  # a cluster run's: node -> host:path
 
 
@@ -130,7 +131,9 @@ def _logs_lines(facts: RunFacts | None, color: bool) -> list[str]:
         note = f"The world {facts.world!r} was lost: {facts.world_lost}; the next cell that names it starts a new one."
         lines.append(f"{_RED}{note}{_RESET}" if color else note)
     elif facts.world:
-        note = f"World {facts.world!r} is intact: its ranks are back at the prompt, with the names they had."
+        # the names they had: none, if this cell started the world (a new one, or one lost and started again)
+        had = ", with the names they had" if (facts.world_cell or 0) > 1 else ""
+        note = f"World {facts.world!r} is intact: its ranks are back at the prompt{had}."
         lines.append(f"{_GREEN}{note}{_RESET}" if color else note)
     line = f"Logs: {facts.run_dir}/<rank>/{{{STDOUT},{STDERR},{ERROR}}}"
     nodes = facts.node_log_dirs

@@ -214,6 +214,15 @@ def test_a_cluster_runs_logs_are_on_each_node():
     )
 
 
+@pytest.mark.parametrize(("cell", "said"), [(1, "."), (2, ", with the names they had."), (None, ".")])
+def test_an_intact_world_claims_its_names_only_after_its_first_cell(cell, said):
+    """The cell that started a world (a new one, or one lost and started again) leaves its ranks with no
+    names from before: the report once said "with the names they had" under "none of the names"."""
+    facts = RunFacts(run_dir="/logs/r", status="failed", world="w", world_cell=cell)
+    lines = str(RankExitedError([RankFailure(0, 9, exit_code=1)], facts=facts)).splitlines()
+    assert lines[-2] == f"World 'w' is intact: its ranks are back at the prompt{said}"
+
+
 def test_a_lost_world_is_said_before_the_logs():
     run = run_stub(lost="rank 1 died")
     lines = str(SpawnInterrupted([], facts=run)).splitlines()
