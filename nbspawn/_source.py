@@ -18,7 +18,7 @@ from types import CodeType
 from typing import Any
 
 CELL_FILENAME = "<nbspawn-cell>"
-STILL_STARTING = "  (still starting: the cell had not begun)"
+STILL_STARTING = "  (still starting when asked: its cell had not begun)"
 CELL_ENDED = "  (its cell had ended: the rank was reporting how, or leaving)"
 # stopped unasked (it was setting up when the stop began) but set up by the time the signal came
 NOT_ASKED = "  (not known: it was stopped just as it began, before it could be asked)"

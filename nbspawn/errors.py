@@ -49,6 +49,7 @@ class RankFailure:
     stopped: bool = False  # ended by nbspawn (after another rank failed, a timeout, Stop, interrupt)
     stack: str | None = None  # where it was when nbspawn stopped it
     node: str | None = None  # a cluster run's rank: "node 1 (hostb)"
+    after: int | None = None  # it failed after this rank did, the run's first failure (most often because of it)
 
     @property
     def summary(self) -> str:
@@ -60,14 +61,20 @@ class RankFailure:
 
     def headline(self) -> str:
         where = f" on {self.node}" if self.node else ""
-        return f"rank {self.rank}{where} (pid {self.pid}) {'was stopped' if self.stopped else 'failed'}: {self.summary}"
+        return f"rank {self.rank}{where} (pid {self.pid}) {self.verb}: {self.summary}"
+
+    @property
+    def verb(self) -> str:
+        if self.stopped:
+            return "was stopped"
+        return "failed" if self.after is None else f"failed after rank {self.after}"
 
 
 def _alike(failures: list[RankFailure]) -> list[list[RankFailure]]:
     """Group ranks that ended identically, so 63 ranks stopped in one collective read as one line."""
     groups: dict[tuple, list[RankFailure]] = {}
     for failure in failures:
-        key = (failure.stopped, failure.summary, failure.traceback, failure.stack)
+        key = (failure.stopped, failure.after, failure.summary, failure.traceback, failure.stack)
         groups.setdefault(key, []).append(failure)
     return list(groups.values())
 
@@ -100,7 +107,7 @@ def _describe(failures: list[RankFailure]) -> list[str]:
         if len(group) == 1:
             lines.append(failure.headline())
         else:
-            verb = "were stopped" if failure.stopped else "failed"
+            verb = "were stopped" if failure.stopped else failure.verb
             lines.append(f"ranks {rank_spans(sorted(f.rank for f in group))} {verb} the same way: {failure.summary}")
         if failure.traceback and not failure.stack:
             lines.extend("  " + ln for ln in failure.traceback.rstrip().splitlines())

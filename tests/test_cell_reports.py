@@ -129,7 +129,7 @@ def test_where_a_rank_was_ends_at_the_cells_line_not_in_nbspawn(kernel):
     ("body", "says"),
     [
         ("import threading\ng = threading.Lock()", "RuntimeError: --out: cannot send 'g' (a _thread.lock) back to the kernel"),
-        ("g = 1\nname = input('your name? ')", "NoPromptError"),
+        ("g = 1\nname = input('your name? ')", "\nNoPromptError: input() is not available on rank 0"),
     ],
     ids=["out", "input"],
 )
@@ -140,4 +140,23 @@ def test_an_error_nbspawn_raises_for_the_cells_own_call_is_told_at_the_cells_lin
     result = run(kernel, f"%%spawn -n 1 --out g --view text\n{body}")
     assert result.status == "error"
     text = result.error_text.split("Logs:")[0]
-    assert says in text and "nbspawn/" not in text, text
+    assert says in text and "nbspawn/" not in text and "nbspawn." not in text, text
+
+
+def test_a_rank_that_failed_after_the_first_failure_is_told_so(kernel):
+    """Rank 2 raises first; ranks 0 and 1 fail after it, as peers in a collective do once it has left
+    ("Connection closed by peer"): they read "failed after rank 2", not as failures of their own. (They
+    ignore SIGTERM here, so the kernel's stop cannot end them before they fail.)"""
+    code = (
+        "%%spawn -n 3 --view text\nimport os, signal, time\n"
+        "if os.environ['RANK'] == '2':\n    raise ValueError('first')\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "theirs = os.environ['TORCHELASTIC_ERROR_FILE'].replace(f\"/{os.environ['RANK']}/error.json\", '/2/error.json')\n"
+        "while not os.path.exists(theirs):\n    time.sleep(0.001)\n"
+        "raise RuntimeError('peer gone')\n"
+    )
+    result = run(kernel, code, timeout=60)
+    assert result.status == "error"
+    lines = result.error_text.splitlines()
+    assert re.match(r"RankRaisedError: rank 2 \(pid \d+\) failed: ValueError: first", lines[0]), result.error_text
+    assert "ranks 0-1 failed after rank 2 the same way: RuntimeError: peer gone" in lines, result.error_text

@@ -260,14 +260,21 @@ def test_a_line_left_open_is_printed_before_what_the_rank_wrote_after_it():
     """``write("abc")``, then the cell's value shown, or a line on stderr: "abc" came first, so it is
     printed first (it once waited for its line's end, and came out last). A bar being redrawn stays
     in the footer."""
-    out, err = io.StringIO(), io.StringIO()
-    view = TextView(stdout=out, stderr=err, live=False)
+    terminal = io.StringIO()  # both streams, as a notebook cell shows them: in one order
+    view = TextView(stdout=terminal, stderr=terminal, live=False)
     view.output(0, "stdout", "abc")
     view.display(0, {"kind": "data", "mime": "text/plain", "value": "42"})
-    view.output(0, "stdout", "def")
+    view.output(0, "stdout", "de")
+    view.output(0, "stdout", "f")  # the same line, continued
     view.output(0, "stderr", "warned\n")
     view.output(0, "stdout", "\rbar 50%")
     view.output(0, "stderr", "again\n")
     view.output(0, "stdout", "\rbar 100%\n")
-    assert out.getvalue().splitlines() == ["[rank0]: abc", "[rank0]: 42", "[rank0]: def", "[rank0]: bar 100%"]
-    assert err.getvalue().splitlines() == ["[rank0]: warned", "[rank0]: again"]
+    assert terminal.getvalue().splitlines() == [
+        "[rank0]: abc",
+        "[rank0]: 42",
+        "[rank0]: def",
+        "[rank0]: warned",
+        "[rank0]: again",
+        "[rank0]: bar 100%",
+    ]

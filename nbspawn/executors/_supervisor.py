@@ -281,13 +281,36 @@ class _Supervisor:
             state.failure = self._failure(state)
             state.status = "stopped" if state.failure.stopped else "failed"
             if state.status == "failed" and self.root is None and self.stop_reason is None:
-                self.root = rank
+                self.root = self._first_to_fail(rank)
                 self.view.rank_ended(self.run, state)  # first: a node agent tells the kernel at once
                 self._begin_stop("failure")
                 return
+            if state.status == "failed" and self.root not in (None, rank) and self._failed_later(state):
+                state.failure.after = self.root  # its collective broke as the first failure's rank left, say
             if died and self.lost and self.stage in ("", "sigint"):
                 self._terminate()  # a kept world's rank died while others were being interrupted
         self.view.rank_ended(self.run, state)
+
+    def _first_to_fail(self, rank: int) -> int:
+        """The run's first failure: this rank, unless a rank still running (leaving, its error written)
+        recorded its error earlier. Its peers can fail and exit before it has (their collective breaks
+        as soon as it raised), and the root cause is the one that raised first, not the first reaped."""
+        mine = self.run.ranks[rank].read_error()
+        if mine is None:
+            return rank
+        first, when = rank, mine.time
+        for other in sorted(set(self.alive.values())):
+            record = self.run.ranks[other].read_error()
+            if record is not None and record.time < when and record.exc_type != "KeyboardInterrupt":
+                first, when = other, record.time
+        return first
+
+    def _failed_later(self, state: RankState) -> bool:
+        """Its error was recorded after the run's first failure's: told as failing after it (a peer's
+        collective fails, "Connection closed by peer", once the rank that raised has left)."""
+        assert self.root is not None
+        first, this = self.run.ranks[self.root].read_error(), state.read_error()
+        return first is not None and this is not None and this.time >= first.time
 
     def _failure(self, state: RankState) -> RankFailure:
         code = state.exit_code or 0

@@ -417,7 +417,7 @@ def _write_error(rank_dir: str, cell: CellSource, exc: BaseException) -> None:
         frames.pop()  # under the user's last line: input() waiting on the kernel, --out sending a value
     report.stack = traceback.StackSummary.from_list(frames)
     text = rewrite_cell_frames("".join(report.format()), cell)
-    if isinstance(exc, _prompt.DebuggerQuit):  # nbspawn's exception, named as the user knows it
+    if type(exc).__module__.startswith("nbspawn."):  # nbspawn's exception, named as the user knows it
         text = text.replace(f"{type(exc).__module__}.{type(exc).__qualname__}:", f"{type(exc).__qualname__}:")
     _errorfile.write(RankDir(rank_dir).error, ErrorRecord.of(exc, text))
 

@@ -219,7 +219,7 @@ def to_html(record: RunRecord, outputs: dict[int, list[Entry]]) -> str:
     parts = [
         f'<div class="nbspawn-run" data-nbspawn="{VERSION}" data-order="{order_runs(merged_order(outputs))}" '
         'style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">',
-        f"<div><b>nbspawn</b> run <code>{e(record['run_id'])}</code> &middot; {record['nprocs']} ranks &middot; "
+        f"<div><b>nbspawn</b> run <code>{e(record['run_id'])}</code> &middot; {_ranks(record['nprocs'])} &middot; "
         + (
             f"program <code>{e(record['program'])}</code> &middot; "
             if record["program"]
@@ -274,7 +274,7 @@ def to_text(record: RunRecord) -> str:
     """A short summary; the output itself is in the text/html and the logs."""
     took = f" in {record['duration']:.2f} s" if record["duration"] is not None else ""
     lines = [
-        f"nbspawn run {record['run_id']}: {_status_label(record)}{took}, {record['nprocs']} ranks "
+        f"nbspawn run {record['run_id']}: {_status_label(record)}{took}, {_ranks(record['nprocs'])} "
         f"({record['program'] or record['start_method']}); logs: {record['log_dir']}"
     ]
     if record["error"]:
@@ -284,6 +284,10 @@ def to_text(record: RunRecord) -> str:
         counts.setdefault(rank["status"], []).append(rank["rank"])
     lines.append(", ".join(f"{status}: {_ranges(ranks)}" for status, ranks in counts.items()))
     return "\n".join(lines)
+
+
+def _ranks(count: int) -> str:
+    return f"{count} rank" if count == 1 else f"{count} ranks"
 
 
 def _ranges(ranks: list[int]) -> str:

@@ -276,7 +276,7 @@ class TextView(RunView):
         self._status.open(run)
 
     def output(self, rank: int, stream: str, text: str) -> None:
-        self._end_open_lines(rank, but="stderr" if stream == "stdout" else "stdout")
+        self._end_open_lines(rank, but=stream)
         key = (rank, stream)
         pending = self._pending.get(key, "") + text
         *lines, pending = pending.split("\n")
