@@ -385,12 +385,19 @@ _ON_ITS_BEHALF = (
 )
 
 
+_recorded: tuple[int, str] | None = None  # the exception whose record is on disk, and where
+
+
 def write_error(rank_dir: str, cell: CellSource, exc: BaseException) -> None:
     """Record how the cell failed, whole: a SIGTERM that comes meanwhile (the run is being stopped,
     say because a peer's failure ended it) waits until the record is written, so the rank is told as
     the failure it was, not as one stopped somewhere unknown."""
     # (A handler, not a blocked signal: a signal mask is per thread, and the kernel hands a process's
     # SIGTERM to any thread that does not block it, such as the output pumps.)
+    global _recorded
+    if _recorded == (id(exc), rank_dir):
+        return  # recorded as it was raised (execute_cell): its time is when it happened, which picks the root cause
+    _recorded = (id(exc), rank_dir)  # an id, not the exception: its frames (their tensors) are not kept alive
     pending: list[int] = []
     try:
         before = signal.signal(signal.SIGTERM, lambda signum, _frame: pending.append(signum))
