@@ -282,6 +282,8 @@ class _Supervisor:
             state.status = "stopped" if state.failure.stopped else "failed"
             if state.status == "failed" and self.root is None and self.stop_reason is None:
                 self.root = self._first_to_fail(rank)
+                if self.root != rank:  # another rank raised first, and is still leaving
+                    state.failure.after = self.root
                 self.view.rank_ended(self.run, state)  # first: a node agent tells the kernel at once
                 self._begin_stop("failure")
                 return
