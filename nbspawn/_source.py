@@ -28,13 +28,14 @@ _REPORTING = re.compile(r"/nbspawn/ranks/_cell\.py\", line \d+ in (?:execute_cel
 # a rank answers only once inside its entry point (the handler is installed there): a main thread that
 # is in the rank's process (multiprocessing's bootstrap) but no longer in the entry point has returned
 # from it, on its way out (a cell that raised SystemExit, say)
-_ENTRY = re.compile(r"/nbspawn/ranks/_(?:cell|worldloop)\.py\", line \d+ in (?:run_rank|run_world_rank)$")
-_PROCESS = re.compile(r"/multiprocessing/process\.py\", line \d+ in _bootstrap$")
+_ENTRY = re.compile(r"/nbspawn/ranks/_(?:cell|worldloop)\.py\", line \d+ in (?:run_rank|run_world_rank)$", re.M)
+_PROCESS = re.compile(r"/multiprocessing/process\.py\", line \d+ in _bootstrap$", re.M)
 # nbspawn's own code in a rank (its output capture under a print, its prompt under input()): not where
 # the user is, so cut from the innermost end of where a rank was
 _OWN = re.compile(r'File "[^"]*/nbspawn/(?:ranks|handoff|events)/[^"/]+\.py"')
 
 _FRAME = re.compile(r'File "' + re.escape(CELL_FILENAME) + r'", line (\d+)(?:, in | in )(\S+)')
+_IN_CELL = re.compile(re.escape(CELL_FILENAME))
 
 
 # a line IPython would have rewritten: `!cmd`, `x = !cmd`, `%magic`, `%%magic`, `x = %magic`
@@ -155,7 +156,7 @@ def main_thread_stack(dump: str, cell: CellSource) -> str:
     blocks = [b for b in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip()) if b.strip()]
     # the main thread's block: the one in the cell, else in the rank's entry point, else in its process's
     # bootstrap; faulthandler names none of them (the thread that dumps comes first)
-    chosen = next((b for mark in (CELL_FILENAME, _ENTRY, _PROCESS) for b in blocks if _has(b, mark)), blocks[0] if blocks else "")
+    chosen = next((b for mark in (_IN_CELL, _ENTRY, _PROCESS) for b in blocks if mark.search(b)), blocks[0] if blocks else "")
     frames = [ln.rstrip() for ln in chosen.splitlines()[1:] if ln.strip().startswith("File ")]
     cut = next((i for i, ln in enumerate(frames) if CELL_FILENAME in ln and ln.endswith("<module>")), None)
     if cut is None:
@@ -168,12 +169,6 @@ def main_thread_stack(dump: str, cell: CellSource) -> str:
     while len(frames) > 1 and _OWN.search(frames[-1]):
         frames.pop()
     return rewrite_cell_frames("\n".join("  " + f for f in _trim_library(frames)), cell)
-
-
-def _has(block: str, mark: str | re.Pattern[str]) -> bool:
-    if isinstance(mark, str):
-        return mark in block
-    return any(mark.search(line.rstrip()) for line in block.splitlines())
 
 
 _IMPORTLIB = '"<frozen importlib._bootstrap'  # and _bootstrap_external: the machinery of every import

@@ -74,6 +74,12 @@ def test_a_rank_stopped_while_importing_shows_its_import_not_importlib(kernel, t
     assert re.fullmatch(r'File ".*/site-packages/slowpkg/m5\.py", line 2 in <module>', frames[4]), frames
 
 
+def told_of(result, rank: int) -> str:
+    """What a failed cell's error says from rank ``rank``'s entry among the other ranks on."""
+    assert result.status == "error", result.stdout
+    return result.error_text[result.error_text.index(f"\nrank {rank} (pid") + 1 :]
+
+
 def test_a_rank_stopped_on_its_way_out_is_not_told_as_still_starting(kernel):
     """Rank 1's cell ends, but its process waits at exit for a thread it started; rank 0 then fails.
     Stopped there, rank 1 is past its cell (its stack is in Python's exit, not in the rank's entry
@@ -83,9 +89,7 @@ def test_a_rank_stopped_on_its_way_out_is_not_told_as_still_starting(kernel):
         "if os.environ['RANK'] == '1':\n    threading.Thread(target=time.sleep, args=(60,)).start()\n"
         "else:\n    time.sleep(1.5)\n    raise ValueError('boom')\n"
     )
-    result = run(kernel, code, timeout=60)
-    assert result.status == "error"
-    stopped = result.error_text[result.error_text.index("rank 1 (pid") :]
+    stopped = told_of(run(kernel, code, timeout=60), 1)
     assert "was stopped" in stopped.splitlines()[0], stopped
     assert "its cell had ended" in stopped and "still starting" not in stopped, stopped
 
@@ -117,9 +121,7 @@ def test_where_a_rank_was_ends_at_the_cells_line_not_in_nbspawn(kernel):
         "if os.environ['RANK'] == '0':\n    time.sleep(1.5)\n    raise ValueError('boom')\n"
         "while True:\n    print('x' * 100)\n"
     )
-    result = run(kernel, code, timeout=60)
-    assert result.status == "error"
-    stopped = result.error_text[result.error_text.index("rank 1 (pid") :]
+    stopped = told_of(run(kernel, code, timeout=60), 1)
     where = [ln.strip() for ln in stopped.splitlines()[2:] if ln.startswith("    ")]
     assert re.fullmatch(r"Cell In\[\d+\], line 7", where[-2]) and where[-1] == "print('x' * 100)", stopped
     assert "nbspawn/" not in stopped.split("Logs:")[0], stopped

@@ -219,7 +219,7 @@ def to_html(record: RunRecord, outputs: dict[int, list[Entry]]) -> str:
     parts = [
         f'<div class="nbspawn-run" data-nbspawn="{VERSION}" data-order="{order_runs(merged_order(outputs))}" '
         'style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">',
-        f"<div><b>nbspawn</b> run <code>{e(record['run_id'])}</code> &middot; {_ranks(record['nprocs'])} &middot; "
+        f"<div><b>nbspawn</b> run <code>{e(record['run_id'])}</code> &middot; {_count(record['nprocs'], 'rank')} &middot; "
         + (
             f"program <code>{e(record['program'])}</code> &middot; "
             if record["program"]
@@ -253,8 +253,7 @@ def to_html(record: RunRecord, outputs: dict[int, list[Entry]]) -> str:
         body = []
         if rank["elided_lines"]:
             body.append(
-                f'<div data-elided="{rank["elided_lines"]}" style="color:#57606a">{rank["elided_lines"]} '
-                f"{'line' if rank['elided_lines'] == 1 else 'lines'} elided "
+                f'<div data-elided="{rank["elided_lines"]}" style="color:#57606a">{_count(rank["elided_lines"], "line")} elided '
                 f"— full log at {e(rank['stdout_path'] or '')}</div>"
             )
         body.append(entries_html(outputs.get(rank["rank"], [])))
@@ -274,7 +273,7 @@ def to_text(record: RunRecord) -> str:
     """A short summary; the output itself is in the text/html and the logs."""
     took = f" in {record['duration']:.2f} s" if record["duration"] is not None else ""
     lines = [
-        f"nbspawn run {record['run_id']}: {_status_label(record)}{took}, {_ranks(record['nprocs'])} "
+        f"nbspawn run {record['run_id']}: {_status_label(record)}{took}, {_count(record['nprocs'], 'rank')} "
         f"({record['program'] or record['start_method']}); logs: {record['log_dir']}"
     ]
     if record["error"]:
@@ -286,8 +285,9 @@ def to_text(record: RunRecord) -> str:
     return "\n".join(lines)
 
 
-def _ranks(count: int) -> str:
-    return f"{count} rank" if count == 1 else f"{count} ranks"
+def _count(count: int, thing: str) -> str:
+    """``1 rank``, ``2 ranks``."""
+    return f"{count} {thing}" if count == 1 else f"{count} {thing}s"
 
 
 def _ranges(ranks: list[int]) -> str:

@@ -389,7 +389,7 @@ class TextView(RunView):
             pending = self._pending.get((rank, stream), "")
             if stream != but and pending and not pending.startswith("\r"):
                 self._pending[(rank, stream)] = ""
-                self._emit(stream, f"{self.prefix(rank)}{pending}\n")
+                self._emit(stream, f"{self.prefix(rank)}{settle_line(pending)}\n")
 
     def _flush_rank(self, rank: int) -> None:
         """A rank ended: its open lines and bars, in their final states, become normal lines."""
