@@ -2,7 +2,8 @@
 #   make lab    set everything up, then open a working copy of the quickstart in JupyterLab: the folder
 #               it serves is LAB_DIR (default work/, git-ignored), seeded from notebooks/ by
 #               scripts/lab-folder.sh; the tests run only the tracked notebooks/
-#   make test   set everything up, lint and type-check, then run the whole test suite (extra pytest args: PYTEST_ARGS=...)
+#   make test   set everything up, lint and type-check, then run the whole test suite (extra pytest args: PYTEST_ARGS=...),
+#               on pytest-xdist's workers, then the tests that run alone (scripts/pytest.sh; NBSPAWN_TEST_WORKERS)
 #   make runtimes  the test suite again on the stacks users are on (.ci/runtime, .ci/runtimes/*.txt): Colab's
 #               and Kaggle's runtimes as they ship (installing nbspawn must change none of their versions) and
 #               the ends of the torch range (2.4 on Python 3.10, 2.14.1), and TPU ranks on CPU (torch_xla 2.9);
@@ -39,7 +40,7 @@ lint:
 test:
 	bash scripts/setup.sh
 	$(MAKE) --no-print-directory lint
-	"$(NBSPAWN_VENV)/bin/python" -m pytest $(PYTEST_ARGS); rc=$$?; \
+	bash scripts/pytest.sh "$(NBSPAWN_VENV)/bin/python" $(PYTEST_ARGS); rc=$$?; \
 	if [[ $$rc -eq 5 ]]; then echo "make test: no tests were collected" >&2; fi; \
 	exit $$rc
 
@@ -50,15 +51,15 @@ test:
 # runtime's); spawn, asked for by name only, runs on the development stack and at both ends of the torch range.
 HOSTED := --start-methods fork,forkserver
 # Nor do they run clusters (ipyparallel engines on other machines): no other machine can reach a hosted VM.
-NO_CLUSTERS := --ignore=tests/test_cluster.py --deselect "tests/test_notebooks.py::test_notebook_runs[cluster.ipynb]"
-KERNEL_TESTS := tests --ignore=tests/test_cluster_nodes.py --ignore=tests/test_cluster_worlds.py --ignore=tests/test_frameworks.py
+NO_CLUSTERS := --ignore=tests/cluster/test_cluster.py --deselect "tests/kernel/test_notebooks.py::test_notebook_runs[cluster.ipynb]"
+KERNEL_TESTS := tests --ignore=tests/cluster/test_cluster_nodes.py --ignore=tests/cluster/test_cluster_worlds.py --ignore=tests/kernel/test_frameworks.py
 # Kaggle's kernel packages are Colab's (IPython 7.34, ipykernel 6.17.1, jupyter_client 7.4.9), which the Colab
 # job runs every kernel test on; what differs is Python 3.12, torch 2.10 and ipywidgets 8.1.5. Its job runs
 # what those touch: the live view and rank widgets on ipywidgets 8 over ipykernel 6's comms, rank output
 # (rich, tqdm's notebook bars), the hosted-runtime notice, fresh cells and kept worlds, and the pure functions.
-KAGGLE_TESTS := $(wildcard tests/test_unit_*.py) tests/test_hosted_runtime.py tests/test_view_widget.py \
-	tests/test_rank_widgets.py tests/test_rank_output.py tests/test_active_runs.py tests/test_spawn_core.py tests/test_worlds.py
-TORCH_RANGE_TESTS := tests/test_spawn_core.py tests/test_worlds.py tests/test_debugger.py tests/test_handoff.py tests/test_rank_output.py
+KAGGLE_TESTS := tests/unit tests/runtimes/test_hosted_runtime.py tests/kernel/test_view_widget.py \
+	tests/kernel/test_rank_widgets.py tests/kernel/test_rank_output.py tests/kernel/test_active_runs.py tests/kernel/test_spawn_core.py tests/kernel/test_worlds.py
+TORCH_RANGE_TESTS := tests/kernel/test_spawn_core.py tests/kernel/test_worlds.py tests/kernel/test_debugger.py tests/kernel/test_handoff.py tests/kernel/test_rank_output.py
 runtimes: runtime-colab-gpu runtime-kaggle-gpu runtime-floor runtime-newest runtime-tpu-cpu
 runtime-colab-gpu:
 	bash .ci/runtime colab-gpu $(KERNEL_TESTS) $(NO_CLUSTERS) $(HOSTED) -q
@@ -70,6 +71,6 @@ runtime-newest:
 	bash .ci/runtime newest -m "not browser" $(TORCH_RANGE_TESTS) -q
 # TPU ranks on CPU (torch 2.9.1 + torch_xla 2.9.0, pinned: the tests touch torch_xla internals): torch_xla's
 # topology code with faked chips, and 4 real ranks on XLA CPU devices; about 5 min, most of it the build
-TPU_TESTS := tests/test_unit_tpu.py tests/test_tpu.py
+TPU_TESTS := tests/unit/test_unit_tpu.py tests/runtimes/test_tpu.py
 runtime-tpu-cpu:
 	bash .ci/runtime tpu-cpu -m "not browser" $(TPU_TESTS) -q -rs

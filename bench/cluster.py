@@ -50,7 +50,8 @@ from nbspawn.planning._cluster import plan_cluster
 from nbspawn.executors._supervisor import execute as _execute
 from nbspawn.views._protocol import RunView
 _t0 = time.perf_counter()
-_spec, _ex = plan_cluster(RunRequest(CellSource("pass"), cluster="rc", settings=Settings(nprocs=2), namespace=globals()), False)
+_request = RunRequest.of(CellSource("pass"), cluster="rc", settings=Settings(nprocs=2), namespace=globals())
+_spec, _ex = plan_cluster(_request, _request.work, _request.target, False)
 _t1 = time.perf_counter()
 _run = _execute(_spec, RunView(), _ex)
 _t2 = time.perf_counter()

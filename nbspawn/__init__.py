@@ -12,26 +12,28 @@ The same launcher is callable from Python: :func:`launch`; the last run is :func
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ._api import launch, stop, worlds
-from ._runstate import RankState, Run
+from ._shell import kernel_of
 from ._version import __version__ as __version__
 from .errors import (
-    RankExitedError,
     RankFailure,
-    RankRaisedError,
     SpawnError,
     SpawnInterrupted,
     SpawnOutputError,
     SpawnTimeoutError,
     SpawnUsageError,
 )
-from .executors._registry import last_run
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
+
+    from ._api import launch, stop, worlds
+    from ._runstate import RankState, Run
+    from .errors import RankExitedError, RankRaisedError
+    from .executors._registry import last_run
 
 
 __all__ = [
@@ -53,6 +55,32 @@ __all__ = [
 ]
 
 
+# the launcher's names, each imported from its module when first asked for (PEP 562): importing
+# nbspawn, or one of its pure modules (nbspawn._door, nbspawn.errors), imports neither torch nor IPython
+_LAZY = {
+    "launch": "._api",
+    "stop": "._api",
+    "worlds": "._api",
+    "Run": "._runstate",
+    "RankState": "._runstate",
+    "RankRaisedError": ".errors",
+    "RankExitedError": ".errors",
+    "last_run": ".executors._registry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    found = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = found  # asked once
+    return found
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
 def load_ipython_extension(ipython: InteractiveShell) -> None:
     from ._magic import SpawnMagics, note_cuda_culprit, report_background_failures
     from ._source import record_cell_files
@@ -62,7 +90,7 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
     ipython.events.register("pre_run_cell", report_background_failures)
     _tell_hosted_runtime(ipython)
     ipython.events.register("post_run_cell", note_cuda_culprit)
-    if getattr(ipython, "kernel", None) is not None:  # a page opened before the first run asks too
+    if kernel_of(ipython) is not None:  # a page opened before the first run asks too
         from .views import _active, _busy
 
         _active.install()

@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from ._dispatch import start
-from ._door import read_request, read_settings
-from ._options import OPTIONS, with_debug_collectives
-from ._request import Given
+from ._door import read_door
+from ._options import CALL, OPTIONS, ROW, at_door
 from ._runstate import Run
 from ._source import CellSource
 from .views._protocol import RunView
@@ -40,7 +39,7 @@ def launch(
     accelerator: str | None = None,
     env: dict[str, str] | list[str] | None = None,
     timeout: float | None = None,
-    grace_period: float = 5.0,
+    grace_period: float = ROW["grace_period"].default,
     log_dir: str | None = None,
     ranks: str | list[int] | None = None,
     namespace: dict[str, Any] | None = None,
@@ -52,43 +51,18 @@ def launch(
     nodes: int | None = None,
     background: bool = False,
     debug_collectives: bool = False,
+    pdb: bool = False,
     echo: bool = False,
     view: RunView | None = None,
     check: bool = True,
 ) -> Run:
+    passed = locals()
+    given = {option.param: passed[option.param] for option in at_door(CALL)}
     names = {} if namespace is None else namespace
     if cluster is not None and not isinstance(cluster, str):
-        names, cluster = {**names, "<cluster>": cluster}, "<cluster>"
-    ranks_env = with_debug_collectives(env, debug_collectives)
-    given = Given(
-        nprocs=nprocs is not None, start_method=start_method is not None, backend=backend is not None, env=ranks_env is not None
-    )
-    settings = read_settings(
-        nprocs="auto" if nprocs is None else nprocs,
-        start_method=start_method,
-        backend=backend,
-        accelerator=accelerator,
-        env=ranks_env,
-        timeout=timeout,
-        grace_period=grace_period,
-        log_dir=log_dir,
-        ranks=ranks,
-        given=given,
-    )
-    program = tuple(cell) if isinstance(cell, list) else None
-    request = read_request(
-        cell=None if program is not None else CellSource(str(cell)),
-        program=program,
-        world=world,
-        on=on,
-        cluster=cluster,
-        nodes=nodes,
-        settings=settings,
-        namespace=names,
-        share=share,
-        out=out,
-        background=background,
-    )
+        names, given["cluster"] = {**names, "<cluster>": cluster}, "<cluster>"
+    program = cell if isinstance(cell, list) else None
+    request = read_door(given, cell=None if program is not None else CellSource(str(cell)), program=program, namespace=names)
     run = start(request, view or (TextView() if echo else None))
     if check and not background:
         run.raise_for_status()

@@ -28,6 +28,12 @@ class Settled:
     env: Mapping[str, str]  # the user's --env
     nodes: int | None = None  # a cluster world's nodes; None on this machine
 
+    def text(self) -> str:
+        """How the world runs, as the options that start it: one text for worlds here and on clusters."""
+        nodes = f"--nodes {self.nodes} " if self.nodes is not None else ""
+        env = "".join(f" --env {k}={v}" for k, v in self.env.items())
+        return f"{nodes}-n {self.nprocs} --start-method {self.start_method} --backend {self.backend}{env}"
+
 
 @dataclass(frozen=True)
 class Asked:

@@ -36,6 +36,23 @@ def create_comm(target_name: str, data: Any = None) -> Any:
     return create(target_name=target_name, data=data)
 
 
+def listed_comm(target_name: str, comm_id: str) -> Any:
+    """A comm of ``target_name`` the kernel lists (a ``comm_info_request`` for that target names it) but
+    never opened with a front end: no message is sent for it, ever (``primary=False``: its peer is no page).
+    It tells a page that asks before opening a comm of its own that the target is registered here."""
+    listed: Any
+    if kernel_owns_comms():
+        from ipykernel.comm import Comm
+
+        listed = Comm(target_name=target_name, comm_id=comm_id, primary=False)
+    else:
+        from comm import create_comm as create
+
+        listed = create(target_name=target_name, comm_id=comm_id, primary=False)
+    comm_manager().register_comm(listed)
+    return listed
+
+
 def comm_manager() -> Any:
     """The manager that routes a front end's ``comm_open`` to a registered target."""
     if kernel_owns_comms():

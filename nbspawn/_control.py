@@ -10,19 +10,30 @@ from .errors import SpawnUsageError
 
 def stop(names: list[str]) -> list[str]:
     """Stop these worlds and background runs (all of them if no name is given)."""
-    from ._dispatch import stop_worlds
+    from ._dispatch import kept_worlds, stop_worlds
+    from .executors._kept import lost
     from .executors._registry import background_runs
 
     runs = background_runs()
+    _known_or_refused(names, runs, [*kept_worlds(), *(n for n in names if lost(n) is not None)])
     worlds = [n for n in names if n not in runs]
     chosen = [runs[n] for n in names if n in runs] if names else [r for r in runs.values() if not r.done]
     stopped = stop_worlds(worlds or None) if worlds or not names else []
     for run in chosen:
         run.stop(by="%spawn stop")
     for run in chosen:
-        run._done.wait()
+        run.ended_within(None)
         stopped.append(run.run_id)
     return stopped
+
+
+def _known_or_refused(names: list[str], runs: dict, worlds: list[str]) -> None:
+    """A name that is neither a background run's id nor one of ``worlds`` is refused in one line that
+    names both kinds (``%spawn stop`` takes either), before anything is stopped or looked at."""
+    unknown = [n for n in names if n not in runs and n not in worlds]
+    if unknown:
+        known = ", ".join([*worlds, *(r for r, run in runs.items() if not run.done)]) or "none"
+        raise SpawnUsageError(f"no background run or kept world named {unknown[0]!r} (running: {known})")
 
 
 def shown(names: list[str]) -> dict[str, object]:
@@ -55,10 +66,7 @@ def where(names: list[str]) -> str:
     from .executors._registry import background_runs
 
     runs, worlds = background_runs(), kept_worlds()
-    unknown = [n for n in names if n not in runs and n not in worlds]
-    if unknown:
-        known = ", ".join([*worlds, *(r for r, run in runs.items() if not run.done)]) or "none"
-        raise SpawnUsageError(f"no background run or kept world named {unknown[0]!r} (running: {known})")
+    _known_or_refused(names, runs, list(worlds))
     chosen_runs = [runs[n] for n in names if n in runs] if names else [r for r in runs.values() if not r.done]
     chosen_worlds = [worlds[n] for n in names if n in worlds] if names else list(worlds.values())
     parts = []

@@ -183,10 +183,12 @@ def decide_start_method(requested: str, available: list[str], blocker: str | Non
     return requested, notes
 
 
-def resolve_backend(name: str, nprocs: int, gpus: int) -> tuple[str, str | None]:
+def resolve_backend(name: str, nprocs: int, gpus: int, where: str = "visible") -> tuple[str, str | None]:
     """The process group's backend (none | gloo | nccl) and a note if ``auto`` passed over the GPUs.
 
     nccl needs a GPU of its own per rank of a node (cuda:LOCAL_RANK): ``auto`` picks it only then.
+    The one rule, for this machine and for a cluster: there ``nprocs`` is the ranks of each node and
+    ``gpus`` the fewest any node has, ``where`` naming that node ("on node 1 (b)").
     """
     if name in ("none", "gloo"):
         return name, None
@@ -195,15 +197,15 @@ def resolve_backend(name: str, nprocs: int, gpus: int) -> tuple[str, str | None]
             return "nccl", None
         if gpus:
             return "gloo", (
-                f"nbspawn: --backend auto uses gloo: {nprocs} ranks and {gpus} GPU{'s' if gpus > 1 else ''} visible "
+                f"nbspawn: --backend auto uses gloo: {nprocs} ranks and {gpus} GPU{'s' if gpus > 1 else ''} {where} "
                 "(nccl needs a GPU of its own per rank)."
             )
         return "gloo", None
     if name == "nccl":
         if not gpus:
-            raise SpawnUsageError("--backend nccl needs CUDA GPUs and none is visible; use --backend gloo")
+            raise SpawnUsageError(f"--backend nccl needs CUDA GPUs and none is {where}; use --backend gloo")
         if nprocs > gpus:
-            raise SpawnUsageError(f"--backend nccl needs one GPU per rank: {nprocs} ranks, {gpus} GPUs visible")
+            raise SpawnUsageError(f"--backend nccl needs one GPU per rank: {nprocs} ranks, {gpus} GPUs {where}")
     return name, None
 
 
@@ -220,6 +222,19 @@ def torchrun_env(user_env: Mapping[str, str], environ: Mapping[str, str]) -> dic
     if ASYNC_ERROR_HANDLING in user_env or ASYNC_ERROR_HANDLING in environ:
         return {}
     return {ASYNC_ERROR_HANDLING: "1"}
+
+
+DUMP_FILE = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")  # torch reads the first one set
+
+
+def dump_file_env(prefix: str, user_env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """Where NCCL's watchdog dumps its flight recorder when a collective times out (``prefix`` + the
+    global rank; on by default, ``TORCH_NCCL_DUMP_ON_TIMEOUT``): the rank's own directory, unless the
+    user named a place.  torch's default, ``/tmp/nccl_trace_rank_<rank>`` (``~/.cache/torch/`` in newer
+    torch), is one file per rank number for every run and kernel of the machine."""
+    if any(key in user_env or key in environ for key in DUMP_FILE):
+        return {}
+    return dict.fromkeys(DUMP_FILE, prefix)
 
 
 def socket_interface_env(interface: str | None, user_env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
@@ -307,14 +322,20 @@ def _count_in_child(visible: str | None) -> int:
     return _child_counts[visible]
 
 
-def gpu_count(visible: str | None) -> int:
-    """GPUs that ranks with ``CUDA_VISIBLE_DEVICES=visible`` see; never poisons this process's fork."""
-    import torch
+def gpu_count(visible: str | None, torch: ModuleType | None = None) -> int:
+    """GPUs that ranks with ``CUDA_VISIBLE_DEVICES=visible`` see; never poisons this process's fork.
+    ``torch``: the module to ask (this process's)."""
+    if torch is None:
+        import torch as imported
 
+        torch = imported
     if not compiled_with_cuda(torch):
         return 0
-    if (torch.cuda._initialized and visible == os.environ.get(VISIBLE)) or torch.version.hip:
-        # asked already: nothing left to poison (ROCm: torch asks amdsmi, as it always did)
+    if torch.cuda._initialized:
+        note_initialized()
+    if (torch.cuda._initialized and visible == kernel_visible()) or torch.version.hip:
+        # asked already, and counted under this very CUDA_VISIBLE_DEVICES (torch keeps the count it had at
+        # its initialization): nothing left to poison (ROCm: torch asks amdsmi, as it always did)
         return int(torch.cuda.device_count())
     physical = physical_gpus()
     if physical is None:
@@ -350,13 +371,16 @@ def driver_initialized() -> bool | None:
 
 
 _poisoned = False  # once torch registered its at-fork handler it stays registered
+_clean_since_cell = False  # a probe found fork clean, and no kernel cell has run since (note_cell)
 
 
 def torch_poisoned_fork() -> bool:
-    """Whether a child forked now would be "in bad fork" for torch: asked of a forked child."""
-    global _poisoned
+    """Whether a child forked now would be "in bad fork" for torch: asked of a forked child, once
+    between two kernel cells: only the kernel's own code (a cell) can register torch's at-fork handler,
+    and forking a large kernel costs (its page tables; every library's at-fork hooks)."""
+    global _poisoned, _clean_since_cell
     torch = _torch()
-    if _poisoned or torch is None or not compiled_with_cuda(torch):
+    if _poisoned or _clean_since_cell or torch is None or not compiled_with_cuda(torch):
         return _poisoned
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Python 3.12+: fork with threads
@@ -369,6 +393,7 @@ def torch_poisoned_fork() -> bool:
         os._exit(1 if bad else 0)
     _, status = os.waitpid(pid, 0)
     _poisoned = os.waitstatus_to_exitcode(status) != 0
+    _clean_since_cell = not _poisoned
     return _poisoned
 
 
@@ -382,6 +407,7 @@ def fork_facts(gpus: int) -> ForkFacts:
     if torch is None:
         return ForkFacts(gpus=gpus)
     if torch.cuda.is_initialized() or torch.cuda._is_in_bad_fork():
+        note_initialized()
         return ForkFacts(gpus=gpus, torch_initialized=True, culprit=_culprit or "")
     if gpus <= 0 or not compiled_with_cuda(torch):
         return ForkFacts(gpus=gpus)
@@ -391,6 +417,21 @@ def fork_facts(gpus: int) -> ForkFacts:
 
 
 _culprit: str | None = None  # culprit_line of the first kernel cell after which CUDA was found touched
+_visible_at_init: list[str | None] = []  # CUDA_VISIBLE_DEVICES when torch's CUDA was first found initialized
+
+
+def note_initialized() -> None:
+    """torch's CUDA is initialized in this kernel: the ``CUDA_VISIBLE_DEVICES`` it numbers its GPUs by
+    is remembered, the first time (the runtime reads it once, at its initialization)."""
+    if not _visible_at_init:
+        _visible_at_init.append(os.environ.get(VISIBLE))
+
+
+def kernel_visible() -> str | None:
+    """The ``CUDA_VISIBLE_DEVICES`` this kernel's CUDA numbers the GPUs by (a CUDA IPC handle carries
+    that number): the value it had when CUDA was first found initialized here, else the current one.
+    A notebook that changes it afterwards changes it for new processes (the ranks), not for the kernel."""
+    return _visible_at_init[0] if _visible_at_init else os.environ.get(VISIBLE)
 
 
 def note_cell(label: str, source: str) -> None:
@@ -398,13 +439,32 @@ def note_cell(label: str, source: str) -> None:
     touched in this kernel (the driver initialized: ``torch.cuda.is_available()``, a CUDA tensor, CuPy)
     is remembered with its likeliest line, so that a refusal to fork names it.  Costs nothing on a CPU
     build, before torch is imported and once found; else a read of ``/proc/self/maps`` (about 1 ms).
-    ``get_arch_list()`` initializes nothing, so it is named by the call alone."""
-    global _culprit
+    ``get_arch_list()`` initializes nothing, so it is named by the call alone.  A cell of the user's
+    own code may also have poisoned fork: the next plan asks the probe again (:func:`torch_poisoned_fork`);
+    a ``%%spawn`` cell runs its code in the ranks, and leaves that answer as it was."""
+    global _culprit, _clean_since_cell
+    if not source.lstrip().startswith("%%spawn"):
+        _clean_since_cell = False
     torch = _torch()
-    if _culprit is not None or torch is None or not compiled_with_cuda(torch):
+    if torch is None or not compiled_with_cuda(torch):
+        return
+    if torch.cuda.is_initialized():
+        note_initialized()
+    if _culprit is not None:
         return
     if torch.cuda.is_initialized() or driver_initialized() is not False:
         _culprit = culprit_line(label, source)
+
+
+def may_hold_pinned() -> bool:
+    """Whether this process can hold pinned (page-locked) memory: only once CUDA is initialized in it
+    (by torch, or the driver by another library); never on a build without CUDA.  Asking torch before
+    then would initialize CUDA on torch < 2.7 (``CUDAHooks::isPinnedPtr``: ``cudaGetDeviceCount``, then
+    a context on GPU 0), in a kernel that may fork its ranks next."""
+    torch = _torch()
+    if torch is None or not compiled_with_cuda(torch):
+        return False
+    return bool(torch.cuda.is_initialized()) or driver_initialized() is not False
 
 
 def collect_ipc() -> None:

@@ -1,109 +1,124 @@
 """The door's one reading of a run's options: what ``%%spawn`` and ``launch()`` were given becomes a
 typed, frozen :class:`~nbspawn._request.RunRequest`.
 
-Both doors call :func:`read_settings` and :func:`read_request`, and nothing else calls a
-``nbspawn._options`` parser: each value is read once, here, into what it means (``-n`` a count or
-``"auto"``, ``--backend GLOO`` ``"gloo"``, seconds a float, ``--env`` a dict, rank lists sets), and a
-malformed one is a :class:`~nbspawn.errors.SpawnUsageError` before anything is planned.  The planners
-take these values as they are; what only they can check (``--ranks`` against the run's size, ``-n
-auto`` on this machine, a kept world's own settings) they check without reading anything again.
+Both doors call :func:`read_door`, with what the user wrote (and, for the magic, what ``%config
+SpawnMagics`` set); it is the only caller of a ``nbspawn._options`` reader.  Each value is read once,
+here, by its row of the table (``-n`` a count or ``"auto"``, ``--backend GLOO`` ``"gloo"``, seconds a
+float, ``--env`` a dict, rank lists sets), the rules that join options are applied here (``--fresh``
+against ``--world``, ``--debug-collectives`` into the environment, a cell option given to a program),
+the program's form is read (``_program.read_program_line``) and the cell's syntax checked: a malformed
+request is a :class:`~nbspawn.errors.SpawnUsageError` (or a ``CellSyntaxError``) before anything is
+planned.  The planners take these values as they are; what only they can check (``--ranks`` against the
+run's size, ``-n auto`` on this machine, a kept world's own settings, that a program's file exists
+where it runs) they check without reading anything again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import fields
 from typing import Any
 
-from ._options import (
-    parse_accelerator,
-    parse_backend,
-    parse_env,
-    parse_kb,
-    parse_nodes,
-    parse_nprocs,
-    parse_on,
-    parse_ranks,
-    parse_seconds,
-    parse_start_method,
-    parse_world_name,
-)
+from ._options import ROW, ROWS, Option, with_debug_collectives
+from ._program import ProgramLine, read_program_line
 from ._request import Given, RunRequest, Settings
 from ._source import CellSource
-from .handoff._names import parse_names
+from .errors import SpawnUsageError
+
+SETTINGS = tuple(f.name for f in fields(Settings) if f.name != "given")
+_DOOR_ONLY = ("fresh", "debug_collectives")  # read into others here: --world set aside, --env added to
+REQUESTED = tuple(param for param in ROW if param not in SETTINGS and param not in _DOOR_ONLY)
+# the options that tell a kept world how it runs: one the user wrote is checked against the world
+_WORLD_DEFINING = tuple(f.name for f in fields(Given))
 
 
-def read_settings(
+def written(value: Any) -> bool:
+    """Whether a door was given this value (None, and a switch left off, are not given)."""
+    return value is not None and value is not False
+
+
+def read_door(
+    given: Mapping[str, Any],
     *,
-    nprocs: Any,
-    start_method: str | None,
-    backend: str | None,
-    accelerator: str | None = None,
-    env: list[str] | tuple[str, ...] | Mapping[str, str] | None,
-    timeout: Any,
-    grace_period: Any,
-    log_dir: str | None,
-    ranks: Any,
-    max_saved_kb: Any = 256,
-    max_image_kb: Any = 2048,
-    pdb: bool = False,
-    given: Given,
-) -> Settings:
-    """The run's options, each read once (a default already filled in where the user gave none;
-    None for ``start_method``, ``backend``, ``timeout``: auto, none, no limit)."""
-    n = parse_nprocs(nprocs)
-    user_env = parse_env(env)
-    method = parse_start_method(start_method)
-    seconds = parse_seconds(timeout, "--timeout", allow_zero=False)
-    grace = parse_seconds(grace_period, "--grace-period", allow_zero=True)
-    saved_kb = parse_kb(max_saved_kb, "SpawnMagics.max_saved_kb")
-    image_kb = parse_kb(max_image_kb, "SpawnMagics.max_image_kb")
-    shown = parse_ranks(ranks)
-    return Settings(
-        nprocs=n,
-        start_method=method,
-        backend=parse_backend(backend),
-        accelerator=parse_accelerator(accelerator),
-        env=user_env,
-        timeout=seconds,
-        grace_period=5.0 if grace is None else grace,
-        log_dir=log_dir or None,
-        ranks=shown,
-        max_saved_kb=saved_kb,
-        max_image_kb=image_kb,
-        pdb=pdb,
-        given=given,
+    configured: Mapping[str, Any] | None = None,
+    cell: CellSource | None = None,
+    program: list[str] | tuple[str, ...] | None = None,
+    namespace: dict[str, Any],
+    hidden: Mapping[str, Any] | None = None,
+    cell_numbers: Mapping[str, int] | None = None,
+) -> RunRequest:
+    """The one normaliser of both doors.  ``given``: the option values the user wrote (by ``param``;
+    None or a switch off: not written); ``configured``: the magic's ``SpawnMagics`` defaults (a cell
+    option's only for cells; a configured world only where no cluster is named).  Everything else is
+    the row's default."""
+    configured = configured or {}
+    if written(given.get("fresh")) and written(given.get("world")):
+        raise SpawnUsageError("--fresh runs the cell on new ranks, --world on a kept world: give one of them")
+    raw = {option.param: _raw(option, given, configured, program is not None) for option in ROWS}
+    if (written(raw["cluster"]) and not written(given.get("world"))) or given.get("fresh"):
+        raw["world"] = None  # the configured world is for cells on this machine, and --fresh sets it aside
+    raw["env"] = with_debug_collectives(raw["env"], bool(raw["debug_collectives"]))
+    settings = read_settings(
+        given=Given(**{name: written(given.get(name)) for name in _WORLD_DEFINING} | {"env": raw["env"] is not None}),
+        **{name: raw[name] for name in SETTINGS},
     )
+    return read_request(
+        cell=cell,
+        program=program,
+        settings=settings,
+        namespace=namespace,
+        hidden=hidden,
+        cell_numbers=cell_numbers,
+        **{name: raw[name] for name in REQUESTED},
+    )
+
+
+def _raw(option: Option, given: Mapping[str, Any], configured: Mapping[str, Any], for_program: bool) -> Any:
+    """What the user wrote, else what is configured (a cell option's, for cells only), else None."""
+    if written(given.get(option.param)):
+        return given[option.param]
+    value = configured.get(option.param)
+    if value in (None, "") or (for_program and option.group == "cell"):
+        return None
+    return value
+
+
+def read_settings(*, given: Given | None = None, **raw: Any) -> Settings:
+    """The run's settings, each read once by its row (None, or not passed: the row's default)."""
+    unknown = set(raw) - set(SETTINGS)
+    assert not unknown, f"not settings: {sorted(unknown)}"
+    return Settings(**{name: _read(ROW[name], raw.get(name)) for name in SETTINGS}, given=given or Given())
 
 
 def read_request(
     *,
     cell: CellSource | None,
-    program: tuple[str, ...] | None,
+    program: list[str] | tuple[str, ...] | ProgramLine | None,
     settings: Settings,
-    world: str | None = None,
-    on: Any = None,
-    cluster: str | None = None,
-    nodes: Any = None,
     namespace: dict[str, Any],
     hidden: Mapping[str, Any] | None = None,
-    share: str | list[str] | tuple[str, ...] | None = None,
-    out: str | list[str] | tuple[str, ...] | None = None,
-    background: bool = False,
     cell_numbers: Mapping[str, int] | None = None,
+    **raw: Any,
 ) -> RunRequest:
-    """The request, its options read: what runs, where, and how (``settings``, from :func:`read_settings`)."""
-    return RunRequest(
-        cell=cell,
-        program=program,
-        world=None if world is None else parse_world_name(world),
-        on=parse_on(on),
-        cluster=cluster,
-        nodes=parse_nodes(nodes),
+    """The request: what runs (the cell, its syntax checked; or the program, its form read), where
+    (each of those options read once by its row), and how (``settings``, from :func:`read_settings`);
+    what cannot be combined is refused (``RunRequest.of``)."""
+    unknown = set(raw) - set(REQUESTED)
+    assert not unknown, f"not options of a request: {sorted(unknown)}"
+    if cell is not None:
+        cell.tree  # noqa: B018  # parsed here, once: a syntax error is the door's
+    line = program if isinstance(program, ProgramLine) or program is None else read_program_line(program)
+    work = line if line is not None else cell
+    assert work is not None, "a request runs a cell or a program"
+    return RunRequest.of(
+        work,
         settings=settings,
         namespace=namespace,
         hidden=hidden,
-        share=parse_names(share, "--share"),
-        out=parse_names(out, "--out"),
-        background=background,
         cell_numbers=cell_numbers or {},
+        **{name: _read(ROW[name], raw.get(name)) for name in REQUESTED},
     )
+
+
+def _read(option: Option, value: Any) -> Any:
+    return option.read(option.default if value is None else value)

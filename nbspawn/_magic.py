@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, argument_group, magic_arguments
-from traitlets import Float, Int, Unicode, Union
+from traitlets import Float, Int, TraitType, Unicode, Union
 
 from . import _control, _cuda, _tpu
 from ._dispatch import start
-from ._door import read_request, read_settings
-from ._options import Option, options_in, with_debug_collectives
-from ._request import Given, RunRequest
+from ._door import read_door
+from ._options import CONFIG, ROW, Option, ViewChoice, at_door, options_in
+from ._request import RunRequest
 from ._runstate import Run
+from ._shell import kernel_of
 from ._source import CellSource, CellSyntaxError, cell_files
 from .errors import SpawnUsageError
 from .views._protocol import RunView
@@ -110,9 +111,25 @@ free at once and the run goes on in the background.
 Forms:
 {FORMS}
 
-Defaults are configurable, e.g. %config SpawnMagics.nprocs = 8 (also start_method, backend,
-timeout, grace_period, log_dir, view, live_after, world, cluster, max_saved_kb, max_image_kb).
+Defaults are configurable, e.g. %config SpawnMagics.nprocs = 8 (also {", ".join(o.param for o in at_door(CONFIG) if o.param != "nprocs")}, live_after).
 """
+
+# SpawnMagics' traitlet for each kind of option %config sets (nbspawn._options: a row's trait)
+_TRAITS: dict[str, Callable[[Option], TraitType]] = {
+    "count": lambda o: Union([Int(), Unicode()], default_value=o.default, help=o.trait_help),
+    "choice": lambda o: Unicode(o.default, help=o.trait_help),
+    "seconds": lambda o: (
+        Float(o.default, allow_none=True, help=o.trait_help) if o.default is None else Float(o.default, help=o.trait_help)
+    ),
+    "path": lambda o: Unicode(o.default, allow_none=True, help=o.trait_help),
+    "name": lambda o: Unicode(o.default or "", help=o.trait_help),  # '': none
+    "kb": lambda o: Int(o.default, help=o.trait_help),
+}
+
+
+def configurable() -> dict[str, TraitType]:
+    """A ``config=True`` traitlet for every option ``%config SpawnMagics`` sets, its default the row's."""
+    return {option.param: _TRAITS[option.trait](option).tag(config=True) for option in at_door(CONFIG)}
 
 
 def _documented(text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -129,44 +146,12 @@ def _documented(text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 class SpawnMagics(Magics):
     """Run a cell on N local PyTorch ranks."""
 
-    nprocs = Union(
-        [Int(), Unicode()],
-        default_value="auto",
-        help="Ranks per cell: a number, or 'auto' (one per GPU, else up to 4 CPU ranks).",
-    ).tag(config=True)
-    start_method = Unicode("auto", help="fork, spawn, forkserver, or auto (fork unless CUDA is initialized in the kernel).").tag(
-        config=True
-    )
-    backend = Unicode("none", help="Process group set up around the cell: none, gloo, nccl, or auto (nccl with GPUs).").tag(
-        config=True
-    )
-    timeout = Float(None, allow_none=True, help="Seconds before every rank is stopped (None: no limit).").tag(config=True)
-    grace_period = Float(5.0, help="Seconds between SIGTERM and SIGKILL when ranks are stopped.").tag(config=True)
-    log_dir = Unicode(
-        None, allow_none=True, help="Where <run-id>/<rank>/{stdout,stderr}.log go (None: a new temporary directory)."
-    ).tag(config=True)
-    max_saved_kb = Int(
-        256, help="Most KB a finished run's saved output takes in the notebook, images aside (the logs keep all)."
-    ).tag(config=True)
-    max_image_kb = Int(
-        2048,
-        help="Most KB of images a run shows and saves; past it an image is named, not shown (its rank's display.jsonl has it).",
-    ).tag(config=True)
-    world = Unicode(
-        "", help="Run every %%spawn cell on the kept world of this name ('' : fresh ranks per cell; --fresh for one cell)."
-    ).tag(config=True)
-    cluster = Unicode(
-        "", help="Run every %%spawn cell on this kernel variable's ipyparallel Client or Cluster ('' : this machine)."
-    ).tag(config=True)
+    # one traitlet per row of nbspawn._options that %config sets: the class namespace is a dict here
+    locals().update(configurable())
     live_after = Float(
         0.2,
         help="Seconds a run goes on before its live view (and the toolbar's status) appears; a quicker run "
         "shows only its result. 0: at once.",
-    ).tag(config=True)
-    view = Unicode(
-        "auto",
-        help="How a run is shown: widget (live panes, frozen into a static view at the end), text "
-        "([rank{r}]: lines), or auto (widget in a Jupyter kernel, text in a terminal).",
     ).tag(config=True)
 
     @magic_arguments(name="%spawn")  # IPython adds one "%": the usage line reads %%spawn
@@ -226,16 +211,15 @@ class SpawnMagics(Magics):
         shell = self.shell
         assert shell is not None  # a magic runs in a shell
         try:
-            view = self._view(args.view or self.view)
             request = self._request(args, cell, program)
-            run = start(request, view)
+            run = start(request, self._view(request.view))
         except (SpawnUsageError, ValueError) as err:  # IPython prints exactly UsageError as one line, no traceback
             raise UsageError(str(err)) from None
         except CellSyntaxError as err:
             raise UsageError(err.report()) from None
         user_ns = shell.user_ns
         if request.background:
-            run._on_wait.append(lambda done: user_ns.update(done.outputs))
+            run.when_waited(lambda done: user_ns.update(done.outputs))
             return run
         if run.error is not None:
             if getattr(shell, "call_pdb", False):
@@ -249,16 +233,16 @@ class SpawnMagics(Magics):
         as a cell does (its view, its error); an attach to a background run says how it ended."""
         from ._dispatch import kept_worlds
         from .executors._debug import debug, parse_debug_words
-        from .executors._world import worlds
 
         try:
             name, _rank = parse_debug_words(words)
-            if name is not None and name in kept_worlds() and name not in worlds():
+            world = kept_worlds().get(name) if name is not None else None
+            if world is not None and world.on_cluster:
                 raise SpawnUsageError(
                     f"world {name!r} runs on a cluster: its ranks cannot reach this kernel's stdin, so no debugger "
                     "opens there; run the failing cell on a world on this machine to debug it"
                 )
-            run, said = debug(words, self._view(self.view))
+            run, said = debug(words, self._view(ROW["view"].read(self.configured()["view"])))
         except (SpawnUsageError, ValueError) as err:
             raise UsageError(str(err)) from None
         if said:
@@ -267,68 +251,32 @@ class SpawnMagics(Magics):
             raise run.error
 
     def _request(self, args: argparse.Namespace, cell: CellSource | None, program: tuple[str, ...] | None) -> RunRequest:
-        """The cell's options, each falling back on its SpawnMagics default."""
+        """The cell's options, each falling back on its SpawnMagics default (``nbspawn._door.read_door``)."""
         shell = self.shell
         assert shell is not None  # a magic runs in a shell
-        env = with_debug_collectives(args.env, args.debug_collectives)
-        given = Given(
-            nprocs=args.nprocs is not None,
-            start_method=args.start_method is not None,
-            backend=args.backend is not None,
-            env=env is not None,
-        )
-        settings = read_settings(
-            nprocs=self.nprocs if args.nprocs is None else args.nprocs,
-            start_method=args.start_method or (None if program is not None else self.start_method),
-            backend=args.backend or (None if program is not None else self.backend),
-            accelerator=args.accelerator,
-            env=env,
-            timeout=self.timeout if args.timeout is None else args.timeout,
-            grace_period=self.grace_period if args.grace_period is None else args.grace_period,
-            log_dir=args.log_dir or self.log_dir,
-            ranks=args.ranks,
-            max_saved_kb=self.max_saved_kb,
-            max_image_kb=self.max_image_kb,
-            pdb=bool(getattr(args, "pdb", False)) or bool(getattr(shell, "call_pdb", False)),  # --pdb, or %pdb on
-            given=given,
-        )
-        cluster = (self.cluster if args.cluster is None else args.cluster).strip() or None
-        if getattr(args, "fresh", False) and getattr(args, "world", None) is not None:
-            raise SpawnUsageError("--fresh runs the cell on new ranks, --world on a kept world: give one of them")
-        if program is not None or args.fresh:
-            world = None
-        elif args.world is not None:
-            world = args.world  # the door refuses an empty name
-        else:  # the configured world: for cells on this machine
-            world = None if cluster else self.world.strip() or None
-        return read_request(
+        return read_door(
+            vars(args),
+            configured={**self.configured(), "pdb": bool(getattr(shell, "call_pdb", False))},  # %pdb on: --pdb
             cell=cell,
             program=program,
-            world=world,
-            on=getattr(args, "on", None),
-            cluster=cluster,
-            nodes=args.nodes,
-            settings=settings,
             namespace=shell.user_ns,
             hidden=shell.user_ns_hidden,
-            share=args.share,
-            out=args.out,
-            background=args.background,
             cell_numbers=cell_files(shell),
         )
 
-    def _view(self, choice: str) -> RunView:
-        choice = choice.strip().lower()
-        if choice not in ("auto", "widget", "text"):
-            raise ValueError(f"--view must be auto, widget or text, not {choice!r}")
-        in_jupyter = getattr(self.shell, "kernel", None) is not None
+    def configured(self) -> dict[str, Any]:
+        """What ``%config SpawnMagics`` holds for each option it sets (its traitlets are made from the table)."""
+        return {option.param: getattr(self, option.param) for option in at_door(CONFIG)}
+
+    def _view(self, choice: ViewChoice) -> RunView:
+        in_jupyter = kernel_of(self.shell) is not None
         if choice == "widget" or (choice == "auto" and in_jupyter):
             from .views._widget import WidgetView, widget_available
 
             if widget_available():
                 return WidgetView(live_after=self.live_after)
             if choice == "widget":
-                raise ValueError("--view widget: the widget's front end was not built (run `make lab` or `pip install .`)")
+                raise SpawnUsageError("--view widget: the widget's front end was not built (run `make lab` or `pip install .`)")
         return TextView()
 
     def _cell_number(self) -> int:

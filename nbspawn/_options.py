@@ -1,12 +1,19 @@
-"""Every option a run takes, described once: ``%%spawn``'s arguments, ``%%spawn?``, and ``launch()``'s
-``Args:`` are all generated from :data:`OPTIONS`, so no door can miss one.
+"""Every option a run takes, described once: one row each in :data:`OPTIONS` (and, for those only
+``%config`` sets, :data:`CONFIGURED`).  A row says how the option is spelled, its help, which shapes
+of work take it, where it can be given (its *doors*), its default and the function that reads it.
+``%%spawn``'s arguments and ``%%spawn?``, ``SpawnMagics``' traitlets, ``launch()``'s ``Args:`` and
+:class:`~nbspawn._request.Settings`' defaults are all made from the rows, and the door
+(``nbspawn._door``) reads every value through its row, so no door can miss one.
 
 An option belongs to a *group*, as ipyparallel's magics share argument groups:
 
 * ``common``: cells and programs alike (``-n``, ``--env``, ``--timeout``, ...);
 * ``cell``: only a cell can use it (``--share``, ``--out``, ``--world``, ...); given to a program, the
-  parser itself refuses it, saying why;
+  door refuses it, saying why (the magic's parser for programs already does);
 * ``magic``: only the magic has it (``--view``).
+
+Its *doors*: ``flag`` (``%%spawn --x``), ``call`` (``launch(x=)``), ``config`` (``%config
+SpawnMagics.x``, the default of every later cell; a cell option's configured value applies to cells only).
 
 The ``parse_*`` functions check one value each and raise :class:`~nbspawn.errors.SpawnUsageError`
 with a one-line message; they are pure, cheap, and run before anything starts.
@@ -15,8 +22,9 @@ with a one-line message; they are pure, cheap, and run before anything starts.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal, cast
 
 from .errors import SpawnUsageError
@@ -24,139 +32,43 @@ from .errors import SpawnUsageError
 START_METHODS = ("fork", "spawn", "forkserver")
 BACKENDS = ("none", "gloo", "nccl", "auto")
 ACCELERATORS = ("auto", "tpu", "none")
+VIEWS = ("auto", "widget", "text")
 StartMethod = Literal["fork", "spawn", "forkserver", "auto"]  # auto: this machine decides (nbspawn._cuda)
 Backend = Literal["none", "gloo", "nccl", "auto"]  # auto: nccl where every rank has a GPU
 Accelerator = Literal["auto", "tpu", "none"]  # auto: tpu where torch_xla finds chips (nbspawn._tpu)
+ViewChoice = Literal["auto", "widget", "text"]  # auto: the widget in a Jupyter kernel, else text
+
+FLAG, CALL, CONFIG = "flag", "call", "config"
+EVERY_DOOR = frozenset({FLAG, CALL, CONFIG})
+FLAG_OR_CALL = frozenset({FLAG, CALL})
 
 
 @dataclass(frozen=True)
 class Option:
-    param: str  # launch()'s keyword, and the magic's dest
-    flags: tuple[str, ...]  # the magic's spelling
+    param: str  # launch()'s keyword, the magic's dest, the traitlet, the field of Settings or RunRequest
+    flags: tuple[str, ...]  # the magic's spelling (none: set by %config only)
     metavar: str | None  # None: a switch
     help: str
     group: str  # common | cell | magic
     not_for_programs: str = ""  # cell options: why a program cannot take it
+    # what it is when no door gives it, before it is read (read(default) is the typed default)
+    default: Any = None
+    # the one reader of its value (a SpawnUsageError for a malformed one); it is given the default when
+    # no door gave one, so it takes that too
+    read: Callable[[Any], Any] = bool
+    doors: frozenset[str] = FLAG_OR_CALL
+    trait: str = ""  # with the config door: the SpawnMagics traitlet's kind (nbspawn._magic)
+    trait_help: str = ""  # with the config door: %config SpawnMagics' line for it
 
+    @property
+    def spelled(self) -> str:
+        """How a message names it: its long flag, else its traitlet."""
+        return self.flags[-1] if self.flags else f"SpawnMagics.{self.param}"
 
-OPTIONS: tuple[Option, ...] = (
-    Option(
-        "nprocs",
-        ("-n", "--nprocs"),
-        "N|auto",
-        "number of ranks (per node with a cluster); auto: one per TPU chip (--accelerator) or GPU the ranks see, else up to 4 CPU ranks (default: SpawnMagics.nprocs)",
-        "common",
-    ),
-    Option("env", ("--env",), "KEY=VALUE", "extra environment variables for every rank", "common"),
-    Option(
-        "accelerator",
-        ("--accelerator",),
-        "auto|tpu|none",
-        "tpu: one rank per TPU chip, each with the environment torch_xla's launcher (xmp.spawn) gives it; auto: "
-        "tpu where torch_xla finds TPU chips, else none (CPU or CUDA ranks, as the GPUs decide)",
-        "common",
-    ),
-    Option("timeout", ("--timeout",), "SECONDS", "stop every rank after this long, showing each one's stack", "common"),
-    Option(
-        "grace_period",
-        ("--grace-period",),
-        "SECONDS",
-        "time between SIGTERM and SIGKILL when ranks are stopped (default 5)",
-        "common",
-    ),
-    Option("log_dir", ("--log-dir",), "DIR", "keep logs in DIR/<run-id>/<rank>/ (default: a new temporary directory)", "common"),
-    Option("ranks", ("--ranks",), "LIST", "show only these ranks' output, e.g. 0 or 0,2 or 0-3 (all are logged)", "common"),
-    Option(
-        "cluster",
-        ("--cluster",),
-        "NAME",
-        "run on several nodes: NAME is a kernel variable holding a connected ipyparallel Client, Cluster or DirectView; one engine per node starts that node's ranks (-n is then ranks per node)",
-        "common",
-    ),
-    Option("nodes", ("--nodes",), "N", "with --cluster: use the first N nodes (default: all)", "common"),
-    Option(
-        "background",
-        ("--bg",),
-        None,
-        "run in the background: the kernel is free at once; the run is returned (also nbspawn.last_run()), run.wait() joins it and raises its error, run.stop() stops it",
-        "common",
-    ),
-    Option(
-        "debug_collectives",
-        ("--debug-collectives",),
-        None,
-        "check every collective across ranks before it runs (torch's TORCH_DISTRIBUTED_DEBUG=DETAIL): a mismatched "
-        "op or shape fails at once, on the rank that found it, with torch's message, instead of hanging",
-        "common",
-    ),
-    Option(
-        "start_method",
-        ("--start-method",),
-        "fork|spawn|forkserver",
-        "how ranks start; fork sees the kernel's names as they are, spawn and forkserver get the names the cell uses pickled by value (default: fork, unless a forked rank could not use CUDA: then forkserver)",
-        "cell",
-        "a program is always started as a new process",
-    ),
-    Option(
-        "backend",
-        ("--backend",),
-        "none|gloo|nccl|auto",
-        "initialize the default process group before the cell and destroy it after",
-        "cell",
-        "a program sets up its own process group (init_process_group())",
-    ),
-    Option(
-        "share",
-        ("--share",),
-        "NAMES",
-        "comma-separated kernel tensors, nn.Modules or dicts/lists/tuples of tensors that every rank sees in the same (shared) memory; in-place writes by ranks are seen by the kernel",
-        "cell",
-        "a program's ranks cannot map the kernel's tensors; pass it files, or run a cell",
-    ),
-    Option(
-        "out",
-        ("--out",),
-        "NAMES",
-        "comma-separated names each rank defines; after the cell each is bound in the kernel as a list indexed by rank (tensors come back through shared memory)",
-        "cell",
-        "a program has no names to bring back; have it write files, or run a cell",
-    ),
-    Option(
-        "world",
-        ("--world",),
-        "NAME",
-        "run on the kept world NAME (ranks that live across cells), started with this cell's options if new",
-        "cell",
-        "a kept world runs cells; a program starts and ends its own processes",
-    ),
-    Option(
-        "on",
-        ("--on",),
-        "RANKS",
-        "with --world: only these ranks run the cell, e.g. 0 or 0,2-3; the others are untouched (their names "
-        "stay as they were, they show nothing) and idle; --out gives None for them",
-        "cell",
-        "a program runs on every rank it starts",
-    ),
-    Option(
-        "fresh",
-        ("--fresh",),
-        None,
-        "fresh ranks for this cell, even if SpawnMagics.world names a world",
-        "cell",
-        "a program always gets fresh ranks",
-    ),
-    Option(
-        "pdb",
-        ("--pdb",),
-        None,
-        "the first rank whose cell raises stops in post-mortem pdb at its exception, before anything is torn down, "
-        "prompting through this cell's input box; leaving it ends the run as it would have (also on when IPython's automatic pdb is: the pdb magic)",
-        "cell",
-        "a program's failure is reported, not debugged; use breakpoint() in the program",
-    ),
-    Option("view", ("--view",), "auto|widget|text", "live widget or [rank{r}]: text lines (default: SpawnMagics.view)", "magic"),
-)
+    @property
+    def typed_default(self) -> Any:
+        """Its value when nobody gives one, read as a given one is."""
+        return self.read(self.default)
 
 
 def options_in(*groups: str) -> tuple[Option, ...]:
@@ -338,7 +250,279 @@ def parse_backend(backend: str | None) -> Backend:
     return cast(Backend, name)
 
 
-def parse_world_name(name: str) -> str:
+def parse_world_name(name: str | None) -> str | None:
+    """A kept world's name (None: fresh ranks)."""
+    if name is None:
+        return None
     if not name.strip() or any(c.isspace() for c in name):
         raise SpawnUsageError(f"--world needs a name without spaces, not {name!r}")
     return name
+
+
+def parse_cluster_name(name: str | None) -> str | None:
+    """The kernel variable that holds the cluster's client (None, or blank: this machine)."""
+    return (name or "").strip() or None
+
+
+def parse_log_dir(path: str | None) -> str | None:
+    return path or None
+
+
+def parse_names(value: str | list[str] | tuple[str, ...] | None, option: str) -> tuple[str, ...]:
+    """``a, b`` (or a list of them): Python names, in order, each once."""
+    if not value:
+        return ()
+    items = value if isinstance(value, (list, tuple)) else [value]
+    names = [n.strip() for item in items for n in str(item).split(",") if n.strip()]
+    for name in names:
+        if not name.isidentifier():
+            raise SpawnUsageError(f"{option}: {name!r} is not a Python name")
+    return tuple(dict.fromkeys(names))
+
+
+def parse_view(choice: str | None) -> ViewChoice:
+    """How the magic shows a run: auto, widget or text."""
+    name = (choice or "auto").strip().lower()
+    if name not in VIEWS:
+        raise SpawnUsageError(f"--view must be auto, widget or text, not {choice!r}")
+    return cast(ViewChoice, name)
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "nprocs",
+        ("-n", "--nprocs"),
+        "N|auto",
+        "number of ranks (per node with a cluster); auto: one per TPU chip (--accelerator) or GPU the ranks see, else up to 4 CPU ranks (default: SpawnMagics.nprocs)",
+        "common",
+        default="auto",
+        read=parse_nprocs,
+        doors=EVERY_DOOR,
+        trait="count",
+        trait_help="Ranks per cell: a number, or 'auto' (one per GPU, else up to 4 CPU ranks).",
+    ),
+    Option("env", ("--env",), "KEY=VALUE", "extra environment variables for every rank", "common", read=parse_env),
+    Option(
+        "accelerator",
+        ("--accelerator",),
+        "auto|tpu|none",
+        "tpu: one rank per TPU chip, each with the environment torch_xla's launcher (xmp.spawn) gives it; auto: "
+        "tpu where torch_xla finds TPU chips, else none (CPU or CUDA ranks, as the GPUs decide)",
+        "common",
+        default="auto",
+        read=parse_accelerator,
+    ),
+    Option(
+        "timeout",
+        ("--timeout",),
+        "SECONDS",
+        "stop every rank after this long, showing each one's stack",
+        "common",
+        read=partial(parse_seconds, option="--timeout", allow_zero=False),
+        doors=EVERY_DOOR,
+        trait="seconds",
+        trait_help="Seconds before every rank is stopped (None: no limit).",
+    ),
+    Option(
+        "grace_period",
+        ("--grace-period",),
+        "SECONDS",
+        "time between SIGTERM and SIGKILL when ranks are stopped (default 5)",
+        "common",
+        default=5.0,
+        read=partial(parse_seconds, option="--grace-period", allow_zero=True),
+        doors=EVERY_DOOR,
+        trait="seconds",
+        trait_help="Seconds between SIGTERM and SIGKILL when ranks are stopped.",
+    ),
+    Option(
+        "log_dir",
+        ("--log-dir",),
+        "DIR",
+        "keep logs in DIR/<run-id>/<rank>/ (default: a new temporary directory)",
+        "common",
+        read=parse_log_dir,
+        doors=EVERY_DOOR,
+        trait="path",
+        trait_help="Where <run-id>/<rank>/{stdout,stderr}.log go (None: a new temporary directory).",
+    ),
+    Option(
+        "ranks",
+        ("--ranks",),
+        "LIST",
+        "show only these ranks' output, e.g. 0 or 0,2 or 0-3 (all are logged)",
+        "common",
+        read=parse_ranks,
+    ),
+    Option(
+        "cluster",
+        ("--cluster",),
+        "NAME",
+        "run on several nodes: NAME is a kernel variable holding a connected ipyparallel Client, Cluster or DirectView; one engine per node starts that node's ranks (-n is then ranks per node)",
+        "common",
+        read=parse_cluster_name,
+        doors=EVERY_DOOR,
+        trait="name",
+        trait_help="Run every %%spawn cell on this kernel variable's ipyparallel Client or Cluster ('' : this machine).",
+    ),
+    Option(
+        "nodes",
+        ("--nodes",),
+        "N",
+        "with --cluster: use the first N nodes (default: all)",
+        "common",
+        read=parse_nodes,
+    ),
+    Option(
+        "background",
+        ("--bg",),
+        None,
+        "run in the background: the kernel is free at once; the run is returned (also nbspawn.last_run()), run.wait() joins it and raises its error, run.stop() stops it",
+        "common",
+        default=False,
+    ),
+    Option(
+        "debug_collectives",
+        ("--debug-collectives",),
+        None,
+        "check every collective across ranks before it runs (torch's TORCH_DISTRIBUTED_DEBUG=DETAIL): a mismatched "
+        "op or shape fails at once, on the rank that found it, with torch's message, instead of hanging",
+        "common",
+        default=False,
+    ),
+    Option(
+        "start_method",
+        ("--start-method",),
+        "fork|spawn|forkserver",
+        "how ranks start; fork sees the kernel's names as they are, spawn and forkserver get the names the cell uses pickled by value (default: fork, unless a forked rank could not use CUDA: then forkserver)",
+        "cell",
+        "a program is always started as a new process",
+        default="auto",
+        read=parse_start_method,
+        doors=EVERY_DOOR,
+        trait="choice",
+        trait_help="fork, spawn, forkserver, or auto (fork unless CUDA is initialized in the kernel).",
+    ),
+    Option(
+        "backend",
+        ("--backend",),
+        "none|gloo|nccl|auto",
+        "initialize the default process group before the cell and destroy it after",
+        "cell",
+        "a program sets up its own process group (init_process_group())",
+        default="none",
+        read=parse_backend,
+        doors=EVERY_DOOR,
+        trait="choice",
+        trait_help="Process group set up around the cell: none, gloo, nccl, or auto (nccl with GPUs).",
+    ),
+    Option(
+        "share",
+        ("--share",),
+        "NAMES",
+        "comma-separated kernel tensors, nn.Modules or dicts/lists/tuples of tensors that every rank sees in the same (shared) memory; in-place writes by ranks are seen by the kernel",
+        "cell",
+        "a program's ranks cannot map the kernel's tensors; pass it files, or run a cell",
+        read=partial(parse_names, option="--share"),
+    ),
+    Option(
+        "out",
+        ("--out",),
+        "NAMES",
+        "comma-separated names each rank defines; after the cell each is bound in the kernel as a list indexed by rank (tensors come back through shared memory)",
+        "cell",
+        "a program has no names to bring back; have it write files, or run a cell",
+        read=partial(parse_names, option="--out"),
+    ),
+    Option(
+        "world",
+        ("--world",),
+        "NAME",
+        "run on the kept world NAME (ranks that live across cells), started with this cell's options if new",
+        "cell",
+        "a kept world runs cells; a program starts and ends its own processes",
+        read=parse_world_name,
+        doors=EVERY_DOOR,
+        trait="name",
+        trait_help="Run every %%spawn cell on the kept world of this name ('' : fresh ranks per cell; --fresh for one cell).",
+    ),
+    Option(
+        "on",
+        ("--on",),
+        "RANKS",
+        "with --world: only these ranks run the cell, e.g. 0 or 0,2-3; the others are untouched (their names "
+        "stay as they were, they show nothing) and idle; --out gives None for them",
+        "cell",
+        "a program runs on every rank it starts",
+        read=parse_on,
+    ),
+    Option(
+        "fresh",
+        ("--fresh",),
+        None,
+        "fresh ranks for this cell, even if SpawnMagics.world names a world",
+        "cell",
+        "a program always gets fresh ranks",
+        default=False,
+        doors=frozenset({FLAG}),  # it overrides SpawnMagics.world, which launch() does not read
+    ),
+    Option(
+        "pdb",
+        ("--pdb",),
+        None,
+        "the first rank whose cell raises stops in post-mortem pdb at its exception, before anything is torn down, "
+        "prompting through this cell's input box; leaving it ends the run as it would have (also on when IPython's automatic pdb is: the pdb magic)",
+        "cell",
+        "a program's failure is reported, not debugged; use breakpoint() in the program",
+        default=False,
+    ),
+    Option(
+        "view",
+        ("--view",),
+        "auto|widget|text",
+        "live widget or [rank{r}]: text lines (default: SpawnMagics.view)",
+        "magic",
+        default="auto",
+        read=parse_view,
+        doors=frozenset({FLAG, CONFIG}),  # launch() takes a RunView object under this name instead
+        trait="choice",
+        trait_help="How a run is shown: widget (live panes, frozen into a static view at the end), text "
+        "([rank{r}]: lines), or auto (widget in a Jupyter kernel, text in a terminal).",
+    ),
+)
+
+# what only %config sets: the notebook's budgets, not a cell's
+CONFIGURED: tuple[Option, ...] = (
+    Option(
+        "max_saved_kb",
+        (),
+        "KB",
+        "most KB a finished run's saved output takes in the notebook, images aside (the logs keep all)",
+        "magic",
+        default=256,
+        read=partial(parse_kb, option="SpawnMagics.max_saved_kb"),
+        doors=frozenset({CONFIG}),
+        trait="kb",
+        trait_help="Most KB a finished run's saved output takes in the notebook, images aside (the logs keep all).",
+    ),
+    Option(
+        "max_image_kb",
+        (),
+        "KB",
+        "most KB of images a run shows and saves; past it an image is named, not shown",
+        "magic",
+        default=2048,
+        read=partial(parse_kb, option="SpawnMagics.max_image_kb"),
+        doors=frozenset({CONFIG}),
+        trait="kb",
+        trait_help="Most KB of images a run shows and saves; past it an image is named, not shown (its rank's display.jsonl has it).",
+    ),
+)
+
+ROWS: tuple[Option, ...] = (*OPTIONS, *CONFIGURED)
+ROW = {option.param: option for option in ROWS}
+
+
+def at_door(door: str) -> tuple[Option, ...]:
+    """The rows that can be given at ``door`` (flag, call or config)."""
+    return tuple(option for option in ROWS if door in option.doors)

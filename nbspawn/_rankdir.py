@@ -7,6 +7,12 @@ torch elastic's layout (``stdout.log``, ``stderr.log``, ``error.json``), plus wh
 * ``stacks.log``: faulthandler's dumps (SIGUSR1 when the kernel asks where the rank is, fatal signals);
 * ``out.pickle``: the ``--out`` values the rank sends home;
 * ``collectives.json``: its recent collectives, written when the kernel asked where it is (``ranks._watch``);
+* ``xray.json``: the bounded record of every collective of the run, when it is X-rayed (``ranks._xray``);
+* ``nccl_trace_<global rank>``: NCCL's flight-recorder dump when its watchdog times a collective out (torch
+  writes it to ``TORCH_FR_DUMP_TEMP_FILE`` + the rank; ``nbspawn._cuda.dump_file_env``);
+* ``interrupt``: a kept world's rank only, made by the kernel just before it interrupts the rank's cell
+  (SIGINT): the rank honours an interrupt only while the cell whose directory holds it runs, so one
+  meant for a cell never lands in the next;
 * ``answers.fifo``: the kernel's answers to the rank's prompts (``input()``, pdb), made by the rank at its
   first prompt; its requests go to the run's ``<run-dir>/prompts.fifo`` (:data:`PROMPTS`), which the kernel
   makes before the ranks start when it can answer (``ranks._prompt``, ``events._prompts``).
@@ -16,6 +22,7 @@ Everything that reads or writes one of these files takes its name from here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 from dataclasses import dataclass
@@ -26,8 +33,11 @@ STACKS = "stacks.log"
 ORDER = "order.bin"
 OUT = "out.pickle"
 COLLECTIVES = "collectives.json"
+XRAY = "xray.json"
 ANSWERS = "answers.fifo"
+NCCL_TRACE = "nccl_trace_"  # the prefix torch's NCCL dump is given: it adds the global rank
 PROMPTS = "prompts.fifo"  # in the run directory, one for all its ranks
+INTERRUPT = "interrupt"  # a kept world's rank: the kernel interrupts this cell (made before its SIGINT)
 
 STREAMS = ("stdout", "stderr", "display")  # stream numbers, as order.bin records them
 FILES = (STDOUT, STDERR, DISPLAY_FILE)  # each stream's file
@@ -60,6 +70,10 @@ class RankDir:
         return self.file(DISPLAY_FILE)
 
     @property
+    def interrupt(self) -> str:
+        return self.file(INTERRUPT)
+
+    @property
     def error(self) -> str:
         return self.file(ERROR)
 
@@ -80,8 +94,19 @@ class RankDir:
         return self.file(COLLECTIVES)
 
     @property
+    def xray(self) -> str:
+        return self.file(XRAY)
+
+    @property
     def answers(self) -> str:
         return self.file(ANSWERS)
+
+    @property
+    def nccl_trace_prefix(self) -> str:
+        return self.file(NCCL_TRACE)
+
+    def nccl_trace(self, global_rank: int) -> str:
+        return self.file(f"{NCCL_TRACE}{global_rank}")
 
 
 def remove_partial_writes(rank_dirs: list[str]) -> None:
@@ -92,6 +117,28 @@ def remove_partial_writes(rank_dirs: list[str]) -> None:
             os.unlink(os.path.join(rank_dir, COLLECTIVES + ".tmp"))
         except OSError:  # none (the usual case), or the directory was never made
             pass
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(rank_dir, XRAY + ".tmp"))
+
+
+def remove_if_empty(run_dir: str) -> bool:
+    """A run that could not start: its directory, and every rank directory under it, removed if nothing
+    in them holds a byte (no rank wrote anything to keep); whether it was."""
+    files = []
+    for folder, _dirs, names in os.walk(run_dir):
+        files += [os.path.join(folder, name) for name in names]
+    try:
+        if any(os.path.getsize(path) for path in files if not os.path.islink(path)):
+            return False
+    except OSError:
+        return False
+    for folder, _dirs, names in os.walk(run_dir, topdown=False):
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, name))
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
+    return not os.path.exists(run_dir)
 
 
 def prompts_path(run_dir: str) -> str:

@@ -23,7 +23,9 @@ from .events._streams import Event, RankStreams
 from .events._where import ANSWER_WAIT, RankToAsk, where_now
 
 # the views' messages carry these as they are (views._messages; their TypeScript twins in messages.ts)
-RankStatus = Literal["starting", "running", "done", "failed", "stopped", "absent"]  # absent: --on, it sits the cell out
+# failed_after: it failed once the run's first failure had (``failure.after`` names that rank), most often because
+# of it (a peer's collective broke as that rank left); absent: --on, it sits the cell out
+RankStatus = Literal["starting", "running", "done", "failed", "failed_after", "stopped", "absent"]
 RunStatus = Literal["starting", "running", "succeeded", "failed", "timeout", "interrupted", "stopped"]
 
 
@@ -115,16 +117,15 @@ class Run:
     shown: dict[str, object] | None = field(default=None, repr=False)  # its frozen view's mime bundle (%spawn show)
     node_batches: list[int] = field(default_factory=list)  # a cluster run: data messages received from each node
     display_items: DisplayItems = field(init=False, repr=False)
-    _streams: list[RankStreams] = field(default_factory=list, repr=False)
+    _streams: list[RankStreams] = field(default_factory=list, init=False, repr=False)
 
-    _done: threading.Event = field(default_factory=threading.Event, repr=False)
-    _thread: threading.Thread | None = field(default=None, repr=False)
-    _stop_requested: str | None = field(default=None, repr=False)  # who asked: "run.stop()", "%spawn stop"
-    _on_wait: list[Callable[[Run], None]] = field(default_factory=list, repr=False)
-    _on_end: list[Callable[[Run], None]] = field(default_factory=list, repr=False)  # when_ended's
-    _ending: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    # where ranks are asked by someone else (a cluster's: by their nodes' agents), set by its executor
-    _ask_elsewhere: Callable[[float], str] | None = field(default=None, repr=False)
+    # Its own; other modules go through its methods (the supervisor's state is the supervisor's)
+    _done: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _stop_requested: str | None = field(default=None, init=False, repr=False)  # who asked: "run.stop()", "%spawn stop"
+    _on_wait: list[Callable[[Run], None]] = field(default_factory=list, init=False, repr=False)  # when_waited's
+    _on_end: list[Callable[[Run], None]] = field(default_factory=list, init=False, repr=False)  # when_ended's
+    _ending: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _ask_elsewhere: Callable[[float], str] | None = field(default=None, init=False, repr=False)  # where_asked_by's
 
     def __post_init__(self) -> None:
         self.display_items = DisplayItems(self.spec.max_image_bytes, {})
@@ -161,6 +162,11 @@ class Run:
                 return
         callback(self)
 
+    def when_waited(self, callback: Callable[[Run], None]) -> None:
+        """Call ``callback(run)`` in the first ``wait()`` that sees the run ended, before its error is
+        raised (a background run's ``--out`` names, bound in the kernel then)."""
+        self._on_wait.append(callback)
+
     def ended(self) -> None:
         """The run is over: ``done`` from now on, and what waited for it is told (by its supervisor)."""
         with self._ending:
@@ -186,6 +192,21 @@ class Run:
     def stop(self, by: str = "run.stop()") -> None:
         """Stop every rank, as the view's Stop button does; returns at once (``wait()`` to join)."""
         self._stop_requested = by
+
+    @property
+    def stop_requested_by(self) -> str | None:
+        """Who asked the run to stop (``"run.stop()"``, ``"%spawn stop"``), or None if no one has; its
+        supervisor stops it when it next looks."""
+        return self._stop_requested
+
+    def where_asked_by(self, ask: Callable[[float], str]) -> None:
+        """From now on ``where`` is answered by ``ask(wait)``: ranks that cannot be asked from this
+        machine (a cluster's, by their nodes' agents), said by their executor."""
+        self._ask_elsewhere = ask
+
+    def ran_on_world(self, name: str, cell: int) -> None:
+        """This run is cell number ``cell`` (from 1) of kept world ``name``."""
+        self.world, self.world_cell = name, cell
 
     def where(self, wait: float = ANSWER_WAIT) -> str:
         """Every running rank's stack now, ranks at the same place grouped (``%spawn where``, the
@@ -217,7 +238,15 @@ class Run:
 
     def facts(self) -> RunFacts:
         """What its error says of it besides its ranks."""
-        return RunFacts(self.run_dir, self.status, self.world, self.world_lost, self.world_cell, self.node_log_dirs())
+        return RunFacts(
+            self.run_dir, self.status, self.world, self.world_lost, self.world_cell, self.node_log_dirs(), self.nccl_dumps()
+        )
+
+    def nccl_dumps(self) -> tuple[str, ...]:
+        """The dumps NCCL's watchdog wrote into the ranks' directories when it timed a collective out."""
+        offset = self.spec.rank_offset
+        found = (RankDir(state.dir).nccl_trace(offset + state.rank) for state in self.ranks if not state.node)
+        return tuple(path for path in found if os.path.exists(path))
 
     def node_log_dirs(self) -> dict[str, str]:
         """A cluster run's log directories, ``host:path`` by node, as far as its agents told them."""

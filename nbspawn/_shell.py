@@ -7,6 +7,7 @@ shell, and asking is not made to import it (IPython takes ~0.1 s to import).
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -22,4 +23,28 @@ def running_shell() -> Any:
 
 def running_kernel() -> Any:
     """The Jupyter kernel this process is (ipykernel's ``Kernel``, the shell's ``kernel``), or None."""
-    return getattr(running_shell(), "kernel", None)
+    return kernel_of(running_shell())
+
+
+def kernel_of(shell: Any) -> Any:
+    """The Jupyter kernel ``shell`` serves (ipykernel's ``Kernel``), or None: a terminal's shell, or
+    no shell at all, has none.  The one place that asks a shell for it."""
+    return getattr(shell, "kernel", None)
+
+
+def wants_colour(stream: Any = None) -> bool:
+    """Whether what nbspawn writes to ``stream`` (stdout if None) may carry colour codes: not when
+    ``NO_COLOR`` is set (no-color.org: any non-empty value), not when IPython's colours are off
+    (``--colors=nocolor``, ``%colors nocolor``), and, outside a kernel (whose frontend draws the
+    codes), not when the stream is no terminal (``ipython script.ipy > out.txt``)."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    shell = running_shell()
+    if shell is not None and str(getattr(shell, "colors", "")).lower() == "nocolor":
+        return False
+    if running_kernel() is not None:
+        return True
+    try:
+        return bool((stream or sys.stdout).isatty())
+    except (AttributeError, ValueError, OSError):
+        return False

@@ -14,6 +14,7 @@ import linecache
 import re
 import traceback
 from dataclasses import dataclass
+from functools import cached_property
 from types import CodeType
 from typing import Any
 
@@ -99,28 +100,38 @@ class CellSource:
         lines = self.padded.splitlines()
         return lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""
 
+    @cached_property
+    def tree(self) -> ast.Module:
+        """The cell parsed, once per process (the door asks first, in the kernel, so a syntax error
+        is reported before any process starts); read it, never change it.  Not pickled: a rank
+        parses the cell it compiles."""
+        return self.parse()
+
     def parse(self) -> ast.Module:
-        """Parse in the kernel so a syntax error is reported before any process starts."""
+        """A new parse of the cell (:attr:`tree` is the one to read)."""
         try:
             return ast.parse(self.padded, CELL_FILENAME, "exec")
         except SyntaxError as err:
             raise CellSyntaxError(err, self.label) from None
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: value for name, value in self.__dict__.items() if name != "tree"}
+
     def compile(self, tree: ast.Module | None = None) -> tuple[CodeType, CodeType | None]:
         """Code for the cell, split like IPython does: statements, then a last bare expression.
 
         The value of a trailing expression is printed by the rank, as a notebook would display it.
-        ``tree``: the cell as :meth:`parse` gave it, if the caller has it (it is consumed: its last
-        expression is taken out), so a world's rank parses each cell once.
+        ``tree``: the cell parsed, if the caller has it (it is only read), so a cell is parsed once.
         """
         if tree is None:
-            tree = self.parse()
+            tree = self.tree
         linecache.cache[CELL_FILENAME] = (len(self.padded), None, self.padded.splitlines(True), CELL_FILENAME)
         last = None
-        if tree.body and isinstance(final := tree.body[-1], ast.Expr):
-            tree.body.pop()
+        body = tree.body
+        if body and isinstance(final := body[-1], ast.Expr):
+            body = body[:-1]
             last = compile(ast.Expression(final.value), CELL_FILENAME, "eval")
-        return compile(tree, CELL_FILENAME, "exec"), last
+        return compile(ast.Module(body=body, type_ignores=tree.type_ignores), CELL_FILENAME, "exec"), last
 
 
 def rewrite_cell_frames(text: str, cell: CellSource) -> str:
@@ -190,6 +201,44 @@ def _trim_library(frames: list[str]) -> list[str]:
     packages = sorted({m.group(1) for f in between if (m := _PACKAGE.search(f))})
     named = f" in {', '.join(packages)}" if packages else ""
     return [*frames[: last + 2], f"... {len(between)} frames{named} ...", tail[-1]]
+
+
+_TRACEBACK_FRAME = re.compile(r"^(\s*)(?:File \"|Cell In\[)")
+
+
+def fold_library_frames(traceback_text: str) -> str:
+    """A traceback whose last frames are a library's (torch's under ``dist.barrier()``, where gloo's
+    "Connection closed by peer" was raised) folded to the user's frames and one line counting the
+    library's: ``... 2 frames in torch ...``.  Only frames under the user's own lines are folded, in
+    each traceback of a chain; one with no frame of the user's is left whole."""
+    lines = traceback_text.splitlines()
+    out: list[str] = []
+    frames: list[list[str]] = []  # the current run of frames: each its header line and the lines under it
+
+    def settle() -> None:
+        headers = [frame[0] for frame in frames]
+        last = max((i for i, header in enumerate(headers) if not _LIBRARY.search(header)), default=-1)
+        folded = frames[last + 1 :] if last >= 0 else []
+        for frame in frames[: len(frames) - len(folded)]:
+            out.extend(frame)
+        if folded:
+            indent = _TRACEBACK_FRAME.match(folded[0][0]).group(1)  # type: ignore[union-attr]  # a frame's header
+            packages = sorted({m.group(1) for frame in folded if (m := _PACKAGE.search(frame[0]))})
+            named = f" in {', '.join(packages)}" if packages else ""
+            out.append(f"{indent}... {len(folded)} frame{'s' if len(folded) > 1 else ''}{named} ...")
+        frames.clear()
+
+    for line in lines:
+        header = _TRACEBACK_FRAME.match(line)
+        if header:
+            frames.append([line])
+        elif frames and line.startswith(frames[-1][0][: len(frames[-1][0]) - len(frames[-1][0].lstrip())] + "  "):
+            frames[-1].append(line)  # the frame's source line and its carets, indented under it
+        else:
+            settle()
+            out.append(line)
+    settle()
+    return "\n".join(out) + ("\n" if traceback_text.endswith("\n") else "")
 
 
 def rewrite_notebook_frames(text: str, cell_numbers: dict[str, int]) -> str:

@@ -20,11 +20,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from . import _cuda, _listen, _tpu
-from ._options import Backend, StartMethod, ranks_within
+from . import _capacity, _cuda, _listen, _tpu
+from ._options import ROW, Backend, StartMethod, ranks_within
 from ._program import Program
 from ._rankdir import RankDir
 from ._request import Settings
@@ -45,7 +45,7 @@ class RunSpec:
     run_dir: str  # <log-dir>/<run-id>
     env: dict[str, str] = field(default_factory=dict)  # user's --env
     timeout: float | None = None
-    grace_period: float = 5.0
+    grace_period: float = ROW["grace_period"].typed_default
     shown_ranks: frozenset[int] | None = None  # None: all
     parent_pid: int = 0  # the kernel; a rank whose parent is gone exits at once
     omp_threads: int | None = None  # None: the user set OMP_NUM_THREADS
@@ -60,8 +60,8 @@ class RunSpec:
     # "Cell In[3], line 2, in f" wherever a rank's traceback is shown
     cell_numbers: dict[str, int] = field(default_factory=dict)
     rich: bool = False  # the view draws rich output: ranks look like a notebook (nbspawn.ranks._capture)
-    max_image_bytes: int = 2 << 20  # images kept per run, live and saved
-    max_saved_bytes: int = 256 << 10  # a saved run's size, images aside
+    max_image_bytes: int = ROW["max_image_kb"].typed_default * 1024  # images kept per run, live and saved
+    max_saved_bytes: int = ROW["max_saved_kb"].typed_default * 1024  # a saved run's size, images aside
     program: Program | None = None  # the ranks run it instead of a cell
     pdb: bool = False  # --pdb, %pdb on: the first rank whose cell raises stops in post-mortem (the kernel tells it)
     # Where these ranks sit in the world.  The ranks never host the TCPStore: they join it as clients
@@ -90,6 +90,11 @@ class RunSpec:
     # the launcher's variables no rank may inherit from the kernel (a leftover would win over the topology)
     accelerator_envs: tuple[dict[str, str], ...] = ()
     unset_env: tuple[str, ...] = ()
+
+    def with_cell(self, part: CellPart) -> RunSpec:
+        """This (a kept world's) spec, running the cell ``part`` brings: the world's ranks, backend,
+        placement and environment, the cell's own options."""
+        return replace(self, **vars(part))
 
     def runs(self, rank: int) -> bool:
         """Whether the rank (its index on this node, as in ``rank_dir``) runs the cell (``--on``)."""
@@ -148,6 +153,7 @@ class RunSpec:
             "ROLE_RANK": str(self.rank_offset + rank),
             "TORCHELASTIC_ERROR_FILE": RankDir(self.rank_dir(rank)).error,
         }
+        env.update(_cuda.dump_file_env(RankDir(self.rank_dir(rank)).nccl_trace_prefix, self.env, os.environ))
         if self.accelerator_envs:
             env.update(self.accelerator_envs[rank])
         return {k: v for k, v in env.items() if k not in self.env}
@@ -346,12 +352,14 @@ def choose_start_method(requested: StartMethod | None, gpus: Callable[[], int] |
     return _cuda.decide_start_method(method, available, blocker)
 
 
-def resolve_backend(backend: Backend, nprocs: int, gpus: Callable[[], int] | None = None) -> str:
-    return resolve_backend_noted(backend, nprocs, gpus)[0]
+def backend_here(backend: Backend, nprocs: int, gpus: Callable[[], int] | None = None) -> str:
+    """The backend for ``nprocs`` ranks on this machine (``nbspawn._cuda.resolve_backend``: the one rule)."""
+    return backend_here_noted(backend, nprocs, gpus)[0]
 
 
-def resolve_backend_noted(backend: Backend, nprocs: int, gpus: Callable[[], int] | None = None) -> tuple[str, str | None]:
-    """The backend, and a note if ``auto`` passed over the GPUs (``nbspawn._cuda.resolve_backend``)."""
+def backend_here_noted(backend: Backend, nprocs: int, gpus: Callable[[], int] | None = None) -> tuple[str, str | None]:
+    """The backend on this machine, and a note if ``auto`` passed over the GPUs (``nbspawn._cuda.resolve_backend``),
+    the GPUs counted only if the rule needs them."""
     if backend in ("none", "gloo"):
         return backend, None
     return _cuda.resolve_backend(backend, nprocs, (gpus or cuda_device_count)())
@@ -368,6 +376,66 @@ class _GpuCount:
         if self.value is None:
             self.value = cuda_device_count(self.user_env)
         return self.value
+
+
+@dataclass(frozen=True)
+class CellPart:
+    """What one cell brings to the ranks that run it, whatever they are (fresh or a kept world's, here or
+    on a cluster), built once (:func:`cell_part`).  A fresh run's spec is made with it; a cell on a
+    world is the world's spec with it (:meth:`RunSpec.with_cell`).  So an option of the cell is one
+    field here and one line in :func:`cell_part`, not a field copied by every planner."""
+
+    run_id: str
+    run_dir: str
+    cell: CellSource
+    timeout: float | None
+    grace_period: float
+    shown_ranks: frozenset[int] | None
+    max_saved_bytes: int
+    max_image_bytes: int
+    pdb: bool
+    rich: bool
+    cell_numbers: dict[str, int]
+    out_names: tuple[str, ...] = ()
+    shm_prefix: str | None = None
+    on_ranks: frozenset[int] | None = None
+    notes: tuple[str, ...] = ()
+
+
+def cell_part(
+    settings: Settings,
+    cell: CellSource,
+    *,
+    run_id: str,
+    run_dir: str,
+    shown: frozenset[int] | None,
+    rich: bool,
+    cell_numbers: Mapping[str, int] | None,
+    debuggable: bool = True,
+    out_names: tuple[str, ...] = (),
+    shm_prefix: str | None = None,
+    on: frozenset[int] | None = None,
+    notes: tuple[str, ...] = (),
+) -> CellPart:
+    """The cell's part of its spec, from its settings (read at the door) and what its planner decided:
+    its id and directory, the ranks it shows (checked against the run's size), ``--on``, ``--out``."""
+    return CellPart(
+        run_id=run_id,
+        run_dir=run_dir,
+        cell=cell,
+        timeout=settings.timeout,
+        grace_period=settings.grace_period,
+        shown_ranks=shown,
+        max_saved_bytes=settings.max_saved_kb * 1024,
+        max_image_bytes=settings.max_image_kb * 1024,
+        pdb=bool(settings.pdb) and debuggable,  # a program's failure is reported, not debugged
+        rich=rich,
+        cell_numbers=dict(cell_numbers or {}),
+        out_names=out_names,
+        shm_prefix=shm_prefix,
+        on_ranks=on,
+        notes=notes,
+    )
 
 
 @dataclass(frozen=True)
@@ -412,7 +480,6 @@ def build_spec(
     user_env = dict(settings.env)
     gpus = _GpuCount(user_env)
     method, notes = choose_start_method("spawn" if program is not None else settings.start_method, gpus)
-    cell.parse()
     tpu: _tpu.TpuPlan | None = None
     if _tpu.wants_tpu(settings.accelerator, os.environ):
         _tpu.refuse_if_runtime_up(_tpu.culprit())
@@ -421,10 +488,11 @@ def build_spec(
         n = len(tpu.rank_envs)
     else:
         n = resolve_nprocs(settings.nprocs, gpus)
+    _capacity.refuse_beyond(n, method)  # -n 99999: one line, before any directory or process is made
     shown = ranks_within(settings.ranks, n, "--ranks", f"a run of {n} ranks")
     backend = "none"  # a program sets up its own group
     if program is None:
-        backend, note = resolve_backend_noted(settings.backend, n, gpus)
+        backend, note = backend_here_noted(settings.backend, n, gpus)
         notes.extend([note] if note else [])
     omp = rank_threads(method, n, user_env, notes)
     handed = handoff(method) if handoff is not None else Handoff()
@@ -433,30 +501,30 @@ def build_spec(
 
         check_shared_devices(handed.namespace_payload.shared or [], _cuda.ranks_visible(user_env, os.environ))
     run_id = run_id or new_run_id()
-    return RunSpec(
+    part = cell_part(
+        settings,
+        cell,
         run_id=run_id,
+        run_dir=run_directory(settings.log_dir, run_id),
+        shown=shown,
+        rich=rich,
+        cell_numbers=cell_numbers,
+        debuggable=program is None,
+        out_names=handed.out_names,
+        shm_prefix=handed.shm_prefix,
+        notes=tuple(notes),
+    )
+    return RunSpec(
+        **vars(part),
         nprocs=n,
         start_method=method,
         backend=backend,
-        cell=cell,
-        run_dir=run_directory(settings.log_dir, run_id),
         env=user_env,
-        timeout=settings.timeout,
-        grace_period=settings.grace_period,
-        shown_ranks=shown,
         parent_pid=os.getpid(),
         omp_threads=omp,
         namespace=handed.namespace,
         namespace_payload=handed.namespace_payload,
-        out_names=handed.out_names,
-        shm_prefix=handed.shm_prefix,
-        notes=tuple(notes),
-        cell_numbers=dict(cell_numbers or {}),
-        rich=rich,
-        max_saved_bytes=settings.max_saved_kb * 1024,
-        max_image_bytes=settings.max_image_kb * 1024,
         program=program,
-        pdb=bool(settings.pdb) and program is None,
         # one machine: a port of 127.0.0.1, held until the executor's store takes it over
         master_port=placement.master_port if placement else _listen.reserve(_listen.LOOPBACK),
         master_addr=placement.master_addr if placement else _listen.LOOPBACK,

@@ -7,7 +7,7 @@
 #                       `torch>=2.4` of pyproject.toml would pull a multi-GB CUDA build.
 #   NBSPAWN_EXTRAS      the project's extras to install (default: test,lab,frameworks; CI runs them
 #                       all). test,lab leaves out lightning, transformers and accelerate (~280 MB):
-#                       tests/test_frameworks.py then skips, saying so.
+#                       tests/kernel/test_frameworks.py then skips, saying so.
 #   PYTHON              interpreter that creates the venv (default: python3)
 #
 # Idempotent: a stamp file newer than pyproject.toml means nothing changed, and pip is not run.

@@ -26,18 +26,36 @@ def pytest_addoption(parser):
         help="run a test parametrized by start method (its `method`) only for these, comma-separated; the "
         "hosted runtimes' jobs run fork and forkserver, what a CPU and a GPU runtime start ranks with",
     )
+    parser.addoption(
+        "--alone",
+        choices=("include", "skip", "only"),
+        default="include",
+        help="the tests that must run with no other test beside them (marked `alone`, and every browser "
+        "test): `skip` leaves them out, `only` runs nothing else; scripts/pytest.sh runs the others on "
+        "pytest-xdist's workers with `skip`, then these with `only`",
+    )
+
+
+def runs_alone(item: pytest.Item) -> bool:
+    """A browser test measures what a page does on the machine's cores (long tasks, Stop's seconds)."""
+    return item.get_closest_marker("alone") is not None or item.get_closest_marker("browser") is not None
 
 
 def pytest_collection_modifyitems(config, items):
     wanted = set(config.getoption("--start-methods").split(","))
     if unknown := wanted - set(START_METHODS):
         raise pytest.UsageError(f"--start-methods: {', '.join(sorted(unknown))} is not one of {', '.join(START_METHODS)}")
+    alone = config.getoption("--alone")
     left_out = [
         item
         for item in items
-        if (callspec := getattr(item, "callspec", None)) is not None
-        and callspec.params.get("method") in START_METHODS
-        and callspec.params["method"] not in wanted
+        if (
+            (callspec := getattr(item, "callspec", None)) is not None
+            and callspec.params.get("method") in START_METHODS
+            and callspec.params["method"] not in wanted
+        )
+        or (alone == "skip" and runs_alone(item))
+        or (alone == "only" and not runs_alone(item))
     ]
     if left_out:
         config.hook.pytest_deselected(items=left_out)

@@ -36,7 +36,7 @@ ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 KERNEL_NAME = "python3"
 # `import nbspawn` too, so cells can call nbspawn.last_run() as they would after the README's setup.
 # Runs show as `[rank{r}]: ` text lines, which tests read from stdout (rank_lines); in a Jupyter kernel
-# the default is the live widget (tests/test_view_widget.py covers it, asking for it with --view widget).
+# the default is the live widget (tests/kernel/test_view_widget.py covers it, asking for it with --view widget).
 LOAD = "%load_ext nbspawn\nimport nbspawn\n%config SpawnMagics.view = 'text'"
 _spec_dir: tempfile.TemporaryDirectory | None = None
 

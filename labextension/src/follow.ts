@@ -19,6 +19,7 @@ import {
   WidgetRequest,
   decodeState,
   decodeWidgetComm,
+  decodeWidgetMessage,
   displayUpdate,
   parseBundle,
   record
@@ -32,6 +33,7 @@ export class ReattachSource implements ILiveSource {
   header: Record<string, unknown> | null = null;
   ranks: unknown[] = [];
   error: unknown = null;
+  whereText: string | null = null;
 
   constructor(
     private _info: ILiveInfo,
@@ -57,6 +59,12 @@ export class ReattachSource implements ILiveSource {
     this._send({ type: 'stop' });
   }
 
+  /** The Where button, as the widget's: the answer is a `where` message to every page (`custom`). */
+  where(): void {
+    this.whereText = '';
+    this._send({ type: 'where' });
+  }
+
   /** A widget state update (`{method: "update", state}`): true if it changed anything. */
   update(state: Record<string, unknown>): boolean {
     const u = decodeState(state);
@@ -72,9 +80,16 @@ export class ReattachSource implements ILiveSource {
     return Object.keys(u).length > 0;
   }
 
-  /** A custom message of the widget (`{type: "output" | "replay", ...}`), as widget.ts reads it. */
-  custom(msg: unknown): void {
+  /** A custom message of the widget (`{type: "output" | "replay" | "where", ...}`), as widget.ts reads
+   * it: true if the view's chrome changed (a Where answer). */
+  custom(msg: unknown): boolean {
+    const m = decodeWidgetMessage(msg);
+    if (m?.type === 'where') {
+      this.whereText = m.text;
+      return true;
+    }
     applyWidgetMessage(this.output, msg);
+    return false;
   }
 }
 
@@ -220,7 +235,9 @@ export class RunFollower {
           this._host.onState();
         }
       } else if (comm?.method === 'custom') {
-        this.source.custom(comm.content);
+        if (this.source.custom(comm.content)) {
+          this._host.onState();
+        }
       }
     } else if (type === 'update_display_data') {
       const end = displayUpdate(msg, this._info.display_id);

@@ -73,9 +73,10 @@ export function buildHeader(run: IRunBundle, extras: IHeaderExtras = {}): HTMLEl
   for (const r of run.ranks) {
     counts.set(r.status, (counts.get(r.status) ?? 0) + 1);
   }
-  const countText = ['failed', 'stopped', 'running', 'done']
+  // "1 failed · 3 after it": ranks that failed once the first had are counted apart from it
+  const countText = ['failed', 'failed_after', 'stopped', 'running', 'done']
     .filter(s => counts.get(s))
-    .map(s => `${counts.get(s)} ${s}`)
+    .map(s => `${counts.get(s)} ${s === 'failed_after' ? 'after it' : s}`)
     .join(' · ');
   const meta = h('div', { class: 'nbs-Header-meta' });
   const addMeta = (label: string, value: string, cls = '') => {
@@ -146,17 +147,21 @@ function oneLine(text: string): string {
  */
 export function buildBanner(run: IRunBundle, pick?: (rank: number) => void): HTMLElement[] {
   const err =
-    run.status === 'stopped' && !run.error ? { rank: null, summary: '', traceback: '', stopped_by: null } : run.error;
+    run.status === 'stopped' && !run.error
+      ? { rank: null, summary: '', traceback: '', stopped_by: null, verdict: null }
+      : run.error;
   if (!err || !(err.summary || err.traceback || run.status === 'stopped')) {
     return [];
   }
   const errRank = err.rank;
   const errRankKnown = errRank !== null && run.status !== 'stopped' && run.ranks.some(r => r.rank === errRank);
-  const text =
+  // a hang's verdict says why it was stopped; what stopped it is the badge (and the title)
+  const stopped =
     run.status === 'stopped' ? stoppedByUser(err.stopped_by) : oneLine(err.summary) || RUN_STATUS_LABEL[run.status] || run.status;
+  const text = err.verdict ? `Hang: ${oneLine(err.verdict)}` : stopped;
   const banner = h(
     'div',
-    { class: 'nbs-Banner', role: 'alert' },
+    { class: err.verdict ? 'nbs-Banner nbs-mod-hang' : 'nbs-Banner', role: 'alert', title: err.verdict ? stopped : undefined },
     h('span', { class: 'nbs-Banner-icon', 'aria-hidden': 'true' }, '!'),
     h('span', { class: 'nbs-Banner-text' }, errRankKnown ? h('strong', {}, `rank ${errRank}: `) : null, text)
   );

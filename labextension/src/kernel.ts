@@ -95,8 +95,9 @@ export function commMessage(
  * The kernel's latest run of each recent cell (`nbspawn/views/_active.py`), asked by opening an
  * `nbspawn.active` comm on a subshell of our own (the main shell may be running a cell); without
  * subshells, on the main shell, answered once it is idle (`mainShellMs`).  The kernel answers with
- * one message, and we close the comm; `[]` when the kernel closes it unanswered (no run of nbspawn
- * in it yet); null when it does not answer, or the kernel went away.
+ * one message, and we close the comm; `[]` when nbspawn is not loaded there (`targetListed`: no comm
+ * is opened then) or the kernel closes the comm unanswered; null when it does not answer, or the
+ * kernel went away.
  */
 export async function askActive(
   kernel: Kernel.IKernelConnection,
@@ -107,6 +108,11 @@ export async function askActive(
     return null;
   }
   const subshell = await createSubshell(kernel);
+  const listed = await targetListed(kernel, subshell, subshell !== null ? ANSWER_MS : mainShellMs);
+  if (listed !== true) {
+    deleteSubshell(kernel, subshell);
+    return listed === false ? [] : null;
+  }
   const commId = `nbspawn-active-${Date.now().toString(16)}-${Math.random().toString(16).slice(2)}`;
   let onIOPub: ((k: Kernel.IKernelConnection, msg: KernelMessage.IIOPubMessage) => void) | null = null;
   let onStatus: ((k: Kernel.IKernelConnection, status: Kernel.Status) => void) | null = null;
@@ -160,6 +166,47 @@ export async function askActive(
       closeComm(kernel, commId);
     }
     deleteSubshell(kernel, subshell);
+  }
+}
+
+/**
+ * Whether the kernel has the `nbspawn.active` target: nbspawn, once loaded, lists a comm of it that no
+ * page opened (`_active.py`'s `LISTED`), so a `comm_info_request` for the target tells, on a subshell
+ * at once.  Asked before the comm is opened: a kernel without the target (a notebook's new kernel,
+ * before its `%load_ext nbspawn`) would close it, and every page on that kernel would log the close
+ * of a comm it does not know.  null when there is no answer in `ms`, or the kernel went away.
+ */
+async function targetListed(
+  kernel: Kernel.IKernelConnection,
+  subshellId: string | null,
+  ms: number
+): Promise<boolean | null> {
+  let future: Kernel.IShellFuture | null = null;
+  let timer = 0;
+  try {
+    const msg = KernelMessage.createMessage({
+      msgType: 'comm_info_request',
+      channel: 'shell',
+      username: kernel.username,
+      session: kernel.clientId,
+      subshellId,
+      content: { target_name: ACTIVE_COMM_TARGET }
+    });
+    future = kernel.sendShellMessage(msg, true, true);
+    const timeout = new Promise<null>(resolve => (timer = window.setTimeout(() => resolve(null), ms)));
+    const reply = await Promise.race([future.done, timeout]);
+    if (!reply) {
+      return null;
+    }
+    const comms = Object.values(record(record(reply.content).comms));
+    return comms.some(c => record(c).target_name === ACTIVE_COMM_TARGET);
+  } catch {
+    return null; // gone with its kernel
+  } finally {
+    window.clearTimeout(timer);
+    if (future && !future.isDisposed) {
+      future.dispose();
+    }
   }
 }
 

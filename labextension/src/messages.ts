@@ -26,7 +26,8 @@ export const STATUS_COMM_TARGET = 'nbspawn.status';
 // -- records, as the kernel sends them (`_bundle.run_record`, `_bundle.rank_record`) ----------------
 
 export type RunStatus = 'starting' | 'running' | 'succeeded' | 'failed' | 'timeout' | 'interrupted' | 'stopped';
-export type RankStatus = 'starting' | 'running' | 'done' | 'failed' | 'stopped';
+/** `failed_after`: it failed once the run's first failure had (`after` names that rank), most often because of it. */
+export type RankStatus = 'starting' | 'running' | 'done' | 'failed' | 'failed_after' | 'stopped';
 
 /** A display item (docs §2): `data`, an `update` of earlier items with its id, or a `clear`. */
 export interface IDisplayItemRecord {
@@ -69,12 +70,16 @@ export interface IRunErrorRecord {
   summary: string;
   /** A stopped run: what stopped it (`%spawn stop`, `run.stop()`, `Stop button`); absent before 0.x. */
   stopped_by?: string | null;
+  /** A run stopped while hung (timeout, interrupt, Stop): why, "rank 1 never entered barrier #1 (…)". */
+  verdict?: string | null;
 }
 
 export interface IRankRecord {
   rank: number;
   pid: number | null;
   status: RankStatus;
+  /** `failed_after`: the rank whose failure came first (the chip reads "after rank 2"); absent before it existed. */
+  after?: number | null;
   exit_code: number | null;
   signal: string | null;
   duration: number | null;
@@ -86,12 +91,20 @@ export interface IRankRecord {
   display_path: string | null;
   /** A cluster run's rank: its node, e.g. "node 1 (hostb)"; its log paths are then `host:path`. */
   node: string | null;
-  /** While it runs and the run looks hung: "waiting in barrier #3 for 25 s; rank 2 has not entered it". */
+  /**
+   * While it runs and the run looks hung: "waiting in barrier #3 for 25 s; rank 2 has not entered it";
+   * a rank stopped in a hang keeps where it was then ("has not entered barrier #3 (Cell In[5], line 6: …)").
+   */
   note?: string | null;
   /** At a prompt now: "pdb" (a breakpoint or post-mortem; its note says where) or "input" (input(), getpass()). */
   prompt?: string | null;
   /** Version 1 bundles only: the kept output (version 2 keeps it in the bundle's `text/html`). */
   output?: OutputChunk[];
+}
+
+/** What a rank's status says in words: "failed after rank 2" for one that failed once rank 2 had. */
+export function statusWords(r: Pick<IRankRecord, 'status' | 'after'>): string {
+  return r.status === 'failed_after' && typeof r.after === 'number' ? `failed after rank ${r.after}` : r.status;
 }
 
 export interface IRunRecord {
@@ -205,6 +218,8 @@ export interface IRunError {
   summary: string;
   /** A stopped run: what stopped it, as the kernel recorded it (null: not said). */
   stopped_by: string | null;
+  /** A run stopped while hung: why (null: not hung, or a bundle saved before verdicts were kept). */
+  verdict: string | null;
   /** Not sent by the kernel today (the rank's record has it); `""` then. */
   traceback: string;
 }
@@ -234,6 +249,7 @@ export function parseBundle(data: unknown): IRunBundle {
         rank: num(r.rank) ?? i,
         pid: num(r.pid),
         status: (str(r.status, 'running') as RankStatus) || 'running',
+        after: num(r.after),
         exit_code: num(r.exit_code),
         signal: strOrNull(r.signal),
         duration: num(r.duration),
@@ -266,7 +282,13 @@ export function parseBundle(data: unknown): IRunBundle {
     duration: num(d.duration),
     status: str(d.status, 'running'),
     error: e
-      ? { rank: num(e.rank), summary: str(e.summary), traceback: str(e.traceback), stopped_by: strOrNull(e.stopped_by) }
+      ? {
+          rank: num(e.rank),
+          summary: str(e.summary),
+          traceback: str(e.traceback),
+          stopped_by: strOrNull(e.stopped_by),
+          verdict: strOrNull(e.verdict)
+        }
       : null,
     output_in: str(d.output_in),
     ranks

@@ -125,6 +125,17 @@ export class LiveOutput {
     this._schedule();
   }
 
+  /**
+   * The run is being stopped: the text queued and not yet drawn is dropped, counted as elided (each
+   * rank's pane says how many lines it does not show; the frozen view that follows has them).
+   */
+  dropQueued(): void {
+    if (this._queue.length > 0) {
+      this._queue.dropText();
+      this.drain();
+    }
+  }
+
   /** Chunks queued and not yet parsed. */
   get queued(): number {
     return this._queue.length;

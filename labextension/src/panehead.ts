@@ -5,7 +5,7 @@
 
 import { h } from './dom';
 import { formatDuration } from './format';
-import { IRankInfo, IRunBundle } from './messages';
+import { IRankInfo, IRunBundle, statusWords } from './messages';
 
 /** A log file as a compact button: its name; the full path in the tooltip, copied on click. */
 function fileButton(path: string | null): HTMLElement | null {
@@ -36,7 +36,7 @@ function fileButton(path: string | null): HTMLElement | null {
 export function paneHead(rank: IRankInfo): HTMLElement {
   const facts = [
     rank.pid !== null ? `pid ${rank.pid}` : null,
-    rank.status,
+    statusWords(rank),
     rank.exit_code !== null && rank.exit_code !== 0 ? `exit code ${rank.exit_code}` : null,
     rank.signal,
     rank.duration !== null ? formatDuration(rank.duration) : null
@@ -58,7 +58,7 @@ export function paneHead(rank: IRankInfo): HTMLElement {
 /** A failed (or stopped) rank's traceback or stack, first thing in its pane; null if it has none. */
 export function tracebackBox(rank: IRankInfo, run: IRunBundle): HTMLElement | null {
   const tb = rank.traceback ?? (run.error && run.error.rank === rank.rank ? run.error.traceback : null);
-  if (!(tb || (rank.status === 'failed' && rank.summary))) {
+  if (!(tb || ((rank.status === 'failed' || rank.status === 'failed_after') && rank.summary))) {
     return null;
   }
   return h(

@@ -84,6 +84,30 @@ export class ChunkQueue {
     return i - start;
   }
 
+  /**
+   * Drop the queued text (of every rank), counted as elided; display items stay (an update or a
+   * clear must not be lost).  A run being stopped: its end is drawn next, not what led up to it.
+   */
+  dropText(): void {
+    const q = this._queue;
+    const keep: Chunk[] = [];
+    for (let i = this._head; i < q.length; i++) {
+      const c = q[i];
+      const [rank, , data] = c;
+      if (typeof data !== 'string') {
+        keep.push(c);
+      } else if (typeof rank === 'number') {
+        const n = newlines(data);
+        if (n > 0) {
+          this._elided[String(rank)] = (this._elided[String(rank)] ?? 0) + n;
+        }
+      }
+    }
+    this._queue = keep;
+    this._head = 0;
+    this._lines = 0;
+  }
+
   /** Forget everything queued (a replay replaces it). */
   clear(): void {
     this._queue = [];

@@ -116,6 +116,12 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
     }
     this._mode = 'delegate';
     this.insertWidget(0, this._delegate);
+    // at once, until the widget draws the run (at once on the page that runs the cell; on a page
+    // loaded mid-run, never) or this page reattaches: which run, and for how long, not a blank
+    this._delegate.hide();
+    this._own.show();
+    this._drawPlaceholder();
+    this._ticker = window.setInterval(() => this._tick(), 1000);
     this._watchEnd();
     this._watchDelegate();
     try {
@@ -163,9 +169,7 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
       }
       const state = this._delegateState();
       if (state === 'shown') {
-        if (this._mode !== 'delegate') {
-          this._backToDelegate();
-        }
+        this._backToDelegate(); // the placeholder (and whatever this page followed) goes
         // the widget shows the run: stop watching its subtree, which a flood rewrites every frame
         this._observer?.disconnect();
         this._observer = null;
@@ -232,6 +236,8 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
     this._view?.dispose();
     this._view = null;
     this._own.hide();
+    // gone, not only hidden: a stale "running for N s" (a status role) is no text of this output's
+    this._own.node.querySelector('.nbs-Reattach-placeholder')?.remove();
     this._delegate?.show();
     this._mode = 'delegate';
     this.node.setAttribute('data-mode', 'delegate');
@@ -259,7 +265,9 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
         onLost: why => this._lose(why)
       });
       this._drawPlaceholder();
-      this._ticker = window.setInterval(() => this._tick(), 1000);
+      if (this._ticker === null) {
+        this._ticker = window.setInterval(() => this._tick(), 1000);
+      }
       this._follower.start();
     }
   }
@@ -285,8 +293,8 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
     if (this.isDisposed) {
       return;
     }
-    if (this._mode === 'waiting') {
-      this._drawPlaceholder();
+    if (this._mode === 'waiting' || this._mode === 'delegate') {
+      this._drawPlaceholder(); // the widget has not drawn the run yet, or never will
     }
     if (this._mode === 'waiting' || this._mode === 'live') {
       this._follower?.tick();
@@ -301,7 +309,7 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
     const text =
       `nbspawn run ${info.run_id} — ${ranks}running` +
       (secs !== null ? ` for ${formatElapsed(secs)}` : '') +
-      '; reattaching…';
+      (this._mode === 'waiting' ? '; reattaching…' : ''); // not before this page follows the run itself
     let box = this._own.node.querySelector<HTMLElement>('.nbs-Reattach-placeholder');
     if (!box) {
       this._own.node.textContent = '';
@@ -396,6 +404,9 @@ export class ReattachRenderer extends Panel implements IRenderMime.IRenderer {
     this._own.node.querySelector('.nbs-Reattach-placeholder')?.remove();
     this._own.node.insertBefore(note, this._own.node.firstChild);
     if (this._view) {
+      if (why === 'the kernel died' || why === 'the kernel restarted') {
+        this._view.endClock(performance.now()); // the run ended with its kernel, now
+      }
       this._view.dispose();
       this._view = null;
       this._own.node.querySelector('.nbs-Run')?.classList.remove('nbs-mod-live');

@@ -72,7 +72,19 @@ const FRAME_STYLE =
   // flow-root: the margins of its first and last child (<h3>, <p>, rich's <pre>) stay inside the body,
   // which is measured for the frame's height; collapsed through it, they were cut off
   'body{display:flow-root;font-family:var(--jp-ui-font-family,system-ui,sans-serif);font-size:13px;color:#222;overflow:hidden;}' +
-  'table{border-collapse:collapse;}th,td{padding:2px 8px;border-bottom:1px solid #ddd;text-align:right;}' +
+  // a frame no taller than the pane (style/base.css) scrolls inside, opening at its top: a long
+  // DataFrame's header, where the pane, which follows its output to the bottom, would be past it
+  'html{overflow:auto;}' +
+  // what sits first and last is flush with the frame: rich's bar (a <pre>, UA margins of 1em) on its
+  // [rankN] prefix's line in the merged pane, not a line below it
+  'body>:first-child{margin-top:0;}body>:last-child{margin-bottom:0;}' +
+  // JupyterLab's own table style (.jp-RenderedHTMLCommon, light: the frame is white), not the
+  // browser's grid that pandas' border="1" asks for
+  'table{border-collapse:collapse;border-spacing:0;border:none;font-size:12px;color:rgba(0,0,0,.87);}' +
+  'thead{border-bottom:1px solid #bdbdbd;vertical-align:bottom;}' +
+  'td,th,tr{vertical-align:middle;padding:.5em;line-height:normal;white-space:normal;max-width:none;border:none;text-align:right;}' +
+  'th{font-weight:bold;}tbody tr:nth-child(odd){background:#fff;}tbody tr:nth-child(even){background:#f5f5f5;}' +
+  'tbody tr:hover{background:#e1f5fe;}' +
   'img,svg{max-width:100%;}</style>';
 
 /** HTML in a sandboxed iframe (no scripts, no forms, no popups), as tall as its content. */

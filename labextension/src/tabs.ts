@@ -6,12 +6,13 @@
 import { h } from './dom';
 import { formatDuration } from './format';
 import { rankHue } from './lines';
-import { IRankInfo, IRunBundle } from './messages';
+import { IRankInfo, IRunBundle, statusWords } from './messages';
 
 /** A chip's icon by rank status. */
 const RANK_ICON: Record<string, string> = {
   done: '\u2713', // ✓
   failed: '\u2715', // ✕
+  failed_after: '\u21b3', // ↳ it failed after the first failure, most often because of it
   stopped: '\u25a0', // ■
   running: '' // spinner drawn in CSS
 };
@@ -32,22 +33,33 @@ export function buildMergedTab(): HTMLElement {
   );
 }
 
-/** A rank's tab: its status chip (spinner, ✓ with duration, ✕ with the exception, ■ with the signal). */
+/**
+ * A rank's tab: its status chip (spinner, ✓ with duration, ✕ with the exception, ↳ "after rank 2" for
+ * one that failed after the first failure, ■ with the signal).
+ */
 export function buildChip(r: IRankInfo, run: IRunBundle): HTMLElement {
   const note = r.status === 'running' && r.note ? r.note : null;
+  // stopped in a hang: where it was then, as its chip said while it ran (the signal goes in the title)
+  const where = r.status === 'stopped' && r.note ? r.note : null;
   const detail =
     r.status === 'failed'
       ? r.summary ?? (r.exit_code !== null ? `exit ${r.exit_code}` : 'failed')
-      : r.status === 'stopped'
-        ? r.signal ?? 'stopped'
+      : r.status === 'failed_after'
+        ? typeof r.after === 'number'
+          ? `after rank ${r.after}`
+          : 'failed after'
+        : r.status === 'stopped'
+          ? where
+            ? shortNote(where)
+            : r.signal ?? 'stopped'
         : r.status === 'done'
           ? formatDuration(r.duration)
           : note
-            ? note.split(/; | \(/)[0] // "waiting in barrier #3 for 25 s", "has not entered barrier #3"
+            ? shortNote(note)
             : 'running';
   const title = [
-    `rank ${r.rank}: ${r.status}`,
-    note,
+    `rank ${r.rank}: ${statusWords(r)}`,
+    note ?? where,
     r.summary,
     r.duration !== null ? formatDuration(r.duration) : null,
     r.exit_code !== null ? `exit code ${r.exit_code}` : null
@@ -79,6 +91,11 @@ export function buildChip(r: IRankInfo, run: IRunBundle): HTMLElement {
   }
   chip.style.setProperty('--nbs-rank-hue', String(rankHue(r.rank)));
   return chip;
+}
+
+/** A note's head, for a chip: "waiting in barrier #3 for 25 s", "has not entered barrier #3". */
+function shortNote(note: string): string {
+  return note.split(/; | \(/)[0];
 }
 
 /** Which tab a tab element stands for. */

@@ -199,6 +199,17 @@ export class LiveView {
     this._pane?.dispose();
   }
 
+  /**
+   * The run ended at `at` (`performance.now()`) without the kernel saying so (it died, or restarted):
+   * the clock shows the run's length then, as it stops.
+   */
+  endClock(at: number): void {
+    const start = this._src.startedAt();
+    if (start !== null) {
+      this._clock.textContent = formatElapsed((at - start) / 1000);
+    }
+  }
+
   /** Select a tab (a rank or `'merged'`), as a click on it would. */
   select(sel: Sel): void {
     this._pick(sel);

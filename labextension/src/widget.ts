@@ -71,18 +71,40 @@ class LiveRun implements ILiveSource {
     return this._start;
   }
 
-  /** The kernel's elapsed time, anchored to this page's clock (the two machines' clocks may differ). */
+  /**
+   * The run's start on this page's clock.  The kernel's `elapsed` is late by however long its message
+   * took to arrive and be taken (seconds while a page loads its widgets), so where this page's clock
+   * agrees with the kernel's (the same machine, or both synced: the kernel's start is then at most
+   * `CLOCKS_AGREE_S` before `elapsed` says, never after) the kernel's own start time is used; else
+   * `elapsed`, anchored to this page's clock (the two machines' clocks may differ).
+   */
   syncClock(): void {
-    const elapsed = record(this._model.get('header')).elapsed;
+    const header = record(this._model.get('header'));
+    const elapsed = header.elapsed;
     if (typeof elapsed === 'number' && Number.isFinite(elapsed)) {
-      this._start = performance.now() - elapsed * 1000;
+      const started = header.started_at;
+      const byEpoch = typeof started === 'number' ? Date.now() / 1000 - started : Number.NaN;
+      const seconds = byEpoch >= elapsed && byEpoch - elapsed < CLOCKS_AGREE_S ? byEpoch : elapsed;
+      this._start = performance.now() - seconds * 1000;
     }
   }
 
   stop(): void {
     this.stopRequested = true;
     this._model.send({ type: 'stop' });
+    this.output.dropQueued(); // under a flood, drawing it would hold back the run's end
     this.refresh();
+  }
+
+  /**
+   * The kernel said it is stopping the run: what was sent before it heard the Stop, and is not drawn
+   * yet, is dropped (it sends only the newest lines from now on).
+   */
+  onStopping(): void {
+    if (this.stopAcknowledged && !this._stoppingSeen) {
+      this._stoppingSeen = true;
+      this.output.dropQueued();
+    }
   }
 
   where(): void {
@@ -125,7 +147,9 @@ class LiveRun implements ILiveSource {
       return;
     }
     this.lost = true;
+    const ended = performance.now(); // the run ended with its kernel: now, as far as this page can tell
     for (const view of this.views) {
+      view.endClock(ended); // not the clock's last tick, up to a second (or a busy page's while) before
       view.dispose();
     }
     for (const el of this.elements) {
@@ -135,9 +159,13 @@ class LiveRun implements ILiveSource {
 
   lost = false;
   readonly elements = new Set<HTMLElement>();
+  private _stoppingSeen = false;
   private _start: number | null = null;
   private _pending = false;
 }
+
+/** How far this page's clock may be ahead of a synced `elapsed` and still be the kernel's (`syncClock`). */
+const CLOCKS_AGREE_S = 10;
 
 /** What a view whose kernel went away says: the run ended with it. */
 export const KERNEL_LOST = 'kernel restarted: this run ended with it';
@@ -192,6 +220,7 @@ function initialize({ model }: { model: WidgetModel }): Cleanup {
   const onMessage = (msg: unknown) => live.onMessage(msg);
   const onHeader = () => {
     live.syncClock();
+    live.onStopping();
     live.refresh();
   };
   const onChange = () => live.refresh();

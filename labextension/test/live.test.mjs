@@ -238,3 +238,17 @@ test('a rank flooding faster than frames: queued text beyond what the flow keeps
   out.drain();
   assert.deepEqual(out.entries(0).map(text), ['fresh']);
 });
+
+test('a run being stopped: the text queued and not drawn yet is dropped, counted as elided; displays stay', () => {
+  const out = new LiveOutput();
+  out.append([[0, 'stdout', 'drawn\n']]);
+  out.enqueue([[0, 'stdout', 'a\nb\n'], [0, 'display', { kind: 'clear' }], [1, 'stdout', 'c\n'], [1, 'stdout', 'd\ne\n']], { 1: 2 });
+  out.dropQueued();
+  assert.equal(out.queued, 0);
+  assert.deepEqual(out.entries(0).map(text), []); // the clear was applied: display items are never dropped
+  assert.deepEqual(out.entries(1).map(text), []);
+  assert.equal(out.elided(0), 2);
+  assert.equal(out.elided(1), 2 + 3); // the kernel's count, and the three lines dropped here
+  out.append([[1, 'stdout', 'f\n']]);
+  assert.deepEqual(out.entries(1).map(text), ['f']);
+});

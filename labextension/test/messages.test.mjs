@@ -15,6 +15,7 @@ import {
   parseOrder,
   parseStatus,
   record,
+  statusWords,
   stopHeard
 } from '../lib/bundled/messages.mjs';
 import { LiveOutput, applyWidgetMessage, entryText } from '../lib/bundled/output.mjs';
@@ -26,10 +27,10 @@ const RUN = {
   started_at: 1700000000.5, duration: 3.25, status: 'failed', world: null, world_cell: null,
   error: { rank: 1, summary: 'ValueError: boom' }, output_in: 'text/html',
   ranks: [
-    { rank: 0, pid: 11, status: 'done', exit_code: 0, signal: null, duration: 3.2, summary: null, traceback: null,
+    { rank: 0, pid: 11, status: 'done', after: null, exit_code: 0, signal: null, duration: 3.2, summary: null, traceback: null,
       elided_lines: 0, stdout_path: '/tmp/logs/r1/0/stdout.log', stderr_path: '/tmp/logs/r1/0/stderr.log',
       display_path: '/tmp/logs/r1/0/display.jsonl', node: null, note: 'at a breakpoint (Pdb, cell line 4)', prompt: 'pdb' },
-    { rank: 1, pid: 12, status: 'failed', exit_code: 1, signal: null, duration: 3.1, summary: 'ValueError: boom',
+    { rank: 1, pid: 12, status: 'failed', after: null, exit_code: 1, signal: null, duration: 3.1, summary: 'ValueError: boom',
       traceback: 'Traceback ...', elided_lines: 5, stdout_path: 'hostb:/l/1/stdout.log', stderr_path: null,
       display_path: null, node: 'node 1 (hostb)', note: 'waiting in barrier #3 for 25 s; rank 0 has not entered it',
       prompt: null },
@@ -50,11 +51,23 @@ test('parseBundle keeps a well-formed run record as it is', () => {
   assert.equal(run.status, 'failed');
   assert.equal(run.started_at, 1700000000.5);
   // the kernel sends no error traceback (the rank record has it): neutral value
-  assert.deepEqual(run.error, { rank: 1, summary: 'ValueError: boom', traceback: '', stopped_by: null });
+  assert.deepEqual(run.error, { rank: 1, summary: 'ValueError: boom', traceback: '', stopped_by: null, verdict: null });
   assert.equal(run.ranks.length, 2);
   assert.deepEqual(run.ranks[1], { ...RUN.ranks[1], output: [] });
   assert.deepEqual(run.ranks[0], { ...RUN.ranks[0], output: [] }); // a rank at a prompt: its note and prompt kept
   assert.equal(run.output_in, 'text/html');
+});
+
+test('a rank that failed after the first failure keeps which rank that was, in words too', () => {
+  const after = { ...RUN.ranks[1], rank: 0, status: 'failed_after', after: 1 };
+  const run = parseBundle({ ...RUN, ranks: [after, RUN.ranks[1]] });
+  assert.equal(run.ranks[0].status, 'failed_after');
+  assert.equal(run.ranks[0].after, 1);
+  assert.equal(statusWords(run.ranks[0]), 'failed after rank 1');
+  assert.equal(statusWords(run.ranks[1]), 'failed');
+  const older = { ...RUN.ranks[1] }; // a record from before the field: null
+  delete older.after;
+  assert.equal(parseBundle({ ...RUN, ranks: [older] }).ranks[0].after, null);
 });
 
 test('parseBundle: anything malformed gets a neutral value, never a throw', () => {
@@ -234,6 +247,19 @@ test('formatDuration', () => {
   assert.equal(formatDuration(12.34), '12.3 s');
   assert.equal(formatDuration(125), '2 min 05 s');
   assert.equal(formatDuration(3720), '1 h 02 min');
+});
+
+test('a run stopped while hung keeps its verdict, and each rank where it was', () => {
+  const verdict = 'rank 1 never entered barrier #1 (it is at Cell In[2], line 4: time.sleep(300)); rank 0 waited in it';
+  const run = parseBundle({
+    run_id: 'r',
+    status: 'timeout',
+    error: { rank: null, summary: 'SpawnTimeoutError: the run timed out after 10 s', stopped_by: null, verdict },
+    ranks: [{ rank: 1, status: 'stopped', signal: 'SIGTERM', note: 'has not entered barrier #1 (Cell In[2], line 4: time.sleep(300))' }]
+  });
+  assert.equal(run.error.verdict, verdict);
+  assert.equal(run.ranks[0].note, 'has not entered barrier #1 (Cell In[2], line 4: time.sleep(300))');
+  assert.equal(parseBundle({ error: { summary: 'x', verdict: 3 } }).error.verdict, null); // not a string: none
 });
 
 test('a stopped run says what stopped it', () => {

@@ -26,6 +26,7 @@ from typing import Any
 
 from .. import _listen
 from .._options import StartMethod
+from .._program import ProgramLine
 from .._request import Settings
 from .._runstate import RankState, Run
 from .._spec import Placement
@@ -54,7 +55,7 @@ def versions() -> dict[str, str]:
     return {"python": platform.python_version(), "torch": torch.__version__, "nbspawn": __version__}
 
 
-def probe(kernel_cwd: str, program: list[str] | None, start_method: StartMethod | None, controller_hint: str | None) -> dict:
+def probe(kernel_cwd: str, program: ProgramLine | None, start_method: StartMethod | None, controller_hint: str | None) -> dict:
     """This engine's node and what the kernel must check before the run (one round trip)."""
     import torch
 
@@ -72,11 +73,11 @@ def probe(kernel_cwd: str, program: list[str] | None, start_method: StartMethod 
     except SpawnUsageError as err:
         method, problem = "", str(err)
     if program is not None and problem is None:
-        from .._program import parse_program
+        from .._program import locate
 
         with working_directory(cwd):
             try:
-                parse_program(program)
+                locate(program)  # read at the door; here: it exists on this node
             except SpawnUsageError as err:
                 problem = f"{err} (from {cwd})" if "(from" not in str(err) else str(err)
     address = _net.routable_address(_net.engine_controller_host() or controller_hint)
@@ -159,7 +160,7 @@ class RelayView(RunView):
     def rank_ended(self, run: Run, state: RankState) -> None:
         died = self.alive is None or not self.alive(state.rank)
         self.batch.append(("e", state.rank + self.offset, _end_record(state, died)))
-        if state.status == "failed":
+        if state.status in ("failed", "failed_after"):
             self._send_pids(run)
             self._publish()  # the kernel stops the other nodes on it: no waiting
 
@@ -247,7 +248,7 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
     global _store
     import cloudpickle
 
-    from .._program import parse_program
+    from .._program import locate
     from .._spec import Handoff, build_spec
     from ..executors._supervisor import execute
     from ..handoff._shm import Payload, forget_arrivals, new_run_prefix
@@ -267,7 +268,7 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
 
     settings, placement = node_placement(job, node)
     with working_directory(job["cwd"]):
-        program = parse_program(job["program"]) if job["program"] is not None else None
+        program = locate(job["program"]) if job["program"] is not None else None
         spec = build_spec(
             job["cell"], settings, rich=job["rich"], handoff=None if program else handoff, program=program,
             run_id=job["run_id"], placement=placement,

@@ -23,81 +23,86 @@ controller, never through the user's.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import signal
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
+from .._clash import Settled
 from .._request import RunRequest, Settings
 from .._runstate import Run
 from .._spec import RunSpec
-from ..executors import _world as _local_worlds
+from ..executors import _kept
+from ..executors._kept import KeptWorld, Lost
 from ..handoff._names import names_bound
 from . import _contact, _nodeworld, _wire
 from ._executor import ClusterRanks
-from ._plan import ClusterPlan, companion_client
+from ._plan import ClusterPlan, backend_on_nodes, companion_client, ranks_per_node, resolve_client
 
 STOP_TIMEOUT = 15.0  # how long a node's agent may take to stop its ranks of a world
 
-_worlds: dict[str, ClusterWorld] = {}
-
-
-@dataclass(frozen=True)
-class LostWorld:
-    """A cluster world that was lost: why, and how it was asked for (the next cell naming it starts
-    it again so, with whatever options that cell gives itself)."""
-
-    why: str
-    cluster: str  # the kernel variable holding the client
-    nodes: int | None
-    settings: Settings
-
-
-_lost: dict[str, LostWorld] = {}
-
 
 @dataclass
-class ClusterWorld:
-    """Where a kept world lives: its nodes and agents, what each of its cells sends them."""
+class ClusterWorld(KeptWorld):
+    """A kept world on a cluster's nodes: its nodes and agents, what each of its cells sends them."""
 
-    name: str
-    spec: RunSpec  # its first cell's: ranks, backend, environment
+    on_cluster: ClassVar[bool] = True
+    stop_wait: ClassVar[float] = STOP_TIMEOUT  # a node's agent stops its ranks of the world
+    exit_wait: ClassVar[float] = 3.0  # the kernel shuts down: else the agents stop its ranks once they hear nothing
+
+    # spec: its first cell's: ranks, backend, environment
     cluster: ClusterPlan
     asked: RunRequest  # its first cell's request: how to start it again if it is lost
     node_settings: Settings  # what each node's ranks were started with
-    state: str = "starting"  # starting | idle | running | lost | stopped
-    cells: int = 0
     pids: list[int | None] = field(default_factory=list)
-    started_at: float = field(default_factory=time.time)
-    lost_because: str | None = None
-    owned: set[str] = field(default_factory=set)  # names its cells bind: the world's own, never sent again
 
     @property
     def agents(self) -> list[int]:
         return [node.agent for node in self.cluster.nodes]
 
-    def settings(self) -> str:
-        env = " ".join(f"--env {k}={v}" for k, v in self.spec.env.items())
-        text = f"{len(self.cluster.nodes)} nodes x -n {self.cluster.ranks_per_node} --backend {self.spec.backend}"
-        return text + (f" {env}" if env else "")
+    def settled(self) -> Settled:
+        cluster = self.cluster
+        return Settled(
+            nprocs=cluster.ranks_per_node,
+            start_method=cluster.start_method,
+            backend=self.spec.backend,
+            env=self.spec.env,
+            nodes=len(cluster.nodes),
+        )
+
+    def auto_nprocs(self) -> int:
+        return ranks_per_node(self.cluster.nodes, "auto")
+
+    def auto_backend(self, nprocs: int) -> str:
+        return backend_on_nodes(self.cluster.nodes, "auto", nprocs)[0]
+
+    def place_clashes(self, request: RunRequest) -> list[str]:
+        """``--cluster`` naming another controller's engines than the world's."""
+        if request.cluster is not None:
+            client, _ids = resolve_client(request.cluster, request.namespace)
+            if client is not self.cluster.client:
+                return [f"--cluster {request.cluster} (another controller's engines)"]
+        return []
+
+    def lost_record(self, why: str | None) -> Lost:
+        """How it was asked for: the next cell naming it starts it again so, with whatever options that
+        cell gives itself (its -n auto is what auto comes to on the nodes then)."""
+        asked = self.asked
+        assert asked.cluster is not None  # a cluster world was asked for on a cluster
+        return Lost(why, asked.settings, asked.cluster, asked.nodes)
+
+    def pids_now(self) -> list[int]:
+        return [p for p in self.pids if p]
+
+    def logs(self) -> str:
+        return ", ".join(f"{n.hostname}:{os.path.dirname(self.spec.run_dir)}" for n in self.cluster.nodes)
 
     def status(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "kind": f"cluster world {len(self.cluster.nodes)} nodes/{self.spec.backend}",
-            "ranks": self.spec.nprocs,
-            "pids": [p for p in self.pids if p] if self.state not in ("stopped", "lost") else [],
-            "state": self.state,
-            "cells": self.cells,
-            "start_method": self.cluster.start_method,
-            "backend": self.spec.backend,
-            "age": time.time() - self.started_at,
-            "logs": ", ".join(f"{n.hostname}:{os.path.dirname(self.spec.run_dir)}" for n in self.cluster.nodes),
-        }
+        row = super().status()
+        return {"name": row.pop("name"), "kind": f"cluster world {len(self.cluster.nodes)} nodes/{self.spec.backend}", **row}
 
     def where(self) -> str:
         """Where every rank is now, between cells: each node's agent looks at its own ranks."""
@@ -121,24 +126,11 @@ class ClusterWorld:
         text += f"\n({', '.join(silent)} did not answer)" if silent else ""
         return f"world {self.name!r} ({self.state}, {self.cells} cells, on a cluster):\n{text}"
 
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+    def end(self) -> None:
+        self.leave(self.stop_wait)  # a node's agent ends its ranks when asked: as a stop does
+
+    def leave(self, wait: float) -> None:
         """Every node's ranks of the world leave; nothing of it is left on any node."""
-        if self.state == "stopped":
-            return
-        self._stop_nodes(timeout)
-        if self.state != "lost":
-            self.state = "stopped"
-
-    def lose(self, why: str) -> None:
-        self.state, self.lost_because = "lost", why
-        _worlds.pop(self.name, None)
-        asked = self.asked
-        assert asked.cluster is not None  # a cluster world was asked for on a cluster
-        _lost[self.name] = LostWorld(why, asked.cluster, asked.nodes, asked.settings)
-        self._stop_nodes()
-
-    def _stop_nodes(self, timeout: float = STOP_TIMEOUT) -> None:
-        _worlds.pop(self.name, None)
         _heartbeat.forget(self)
         client = self.cluster.client
         pending = []
@@ -147,50 +139,7 @@ class ClusterWorld:
                 pending.append(client[agent].apply_async(_nodeworld.stop_world, self.name))
         for result in pending:
             with contextlib.suppress(Exception):
-                result.get(timeout=timeout)
-
-
-@atexit.register
-def _stop_all_at_exit() -> None:
-    """Kernel shutdown: every cluster world's ranks leave now (else their agents, hearing no more
-    heartbeats, stop them a few seconds later)."""
-    for world in list(_worlds.values()):
-        with contextlib.suppress(Exception):
-            world.stop(timeout=3.0)
-
-
-def worlds() -> dict[str, ClusterWorld]:
-    """The cluster worlds of this kernel, by name."""
-    return dict(_worlds)
-
-
-def running(name: str) -> ClusterWorld | None:
-    """The cluster world ``name`` if it runs."""
-    return _worlds.get(name)
-
-
-def lost(name: str) -> LostWorld | None:
-    """How the cluster world ``name`` was asked for, if it was lost: its next cell starts it again so."""
-    return _lost.get(name)
-
-
-def is_cluster_world(name: str) -> bool:
-    """A kept world on a cluster, or one lost there (its next cell starts it there again)."""
-    return name in _worlds or name in _lost
-
-
-def stop(names: list[str] | None = None) -> list[str]:
-    """Stop these cluster worlds (all, if None); names that are not cluster worlds are not ours."""
-    chosen = [n for n in (names or list(_worlds)) if n in _worlds or n in _lost]
-    for name in chosen:
-        _lost.pop(name, None)
-        if name in _worlds:
-            _worlds[name].stop()
-    return chosen
-
-
-# %spawn status, where and stop, and nbspawn.worlds(), find these through the local registry
-_local_worlds.keep_elsewhere(_local_worlds.WorldsElsewhere(worlds, is_cluster_world, stop))
+                result.get(timeout=wait)
 
 
 class ClusterWorldCell(ClusterRanks):
@@ -207,13 +156,12 @@ class ClusterWorldCell(ClusterRanks):
     def start(self, run: Run) -> list[int]:
         world = self.world
         if self.first:
-            _worlds[world.name] = world
-            _lost.pop(world.name, None)
+            _kept.keep(world)
             _heartbeat.keep(world)
         world.state = "running"
         world.cells += 1
-        world.owned.update(names_bound(self.spec.cell.parse()))  # from now on, whatever the cell does
-        run.world, run.world_cell = world.name, world.cells
+        world.owned.update(names_bound(self.spec.cell.tree))  # from now on, whatever the cell does
+        run.ran_on_world(world.name, world.cells)
         try:
             return super().start(run)
         except BaseException:

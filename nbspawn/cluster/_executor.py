@@ -29,8 +29,10 @@ from .._errorfile import ErrorRecord
 from .._runstate import Run
 from .._spec import RunSpec
 from ..events._streams import Event
-from ..events._where import RankToAsk, describe
+from ..events._where import RankToAsk, Where, describe
 from ..executors._base import CLUSTER_POLL_MAX, Executor, RankEnd, Supervision
+from ..executors._supervisor import supervises_here
+from ..handoff._names import Outputs
 from . import _agent, _contact, _wire
 from ._plan import ClusterPlan, hold, release, remember_port
 
@@ -119,7 +121,7 @@ class ClusterRanks(Executor):
         silent = sorted({run.ranks[r].node or "" for r in running if r not in stacks})
         return text + (f"\n({', '.join(silent)}: no answer in time)" if silent else "")
 
-    def look(self, run: Run, ranks: list[int], wait: float) -> tuple[dict[int, str | None], dict[int, list[dict[str, Any]]]]:
+    def look(self, run: Run, ranks: list[int], wait: float) -> Where:
         """Each node's agent is asked (a signal) and looks at its own ranks (``_agent.look``).
 
         The supervising thread asks through the run's client; another thread (``%spawn where`` on a
@@ -128,14 +130,14 @@ class ClusterRanks(Executor):
         with self.look_lock:
             return self._look(run, ranks, wait)
 
-    def _look(self, run: Run, ranks: list[int], wait: float) -> tuple[dict[int, str | None], dict[int, list[dict[str, Any]]]]:
+    def _look(self, run: Run, ranks: list[int], wait: float) -> Where:
         asked = sorted({self.cluster.node_of(r).index for r in ranks} - set(self.answered))
         if not asked:
-            return {}, {}
+            return Where({}, {})
         for index in asked:
             for key in [k for k in list(self.inboxes[index]) if k.startswith(_wire.WHERE_PREFIX)]:
                 self.inboxes[index].pop(key, None)  # an answer to an earlier question
-        supervising = run._thread is threading.current_thread() if run.background else True
+        supervising = supervises_here(run) if run.background else True
         client = self.cluster.client if supervising else self.port_book
         agents = [self.cluster.nodes[i].agent for i in asked]
         registered = set(client.ids)
@@ -156,7 +158,7 @@ class ClusterRanks(Executor):
         for answer in answers.values():
             stacks.update({int(r): d for r, d in answer["stacks"].items() if int(r) in wanted})
             collectives.update({int(r): c for r, c in answer["collectives"].items() if int(r) in wanted})
-        return stacks, collectives
+        return Where(stacks, collectives)
 
     def signal_ranks(self, ranks: list[int], pids: list[int], sig: int) -> None:
         """One request per node: SIGINT interrupts (a second one kills), SIGTERM stops as a failure does."""
@@ -192,7 +194,7 @@ class ClusterRanks(Executor):
             self._heartbeat()
             time.sleep(0.01)
 
-    def outputs(self, run: Run) -> tuple[dict[str, list[Any]], list[tuple[int, str]]]:
+    def outputs(self, run: Run) -> Outputs:
         values: dict[str, list[Any]] = {name: [] for name in self.spec.out_names}
         missing: list[tuple[int, str]] = []
         for node in self.cluster.nodes:
@@ -202,7 +204,7 @@ class ClusterRanks(Executor):
             missing.extend((int(rank), str(name)) for rank, name in answer["missing"])
             for name, kept in values.items():
                 kept.extend(answer["outputs"].get(name, [None] * self.cluster.ranks_per_node))
-        return values, missing
+        return Outputs(values, missing)
 
     def cleanup(self, lose: bool) -> None:
         """Every agent has answered (its ranks reaped, its engine idle again); close what is ours."""

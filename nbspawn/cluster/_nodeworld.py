@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from .. import _listen
 from .._spec import build_spec
-from ..executors import _world
+from ..executors import _kept, _world
 from ..executors._base import NODE_AGENT
 from ..executors._world import WorldCell
 from . import _agent, _contact, _wire
@@ -94,7 +94,7 @@ def run_world_cell(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> 
 def _world_for(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> tuple[_world.World, int | None]:
     """The node's ranks of the world: started now for its first cell (node 0's agent hosts its store
     and holds a new port for the next fresh run), else the ones kept."""
-    world = _world.worlds().get(name)
+    world = _kept.worlds(_world.World).get(name)
     if not first:
         if world is None or world.state in ("lost", "stopped"):
             raise RuntimeError(
@@ -117,7 +117,7 @@ def where_here(name: str) -> _wire.Where:
     from .._rankdir import RankDir
     from ..events._where import RankToAsk
 
-    world = _world.worlds().get(name)
+    world = _kept.worlds(_world.World).get(name)
     if world is None:
         return {"stacks": {}, "collectives": {}}
     offset = world.spec.rank_offset
@@ -132,10 +132,10 @@ def stop_world(name: str) -> bool:
 
 
 def _stop_here(name: str) -> bool:
-    had = name in _world.worlds()
+    had = name in _kept.worlds(_world.World)
     if had:
         with contextlib.suppress(Exception):
-            _world.stop([name])
+            _kept.stop([name])
     return had
 
 
@@ -149,12 +149,12 @@ def _watch_the_kernel() -> None:
 
 
 def _watch() -> None:
-    while _world.worlds():
+    while _kept.worlds(_world.World):
         time.sleep(_contact.HEARTBEAT_EVERY)
         if _cell_running.is_set() or not _contact.kernel_silent():
             continue
         with _lock:
             if _cell_running.is_set():
                 continue
-            for name in list(_world.worlds()):
+            for name in list(_kept.worlds(_world.World)):
                 _stop_here(name)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _cuda
+from .._program import ProgramLine
 from .._spec import auto_nprocs
 from ..errors import SpawnUsageError
 from . import _agent, _net
@@ -53,6 +54,7 @@ class ClusterPlan:
     master_addr: str
     master_port: int
     start_method: str
+    notes: tuple[str, ...] = ()  # what the run says about how it was planned (--backend auto passed over GPUs)
 
     @property
     def world_size(self) -> int:
@@ -123,7 +125,7 @@ def controller_host(client: Any) -> str | None:
     return _net.url_host(str(getattr(client, "_config", {}).get("registration", "") or ""))
 
 
-def probe(client: Any, ids: list[int], program: list[str] | None, start_method: str | None) -> dict[int, dict]:
+def probe(client: Any, ids: list[int], program: ProgramLine | None, start_method: str | None) -> dict[int, dict]:
     """Every engine's facts, in one round trip; an engine that cannot answer is a short error."""
     cwd = os.getcwd()
     hint = controller_host(client)
@@ -224,19 +226,11 @@ def ranks_per_node(nodes: list[Node], nprocs: int | str) -> int:
     return next(iter(counts.values()))
 
 
-def resolve_backend(nodes: list[Node], name: str, per_node: int) -> str:
-    """``--backend`` (read at the door) on these nodes: auto decided from their GPUs, nccl checked."""
-    if name in ("none", "gloo"):
-        return name
-    gpus = {node.label: node.gpus for node in nodes}
-    if name == "auto":  # nccl only where every rank of every node has a GPU of its own
-        return "nccl" if all(n and per_node <= n for n in gpus.values()) else "gloo"
-    short = [f"{label} has {n}" for label, n in gpus.items() if n < per_node]
-    if short:
-        raise SpawnUsageError(
-            f"--backend nccl needs one GPU per rank ({per_node} per node): {', '.join(short)}; use --backend gloo"
-        )
-    return name
+def backend_on_nodes(nodes: list[Node], name: str, per_node: int) -> tuple[str, str | None]:
+    """``--backend`` (read at the door) on these nodes: the one rule (``_cuda.resolve_backend``) for
+    ``per_node`` ranks over the node with the fewest GPUs, which it names; and its note, if any."""
+    fewest = min(nodes, key=lambda node: node.gpus)
+    return _cuda.resolve_backend(name, per_node, fewest.gpus, where=f"on {fewest.label}")
 
 
 def master_address(nodes: list[Node]) -> str:
@@ -254,7 +248,7 @@ def master_address(nodes: list[Node]) -> str:
 
 def plan_nodes(
     client: Any, ids: list[int], *, nodes: int | None, nprocs: int | str, backend: str,
-    start_method: str | None, program: list[str] | None,
+    start_method: str | None, program: ProgramLine | None,
 ) -> tuple[ClusterPlan, str]:  # fmt: skip
     """Ask the engines, choose the nodes and check them; returns the plan and the backend to use."""
     facts = probe(client, ids, program, start_method) if program is not None else known_facts(client, ids, start_method)
@@ -266,7 +260,7 @@ def plan_nodes(
         found = found[:nodes]
     check_nodes(found)
     per_node = ranks_per_node(found, nprocs)
-    chosen_backend = resolve_backend(found, backend, per_node)
+    chosen_backend, note = backend_on_nodes(found, backend, per_node)
     methods = {node.facts["start_method"] for node in found}
     return (
         ClusterPlan(
@@ -276,6 +270,7 @@ def plan_nodes(
             master_addr=master_address(found),
             master_port=int(found[0].facts["port"]),
             start_method="/".join(sorted(methods)),
+            notes=(note,) if note else (),
         ),
         chosen_backend,
     )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypedDict
 
+from .._program import ProgramLine
 from .._request import Settings
 from .._source import CellSource
 
@@ -29,7 +30,7 @@ from .._source import CellSource
 class Job(TypedDict):
     run_id: str
     cell: CellSource
-    program: list[str] | None  # the words after --, checked again on the node
+    program: ProgramLine | None  # the words after --, read at the door; the node finds what they name
     names: bytes  # the kernel names the cell uses, pickled once (nbspawn.handoff._names.pickle_names)
     out_names: list[str]
     settings: Settings  # the node's own: ranks per node, its share of the image budget, ...

@@ -20,7 +20,7 @@ import signal
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._program import Program
 from .._rankdir import COLLECTIVES
@@ -29,6 +29,15 @@ from ..errors import rank_spans
 
 ANSWER_WAIT = 2.0  # seconds for every rank's dump to arrive
 SETTLED = 0.05  # a dump that has not grown for this long is whole
+
+
+class Where(NamedTuple):
+    """What a look at running ranks saw (``Executor.look``), by global rank: each one's stack dump (None:
+    it could not be asked) and its recent collectives (the flight recorder's).  A node's agent sends
+    the same two as ``cluster._wire.Where``."""
+
+    stacks: dict[int, str | None]
+    collectives: dict[int, list[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -167,8 +176,8 @@ def _position(collectives: dict[int, list[dict[str, Any]]] | None, rank: int, st
     op = _waiting_in(stack, entries)
     current = _current(entries, op) if op is not None else None
     if current is not None:
-        return f"in {op} #{current['seq']} for {max(0.0, time.time() - float(current['issued'])):.0f} s"
-    return f"after {last['op']} #{last['seq']}"
+        return f"in {op} #{_seq(current)} for {max(0.0, time.time() - float(current['issued'])):.0f} s"
+    return f"after {_named(last)}"
 
 
 def _innermost(stack: str) -> str:
@@ -205,6 +214,66 @@ def _size(path: str) -> int:
 
 _C10D = "torch/distributed/distributed_c10d.py"
 
+HANG_SUSPECT_AFTER = 10.0  # seconds in one collective before a rank is a hang suspect (at most: suspect_after)
+
+# What torch's flight recorders call a collective (its profiling name less the backend) where that is not
+# the torch.distributed function that issued it: the function a verdict names, then the other functions
+# whose frame (a stack's innermost in distributed_c10d.py) issues it too.  ProcessGroupNCCL records
+# barrier() as an all_reduce of one element and keeps the C++ names of the tensor forms; gloo records
+# all_gather_into_tensor as all_gather; torch 2.13's all_gather_into_tensor and reduce_scatter_tensor
+# call their new names (all_gather_single, reduce_scatter_single).
+_CALLED = {
+    "all_reduce_barrier": ("barrier",),
+    "_all_gather_base": ("all_gather_into_tensor", "all_gather_single"),
+    "_reduce_scatter_base": ("reduce_scatter_tensor", "reduce_scatter_single"),
+    "_broadcast_oop": ("broadcast",),
+    "_reduce_oop": ("reduce",),
+    "all_gather": ("all_gather", "all_gather_into_tensor", "all_gather_single"),
+    "reduce_scatter": ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single"),
+    "all_to_all": ("all_to_all", "all_to_all_single"),
+}
+_P2P = ("send", "recv")  # NCCL records them with their peer: "send 0->1", "recv 1<-0"
+
+
+def called(recorded: str) -> str:
+    """The torch.distributed function a flight-recorder op stands for: ``all_reduce_barrier`` ->
+    ``barrier``, ``_all_gather_base`` -> ``all_gather_into_tensor``, ``send 0->1`` -> ``send``."""
+    base = recorded.split(" ", 1)[0]
+    return _CALLED.get(base, (base,))[0]
+
+
+def _same_call(op: str, recorded: str) -> bool:
+    """Whether a rank whose stack is in torch.distributed's ``op`` is in the collective recorded as ``recorded``."""
+    base = recorded.split(" ", 1)[0]
+    return op in _CALLED.get(base, (base,))
+
+
+def _seq(entry: dict[str, Any]) -> int:
+    """The entry's number: a send or recv counts among the group's point-to-point ops, not its collectives."""
+    return int(entry.get("p2p_seq") or 0) if _is_p2p(entry) else int(entry.get("seq") or 0)
+
+
+def _is_p2p(entry: dict[str, Any]) -> bool:
+    return called(str(entry.get("op", ""))) in _P2P
+
+
+def _named(entry: dict[str, Any]) -> str:
+    return f"{called(str(entry.get('op', '')))} #{_seq(entry)}"
+
+
+def suspect_after(entry: dict[str, Any] | None, run_timeout: float | None = None) -> float:
+    """How long a rank must have waited in a collective before it is a hang suspect, not merely waiting
+    for a straggler (a peer still loading its batch for a few seconds, on a slow GPU pair): at most
+    :data:`HANG_SUSPECT_AFTER`; less where a timeout is short: a quarter of the collective's own
+    (``timeout``, from its flight-recorder entry: torch's watchdog ends it there) and half of the run's
+    ``--timeout`` (the user's word for too long)."""
+    limits = [HANG_SUSPECT_AFTER]
+    if entry is not None and entry.get("timeout"):
+        limits.append(float(entry["timeout"]) / 4)
+    if run_timeout:
+        limits.append(run_timeout / 2)
+    return min(limits)
+
 
 def _collective(stack: str) -> str | None:
     """The torch.distributed call a rank is blocked in (its innermost frame in distributed_c10d.py)."""
@@ -230,12 +299,12 @@ def _pending(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
 
 def _waiting_in(stack: str, entries: list[dict[str, Any]] | None) -> str | None:
     """The collective a rank is waiting in: the torch.distributed call its stack is in, else the NCCL
-    collective that has not completed on its GPU."""
+    collective that has not completed on its GPU (by the function that issued it)."""
     op = _collective(stack)
     if op is not None:
         return op
     pending = _pending(entries)
-    return str(pending["op"]) if pending is not None else None
+    return called(str(pending["op"])) if pending is not None else None
 
 
 def _place(stack: str) -> str:
@@ -243,11 +312,74 @@ def _place(stack: str) -> str:
     return _innermost(stack).split("  (in ", 1)[0]
 
 
+@dataclass
+class _Seen:
+    """What one look at the ranks says of a hang."""
+
+    waiting: dict[int, str]  # ranks in a collective long enough to be hang suspects -> its function
+    entry: dict[int, dict[str, Any] | None]  # -> its flight-recorder entry, where known
+    elsewhere: dict[int, str]  # ranks that have not entered it -> the user's line they are at
+    ripe_at: float | None  # when the first collective waited in, but not yet long, makes a suspect
+
+
+def _seen(
+    stacks: dict[int, str], collectives: dict[int, list[dict[str, Any]]], now: float, run_timeout: float | None, at_stop: bool
+) -> _Seen:
+    """Which ranks wait in a collective, and which have not entered it.
+
+    A rank in a collective for less than :func:`suspect_after` is neither (``at_stop``: the run was
+    stopped, by its ``--timeout``, an interrupt or Stop; where each rank was is the evidence, however
+    long it had waited).  A rank elsewhere has not entered the collective only if its own flight
+    recorder does not say otherwise: a peer whose newest number on that group is as high has issued
+    it (an NCCL collective returns once enqueued) and is no straggler to blame."""
+    seen = _Seen({}, {}, {}, None)
+    for rank, stack in sorted(stacks.items()):
+        if not stack.strip() or stack == STILL_STARTING:
+            continue
+        op = _waiting_in(stack, collectives.get(rank))
+        if op is None:
+            seen.elsewhere[rank] = _place(stack)
+            continue
+        entry = _current(collectives.get(rank), op)
+        if entry is not None and entry.get("issued") and not at_stop:
+            ripe_at = float(entry["issued"]) + suspect_after(entry, run_timeout)
+            if now < ripe_at:
+                seen.ripe_at = min(ripe_at, seen.ripe_at or ripe_at)
+                continue
+        seen.waiting[rank], seen.entry[rank] = op, entry
+    known = next((e for e in seen.entry.values() if e is not None and not _is_p2p(e)), None)
+    if known is not None:
+        seen.elsewhere = {r: place for r, place in seen.elsewhere.items() if not _entered(collectives.get(r), known)}
+    return seen
+
+
+def _entered(entries: list[dict[str, Any]] | None, waited: dict[str, Any]) -> bool:
+    """Whether a rank's flight recorder shows it issued the collective ``waited`` (or a later one) on its group."""
+    group = _group(waited)
+    numbers = [_seq(e) for e in entries or [] if _group(e) == group and not _is_p2p(e)]
+    return bool(numbers) and max(numbers) >= _seq(waited)
+
+
+def _group(entry: dict[str, Any]) -> str:
+    """The process group of an entry: its name (``0``, ``1``: unique in a rank), else its description."""
+    return str(entry.get("pg") or entry.get("group") or "")
+
+
+def suspect_at(
+    stacks: dict[int, str], collectives: dict[int, list[dict[str, Any]]] | None = None, run_timeout: float | None = None
+) -> float | None:
+    """When (``time.time()``) a collective some rank waits in has lasted long enough to make it a hang
+    suspect, if it has not yet: when to look again.  None if no rank waits in one that is still young."""
+    return _seen(stacks, collectives or {}, time.time(), run_timeout, at_stop=False).ripe_at
+
+
 def hang_verdict(
     stacks: dict[int, str],
     collectives: dict[int, list[dict[str, Any]]] | None = None,
     now: float | None = None,
     sitting_out: str = "",
+    run_timeout: float | None = None,
+    at_stop: bool = False,
 ) -> str | None:
     """One line saying why ranks that were stopped were stuck, from where each one was, or None.
 
@@ -257,26 +389,23 @@ def hang_verdict(
     different collectives, or in the same one with different shapes, are a mismatch.  ``sitting_out``
     (``RunSpec.sitting_out``: "ranks 1-3 do not run this cell (--on 0)") says which ranks were not asked
     to run the cell at all: a collective that waits for them waits for ranks that will never come.
+    While the run goes on, a collective is a hang suspect once it is old (:func:`suspect_after`, with
+    the run's ``run_timeout``); ``at_stop``: the run was stopped, and its ranks' places are the verdict's.
     """
-    verdict = _verdict(stacks, collectives or {}, time.time() if now is None else now, bool(sitting_out))
+    now = time.time() if now is None else now
+    verdict = _verdict(
+        stacks, collectives or {}, _seen(stacks, collectives or {}, now, run_timeout, at_stop), now, bool(sitting_out)
+    )
     return f"{verdict}; {sitting_out}" if verdict and sitting_out else verdict
 
 
-def _verdict(stacks: dict[int, str], collectives: dict[int, list[dict[str, Any]]], now: float, others_out: bool) -> str | None:
-    waiting: dict[int, str] = {}
-    elsewhere: dict[int, str] = {}
-    for rank, stack in sorted(stacks.items()):
-        if not stack.strip() or stack == STILL_STARTING:
-            continue
-        op = _waiting_in(stack, collectives.get(rank))
-        if op is not None:
-            waiting[rank] = op
-        else:
-            elsewhere[rank] = _place(stack)
+def _verdict(
+    stacks: dict[int, str], collectives: dict[int, list[dict[str, Any]]], seen: _Seen, now: float, others_out: bool
+) -> str | None:
+    waiting, elsewhere, entry = seen.waiting, seen.elsewhere, seen.entry
     if not waiting:
         return None
-    entry = {r: _current(collectives.get(r), op) for r, op in waiting.items()}
-    named = {r: f"{op} #{e['seq']}" if (e := entry[r]) is not None else op for r, op in waiting.items()}
+    named = {r: f"{op} #{_seq(e)}" if (e := entry[r]) is not None else op for r, op in waiting.items()}
     ops = sorted(set(waiting.values()))
     if len(ops) > 1:
         parts = []
@@ -284,7 +413,6 @@ def _verdict(stacks: dict[int, str], collectives: dict[int, list[dict[str, Any]]
             ranks = [r for r, o in waiting.items() if o == op]
             parts.append(f"{_ranks(ranks)} in {named[ranks[0]]} ({_place(stacks[ranks[0]])})")
         return "the ranks were in different collectives: " + "; ".join(parts)
-    op = ops[0]
     shapes = {r: e["sizes"] for r, e in entry.items() if e is not None}
     if len({json.dumps(v) for v in shapes.values()}) > 1:
         parts = [f"{_ranks(ranks)} {shape}" for shape, ranks in _by_place({r: str(v) for r, v in shapes.items()}).items()]
@@ -296,7 +424,7 @@ def _verdict(stacks: dict[int, str], collectives: dict[int, list[dict[str, Any]]
     if not elsewhere:  # every rank that runs the cell is in it: stuck if it waits for ranks that do not run it
         return f"{_ranks(list(waiting))} waited in {named[first]}{at}" if others_out and _world_wide(entry) else None
     groups = _by_place(elsewhere)
-    after = {r: f", after {c[-1]['op']} #{c[-1]['seq']}" if (c := collectives.get(r)) else "" for r in elsewhere}
+    after = {r: f", after {_named(c[-1])}" if (c := collectives.get(r)) else "" for r in elsewhere}
     if len(groups) == 1:
         one = next(iter(elsewhere))
         subject = "it is" if len(elsewhere) == 1 else "they are"
@@ -316,9 +444,9 @@ def _current(entries: list[dict[str, Any]] | None, op: str) -> dict[str, Any] | 
     """The flight-recorder entry of the collective a rank is blocked in: the NCCL one not completed
     (:func:`_pending`), else its newest, if it is that op."""
     pending = _pending(entries)
-    if pending is not None and pending.get("op") == op:
+    if pending is not None and _same_call(op, str(pending.get("op", ""))):
         return pending
-    return entries[-1] if entries and entries[-1].get("op") == op else None
+    return entries[-1] if entries and _same_call(op, str(entries[-1].get("op", ""))) else None
 
 
 def _by_place(places: dict[int, str]) -> dict[str, list[int]]:
@@ -337,35 +465,37 @@ def live_notes(
     collectives: dict[int, list[dict[str, Any]]] | None = None,
     now: float | None = None,
     sitting_out: str = "",
+    run_timeout: float | None = None,
+    at_stop: bool = False,
 ) -> dict[int, str]:
-    """What each rank's chip says while a run seems hung (empty: nothing to say).
+    """What each rank's chip says while a run seems hung (empty: nothing to say); ``at_stop``: where
+    each was when the run was stopped, as the verdict (``hang_verdict(..., at_stop=True)``) says it.
 
     A rank in a collective that another rank has not entered: ``waiting in barrier #3 for 25 s; rank 2
     has not entered it``; that other rank: ``has not entered barrier #3 (Cell In[5], line 6)``.  With
     ``sitting_out`` (``--on``: "ranks 1-3 do not run this cell (--on 0)") ranks in a collective wait
-    for ranks that do not run the cell, and their chips say so.
+    for ranks that do not run the cell, and their chips say so.  Only a collective waited in long
+    enough is a hang suspect (:func:`suspect_after`): before, the others may be stragglers.
     """
     collectives = collectives or {}
     now = time.time() if now is None else now
-    waiting = {
-        r: op for r, s in stacks.items() if s.strip() and s != STILL_STARTING and (op := _waiting_in(s, collectives.get(r)))
-    }
-    elsewhere = [r for r, s in stacks.items() if s.strip() and s != STILL_STARTING and r not in waiting]
+    seen = _seen(stacks, collectives, now, run_timeout, at_stop=at_stop)
+    waiting, elsewhere = seen.waiting, list(seen.elsewhere)
     if not waiting or len(set(waiting.values())) > 1:
         return {}
-    if not elsewhere and not (sitting_out and _world_wide({r: _current(collectives.get(r), op) for r, op in waiting.items()})):
+    if not elsewhere and not (sitting_out and _world_wide(seen.entry)):
         return {}
     notes: dict[int, str] = {}
     absent = [f"{_ranks(sorted(elsewhere))} {'has' if len(elsewhere) == 1 else 'have'} not entered it"] if elsewhere else []
     absent += [sitting_out] if sitting_out else []
     for rank, op in waiting.items():
-        entry = _current(collectives.get(rank), op)
-        name = f"{op} #{entry['seq']}" if entry else op
+        entry = seen.entry[rank]
+        name = f"{op} #{_seq(entry)}" if entry else op
         waited = f" for {max(0.0, now - float(entry['issued'])):.0f} s" if entry and entry.get("issued") else ""
         notes[rank] = f"waiting in {name}{waited}; " + "; ".join(absent)
     first = min(waiting)
-    entry = _current(collectives.get(first), waiting[first])
-    name = f"{waiting[first]} #{entry['seq']}" if entry else waiting[first]
+    entry = seen.entry[first]
+    name = f"{waiting[first]} #{_seq(entry)}" if entry else waiting[first]
     for rank in elsewhere:
         notes[rank] = f"has not entered {name} ({_place(stacks[rank])})"
     return notes

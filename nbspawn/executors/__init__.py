@@ -22,7 +22,7 @@ ranks through the executor; ranks report events (output, displays, their end, er
     >>> from nbspawn._dispatch import start
     >>> from nbspawn._request import RunRequest, Settings
     >>> from nbspawn._source import CellSource
-    >>> run = start(RunRequest(CellSource("print(1)"), settings=Settings(nprocs=2, start_method="fork")))
+    >>> run = start(RunRequest.of(CellSource("print(1)"), settings=Settings(nprocs=2, start_method="fork")))
     >>> run.status
     'succeeded'
 """

@@ -22,15 +22,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from ..handoff._names import receive_outputs
+from ..handoff._names import Outputs, receive_outputs
 from ._procs import signal_group
 
 if TYPE_CHECKING:
     from .._runstate import Run
     from ..events._streams import Event
-from ..events._where import RankToAsk, rank_collectives, rank_stacks
+from ..events._where import RankToAsk, Where, rank_collectives, rank_stacks
 
 POLL_MAX = 0.25  # the longest the supervisor waits between looks for new output
 CLUSTER_POLL_MAX = 0.05  # ... on a cluster, at either end (a node's agent, the kernel): how soon a node's news is acted on
@@ -86,12 +86,12 @@ class Executor(ABC):
         ask them here (``Run.where``)."""
         return None
 
-    def look(self, run: Run, ranks: list[int], wait: float) -> tuple[dict[int, str | None], dict[int, list[dict[str, Any]]]]:
+    def look(self, run: Run, ranks: list[int], wait: float) -> Where:
         """These ranks' stack dumps and recent collectives, asked now (``events._where``): from here
         by signal and their files; a remote executor asks the ranks' agents."""
         asked = [RankToAsk(r, run.ranks[r].pid, run.ranks[r].stacks_path) for r in ranks]
         dumps = rank_stacks(asked, wait=wait)
-        return dumps, (rank_collectives(asked, dumps) if run.spec.program is None else {})
+        return Where(dumps, rank_collectives(asked, dumps) if run.spec.program is None else {})
 
     def signal_ranks(self, ranks: list[int], pids: list[int], sig: int) -> None:
         """Deliver ``sig`` to these ranks (each rank's process group)."""
@@ -102,24 +102,7 @@ class Executor(ABC):
         """What the ranks wrote since the last call (from their log files here)."""
         return run.read_new_output(final=final, budget=budget)
 
-    def outputs(self, run: Run) -> tuple[dict[str, list[Any]], list[tuple[int, str]]]:
+    def outputs(self, run: Run) -> Outputs:
         """``--out``: each name's values by rank, and the (rank, name) pairs some rank did not define."""
         dirs = [state.dir if run.spec.runs(state.rank) else None for state in run.ranks]  # --on: None for the others
         return receive_outputs(dirs, run.spec.out_names)
-
-
-class KeptWorld(Protocol):
-    """A kept world, on this machine (``executors._world.World``) or on a cluster
-    (``cluster._clusterworld.ClusterWorld``): what ``%spawn status``, ``where``, ``stop`` and ``worlds()`` ask of it."""
-
-    name: str
-    state: str
-    cells: int
-
-    def status(self) -> dict[str, Any]:
-        """Its row of ``%spawn status`` and ``nbspawn.worlds()``."""
-        ...
-
-    def where(self) -> str:
-        """Where its ranks are now, titled with the world's name (``%spawn where``)."""
-        ...

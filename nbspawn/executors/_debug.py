@@ -23,7 +23,7 @@ from ..errors import SpawnUsageError
 from ..events._prompts import stdin_answerable
 from ..ranks._worldloop import WorldJob
 from ..views._protocol import RunView
-from . import _world
+from . import _kept, _world
 from ._prompting import attachable, waiting_runs
 from ._supervisor import execute
 
@@ -48,7 +48,7 @@ def parse_debug_words(words: list[str]) -> tuple[str | None, int | None]:
 def debug(words: list[str], view: RunView) -> tuple[Run | None, str]:
     """Debug what ``words`` name: (the post-mortem's run, or None for an attach; what to print)."""
     target, rank = parse_debug_words(words)
-    runs, worlds = waiting_runs(), _world.worlds()
+    runs, worlds = waiting_runs(), _kept.worlds(_world.World)
     if target is None:
         if len(runs) > 1:
             raise SpawnUsageError(f"background runs {', '.join(sorted(runs))} wait at prompts: say which ({USAGE})")

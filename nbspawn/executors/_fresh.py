@@ -17,6 +17,7 @@ from .._cuda import collect_ipc
 from .._listen import host_store
 from .._runstate import Run
 from .._spec import RunSpec
+from ..handoff._ipc import Ledger
 from ..ranks._capture import ready_to_fork_display, stdio_streams
 from ..ranks._cell import Inherited, run_rank
 from ..ranks._fds import kernel_descriptors
@@ -30,6 +31,7 @@ class FreshRanks(Executor):
         self.spec = spec
         self.processes: list[BaseProcess] = []
         self.store: Any = None  # the run's TCPStore, on loopback (a run on one machine)
+        self.ipc = Ledger()  # the CUDA IPC references sent to the ranks: released for them once they are reaped
 
     def start(self, run: Run) -> list[int]:
         from torch.multiprocessing import start_processes
@@ -63,8 +65,11 @@ class FreshRanks(Executor):
                     self.store = host_store(spec.master_addr, spec.master_port)
             except BaseException:
                 self._kill_orphans()
+                self._take_counters()
+                self.ipc.release()
                 raise
             finally:
+                self._take_counters()
                 if spec.namespace_payload is not None:
                     # pickled into every rank as it started: the run kept afterwards (last_run()) holds
                     # none of the cell's tensors, so `del g` in the kernel frees g (its GPU memory too)
@@ -73,6 +78,12 @@ class FreshRanks(Executor):
         pids = [pid_of(p) for p in self.processes]
         _reaper.watch(pids)
         return pids
+
+    def _take_counters(self) -> None:
+        payload = self.spec.namespace_payload
+        if payload is not None:
+            self.ipc.note(payload.counters)
+            payload.counters.clear()
 
     def _kill_orphans(self) -> None:
         """start_processes failed half-way: find the ranks it did start through multiprocessing."""
@@ -95,4 +106,7 @@ class FreshRanks(Executor):
         end_processes(self.processes)
         self.store = None  # every rank has left the group: it stops
         _reaper.forget(pids)
-        collect_ipc()  # the GPU memory of --share tensors the ranks held is the kernel's to free now
+        # every rank is reaped: what one still held (stopped by a signal, stuck, never opened) is released
+        # for it, so the GPU memory of --share tensors is the kernel's to free on `del`, however the run ended
+        self.ipc.release()
+        collect_ipc()

@@ -3,7 +3,9 @@ about to be stopped is looked at first.
 
 Looking is asking every rank where it is (``events._where``: its stack by faulthandler, its place in
 its collectives from torch's flight recorder).  While a run goes on, a rank waiting in a collective
-that another has not entered gets a note (its chip says so); when it is stopped by ``--timeout``,
+that another has not entered gets a note (its chip says so), once it has waited there long enough not
+to be merely waiting for a straggler (``events._where.suspect_after``: 10 s at most, less under a short
+timeout; a look that finds a younger wait looks again when it is that old); when it is stopped by ``--timeout``,
 interrupt or Stop, what was seen makes the error's hang verdict.  One part of the supervisor
 (``_supervisor._Supervisor.hangs``), with its own state: the loop tells it when output flowed and
 which ranks are still in the cell, and reads back what was seen when the run was stopped.
@@ -17,7 +19,7 @@ from typing import Any
 from .._runstate import Run
 from .._source import main_thread_stack, program_stack
 from .._spec import RunSpec
-from ..events._where import hang_verdict, live_notes
+from ..events._where import hang_verdict, live_notes, suspect_at
 from ..views._protocol import RunView
 from ._base import Executor
 
@@ -76,8 +78,9 @@ class HangWatch:
         dumps, collectives = self.executor.look(self.run, running, STACK_DUMP_WAIT)
         stacks = {r: main_thread_stack(d, self.spec.cell) for r, d in dumps.items() if d} if self.spec.program is None else {}
         sitting_out = self.spec.sitting_out()  # --on: ranks a collective may wait for, which do not run the cell
-        notes = live_notes(stacks, collectives, sitting_out=sitting_out)
-        verdict = hang_verdict(stacks, collectives, sitting_out=sitting_out) if notes else None
+        timeout = self.spec.timeout  # a collective is a hang suspect once old: sooner under a short --timeout
+        notes = live_notes(stacks, collectives, sitting_out=sitting_out, run_timeout=timeout)
+        verdict = hang_verdict(stacks, collectives, sitting_out=sitting_out, run_timeout=timeout) if notes else None
         for state in self.run.ranks:
             state.note = notes.get(state.rank)
         self.view.hang_noticed(self.run, verdict)
@@ -86,6 +89,9 @@ class HangWatch:
         self.notes_counted_at = now
         # while hung, the chips' "for N s" is kept fresh; else look again later and later
         self.hang_look_after = HANG_RELOOK if self.noticed else min(HANG_LAST_LOOK, self.hang_look_after * 2)
+        ripe_at = None if self.noticed else suspect_at(stacks, collectives, timeout)
+        if ripe_at is not None:  # a rank waits in a collective too young to blame anyone yet: look when it is not
+            self.hang_look_after = min(self.hang_look_after, max(NOTE_REFRESH, ripe_at - time.time() + STACK_DUMP_WAIT))
         self.quiet_since = time.monotonic()
 
     def _recount_hang_notes(self) -> None:
@@ -96,12 +102,13 @@ class HangWatch:
             return
         self.notes_counted_at = now
         stacks, collectives, sitting_out = self.last_look
-        notes = live_notes(stacks, collectives, sitting_out=sitting_out)
+        timeout = self.spec.timeout
+        notes = live_notes(stacks, collectives, sitting_out=sitting_out, run_timeout=timeout)
         if not notes or all(state.note == notes.get(state.rank) for state in self.run.ranks):
             return
         for state in self.run.ranks:
             state.note = notes.get(state.rank)
-        self.view.hang_noticed(self.run, hang_verdict(stacks, collectives, sitting_out=sitting_out))
+        self.view.hang_noticed(self.run, hang_verdict(stacks, collectives, sitting_out=sitting_out, run_timeout=timeout))
 
     def look_before_stopping(self, running: list[int]) -> None:
         """Where each running rank is, asked before it is interrupted (an interrupt unwinds it, and
@@ -117,3 +124,15 @@ class HangWatch:
                 stack = program_stack(dump) if self.spec.program is not None else main_thread_stack(dump, self.spec.cell)
                 if stack:
                     self.seen_at_stop[rank] = stack
+        self.mark_where_stopped(self.seen_at_stop)
+
+    def mark_where_stopped(self, stacks: dict[int, str], now: float | None = None) -> None:
+        """Each rank's note becomes where it was when the run was stopped (``live_notes`` of the look
+        before stopping: "waiting in barrier #1 for 10 s", "has not entered barrier #1 (Cell In[2], line
+        4: ...)"), or none: the chips keep it while the ranks end, in the frozen view and in the saved
+        notebook, as the verdict does in the banner.  From now on nothing recounts or clears them."""
+        notes = live_notes(stacks, self.collectives_at_stop, now=now, sitting_out=self.spec.sitting_out(), at_stop=True)
+        for state in self.run.ranks:
+            if state.prompt is None:  # a rank at a prompt keeps saying so
+                state.note = notes.get(state.rank)
+        self.noticed, self.last_look = False, None

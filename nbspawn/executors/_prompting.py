@@ -216,7 +216,7 @@ class PromptDesk:
         def look() -> str | None:
             if time.monotonic() >= self.loop.deadline:
                 return "timeout"
-            if self.view.wants_stop() or self.run._stop_requested:
+            if self.view.wants_stop() or self.run.stop_requested_by:
                 return "stop"
             if own and multiprocessing.connection.wait(own, timeout=0):
                 return "ended"

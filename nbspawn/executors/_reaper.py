@@ -21,6 +21,12 @@ _WATCHER = r"""
 import os, signal, sys
 if os.fork():  # the kernel reaps this one; the watcher goes on outside the kernel's process tree
     os._exit(0)
+try:  # its name in ps and top, not this source: setproctitle alone, from where the kernel has it (-S)
+    sys.path.insert(0, sys.argv[1])
+    import setproctitle
+    setproctitle.setproctitle(sys.argv[2])
+except Exception:
+    pass
 groups = set()
 for line in sys.stdin:
     sign, pgid = line[:1], line[1:].strip()
@@ -44,7 +50,7 @@ def _pipe() -> int:
             read, write = os.pipe()  # both close-on-exec; Popen gives the read end to the starter
             try:
                 starter = subprocess.Popen(
-                    [sys.executable, "-S", "-c", _WATCHER],
+                    [sys.executable, "-S", "-c", _WATCHER, _setproctitle_home(), watcher_title(os.getpid())],
                     stdin=read,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
@@ -57,6 +63,20 @@ def _pipe() -> int:
             finally:
                 os.close(read)
         return _fd
+
+
+def watcher_title(kernel_pid: int) -> str:
+    """What ``ps`` shows for the watcher; ``top`` shows its first 15 bytes, ``nbspawn watcher``."""
+    return f"nbspawn watcher: kills what the ranks of kernel {kernel_pid} started if it dies"
+
+
+def _setproctitle_home() -> str:
+    """The folder ``setproctitle`` is imported from (site-packages), for a watcher started without site."""
+    import setproctitle
+
+    path = os.path.abspath(setproctitle.__file__ or "")
+    home = os.path.dirname(path)
+    return os.path.dirname(home) if os.path.basename(path).startswith("__init__.") else home
 
 
 def watch(pgids: list[int]) -> None:

@@ -31,9 +31,17 @@ import threading
 import time
 from typing import Any
 
-from .._rankdir import remove_partial_writes
+from .._rankdir import remove_if_empty, remove_partial_writes
 from .._runstate import RankState, Run
-from .._source import CELL_ENDED, NOT_ASKED, STILL_STARTING, main_thread_stack, program_stack, rewrite_notebook_frames
+from .._source import (
+    CELL_ENDED,
+    NOT_ASKED,
+    STILL_STARTING,
+    fold_library_frames,
+    main_thread_stack,
+    program_stack,
+    rewrite_notebook_frames,
+)
 from .._spec import RunSpec
 from ..errors import (
     RankExitedError,
@@ -60,6 +68,11 @@ from ._prompting import PromptDesk
 # quiet (up to the executor's ``supervision.poll_max``), so a long silent run costs the kernel almost nothing.
 # Exits wake the loop at once anyway.
 POLL_MIN = 0.02
+# ... except while the ranks write more than the view keeps (it skipped some): then at the pace a live
+# view sends (ten messages a second).  Reading sooner only turns more lines into text nobody sees, and
+# under a 16-rank flood that took the kernel's main thread (and, with it, the GIL its message threads
+# need to hear the Stop button) for most of each second.
+POLL_FLOOD = 0.1
 STOPPING_READ_BUDGET = 4096  # bytes of each stream of each rank read per poll while a run is being stopped
 
 
@@ -74,6 +87,7 @@ def execute(spec: RunSpec, view: RunView, executor: Executor, background: bool =
         run.prepare_logs(ranks_make_theirs=executor.supervision.ranks_make_their_dirs)
     except OSError as err:
         run.close_logs()
+        remove_if_empty(spec.run_dir)  # what a start that failed half-way made (thousands of empty directories)
         raise SpawnUsageError(f"cannot write logs to {spec.run_dir}: {err.strerror or err}") from None
     _registry.began(run)
     supervisor = _Supervisor(run, view, executor)
@@ -82,19 +96,33 @@ def execute(spec: RunSpec, view: RunView, executor: Executor, background: bool =
         supervisor.start()
     except BaseException:
         _finish(run, view, supervisor, supervise=False)
+        remove_if_empty(spec.run_dir)  # no rank wrote a byte: nothing of a start that failed is left
         raise
     if background:
         _registry.runs_in_background(run)
-        run._thread = threading.Thread(target=_finish, args=(run, view, supervisor), name=f"nbspawn-{run.run_id}", daemon=True)
-        run._thread.start()
+        threading.Thread(target=_finish, args=(run, view, supervisor), name=f"nbspawn-{run.run_id}", daemon=True).start()
     else:
         _finish(run, view, supervisor)
     return run
 
 
+class _Supervising(threading.local):
+    run: Run | None = None  # the run this thread supervises now
+
+
+_supervising = _Supervising()
+
+
+def supervises_here(run: Run) -> bool:
+    """Whether this thread is the one supervising ``run`` now (a background run's own thread, or the
+    kernel's for a run in the foreground): what may use the run's own connections."""
+    return _supervising.run is run
+
+
 def _finish(run: Run, view: RunView, supervisor: _Supervisor, supervise: bool = True) -> None:
     """Supervise to the end, leave nothing behind, say how it went; the same in the foreground or not."""
     spec = run.spec
+    _supervising.run = run
     try:
         try:
             if supervise:
@@ -115,6 +143,7 @@ def _finish(run: Run, view: RunView, supervisor: _Supervisor, supervise: bool = 
                         discard_outputs([state.dir for state in run.ranks])
                 view.finished(run)
     finally:
+        _supervising.run = None
         run.ended()
 
 
@@ -145,6 +174,7 @@ class _Supervisor:
         self.stopped_by: str | None = None  # "Stop button" | "run.stop()" | why a node agent was told to stop
         self.policy = executor.supervision
         self.interrupted_after_stop = False
+        self.flooded = False  # the last read of output skipped some: the ranks write more than the view keeps
         self.hangs = HangWatch(run, view, executor)  # quiet ranks looked at; where they were when stopped
         self.desk = PromptDesk(run, view, self)  # the ranks' input(), breakpoint() and pdb, answered here
 
@@ -156,7 +186,7 @@ class _Supervisor:
             self.desk.open(stdin_answerable())
         else:
             executor, run = self.executor, self.run
-            run._ask_elsewhere = lambda wait: executor.where(run, wait) or ""
+            run.where_asked_by(lambda wait: executor.where(run, wait) or "")
         with interrupts_deferred() as interrupted:
             self.pids = self.executor.start(self.run)
         self.hangs.ranks_started()
@@ -198,8 +228,11 @@ class _Supervisor:
                 # Stop first: under a flood, reading output is most of what this loop does
                 if self.stop_reason is None:
                     self.check_stop()
-                if self.forward_output():
-                    poll = POLL_MIN
+                flowed = self.forward_output(heed_stop=True)
+                if self.stop_reason is None:  # again, as a turn's reading can take a while under a flood
+                    self.check_stop()
+                if flowed:
+                    poll = min(POLL_FLOOD, self.policy.poll_max) if self.flooded else POLL_MIN
                     self.hangs.output_flowed()
                 else:
                     poll = min(self.policy.poll_max, poll * 2)
@@ -228,8 +261,8 @@ class _Supervisor:
         if isinstance(request, str) and request:
             self.stopped_by = request
             self._begin_stop("peer")
-        elif request or self.run._stop_requested:
-            self.stopped_by = self.run._stop_requested or "Stop button"
+        elif request or self.run.stop_requested_by:
+            self.stopped_by = self.run.stop_requested_by or "Stop button"
             self._begin_stop("stop")
 
     def _error_time(self, waitable: Any) -> float:
@@ -237,14 +270,20 @@ class _Supervisor:
         record = self.run.ranks[self.alive[waitable]].read_error()
         return record.time if record else float("inf")
 
-    def forward_output(self, final: bool = False) -> bool:
+    def forward_output(self, final: bool = False, heed_stop: bool = False) -> bool:
+        """New output to the view; whether there was any.  ``heed_stop`` (the loop's own turns): a Stop
+        that came while it was read is acted on before the view takes it in (under a flood each can
+        take a while; a prompt's watcher, which also forwards output, leaves Stop to the prompt)."""
         view = self.view
         budget = view.read_budget
         if budget is not None and self.stop_reason is not None:
             budget = min(budget, STOPPING_READ_BUDGET)  # ending: only the newest lines, and fast
         events = self.executor.read_output(self.run, final, budget)
+        if heed_stop and self.stop_reason is None:
+            self.check_stop()
         items = self.run.display_items
         shown = self.spec.shown_ranks  # --ranks: the one place the others' output is left out
+        self.flooded = any(event.kind == "skipped" for event in events)
         for event in events:
             if shown is not None and event.rank not in shown:
                 continue
@@ -283,12 +322,12 @@ class _Supervisor:
             if state.status == "failed" and self.root is None and self.stop_reason is None:
                 self.root = self._first_to_fail(rank)
                 if self.root != rank:  # another rank raised first, and is still leaving
-                    state.failure.after = self.root
+                    _failed_after(state, self.root)
                 self.view.rank_ended(self.run, state)  # first: a node agent tells the kernel at once
                 self._begin_stop("failure")
                 return
             if state.status == "failed" and self.root not in (None, rank) and self._failed_later(state):
-                state.failure.after = self.root  # its collective broke as the first failure's rank left, say
+                _failed_after(state, self.root)  # its collective broke as the first failure's rank left, say
             if died and self.lost and self.stage in ("", "sigint"):
                 self._terminate()  # a kept world's rank died while others were being interrupted
         self.view.rank_ended(self.run, state)
@@ -308,11 +347,13 @@ class _Supervisor:
         return first
 
     def _failed_later(self, state: RankState) -> bool:
-        """Its error was recorded after the run's first failure's: told as failing after it (a peer's
-        collective fails, "Connection closed by peer", once the rank that raised has left)."""
+        """It raised, and ended after the run's first failure was chosen: told as failing after it (a
+        peer's collective fails, "Connection closed by peer", once the rank that raised has left; or
+        the same bug raised on every rank).  Its record's time may be a little earlier than the first
+        failure's: taken before it was written, it was not there yet when the first was chosen (the
+        earliest record there then, ``_first_to_fail``), so the two raised together."""
         assert self.root is not None
-        first, this = self.run.ranks[self.root].read_error(), state.read_error()
-        return first is not None and this is not None and this.time >= first.time
+        return self.run.ranks[self.root].read_error() is not None and state.read_error() is not None
 
     def _failure(self, state: RankState) -> RankFailure:
         code = state.exit_code or 0
@@ -390,6 +431,7 @@ class _Supervisor:
 
     def _begin_stop(self, reason: str) -> None:
         if reason in ("interrupt", "stop", "timeout"):
+            self.view.stopping(self.run)  # first: the page hears it before the look below
             self.hangs.look_before_stopping(self._running())
         self.stop_reason = reason
         # ranks that live on are interrupted first, so they can come back and the world survives
@@ -441,7 +483,10 @@ class _Supervisor:
         rank failed), so a signal now stops nothing, and it is told as a rank that failed, not one stopped."""
         if self.policy.remote or not self.pids[rank]:
             return False
-        import psutil
+        state = _proc_state(self.pids[rank])
+        if state is not None:
+            return state in "ZX"  # a zombie until its parent reaps it (or reaped already: gone)
+        import psutil  # no /proc (importing it took 36 ms of a Stop here, 0.2 s under a flood)
 
         try:  # a zombie until its parent reaps it: the kernel, or the forkserver that forked it
             return psutil.Process(self.pids[rank]).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
@@ -482,13 +527,25 @@ class _Supervisor:
         # what the look before stopping saw; on a cluster whose agents did not answer it in time, the
         # stacks each agent sent with its ranks' ends are what there is
         seen = self.hangs.seen_at_stop or {f.rank: f.stack for f in stopped if f.stack and self.policy.remote}
-        verdict = hang_verdict(seen, self.hangs.collectives_at_stop, sitting_out=self.spec.sitting_out())
+        now = time.time()  # the verdict and the chips' notes count the same seconds
+        verdict = hang_verdict(seen, self.hangs.collectives_at_stop, now=now, sitting_out=self.spec.sitting_out(), at_stop=True)
+        self.hangs.mark_where_stopped(seen, now)
         if self.stop_reason == "timeout":
             run.status = "timeout"
             return SpawnTimeoutError(self.spec.timeout or 0, stopped, run, run.facts(), verdict=verdict)
         # interrupt, Stop, or (a node agent's run) stopped for the kernel's reasons
         run.status = "interrupted" if self.stop_reason == "interrupt" else "stopped"
         return SpawnInterrupted(stopped, run, stopped_by=self.stopped_by, facts=run.facts(), verdict=verdict)
+
+
+def _failed_after(state: RankState, root: int) -> None:
+    """The rank failed once the run's first failure (``root``) had: its own status, and its traceback
+    cut to the user's lines, torch's and gloo's frames under them counted (a peer's broken collective
+    is the same few frames of torch.distributed on every rank)."""
+    assert state.failure is not None
+    state.status, state.failure.after = "failed_after", root
+    if state.failure.traceback:
+        state.failure.traceback = fold_library_frames(state.failure.traceback)
 
 
 def _last_lines(path: str, count: int) -> str:
@@ -501,6 +558,20 @@ def _last_lines(path: str, count: int) -> str:
         return ""
     lines = data.decode("utf-8", "replace").rstrip("\n").splitlines()[-count:]
     return "\n".join("  " + line for line in lines)
+
+
+def _proc_state(pid: int) -> str | None:
+    """The process's state letter as Linux's ``/proc/PID/stat`` says it ("X": gone); None where
+    there is no ``/proc`` to ask."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except FileNotFoundError:
+        return "X" if os.path.isdir("/proc/self") else None
+    except OSError:
+        return None
+    after = stat.rfind(b")")  # the command's name, in parentheses, may hold anything
+    return stat[after + 2 : after + 3].decode("ascii", "replace") or None
 
 
 def _size(path: str) -> int:

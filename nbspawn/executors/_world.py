@@ -20,37 +20,38 @@ the grace period the world lives on, else it is torn down the fresh way and the 
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import multiprocessing
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any, NamedTuple
+from typing import Any, cast
 
 from .. import _cuda
+from .._clash import Settled
 from .._listen import host_store
-from .._options import StartMethod
+from .._options import Backend, StartMethod
+from .._rankdir import RankDir
+from .._request import Settings
 from .._runstate import Run
 from .._source import CellSource
-from .._spec import RunSpec
+from .._spec import RunSpec, backend_here, cuda_device_count, resolve_nprocs
 from ..errors import SpawnUsageError
+from ..handoff._ipc import Ledger
 from ..handoff._names import names_bound
 from ..handoff._shm import Payload
 from ..ranks._capture import ready_to_fork_display
 from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
 from ..ranks._fds import kernel_descriptors
 from ..ranks._worldloop import EXITED, INTERRUPTED, OK, RAISED, STARTED, WorldJob, run_world_rank
-from . import _reaper
-from ._base import Executor, KeptWorld, RankEnd, Supervision
+from . import _kept, _reaper
+from ._base import Executor, RankEnd, Supervision
+from ._kept import KeptWorld, Lost
 from ._procs import end_processes, inherited_heap_frozen, interrupts_deferred, pid_of, prepare_forkserver, signal_group
-
-STOP_WAIT = 5.0  # how long ``stop`` waits for ranks to leave on their own before killing them
 
 
 @dataclass(frozen=True)
@@ -68,32 +69,27 @@ NOT_KEPT = frozenset({"KeyboardInterrupt", "SystemExit", "GeneratorExit", "Debug
 
 
 @dataclass
-class World:
-    """A set of rank processes that run cell after cell, until stopped or lost."""
+class World(KeptWorld):
+    """A kept world here: rank processes of this machine that run cell after cell, until stopped or lost."""
 
-    name: str
-    spec: RunSpec  # how it was started: nprocs, start method, backend, env, ports, the between-cells logs
+    # spec: how it was started: nprocs, start method, backend, env, ports, the between-cells logs
     base_dir: str  # where its cells' <run-id>/ directories go
     processes: list[BaseProcess] = field(default_factory=list)
     conns: list[Connection] = field(default_factory=list)
-    cells: int = 0
-    state: str = "starting"  # starting | idle | running | lost | stopped
-    started_at: float = field(default_factory=time.time)
-    lost_because: str | None = None
     killed: bool = False
     kept: dict[int, KeptFailure] = field(default_factory=dict)  # rank -> the last failure it keeps
     # --start-method as the user gave it (auto unless given): a lost world started again resolves it
     # again, for the kernel as it is then (CUDA touched since, say), instead of insisting on spec's
     asked_start_method: StartMethod = "auto"
     store: Any = None  # the world's TCPStore, on loopback, for its life (a world on one machine)
-    # names its cells bind (at their top level, whether they ran to the end or not): the world's own,
-    # which the kernel never sends it again (``handoff._names.pack_namespace``)
-    owned: set[str] = field(default_factory=set)
+    # the CUDA IPC references its cells sent: what a rank still holds when the world ends (a DDP model over
+    # --share parameters, a rank killed) is released for it once it is reaped (handoff._ipc)
+    ipc: Ledger = field(default_factory=Ledger)
 
     def keep_failures(self, run: Run, cell: CellSource) -> None:
         """What each rank that raised in this cell keeps (the ranks' rule: an exception, not an interrupt)."""
         for state in run.ranks:
-            record = state.read_error() if state.status == "failed" else None
+            record = state.read_error() if state.status in ("failed", "failed_after") else None
             if record is not None and record.exc_type and record.exc_type not in NOT_KEPT:
                 summary = f"{record.exc_type}: {record.message}" if record.message else record.exc_type
                 self.kept[state.rank] = KeptFailure(state.rank, cell, self.cells, summary, record.time)
@@ -107,8 +103,31 @@ class World:
         """What the ranks print between cells goes to <log_dir>/<rank>/."""
         return self.spec.run_dir
 
-    def settings(self) -> str:
-        return settings_text(self.spec)
+    def settled(self) -> Settled:
+        return settled_here(self.spec)
+
+    def auto_nprocs(self) -> int:  # on a TPU world: its own count, one rank per chip (nbspawn._tpu), not the GPUs'
+        return self.spec.nprocs if self.spec.accelerator_envs else resolve_nprocs("auto", self._gpus)
+
+    def auto_backend(self, nprocs: int) -> str:
+        return backend_here("auto", nprocs, self._gpus)
+
+    def _gpus(self) -> int:
+        return cuda_device_count(self.spec.env)
+
+    def lost_record(self, why: str | None) -> Lost:
+        """Its settings as they were resolved, but its start method as the user asked for it (auto
+        unless given): the lost world's own (fork, chosen by auto) would be refused as an explicit fork
+        once CUDA was touched in the kernel (after an NCCL failure, say), though the user never chose one."""
+        spec = self.spec
+        backend = cast(Backend, spec.backend)
+        return Lost(why, Settings(nprocs=spec.nprocs, start_method=self.asked_start_method, backend=backend, env=dict(spec.env)))
+
+    def pids_now(self) -> list[int]:
+        return self.pids
+
+    def logs(self) -> str:
+        return self.log_dir
 
     def start(self) -> None:
         from torch.multiprocessing import start_processes
@@ -143,10 +162,8 @@ class World:
         self.state = "idle"
         _reaper.watch(self.pids)
 
-    def stop(self, wait: float = STOP_WAIT) -> None:
+    def leave(self, wait: float) -> None:
         """Ask every rank to leave (its process group is destroyed), then make sure nothing is left."""
-        if self.state in ("stopped",):
-            return
         for conn in self.conns:
             with contextlib.suppress(OSError, ValueError):
                 conn.send(None)
@@ -154,8 +171,9 @@ class World:
         for process in self.processes:
             process.join(max(0.0, deadline - time.monotonic()))
         self.kill()
-        if self.state != "lost":
-            self.state = "stopped"
+
+    def end(self) -> None:
+        self.kill()
 
     def kill(self) -> None:
         """Every rank and whatever it started, killed and reaped; pipes closed."""
@@ -169,28 +187,15 @@ class World:
             conn.close()
         self.conns = []
         _reaper.forget(pids)
+        self.ipc.release()  # every rank is reaped: the kernel's --share GPU memory is its own to free on `del`
 
     def where(self) -> str:
         """Where every rank is now (between cells: idle), asked by signal, read from its files."""
-        from .._rankdir import RankDir
         from ..events._where import RankToAsk, where_now
 
         asked = [RankToAsk(r, pid, RankDir(self.spec.rank_dir(r)).stacks) for r, pid in enumerate(self.pids)]
         text = where_now(asked, None, idle="idle: waiting for the next cell")
         return f"world {self.name!r} ({self.state}, {self.cells} cells):\n{text}"
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "ranks": self.spec.nprocs,
-            "pids": self.pids if self.state not in ("stopped", "lost") else [],
-            "state": self.state,
-            "cells": self.cells,
-            "start_method": self.spec.start_method,
-            "backend": self.spec.backend,
-            "age": time.time() - self.started_at,
-            "logs": self.log_dir,
-        }
 
 
 class WorldCell(Executor):
@@ -212,9 +217,14 @@ class WorldCell(Executor):
 
     def _signal(self, rank: int, sig: int) -> None:
         """A rank that has not begun the cell would ignore SIGINT (idle ranks do): hold it until it has."""
-        if sig == signal.SIGINT and rank not in self.started:
-            self.held[rank] = sig
-            return
+        if sig == signal.SIGINT:
+            if rank not in self.started:
+                self.held[rank] = sig
+                return
+            # the rank takes a SIGINT only with this cell's mark in this cell's directory: one that
+            # arrives once the cell is over (it ended as the signal was sent) is never the next cell's
+            with contextlib.suppress(OSError):
+                open(RankDir(self.job.rank_dir(rank)).interrupt, "w").close()
         signal_group(self.world.pids[rank], sig)
 
     def start(self, run: Run) -> list[int]:
@@ -222,9 +232,9 @@ class WorldCell(Executor):
         self.world.state = "running"
         self.world.cells += self.job.debug is None
         if self.job.debug is None:
-            bound = self.bound if self.bound is not None else names_bound(self.job.cell.parse())
+            bound = self.bound if self.bound is not None else names_bound(self.job.cell.tree)
             self.world.owned.update(bound)  # from now on, whatever the cell does
-        run.world, run.world_cell = self.world.name, self.world.cells
+        run.ran_on_world(self.world.name, self.world.cells)
         # every rank is sent the cell (--on: those that do not run it are told to sit it out, with none
         # of the kernel's names or --share tensors): a world's first cell makes its process group
         sitting_out = replace(self.job, names=None, shared=(), out_names=())
@@ -234,6 +244,8 @@ class WorldCell(Executor):
             except (BrokenPipeError, ConnectionResetError, OSError):
                 pass  # the rank died just now: its sentinel tells the supervisor, which loses the world
         if isinstance(self.job.names, Payload):
+            self.world.ipc.note(self.job.names.counters)
+            self.job.names.counters.clear()
             self.job.names.release()  # pickled as it was sent: the run kept afterwards pins none of its tensors
         return self.world.pids
 
@@ -269,79 +281,11 @@ class WorldCell(Executor):
         if self.run is not None and self.job.debug is None:
             world.keep_failures(self.run, self.job.cell)
         if lose:
-            world.kill()
-            world.state = "lost"
-            _worlds.pop(world.name, None)
-            _lost[world.name] = Lost(world.spec, world.asked_start_method)
+            world.lose(None)
         else:
             world.state = "idle"
+            world.ipc.prune()  # the references its ranks let go of after the cell (keep_in_step)
         _cuda.collect_ipc()  # what the ranks released of this cell's --share tensors
-
-
-class Lost(NamedTuple):
-    """A lost world, as the next cell naming it starts it again."""
-
-    spec: RunSpec  # how it ran
-    start_method: StartMethod  # --start-method as the user gave it (auto unless given)
-
-
-_worlds: dict[str, World] = {}
-# Worlds lost (a rank died, a cell could not be interrupted): the next cell naming one starts it again
-# with the same settings, and says that it is a new world.
-_lost: dict[str, Lost] = {}
-
-
-def worlds() -> dict[str, World]:
-    """The kept worlds of this process, by name."""
-    return dict(_worlds)
-
-
-class WorldsElsewhere(NamedTuple):
-    """Kept worlds this module does not hold: a cluster's (``cluster._clusterworld`` registers its own when
-    it is first imported, so ipyparallel is loaded only for a cluster)."""
-
-    worlds: Callable[[], Mapping[str, KeptWorld]]
-    holds: Callable[[str], bool]  # it keeps this world, or lost it (its next cell starts it there again)
-    stop: Callable[[list[str] | None], list[str]]  # those of these names it holds (all, if None)
-
-
-_elsewhere: list[WorldsElsewhere] = []
-
-
-def keep_elsewhere(keeper: WorldsElsewhere) -> None:
-    _elsewhere.append(keeper)
-
-
-def held_elsewhere(name: str) -> bool:
-    """Whether world ``name`` is (or was, lost) one kept elsewhere: its later cells need not say where."""
-    return any(keeper.holds(name) for keeper in _elsewhere)
-
-
-def every_world() -> dict[str, KeptWorld]:
-    """Every kept world of this kernel, on this machine and elsewhere, by name."""
-    found: dict[str, KeptWorld] = dict(_worlds)
-    for keeper in _elsewhere:
-        found.update(keeper.worlds())
-    return found
-
-
-def stop_anywhere(names: list[str] | None) -> list[str]:
-    """Stop these kept worlds, wherever they run (all, if None); an unknown name is a usage error."""
-    if names is None:
-        return [*stop(None), *(n for keeper in _elsewhere for n in keeper.stop(None))]
-    remote = [n for keeper in _elsewhere for n in keeper.stop([n for n in names if keeper.holds(n)])]
-    local = [n for n in names if n not in remote]
-    return [*(stop(local) if local else []), *remote]
-
-
-def running(name: str) -> World | None:
-    """The kept world ``name`` if it runs (idle between cells, or running one)."""
-    return _worlds.get(name)
-
-
-def lost(name: str) -> Lost | None:
-    """How the world ``name`` ran, if it was lost: its next cell starts it again so."""
-    return _lost.get(name)
 
 
 def lose_if_a_rank_died(world: World) -> None:
@@ -351,10 +295,7 @@ def lose_if_a_rank_died(world: World) -> None:
     if not dead:
         return
     how = "; ".join(f"rank {rank} died ({_exit_text(code)})" for rank, code in dead)
-    world.kill()
-    world.state, world.lost_because = "lost", how
-    _worlds.pop(world.name, None)
-    _lost[world.name] = Lost(world.spec, world.asked_start_method)
+    world.lose(how)
     raise SpawnUsageError(
         f"world {world.name!r} was lost between cells: {how}; nothing of it runs now. Run the cell again to "
         f"start a new world with the same settings ({world.settings()}), without the names its ranks had."
@@ -370,9 +311,9 @@ def _exit_text(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def settings_text(spec: RunSpec) -> str:
-    env = " ".join(f"--env {k}={v}" for k, v in spec.env.items())
-    return f"-n {spec.nprocs} --start-method {spec.start_method} --backend {spec.backend}" + (f" {env}" if env else "")
+def settled_here(spec: RunSpec) -> Settled:
+    """How a world here started with ``spec`` runs (its settings text, what a cell may not change)."""
+    return Settled(nprocs=spec.nprocs, start_method=spec.start_method, backend=spec.backend, env=spec.env)
 
 
 def start_world(name: str, spec: RunSpec, asked_start_method: StartMethod = "auto") -> World:
@@ -383,31 +324,5 @@ def start_world(name: str, spec: RunSpec, asked_start_method: StartMethod = "aut
     wspec = replace(spec, run_id=world_id, run_dir=os.path.join(base, world_id), namespace=None, namespace_payload=None)
     world = World(name=name, spec=wspec, base_dir=base, asked_start_method=asked_start_method)
     world.start()
-    _worlds[name] = world
-    _lost.pop(name, None)
+    _kept.keep(world)
     return world
-
-
-def stop(names: list[str] | None = None) -> list[str]:
-    """Stop these worlds (all, if None); returns the names stopped. An unknown name is a usage error."""
-    chosen = names or list(_worlds)
-    unknown = [n for n in chosen if n not in _worlds and n not in _lost]
-    if unknown:
-        known = ", ".join(sorted(_worlds)) or "none"
-        raise SpawnUsageError(f"no kept world named {unknown[0]!r} (kept worlds: {known})")
-    for name in chosen:
-        _lost.pop(name, None)  # a lost world stopped: the next cell naming it starts afresh, with its own options
-        if name in _worlds:
-            _worlds.pop(name).stop()
-    if names is None:
-        _lost.clear()
-    return chosen
-
-
-@atexit.register
-def _stop_all_at_exit() -> None:
-    """Kernel shutdown: every world leaves (its ranks would die with the kernel anyway, pdeathsig)."""
-    for world in list(_worlds.values()):
-        with contextlib.suppress(Exception):
-            world.stop(wait=1.0)
-    _worlds.clear()

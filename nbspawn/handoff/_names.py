@@ -18,7 +18,7 @@ import os
 import types
 from collections import ChainMap
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 import torch
@@ -27,138 +27,13 @@ from .. import _cuda
 from .._rankdir import OUT
 from ..errors import SpawnUsageError
 from . import _shm
+from ._flow import (
+    names_bound,  # noqa: F401 - what a world's cell makes its own, imported from here by its users
+    names_needed,
+)
 
 # What IPython puts in every namespace; shipping these would drag the shell along.
 _IPYTHON_NAMES = frozenset({"In", "Out", "get_ipython", "exit", "quit", "open", "_", "__", "___"})
-
-
-def names_used(tree: ast.AST) -> set[str]:
-    """Names the code reads from its namespace, nested functions and comprehensions included (not
-    their own parameters, locals and loop variables)."""
-    loaded: set[str] = set()
-
-    def visit(node: ast.AST, local: frozenset[str]) -> None:
-        if isinstance(node, ast.Name):
-            if not isinstance(node.ctx, ast.Store) and node.id not in local:
-                loaded.add(node.id)
-            return
-        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and node.target.id not in local:
-            loaded.add(node.target.id)  # `x += 1` reads x first
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            loaded.update(node.names)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            args = node.args
-            every = [a for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg) if a is not None]
-            for outside in (  # evaluated where the function is defined: defaults, decorators, annotations
-                *args.defaults,
-                *(d for d in args.kw_defaults if d is not None),
-                *getattr(node, "decorator_list", []),
-                *(a.annotation for a in every if a.annotation is not None),
-                *(r for r in [getattr(node, "returns", None)] if r is not None),
-            ):
-                visit(outside, local)
-            params = {a.arg for a in every}
-            body = node.body if isinstance(node.body, list) else [node.body]
-            declared = {n for s in body for g in ast.walk(s) if isinstance(g, (ast.Global, ast.Nonlocal)) for n in g.names}
-            inner = local | params | (set().union(*(names_bound(s) for s in body)) - declared)
-            for statement in body:
-                visit(statement, frozenset(inner))
-            return
-        elif isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-            scope = set(local)
-            for i, generator in enumerate(node.generators):
-                visit(generator.iter, local if i == 0 else frozenset(scope))  # the first iterable is read outside
-                scope |= names_bound(generator.target)
-                for condition in generator.ifs:
-                    visit(condition, frozenset(scope))
-            parts = (node.key, node.value) if isinstance(node, ast.DictComp) else (node.elt,)
-            for part in parts:
-                visit(part, frozenset(scope))
-            return
-        for child in ast.iter_child_nodes(node):
-            visit(child, local)
-
-    visit(tree, frozenset())
-    return loaded
-
-
-def names_needed(tree: ast.Module) -> set[str]:
-    """Names the cell reads before it binds them: the only ones it can need from the kernel.
-
-    The cell's top-level statements are taken in order; a name a statement reads is needed unless an
-    earlier statement surely bound it (an assignment, an import, a ``def`` or ``class`` at the top
-    level, or inside a ``with``).  What is bound only under an ``if``, a loop or a ``try`` may not be:
-    the kernel's value is sent, as a name read first would be.  A function body counts where it is
-    defined, so ``def f(): return loss`` before ``loss = ...`` needs the kernel's ``loss``.  A name the
-    cell only binds is never needed: the kernel's old value of it might not even be picklable.
-    """
-    needed: set[str] = set()
-    bound: set[str] = set()
-
-    def run(statements: list[ast.stmt]) -> None:
-        for statement in statements:
-            if isinstance(statement, (ast.With, ast.AsyncWith)):
-                for item in statement.items:
-                    needed.update(names_used(item.context_expr) - bound)
-                    if item.optional_vars is not None:
-                        needed.update(names_used(item.optional_vars) - bound)
-                        bound.update(names_bound(item.optional_vars))
-                run(statement.body)
-                continue
-            if isinstance(statement, (ast.For, ast.AsyncFor)):  # its body reads its target after binding it
-                needed.update(names_used(statement.iter) - bound)
-                body = ast.Module(body=statement.body, type_ignores=[])
-                needed.update(names_used(body) - bound - names_bound(statement.target))
-                needed.update(names_used(ast.Module(body=statement.orelse, type_ignores=[])) - bound)
-                continue
-            needed.update(names_used(statement) - bound)
-            if isinstance(statement, _SURE_BINDINGS) and not (isinstance(statement, ast.AnnAssign) and statement.value is None):
-                bound.update(names_bound(statement))
-
-    run(tree.body)
-    return needed
-
-
-# statements that bind their names whenever they run without raising
-_SURE_BINDINGS = (
-    ast.Assign,
-    ast.AnnAssign,
-    ast.AugAssign,
-    ast.Import,
-    ast.ImportFrom,
-    ast.FunctionDef,
-    ast.AsyncFunctionDef,
-    ast.ClassDef,
-)
-
-
-def names_bound(tree: ast.AST) -> set[str]:
-    """Names the code binds at its top level: assignments, imports, functions, classes, for/with
-    targets, ``del`` (not the locals of the functions it defines, nor comprehension variables)."""
-    names: set[str] = set()
-    _add_bound(tree, names)
-    return names
-
-
-def _add_bound(node: ast.AST, names: set[str]) -> None:
-    """``names_bound``'s walk: a module-level function, so a world rank's every cell leaves no
-    closure cycle behind for its garbage collector."""
-    if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-        names.add(node.id)
-    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        names.add(node.name)
-        inputs = node.bases if isinstance(node, ast.ClassDef) else node.args.defaults
-        for expr in (*node.decorator_list, *inputs):
-            _add_bound(expr, names)
-        return
-    elif isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-        return
-    elif isinstance(node, (ast.Import, ast.ImportFrom)):
-        names.update((alias.asname or alias.name).split(".")[0] for alias in node.names if alias.name != "*")
-    elif isinstance(node, ast.NamedExpr):
-        names.add(node.target.id)
-    for child in ast.iter_child_nodes(node):
-        _add_bound(child, names)
 
 
 def _shippable(name: str, value: Any, hidden: Mapping[str, Any]) -> bool:
@@ -238,7 +113,33 @@ def pack_namespace(
                 bad, wanted, "spawned ranks", f"Bind {bad[0]!r} in the cell before reading it, or use --start-method fork."
             )
         raise _refuse(bad, wanted, f"world {world!r}", _IN_A_WORLD_CELL.format(name=bad[0]))
+    _refuse_host_staging(wanted, shared)
     return _shm.Payload(wanted, shared=list(shared.values()))
+
+
+HOST_SHARE = 0.5  # of the RAM available now: what CUDA tensors not shared may take on their way to the ranks
+
+
+def _refuse_host_staging(wanted: Mapping[str, Any], shared: Mapping[str, Any]) -> None:
+    """A CUDA tensor the cell reads without ``--share`` is copied whole to host RAM for the ranks: a
+    7 GB model on Colab (12.7 GB of RAM) gets the kernel OOM-killed.  Refused above a share of the RAM
+    available, before any rank starts, with the way out."""
+    staged = _shm.staged_through_host({n: v for n, v in wanted.items() if n not in shared}, list(shared.values()))
+    total = sum(staged.values())
+    if not total:
+        return
+    import psutil
+
+    available = psutil.virtual_memory().available
+    if total <= available * HOST_SHARE:
+        return
+    names = sorted(staged, key=lambda name: -staged[name])
+    them = "it" if len(names) == 1 else "them"
+    raise SpawnUsageError(
+        f"{', '.join(repr(n) for n in names)} {'holds' if len(names) == 1 else 'hold'} {total / 1e9:.1f} GB of CUDA "
+        f"tensors, which the ranks would get through a copy in host RAM ({available / 1e9:.1f} GB available): "
+        f"pass {them} with --share {' '.join(names)} (the ranks use the kernel's GPU memory), or make {them} in the cell."
+    )
 
 
 def pickle_names(
@@ -265,17 +166,6 @@ def unpack_namespace(payload: Any) -> dict[str, Any]:
 
 
 # -- --share and --out ----------------------------------------------------------------------------
-
-
-def parse_names(value: str | list[str] | tuple[str, ...] | None, option: str) -> tuple[str, ...]:
-    if not value:
-        return ()
-    items = value if isinstance(value, (list, tuple)) else [value]
-    names = [n.strip() for item in items for n in str(item).split(",") if n.strip()]
-    for name in names:
-        if not name.isidentifier():
-            raise SpawnUsageError(f"{option}: {name!r} is not a Python name")
-    return tuple(dict.fromkeys(names))
 
 
 def _tensor_leaves(obj: Any) -> list[torch.Tensor] | None:
@@ -345,7 +235,7 @@ def pick_shared(
 
 def check_shared_devices(shared: Collection[Any], ranks_visible: str | None) -> None:
     """CUDA IPC handles carry the kernel's device numbers: the ranks must number the GPUs alike."""
-    kernel_visible = os.environ.get(_cuda.VISIBLE)
+    kernel_visible = _cuda.kernel_visible()  # the numbering the kernel's CUDA has, not a value set since
     if _cuda.same_devices(kernel_visible, ranks_visible):
         return
     for obj in shared:
@@ -373,7 +263,15 @@ def send_outputs(namespace: dict[str, Any], names: tuple[str, ...], prefix: str,
     os.replace(path + ".tmp", path)
 
 
-def receive_outputs(rank_dirs: list[str | None], names: tuple[str, ...]) -> tuple[dict[str, list[Any]], list[tuple[int, str]]]:
+class Outputs(NamedTuple):
+    """``--out`` brought home: each name's values, indexed by rank, and the (rank, name) pairs that
+    some rank did not define."""
+
+    values: dict[str, list[Any]]
+    missing: list[tuple[int, str]]
+
+
+def receive_outputs(rank_dirs: list[str | None], names: tuple[str, ...]) -> Outputs:
     """In the kernel: every rank's values, by name, as lists indexed by rank; and what was missing
     (every name of a rank that left without sending any).  A rank whose directory is None did not run
     the cell (``--on``): its values are None, not missing."""
@@ -398,7 +296,7 @@ def receive_outputs(rank_dirs: list[str | None], names: tuple[str, ...]) -> tupl
             else:
                 outputs[name].append(None)
                 missing.append((rank, name))
-    return outputs, missing
+    return Outputs(outputs, missing)
 
 
 def discard_outputs(rank_dirs: list[str]) -> None:

@@ -73,6 +73,7 @@ import stat
 import sys
 import threading
 import types
+import warnings
 import weakref
 from collections import ChainMap
 from collections.abc import Collection, Iterator, Mapping
@@ -83,6 +84,9 @@ import cloudpickle
 import torch
 import torch.multiprocessing
 from torch.multiprocessing import reductions as _torch_reductions
+
+from .. import _cuda
+from . import _ipc
 
 __all__ = [
     "Payload",
@@ -206,9 +210,17 @@ def _memfd_copy(storage: torch.UntypedStorage) -> torch.UntypedStorage:
 
 
 def is_pinned(storage: torch.UntypedStorage) -> bool:
-    """Whether a CPU storage is page-locked (pinned) memory; False where torch cannot tell."""
+    """Whether a CPU storage is page-locked (pinned) memory; False where torch cannot tell.
+
+    Not asked before CUDA is initialized here (``_cuda.may_hold_pinned``): no memory can be pinned
+    yet, and on torch < 2.7 the question itself would initialize CUDA in the kernel.  torch's default
+    ``device="cuda"`` is deprecated (a DeprecationWarning per call): silenced here."""
+    if not _cuda.may_hold_pinned():
+        return False
     try:
-        return bool(storage.is_pinned())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return bool(storage.is_pinned())
     except RuntimeError:  # an accelerator build whose runtime cannot be asked
         return False
 
@@ -254,6 +266,21 @@ def _leaves(obj: Any) -> Iterator[Any]:
     elif isinstance(obj, (list, tuple, set, frozenset)):
         for value in obj:
             yield from _leaves(value)
+
+
+def storage_keys(obj: Any) -> set[int]:
+    """The storages (CPU and CUDA) under ``obj``, by identity: whether two objects hold the same memory
+    (a view of a tensor, a module over it)."""
+    keys: set[int] = set()
+    with contextlib.suppress(Exception):  # what cannot be asked holds nothing known
+        for leaf in _leaves(obj):
+            if isinstance(leaf, torch.TypedStorage):
+                leaf = leaf._untyped_storage
+            if isinstance(leaf, torch.UntypedStorage):
+                keys.add(leaf._cdata)
+            elif leaf.layout == torch.strided and not leaf.is_nested:
+                keys.add(leaf.untyped_storage()._cdata)
+    return keys
 
 
 def _storages(obj: Any) -> Iterator[torch.UntypedStorage]:
@@ -361,6 +388,7 @@ class _Pickler(cloudpickle.Pickler):
         own: dict[type, Any] = {types.CodeType: _reduce_code_keeping_its_file}
         self._shared_cuda: set[int] = set()
         self._private_cuda = False
+        self.counters: list[_ipc.Counter] = []  # CUDA IPC reference counters this pickle set to 1 (handoff._ipc)
         # copies made for the ranks, once per payload: a CUDA tensor's on CPU, a pinned storage's in shared memory
         self._copies: dict[Any, Any] = {} if copies is None else copies
         self._dry = dry
@@ -411,6 +439,11 @@ class _Pickler(cloudpickle.Pickler):
                 return _to_arrive(obj, self._copies)
             if getattr(obj, _FOR_GPU, False):  # arrived for a GPU and not yet placed (a cluster engine's names)
                 return _to_arrive(obj, self._copies)
+            reduce = self.dispatch_table.get(type(obj)) if obj.device.type == "cuda" else None
+            if reduce is not None:  # a CUDA IPC handle: its reference counter is noted, for the kernel to release
+                reduced = reduce(obj)
+                self.counters.extend(_ipc.counters_in(reduced))
+                return reduced
         if self._run_prefix is not None and isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
             # a CUDA IPC handle would die with the rank: bring a CPU copy home instead
             cpu = obj.detach().cpu()
@@ -457,6 +490,23 @@ def dumps_by_value(obj: Any) -> bytes:
 
 _FOR_GPU = "_nbspawn_for_gpu"
 _arrivals: list[weakref.ref[torch.Tensor]] = []  # tensors unpickled here that belong on this rank's GPU
+
+
+def staged_through_host(names: Mapping[str, Any], shared: Collection[Any]) -> dict[str, int]:
+    """The bytes of CUDA tensors under each name that would travel as CPU data (:func:`_to_arrive`:
+    copied whole to host RAM once for the run), those not given to ``--share``; names with none left out."""
+    sent_by_ipc = {id(t) for t in _tensors(shared) if t.device.type == "cuda"}  # the pickler's own rule
+    seen: set[int] = set()
+    sizes: dict[str, int] = {}
+    for name, obj in names.items():
+        total = 0
+        for tensor in _tensors(obj):
+            if tensor.device.type == "cuda" and id(tensor) not in sent_by_ipc and id(tensor) not in seen:
+                seen.add(id(tensor))
+                total += tensor.numel() * tensor.element_size()
+        if total:
+            sizes[name] = total
+    return sizes
 
 
 def _to_arrive(obj: torch.Tensor, copies: dict[Any, Any]) -> tuple:
@@ -548,7 +598,7 @@ class Payload:
     forked rank's writes must reach the kernel.
     """
 
-    __slots__ = ("copies", "obj", "sent", "shared")
+    __slots__ = ("copies", "counters", "obj", "sent", "shared")
 
     def __init__(self, obj: Any, shared: Collection[Any] | None = None) -> None:
         self.obj = obj
@@ -557,6 +607,9 @@ class Payload:
         # (their descriptors must stay open meanwhile): CUDA tensors that are not shared, pinned tensors
         self.copies: dict[Any, Any] = {}
         self.sent = False
+        # the CUDA IPC reference counters of every pickle made so far (one per rank): whoever reaps the ranks
+        # releases those they left held (handoff._ipc.Ledger); kept after release()
+        self.counters: list[_ipc.Counter] = []
 
     def __reduce__(self) -> tuple:
         if self.sent:
@@ -564,7 +617,9 @@ class Payload:
         if isinstance(self.obj, dict) and not self.obj:  # a cell that reads no kernel name: nothing to seal
             return (dict, ())
         buf = io.BytesIO()
-        _Pickler(buf, None, self.shared, self.copies).dump(self.obj)
+        pickler = _Pickler(buf, None, self.shared, self.copies)
+        pickler.dump(self.obj)
+        self.counters.extend(pickler.counters)
         names = tuple(self.obj) if isinstance(self.obj, dict) else ()
         return (_Sealed, (buf.getvalue(), names))
 

@@ -9,59 +9,61 @@ import os
 from typing import cast
 
 from .._options import Backend, ranks_within
-from .._request import RunRequest, Settings
+from .._program import ProgramLine
+from .._request import Cell, OnCluster, RunRequest, Settings, Work
 from .._source import CellSource
-from .._spec import RunSpec, new_run_id, run_directory
+from .._spec import RunSpec, cell_part, new_run_id, run_directory
 from ..cluster import _wire
 from ..cluster._executor import PUBLISH_EVERY, ClusterRanks
 from ..cluster._plan import companion_client, plan_nodes, refuse_if_busy, resolve_client
 from ..errors import SpawnUsageError
 
 
-def plan_cluster(request: RunRequest, rich: bool) -> tuple[RunSpec, ClusterRanks]:
+def plan_cluster(request: RunRequest, work: Work, target: OnCluster, rich: bool) -> tuple[RunSpec, ClusterRanks]:
     """Everything checked, cheapest first, then the nodes asked (one round trip); starts nothing."""
     from ..handoff._names import pickle_names
 
-    assert request.cluster is not None  # the dispatch sends only cluster runs here
-    if request.share:
+    if isinstance(work, Cell) and work.share:
         raise SpawnUsageError(
             "--share does not work on a cluster: memory cannot be shared across machines. "
             "The names the cell uses are sent to every node by value; use --out to bring values back."
         )
     settings = request.settings
-    out_names = request.out
+    out_names = work.out if isinstance(work, Cell) else ()
     method = None if settings.start_method == "auto" else settings.start_method  # each node chooses, as on one machine
     env = dict(settings.env)
-    program = list(request.program) if request.program is not None else None
-    cell = request.cell or CellSource("", label=" ".join(program or []))
+    program = work if isinstance(work, ProgramLine) else None  # read at the door; each node finds it where it runs
+    cell = work.source if isinstance(work, Cell) else CellSource("", label=str(work))
     names = b""
     if program is None:
-        names = pickle_names(cell.parse(), request.namespace, request.hidden)
-    client, ids = resolve_client(request.cluster, request.namespace)
+        names = pickle_names(cell.tree, request.namespace, request.hidden)
+    client, ids = resolve_client(target.cluster, request.namespace)
     refuse_if_busy(client)
     found, chosen_backend = plan_nodes(
-        client, ids, nodes=request.nodes, nprocs=settings.nprocs, backend=settings.backend, start_method=method, program=program
+        client, ids, nodes=target.nodes, nprocs=settings.nprocs, backend=settings.backend, start_method=method, program=program
     )
     world = found.world_size
     run_id = new_run_id()
-    spec = RunSpec(
+    part = cell_part(
+        settings,
+        cell,
         run_id=run_id,
+        run_dir=run_directory(None, run_id),  # the kernel's copy of what the agents report
+        shown=ranks_within(settings.ranks, world, "--ranks", f"a run of {world} ranks"),
+        rich=rich,
+        cell_numbers=request.cell_numbers,
+        debuggable=False,  # a node's ranks cannot reach this kernel's stdin
+        out_names=out_names,
+        notes=found.notes,
+    )
+    spec = RunSpec(
+        **vars(part),
         nprocs=world,
         start_method=found.start_method,
         backend=chosen_backend,
-        cell=cell,
-        run_dir=run_directory(None, run_id),  # the kernel's copy of what the agents report
         env=env,
-        timeout=settings.timeout,
-        grace_period=settings.grace_period,
-        shown_ranks=ranks_within(settings.ranks, world, "--ranks", f"a run of {world} ranks"),
         parent_pid=os.getpid(),
         omp_threads=None,
-        out_names=out_names,
-        cell_numbers=dict(request.cell_numbers),
-        rich=rich,
-        max_saved_bytes=settings.max_saved_kb * 1024,
-        max_image_bytes=settings.max_image_kb * 1024,
         master_port=found.master_port,
         master_addr=found.master_addr,
         world_size=world,

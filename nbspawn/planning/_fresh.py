@@ -4,8 +4,8 @@ a program, each a frozen spec (``_spec.build_spec``) and the executor that start
 from __future__ import annotations
 
 from .. import _listen
-from .._program import parse_program
-from .._request import RunRequest
+from .._program import ProgramLine, locate
+from .._request import Cell, RunRequest
 from .._source import CellSource
 from .._spec import Handoff, RunSpec, build_spec
 from ..executors._fresh import FreshRanks
@@ -14,20 +14,17 @@ from ..handoff._names import pack_namespace, pick_shared
 from ..handoff._shm import new_run_prefix, share_
 
 
-def plan_program(request: RunRequest, rich: bool) -> tuple[RunSpec, ProgramRanks]:
-    """A program on every rank: its command line checked here (it names a file or module of this machine)."""
-    assert request.program is not None  # the dispatch sends only programs here
-    program = parse_program(list(request.program))
+def plan_program(request: RunRequest, line: ProgramLine, rich: bool) -> tuple[RunSpec, ProgramRanks]:
+    """A program on every rank: its command line (read at the door) found here (a file or module of this machine)."""
+    program = locate(line)
     spec = build_spec(CellSource("", label=str(program)), request.settings, rich=rich, program=program)
     return spec, ProgramRanks(spec)
 
 
-def plan_fresh_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, FreshRanks]:
+def plan_fresh_cell(request: RunRequest, work: Cell, rich: bool) -> tuple[RunSpec, FreshRanks]:
     """Fresh ranks for one cell: under fork they get the kernel's namespace as it is (copy-on-write),
     under spawn and forkserver the names the cell uses, pickled by value."""
-    assert request.cell is not None  # not a program
-    cell = request.cell
-    share_names, out_names = request.share, request.out
+    cell, share_names, out_names = work.source, work.share, work.out
     shared: dict[str, object] = {}
 
     def handoff(method: str) -> Handoff:
@@ -35,7 +32,7 @@ def plan_fresh_cell(request: RunRequest, rich: bool) -> tuple[RunSpec, FreshRank
         prefix = new_run_prefix() if out_names else None
         if method == "fork":
             return Handoff(request.namespace, None, out_names, prefix)
-        return Handoff(None, pack_namespace(cell.parse(), request.namespace, request.hidden, shared), out_names, prefix)
+        return Handoff(None, pack_namespace(cell.tree, request.namespace, request.hidden, shared), out_names, prefix)
 
     spec = build_spec(cell, request.settings, rich=rich, handoff=handoff, cell_numbers=request.cell_numbers)
     try:

@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 
 from .._comms import kernel_owns_comms
 from .._rankdir import DISPLAY, FILES, ORDER, ORDER_RECORD
+from .._shell import kernel_of
 from ._launched import look_launched
 
 
@@ -672,7 +673,7 @@ def _rank_shell(rich: bool) -> Any:
 
 def _silence_the_kernel(shell: Any) -> None:
     """A forked rank holds copies of the kernel's sockets: make sure nothing sends on them."""
-    kernel = getattr(shell, "kernel", None)
+    kernel = kernel_of(shell)
     sessions = {id(s): s for s in (getattr(kernel, "session", None), getattr(shell.display_pub, "session", None)) if s}
     for session in sessions.values():
         session.send = _drop

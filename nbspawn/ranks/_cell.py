@@ -19,14 +19,14 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import CodeType, ModuleType
-from typing import TextIO
+from typing import Any, TextIO
 
 from .. import _cuda, _errorfile
 from .._errorfile import ErrorRecord
 from .._rankdir import RankDir, prompts_path
 from .._source import CELL_FILENAME, CellSource, rewrite_cell_frames
 from .._spec import RunSpec
-from . import _children, _fds, _prompt
+from . import _children, _fds, _prompt, _stopped, _torchenv
 from ._capture import capture_output, finished, flush_figures
 from ._stackdump import open_stack_file
 from ._title import name_process, rank_title
@@ -36,6 +36,11 @@ EXIT_RAISED = 1
 EXIT_INTERRUPTED = 128 + signal.SIGINT
 
 _stack_file: TextIO | None = None  # kept open: faulthandler writes to its descriptor from a signal handler
+# The cell raised here and the rank is reporting it (set as the exception reaches ``execute_cell``,
+# until the next cell begins, but for a post-mortem prompt): a kept world's rank then does not take the
+# kernel's interrupt (``_worldloop``), which would replace its own error with a KeyboardInterrupt raised
+# in the middle of writing it down.
+failing = False
 
 
 @dataclass(frozen=True)
@@ -59,10 +64,12 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
     if inherited is not None:
         _fds.let_go(inherited.kernel_fds)  # first: the kernel's sockets are not the rank's
     _die_with_parent(spec)
-    name_process(rank_title(spec.rank_offset + rank, spec.world_size or spec.nprocs))
+    name_process(rank_title(spec.rank_offset + rank, spec.world_size or spec.nprocs, run_id=spec.run_id))
     rank_dir = spec.rank_dir(rank)
+    imported_with = _torchenv.imported_with()
     apply_kernel_env(spec.kernel_env)
     spec.apply_env(rank, os.environ, own_only=inherited is not None)
+    _torchenv.read_again(imported_with)  # TORCH_LOGS, TORCH_DISTRIBUTED_DEBUG: read by torch at its import
     capture_output(rank_dir, spec.rich)
     _install_signal_handlers(rank_dir)
     _prompt.install(
@@ -71,6 +78,8 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
     _prompt.name_files(cell_labels(spec.cell, spec.cell_numbers))
     code = 0
     namespace: dict = {}
+    # stopped by SIGTERM (a peer failed, --timeout): what it received is dropped first, as when it leaves
+    _stopped.install(lambda: leave_gpu(namespace, spec.start_method, failed=True))
     try:
         namespace = _run_cell(spec, rank, inherited, namespace)
     except SystemExit as exc:  # sys.exit() in the cell: keep Python's meaning of the code
@@ -159,15 +168,16 @@ def _run_cell(spec: RunSpec, rank: int, inherited: Inherited | None, namespace: 
     code, last = inherited.compiled if inherited is not None else spec.cell.compile()
     dist = init_process_group(spec.backend, rank)
     execute_cell(code, last, namespace, lambda exc: write_error(spec.rank_dir(rank), spec.cell, exc))
+    _flush()
+    # what the cell queued on the GPU is done (writes to --share tensors included); a CUDA error that
+    # surfaces only now (a device-side assert) fails the rank here, with its own traceback, before
+    # --out copies a value to CPU (where it would read as a value that cannot be sent)
+    settle_devices(None)
     if spec.out_names:
         from ..handoff._names import send_outputs
 
         assert spec.shm_prefix is not None  # every run with --out names has a prefix
         send_outputs(namespace, spec.out_names, spec.shm_prefix, spec.rank_dir(rank))
-    _flush()
-    # what the cell queued on the GPU is done (writes to --share tensors included); a CUDA error that
-    # surfaces only now (a device-side assert) fails the rank here, with its own traceback
-    settle_devices(None)
     dist = dist or sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()  # also the user's own group, so the rank exits without warnings
@@ -215,14 +225,22 @@ def execute_cell(
     rank), before anything is torn down.  Its error is recorded (``record``) before the kernel is
     asked: a rank stopped while it asks (another rank's failure or ``q`` ends the run) is then told
     as what it was, a rank whose cell raised, not one that had not begun it."""
+    global failing
     _prompt.final_code = last or code  # where a debugger stepping through the cell lets go
     try:
         exec(code, namespace)  # noqa: S102 - running the user's cell is the point
         value = None if last is None else eval(last, namespace)  # noqa: S307
     except Exception as exc:
+        failing = True  # first, before any call (where Python runs signal handlers): see ``failing``
         if record is not None:
             record(exc)
-        _prompt.post_mortem_if_asked(exc)
+        failing = False  # a prompt: the kernel's interrupt ends it, and the cell's own error stands
+        try:
+            _prompt.post_mortem_if_asked(exc)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            failing = True
         raise
     finally:
         if _prompt.debugged:
@@ -354,15 +372,35 @@ def release_names(namespace: dict, start_method: str) -> None:
 
 def abort_groups() -> None:
     """Abort every NCCL communicator of this rank (torch's ``_abort_process_group``): pending
-    collectives stop, and neither leaving nor anything after waits on them."""
+    collectives stop, and neither leaving nor anything after waits on them.  A gloo default group
+    with NCCL subgroups (``new_group(backend="nccl")``) too: each subgroup's NCCL backend is aborted
+    (torch's call aborts them only with an NCCL default group)."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return
     with contextlib.suppress(Exception):  # best effort: the rank is leaving anyway
         if "nccl" in str(dist.get_backend()).lower():
-            from torch.distributed.distributed_c10d import _abort_process_group
+            dist.distributed_c10d._abort_process_group()  # every group, in one NCCL group call
+            return
+    for backend in _nccl_backends(dist):
+        with contextlib.suppress(Exception):
+            backend.abort()
 
-            _abort_process_group()
+
+def _nccl_backends(dist: ModuleType) -> list[Any]:
+    """The NCCL backends of this rank's process groups (``pg_map``: the default group's and the subgroups')."""
+    import torch
+
+    found: list[Any] = []
+    with contextlib.suppress(Exception):
+        for group in list(dist.distributed_c10d._world.pg_map):
+            try:
+                backend = group._get_backend(torch.device("cuda"))
+            except Exception:  # noqa: S112 - no CUDA backend in this group
+                continue
+            if type(backend).__name__ == "ProcessGroupNCCL":
+                found.append(backend)
+    return found
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -420,8 +458,9 @@ def _write_error(rank_dir: str, cell: CellSource, exc: BaseException) -> None:
         tb = _prompt.cut_debugger_frames(tb)  # end at the line where the debugger was quit
     report = traceback.TracebackException(type(exc), exc, tb)
     frames = list(report.stack)
-    while frames and frames[-1].filename in _ON_ITS_BEHALF:
-        frames.pop()  # under the user's last line: input() waiting on the kernel, --out sending a value
+    ours = _ON_ITS_BEHALF + (tuple(_OWN_FILES) if isinstance(exc, KeyboardInterrupt) else ())
+    while frames and frames[-1].filename in ours:
+        frames.pop()  # under the user's last line: input() waiting on the kernel, --out sending a value, the interrupt's handler
     report.stack = traceback.StackSummary.from_list(frames)
     text = rewrite_cell_frames("".join(report.format()), cell)
     if type(exc).__module__.startswith("nbspawn."):  # nbspawn's exception, named as the user knows it

@@ -77,7 +77,8 @@ def _arrive(obj: Any) -> Any:
     """Where it arrives: the same rule for what this process sends on, and the definition, or what
     the cell's namespace binds to its name (a batch's class made the rank's own again)."""
     install()
-    names = getattr(sys.modules.get(__name__), "main_names", None)
+    module = sys.modules.get(__name__)  # this module as imported here (this function may have come by value)
+    names = module.main_names if module is not None else None
     same = names.get(obj.__qualname__) if names is not None else None
     if same is not None and type(same) is type(obj) and getattr(same, "__qualname__", None) == obj.__qualname__:
         return same

@@ -77,13 +77,14 @@ def _install_prompts() -> None:
 
 
 def _name_process(mode: str, target: str, args: list[str]) -> None:
-    """``nbspawn rank 2 of 4: train.py --lr 0.1`` in ``ps``, until an exec-ed program names itself."""
+    """``nbspawn rank 2 of 4 [run ID]: train.py --lr 0.1`` in ``ps``, until an exec-ed program names itself."""
     rank, size = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
     if not (rank.isdigit() and size.isdigit()):
         return
     title = _load("ranks/_title.py")
     program = {"code": "python -c ...", "module": f"python -m {target}"}.get(mode, target)
-    title.name_process(title.rank_title(int(rank), int(size), program=" ".join([program, *args])))
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or None
+    title.name_process(title.rank_title(int(rank), int(size), program=" ".join([program, *args]), run_id=run_id))
 
 
 def _runpy_file() -> str:

@@ -134,6 +134,8 @@ def ask(prompt: str, kind: str = "input", password: bool = False) -> str:
     request = {"kind": kind, "prompt": str(prompt)[-MAX_PROMPT:], "password": password}
     if kind == "pdb":
         request["where"] = where_stopped()
+    else:  # input(), getpass(): a person answers, as at a debugger's prompt (RankPdb.interaction): the
+        extend_timeouts()  # collectives this rank issues from now on wait an hour for its peers
     reply = _request(request)
     if reply.get("stop"):
         raise KeyboardInterrupt("the run was stopped while this rank waited at a prompt")

@@ -22,15 +22,18 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
 
 from .._rankdir import COLLECTIVES
 from ._stackdump import HELPER_THREAD_BLOCKS, answer_stack_requests
 
-FR_ENTRIES = "256"  # TORCH_FR_BUFFER_SIZE unless the user set it
+FR_ENTRIES = "256"  # the flight recorders' size unless the user set it
+# where torch reads it: TORCH_FR_BUFFER_SIZE since the FlightRecorder rename (and warns on every rank of the
+# old name when that is set); NCCL's recorder before it read only TORCH_NCCL_TRACE_BUFFER_SIZE, default 0 (off)
+FR_SIZE_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 LOOK_EVERY = 0.25
-KEPT = 8  # the newest collectives written down
+KEPT = 8  # the newest collectives written down (with each group's oldest one not completed)
 
 _started = False
 
@@ -43,7 +46,7 @@ def answer_where(stack_file: TextIO) -> None:
     From Python 3.11 the thread that dumps the stacks calls :func:`write_beside` itself, so the
     collectives are there as soon as the stacks; before, a thread here watches the file grow."""
     global _started
-    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", FR_ENTRIES)
+    recorder_env(os.environ)
     if answer_stack_requests(stack_file, then=write_beside) or _started:
         return
     _started = True
@@ -51,6 +54,27 @@ def answer_where(stack_file: TextIO) -> None:
     # machine busy with a run's freshly forked ranks took 1.8 ms of every rank's start (the thread
     # needs no handshake: it only sleeps and looks; like a daemon thread it never holds up an exit)
     _thread.start_new_thread(_loop, (stack_file,))
+
+
+def recorder_env(environ: MutableMapping[str, str], renamed: bool | None = None) -> None:
+    """torch's flight recorders on, small, unless the user sized them (either variable: torch reads the
+    first set one).  Only the name this torch reads is set: the old one on a torch from after the rename
+    prints a deprecation warning in every rank (``renamed``: whether it is such a torch; asked of the
+    torch this rank imported when not given)."""
+    if any(key in environ for key in FR_SIZE_VARS):
+        return
+    if renamed is None:
+        renamed = _renamed_recorder()
+    environ.update(dict.fromkeys(FR_SIZE_VARS[:1] if renamed else FR_SIZE_VARS, FR_ENTRIES))
+
+
+def _renamed_recorder() -> bool:
+    """Whether this process's torch has the generic FlightRecorder (its ``_dump_fr_trace_json``): it came
+    with the rename.  A rank has imported torch (torch's ``start_processes`` started it); a process that
+    has not gets both names, the safe side for a recorder that must be on."""
+    torch_c = getattr(sys.modules.get("torch"), "_C", None)
+    c10d = getattr(torch_c, "_distributed_c10d", None)
+    return c10d is not None and hasattr(c10d, "_dump_fr_trace_json")
 
 
 def _loop(stack_file: TextIO) -> None:
@@ -102,9 +126,16 @@ def recent_collectives() -> list[dict[str, Any]]:
         return []
     import torch
 
+    return collected(recorders(torch._C._distributed_c10d, bool(torch.cuda.is_initialized())))
+
+
+def collected(dumps: list[Callable[[], str]]) -> list[dict[str, Any]]:
+    """What the recorders hold, summed up, oldest first: the :data:`KEPT` newest, and before them each
+    group's oldest NCCL collective not completed, where it is older: a rank that goes on enqueuing
+    work after the collective it is stuck in (no sync in its loop) would lose it from the newest."""
     entries: list[dict[str, Any]] = []
     failed: Exception | None = None
-    for dump in recorders(torch._C._distributed_c10d, bool(torch.cuda.is_initialized())):
+    for dump in dumps:
         try:
             entries.extend(json.loads(dump()).get("entries", []))
         except Exception as err:  # one recorder that cannot be read leaves the other's entries
@@ -112,7 +143,12 @@ def recent_collectives() -> list[dict[str, Any]]:
     if failed is not None and not entries:
         raise failed
     entries.sort(key=lambda entry: entry.get("time_created_ns") or 0)
-    return [summary(entry) for entry in entries[-KEPT:]]
+    stuck: dict[str, dict[str, Any]] = {}
+    for entry in entries[:-KEPT]:
+        name = str(entry.get("profiling_name", ""))
+        if name.startswith("nccl:") and entry.get("state") != "completed":
+            stuck.setdefault(str((entry.get("process_group") or [""])[0]), entry)
+    return [summary(entry) for entry in [*stuck.values(), *entries[-KEPT:]]]
 
 
 def recorders(c10d: Any, cuda_initialized: bool) -> list[Callable[[], str]]:
@@ -142,8 +178,10 @@ def summary(entry: dict[str, Any]) -> dict[str, Any]:
         "p2p_seq": entry.get("p2p_seq_id") or 0,
         "op": name.split(":", 1)[-1],  # "gloo:all_reduce" -> "all_reduce"
         "backend": name.split(":", 1)[0] if ":" in name else "",
-        "group": (entry.get("process_group") or ["", ""])[-1],
+        "group": (entry.get("process_group") or ["", ""])[-1],  # its description: default_pg is the world's
+        "pg": str((entry.get("process_group") or [""])[0]),  # its name, unique in the rank: sequence numbers are per group
         "sizes": entry.get("input_sizes") or [],
         "issued": (entry.get("time_created_ns") or 0) / 1e9,
         "state": entry.get("state"),
+        "timeout": (entry.get("timeout_ms") or 0) / 1000,  # when torch's watchdog ends it (0: not recorded)
     }

@@ -9,8 +9,9 @@ background thread's prints are kept and never shown in the wrong cell.
 Names: what a world cell binds stays in the rank's namespace for the next cell, and is the world's
 own; the kernel sends with each job only the names the cell reads before binding them that no cell
 of the world bound (``handoff._names``), with their current values.  SIGINT raises
-``KeyboardInterrupt`` only while a cell runs; an idle rank ignores it, so a world whose ranks all
-come back from an interrupt lives on.
+``KeyboardInterrupt`` only while a cell runs, and only the kernel's interrupt of that cell (its
+directory's ``interrupt`` file), never while the rank reports the cell's own error; an idle rank
+ignores it, so a world whose ranks all come back from an interrupt lives on.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ import faulthandler
 import os
 import signal
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._rankdir import RankDir, prompts_path
 from .._source import CellSource
 from . import _cell as _rank
-from . import _children, _fds, _prompt
+from . import _children, _fds, _prompt, _stopped, _torchenv
 from ._capture import finished, redirect_output
 from ._stackdump import open_stack_file
 from ._title import name_process, rank_title
@@ -63,16 +65,61 @@ class WorldJob:
 
 
 # The last failure of a cell on this rank and that cell (sys.last_traceback's like, as IPython's %debug
-# reads it): what ``%spawn debug`` opens, until a later cell fails here.
-_kept: tuple[BaseException, CellSource] | None = None
+# reads it): what ``%spawn debug`` opens, until a later cell fails here.  A str in place of the exception:
+# its frames held what the kernel sent with --share, so only why it cannot be debugged is kept.
+_kept: tuple[BaseException | str, CellSource] | None = None
 
 
-def keep_failure(exc: BaseException, cell: CellSource) -> None:
+def keep_failure(exc: BaseException, cell: CellSource, shared: Iterable[Any] = ()) -> None:
     """A cell raised here: its exception (with its traceback) is kept for ``%spawn debug``; an interrupt,
-    a quit debugger or a prompt nothing could answer is not a failure to debug."""
+    a quit debugger or a prompt nothing could answer is not a failure to debug.
+
+    Unless a frame of it holds one of the ``--share`` objects the kernel sent this cell (``step(g)``
+    raising with ``g`` as its argument): a kept traceback would pin it while the world lives, and the
+    kernel could not free it on ``del`` (a CUDA tensor's GPU memory stays in torch's IPC limbo).  Then
+    only a note of why is kept; the other failures keep every frame, so ``%spawn debug`` goes on
+    working where nothing is pinned (and ``--pdb`` debugs any failure live, before anything is kept)."""
     global _kept
     if isinstance(exc, Exception) and not isinstance(exc, (_prompt.DebuggerQuit, _prompt.NoPromptError)):
-        _kept = (exc, cell)
+        _kept = None  # the earlier failure's frames go now, whatever this one keeps
+        held = _holding(exc, shared)
+        if held is None:
+            _kept = (exc, cell)
+        else:
+            _kept = (
+                f"its frames held what --share sent ({held}), which a kept failure would keep from being freed: "
+                "only its traceback (above, in the cell's output) was kept. Run the cell with --pdb to debug it "
+                "where it fails.",
+                cell,
+            )
+
+
+def _holding(exc: BaseException, shared: Iterable[Any]) -> str | None:
+    """Where a frame of ``exc`` (or of the exceptions chained to it) holds a --share object's memory:
+    ``x in step()``; None if none does."""
+    from ..handoff._shm import storage_keys
+
+    keys = storage_keys(list(shared))
+    if not keys:
+        return None
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        todo += [current.__cause__, current.__context__]
+        tb = current.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            tb = tb.tb_next
+            if frame.f_code.co_filename in _rank._OWN_FILES or frame.f_locals is frame.f_globals:
+                continue  # nbspawn's, or the cell's top level: the names --share sent are popped from there
+            for name, value in frame.f_locals.items():
+                if storage_keys(value) & keys:
+                    return f"{name} in {frame.f_code.co_name}()"
+    return None
 
 
 def debug_kept(rank: int) -> None:
@@ -81,12 +128,61 @@ def debug_kept(rank: int) -> None:
         print(f"nbspawn: no failure kept on rank {rank}: no cell has raised here", file=sys.stderr)
         return
     exc, cell = _kept
+    if isinstance(exc, str):
+        print(f"nbspawn: rank {rank}'s failure cannot be debugged: {exc}", file=sys.stderr)
+        return
     cell.compile()  # the failed cell's lines back in linecache (a later cell's replaced them): pdb lists its own
     _prompt.post_mortem_kept(exc, cell.label)
 
 
+def let_go(namespace: dict[str, Any], timeout: float | None, abort: bool = False) -> None:
+    """The rank is leaving (``%spawn stop``, or SIGTERM): it drops everything of the world's it holds,
+    its names, the failure it kept and its children's view of them, so that what the kernel sent
+    (CUDA IPC memory held by a ``DDP(model)`` or an optimizer the world made) is freed and its
+    reference counts reach the kernel: a fork or forkserver rank leaves through ``os._exit``, where
+    nothing is freed.  Not while its GPU is busy or broken (freeing CUDA IPC memory then can abort the
+    process): the kernel releases what is left once the rank is reaped (``handoff._ipc``)."""
+    global _kept
+    if _rank._cuda_in_use():
+        if abort:
+            _rank.abort_groups()
+        try:
+            if not _rank.settle_devices(timeout):
+                return
+        except Exception:
+            return
+    _kept = None
+    namespace.clear()
+    _children.main_names = None
+    import gc
+
+    gc.collect()
+
+
 def _ignore_interrupt(signum: int, frame: Any) -> None:
     """SIGINT while no cell runs: nothing to interrupt (the kernel interrupts every rank at once)."""
+
+
+class _CellInterrupt:
+    """SIGINT while this cell is served: KeyboardInterrupt, if the interrupt is this cell's and the cell
+    has not failed here.  The kernel makes ``marker`` (in this cell's directory) before it interrupts
+    the cell, so a SIGINT that arrives late, meant for an earlier cell, is not taken for this one's; a
+    rank whose cell raised (``_cell.failing``) is writing its own error down, and ends the cell anyway.
+    Until the cell's code begins (the rank is telling the kernel it started) the interrupt is held, so
+    it never unwinds through multiprocessing's frames: the rank then leaves the cell unrun."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+        self.begun = False
+        self.held = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if _rank.failing or not os.path.exists(self.marker):
+            return
+        if not self.begun:
+            self.held = True
+            return
+        raise KeyboardInterrupt
 
 
 def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fds.Descriptor, ...] = (), world: str = "") -> None:
@@ -99,13 +195,15 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
         if other is not conn:
             other.close()
     between = spec.rank_dir(rank)
+    imported_with = _torchenv.imported_with()
     _rank.apply_kernel_env(spec.kernel_env)
     spec.apply_env(rank, os.environ)
+    _torchenv.read_again(imported_with)
     from ._capture import capture_output
 
     capture_output(between, spec.rich)
     signal.signal(signal.SIGINT, _ignore_interrupt)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # until there is something to drop (below)
     stacks = _answer_stacks(between)
     _prompt.install(spec.rank_offset + rank, None, None)  # each cell says where its prompts go
     _rank.prepare_rank(rank)
@@ -113,6 +211,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
     _children.install(namespace)  # the cells' definitions reach the rank's children by value
     own: set[str] = set()  # names world cells assigned in this rank
     group: list[Any] = []  # the default process group, made by the first cell
+    _stopped.install(lambda: let_go(namespace, _rank.SETTLE_AFTER_FAILURE, abort=True))
     while True:
         try:
             job = conn.recv()
@@ -146,6 +245,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
             conn.send(outcome)
         except (BrokenPipeError, OSError):
             break
+    let_go(namespace, spec.grace_period)  # before the group goes: a DDP's hooks, an optimizer's state, freed in step
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
@@ -158,14 +258,14 @@ def _serve(
     """Run one cell; interrupts reach it only while it runs. Returns (outcome, exit code)."""
     rank_dir = job.rank_dir(rank)
     try:
-        # from STARTED on an interrupt is this cell's (the kernel may send it as soon as it reads it),
-        # but never inside the send itself: it would unwind through multiprocessing's frames
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            conn.send((STARTED, 0))
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        # from STARTED on an interrupt is this cell's (the kernel may send it as soon as it reads it)
+        _rank.failing = False
+        interrupt = _CellInterrupt(RankDir(rank_dir).interrupt)
+        signal.signal(signal.SIGINT, interrupt)
+        conn.send((STARTED, 0))
+        if interrupt.held:  # interrupted before its code began: nothing of the cell ran, nothing to report
+            return INTERRUPTED, 1
+        interrupt.begun = True
         if job.debug is not None:
             if job.debug == rank:
                 debug_kept(rank)
@@ -173,8 +273,13 @@ def _serve(
         if not group:
             _join(group, spec.backend, rank)
         _run(job, rank, namespace, own)
-        # in step: every collective this rank queued has completed (an interrupt meanwhile is the cell's)
+        # in step: every collective this rank queued has completed (an interrupt meanwhile is the cell's);
+        # a CUDA error raised here is the cell's own, not an --out value's that could not be sent
         _rank.settle_devices(None, interruptible=True)
+        if job.out_names:
+            from ..handoff._names import send_outputs
+
+            send_outputs(namespace, job.out_names, job.shm_prefix or "", job.rank_dir(rank))
         outcome = OK, 0
     except SystemExit as exc:
         code = _rank._exit_code(exc)
@@ -183,7 +288,7 @@ def _serve(
         signal.signal(signal.SIGINT, _ignore_interrupt)
         _rank.write_error(rank_dir, job.cell, exc)
         if job.debug is None:
-            keep_failure(exc, job.cell)
+            keep_failure(exc, job.cell, [namespace[name] for name in job.shared if name not in own and name in namespace])
         outcome = (INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RAISED), 1
     finally:
         signal.signal(signal.SIGINT, _ignore_interrupt)
@@ -206,8 +311,8 @@ def _join(group: list[Any], backend: str, rank: int) -> None:
         group.append(_rank.init_process_group(backend, rank))
     finally:
         signal.signal(signal.SIGINT, previous)
-    if held:
-        raise KeyboardInterrupt
+    if held and callable(previous):
+        previous(signal.SIGINT, None)  # this cell's interrupt (``_interrupt_handler``) raises KeyboardInterrupt
 
 
 def _sit_out(job: WorldJob, rank: int, backend: str, group: list[Any]) -> None:
@@ -232,9 +337,19 @@ def keep_in_step(rank: int, job: WorldJob, namespace: dict[str, Any], own: set[s
     rank leaves (the kernel reports the world lost) rather than pair the next cell's collectives
     off by one; so does a rank whose GPU raised a CUDA error (a device-side assert is sticky: its
     context is unusable).  Then what ``--share`` sent is dropped (the next cell that uses it gets
-    it again): CUDA IPC reference counts reach the kernel, which can free a shared tensor on ``del``."""
-    if not _rank._cuda_in_use():
-        return
+    it again), on CPU as on a GPU: CUDA IPC reference counts reach the kernel, which can free a shared
+    tensor on ``del``, and a CPU tensor's shared memory is no longer mapped here."""
+    if _rank._cuda_in_use():
+        _in_step(rank, job)
+    dropped = [name for name in job.shared if name not in own and namespace.pop(name, None) is not None]
+    if dropped:
+        import gc
+
+        gc.collect()
+
+
+def _in_step(rank: int, job: WorldJob) -> None:
+    """Leave (the world is lost) unless this rank's GPU work is done and its GPU is sound."""
     broken: Exception | None = None
     try:
         settled = _rank.settle_devices(job.grace)
@@ -257,15 +372,10 @@ def keep_in_step(rank: int, job: WorldJob, namespace: dict[str, Any], own: set[s
         finished()
         _rank._flush()
         os._exit(_rank.EXIT_RAISED)
-    dropped = [name for name in job.shared if name not in own and namespace.pop(name, None) is not None]
-    if dropped:
-        import gc
-
-        gc.collect()
 
 
 def _run(job: WorldJob, rank: int, namespace: dict[str, Any], own: set[str]) -> None:
-    from ..handoff._names import names_bound, send_outputs, unpack_namespace
+    from ..handoff._names import names_bound, unpack_namespace
 
     tree = job.cell.parse()
     bound = names_bound(tree)  # before compile takes the last expression out of the tree (``(x := 1)``)
@@ -279,8 +389,6 @@ def _run(job: WorldJob, rank: int, namespace: dict[str, Any], own: set[str]) -> 
         _rank.execute_cell(code, last, namespace, lambda exc: _rank.write_error(job.rank_dir(rank), job.cell, exc))
     finally:  # what the cell bound, even if it failed half-way, is now the rank's own
         own.update(name for name in bound if name in namespace)
-    if job.out_names:
-        send_outputs(namespace, job.out_names, job.shm_prefix or "", job.rank_dir(rank))
 
 
 def _stacks_to(rank_dir: str, previous: Any) -> Any:

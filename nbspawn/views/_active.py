@@ -9,6 +9,13 @@ an ``nbspawn.active`` comm on a subshell of its own (the main shell may be runni
 kernel answers with one message (``ActiveRunsMessage``) and the page closes the comm, then puts the
 live display (which reattaches, reattach.ts) or the frozen run into the cell.
 
+A page opens that comm only where the target is registered: it first asks the kernel which comms of
+the target it has (``comm_info_request``), and ``install`` lists one that no page ever opened
+(``LISTED``).  A kernel that has not loaded nbspawn (every notebook's kernel as the notebook opens,
+before its ``%load_ext nbspawn``) has no run to show, and is sent no ``comm_open`` it would refuse: that
+refusal, a ``comm_close`` for a comm the page's connection does not know, was logged as an error
+("Comm not found") by every page on the kernel.
+
 Small on purpose: the latest run of at most ``KEEP_CELLS`` cells, an ended one for ``KEEP_SECONDS``;
 a cell that runs again forgets its earlier run.  Only in a Jupyter kernel, and only for cells whose
 frontend sent a cell id.  Every method may be called from any thread.
@@ -23,11 +30,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from .._comms import comm_manager
-from .._shell import running_shell
+from .._comms import comm_manager, listed_comm
+from .._shell import kernel_of, running_shell
 from ._messages import ActiveRequest, ActiveRun, ActiveRunsMessage, LiveInfo
 
 TARGET = "nbspawn.active"
+LISTED = "nbspawn-active-target"  # the comm a comm_info_request for TARGET finds once the target is registered
 KEEP_CELLS = 8
 KEEP_SECONDS = 30 * 60.0
 log = logging.getLogger(__name__)
@@ -118,7 +126,7 @@ _installed: set[int] = set()  # id() of the kernels whose comm target and hook a
 def current_cell() -> tuple[str | None, int | None]:
     """The running cell's id and prompt number, from the cell's own thread; (None, None) outside a kernel."""
     shell = running_shell()
-    kernel = getattr(shell, "kernel", None)
+    kernel = kernel_of(shell)
     if kernel is None:
         return None, None
     try:
@@ -140,12 +148,13 @@ def current_cell() -> tuple[str | None, int | None]:
 def install() -> None:
     """Once per kernel: the ``nbspawn.active`` comm target, and forgetting a cell's run when it runs again."""
     shell = running_shell()
-    kernel = getattr(shell, "kernel", None)
+    kernel = kernel_of(shell)
     if kernel is None or id(kernel) in _installed:
         return
     _installed.add(id(kernel))
     try:
         comm_manager().register_target(TARGET, _on_open)
+        listed_comm(TARGET, LISTED)  # after the target: a page that sees it may open a comm at once
         shell.events.register("pre_run_cell", _pre_run_cell)
     except Exception as err:  # reattaching is never worth failing a run for
         log.debug("nbspawn.active not installed: %s", err)

@@ -26,9 +26,9 @@ from typing import Any
 
 from .._rankdir import DISPLAY_FILE, STDERR, STDOUT
 from .._runstate import RankState, Run
-from ..errors import RankExitedError, RankRaisedError, SpawnInterrupted, rank_spans
+from ..errors import RankExitedError, RankRaisedError, SpawnInterrupted, SpawnTimeoutError, rank_spans
 from ..events._display import WIDGET_MIME
-from ._messages import RankRecord, RunRecord
+from ._messages import RankRecord, RunErrorRecord, RunRecord
 from ._safehtml import safe_html
 from ._sgr import ESCAPE, SGR, Style, apply_sgr, sgr_params, sgr_sequence, style_after, style_css
 from ._tail import TAIL_LINES, Display, Entry, Line, OutputTail, merged_order, order_runs
@@ -71,6 +71,7 @@ def rank_record(state: RankState, elided_lines: int = 0) -> RankRecord:
         "rank": state.rank,
         "pid": state.pid,
         "status": state.status,
+        "after": failure.after if failure and state.status == "failed_after" else None,
         "exit_code": state.exit_code,
         "signal": state.signal_name,
         "duration": state.duration,
@@ -117,6 +118,7 @@ def run_record(run: Run, elided: dict[int, int] | None = None) -> RunRecord:
             "rank": root.rank if root else None,
             "summary": ESCAPE.sub("", summary or ""),
             "stopped_by": error.stopped_by if isinstance(error, SpawnInterrupted) and run.status == "stopped" else None,
+            "verdict": error.verdict if isinstance(error, (SpawnInterrupted, SpawnTimeoutError)) else None,
         },
         "output_in": "text/html",
         "ranks": [rank_record(state, elided.get(state.rank, 0)) for state in ranks],
@@ -125,7 +127,7 @@ def run_record(run: Run, elided: dict[int, int] | None = None) -> RunRecord:
 
 # -- text/html ----------------------------------------------------------------------------------------
 
-_STATUS_COLOURS = {"done": "#1a7f37", "failed": "#cf222e", "stopped": "#9a6700", "running": "#0969da"}
+_STATUS_COLOURS = {"done": "#1a7f37", "failed": "#cf222e", "failed_after": "#57606a", "stopped": "#9a6700", "running": "#0969da"}
 _STREAM_CODE = {"stdout": "o", "stderr": "e"}
 # what a terminal does not print (a bell, a lone escape); \t, \n and \r are the text's own
 _CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -232,13 +234,15 @@ def to_html(record: RunRecord, outputs: dict[int, list[Entry]]) -> str:
     if record["error"]:
         parts.append(
             '<div role="alert" style="border-left:3px solid #cf222e;padding:2px 6px;margin:4px 0">'
-            f"{e(record['error']['summary'])}</div>"
+            f"{e(_banner(record['error']))}</div>"
         )
     for rank in record["ranks"]:
         colour = _STATUS_COLOURS.get(rank["status"], "#57606a")
-        status = rank["status"] + (f" ({rank['summary']})" if rank["summary"] else "")
+        status = _rank_status(rank) + (f" ({rank['summary']})" if rank["summary"] else "")
         if rank["duration"] is not None:
             status += f", {rank['duration']:.2f} s"
+        if rank["status"] == "stopped" and rank["note"]:
+            status += f" — {rank['note']}"  # where it was: "has not entered barrier #1 (Cell In[2], line 4: ...)"
         open_attr = " open" if rank["status"] == "failed" or record["nprocs"] <= 4 else ""
         parts.append(
             f'<details data-rank="{rank["rank"]}"{open_attr}><summary><b>rank {rank["rank"]}</b> '
@@ -265,6 +269,16 @@ def to_html(record: RunRecord, outputs: dict[int, list[Entry]]) -> str:
     return "".join(parts)
 
 
+def _rank_status(rank: RankRecord) -> str:
+    """A rank's status in words: ``failed after rank 2`` for one that failed once rank 2 had."""
+    return f"failed after rank {rank['after']}" if rank["status"] == "failed_after" else rank["status"]
+
+
+def _banner(error: RunErrorRecord) -> str:
+    """The one line a view heads a failed run with: a stopped hang's verdict, else the error's first line."""
+    return f"Hang: {error['verdict']}" if error.get("verdict") else error["summary"]
+
+
 def _status_label(record: RunRecord) -> str:
     return "stopped (Stop button)" if record["status"] == "stopped" else record["status"]
 
@@ -278,9 +292,11 @@ def to_text(record: RunRecord) -> str:
     ]
     if record["error"]:
         lines.append(record["error"]["summary"])
+        if record["error"].get("verdict"):
+            lines.append(_banner(record["error"]))
     counts: dict[str, list[int]] = {}
     for rank in record["ranks"]:
-        counts.setdefault(rank["status"], []).append(rank["rank"])
+        counts.setdefault(_rank_status(rank), []).append(rank["rank"])
     lines.append(", ".join(f"{status}: {_ranges(ranks)}" for status, ranks in counts.items()))
     return "\n".join(lines)
 

@@ -19,9 +19,21 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any, Protocol, runtime_checkable
 
 from .._shell import running_kernel
+
+
+@runtime_checkable
+class _KeepsBusy(Protocol):
+    """A kernel's status watch as a run uses it: this module's ``_StatusWatch``, or one that an earlier
+    import of this module (autoreload) left on the kernel, an instance of that import's class."""
+
+    kernel: Any
+
+    def keep_busy(self, cell: Any) -> None: ...
+
+    def let_go(self) -> None: ...
 
 
 class _StatusWatch:
@@ -80,12 +92,12 @@ def kept_busy() -> Iterator[None]:
         watch.let_go()
 
 
-def _watch(kernel: Any) -> _StatusWatch | None:
+def _watch(kernel: Any) -> _KeepsBusy | None:
     if kernel is None:
         return None
     watch = vars(kernel).get("_publish_status")
-    if callable(getattr(watch, "keep_busy", None)):  # this module's, or an earlier import's (autoreload)
-        return cast(_StatusWatch, watch)
+    if isinstance(watch, _KeepsBusy):  # this module's, or an earlier import's (autoreload)
+        return watch
     publish = getattr(kernel, "_publish_status", None)
     if publish is None:
         return None

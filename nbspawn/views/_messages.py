@@ -22,6 +22,7 @@ class RankRecord(TypedDict):
     rank: int
     pid: int | None
     status: RankStatus  # never absent: a rank that sits a cell out (--on) is not in its record
+    after: int | None  # failed_after: the rank whose failure came first (its chip reads "after rank 2")
     exit_code: int | None
     signal: str | None
     duration: float | None
@@ -32,7 +33,9 @@ class RankRecord(TypedDict):
     stderr_path: str | None
     display_path: str | None
     node: str | None  # a cluster run's rank: "node 1 (hostb)"; its log paths are then host:path
-    note: str | None  # while it runs: "waiting in barrier #3 for 25 s; rank 2 has not entered it"
+    # while it runs and looks hung: "waiting in barrier #3 for 25 s; rank 2 has not entered it"; a rank
+    # stopped in a hang keeps where it was then ("has not entered barrier #3 (Cell In[5], line 6: ...)")
+    note: str | None
     prompt: str | None  # at a prompt now: "pdb" (its note: "at a breakpoint (Pdb, cell line 4)") or "input"
 
 
@@ -40,6 +43,8 @@ class RunErrorRecord(TypedDict):
     rank: int | None  # the root cause's rank, if a rank failed first
     summary: str
     stopped_by: str | None  # a stopped run: what stopped it ("%spawn stop", "run.stop()", "Stop button")
+    # a run stopped (timeout, interrupt, Stop) while hung: why, the banner's line ("rank 1 never entered barrier #1 ...")
+    verdict: str | None
 
 
 class RunHeader(TypedDict):

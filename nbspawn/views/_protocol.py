@@ -59,6 +59,11 @@ class RunView:
         """``rank``'s pdb prompt was answered; the rank writes ``line`` (its prompt and the command) to
         its stdout next, above pdb's answer, so its output reads as a terminal's session."""
 
+    def stopping(self, run: Run) -> None:
+        """The run is being stopped as the user asked (Stop, an interrupt, ``--timeout``): its ranks
+        are about to be interrupted.  What they write from now on is still in the logs and read as
+        before; a live view need only show the newest of it, until the frozen view replaces it."""
+
     def flush(self, run: Run) -> None:
         """Show now what the view holds back to redraw at its own pace (a rank's prompt is coming,
         and it blocks the loop that would have drawn it)."""

@@ -41,10 +41,11 @@ from typing import Any, TextIO
 import wcwidth
 
 from .._runstate import RankState, Run
+from .._shell import wants_colour
 from ..events._widgetbar import widget_text
 from ._busy import kept_busy
 from ._protocol import RunView
-from ._sgr import ESCAPE
+from ._sgr import ESCAPE, SGR
 from ._status import StatusComm
 
 MAX_PENDING = 1 << 16  # a "line" longer than this is shown in pieces
@@ -257,6 +258,7 @@ class TextView(RunView):
         self._said: str | None = None  # the hang last said
         self._told_waiting: set[int] = set()  # a background run's ranks said to wait at a prompt
         self._typed: dict[int, str] = {}  # rank -> its pdb command's echo, not printed again on a terminal
+        self._plain: set[str] = set()  # the streams that get no colour codes (NO_COLOR, no terminal): wants_colour
 
     def _stream(self, name: str) -> TextIO:
         return self._out[name] or (sys.stdout if name == "stdout" else sys.stderr)
@@ -271,6 +273,7 @@ class TextView(RunView):
         self._prefix_width = len(f"[rank{max(run.nprocs - 1, 0)}]:")
         choice = self._live_choice
         self._live = _isatty(self._stream("stderr")) if choice is None else choice
+        self._plain = {name for name in ("stdout", "stderr") if not wants_colour(self._stream(name))}
         if not run.background:
             self._busy.enter_context(kept_busy())
         self._status.open(run)
@@ -406,6 +409,8 @@ class TextView(RunView):
                 self._printed[key] = text
 
     def _emit(self, stream: str, text: str) -> None:
+        if stream in self._plain:
+            text = SGR.sub("", text)  # a rank's colours too: NO_COLOR, or a file, asks for none
         if self._live:
             self._queue.append((stream, text))
         else:
@@ -428,7 +433,8 @@ class TextView(RunView):
         writes.extend(self._queue)
         footer = self._footer_lines()
         if footer:
-            writes.append((footer_stream, "\n".join(footer)))
+            footer_text = "\n".join(footer)
+            writes.append((footer_stream, SGR.sub("", footer_text) if footer_stream in self._plain else footer_text))
         self._queue.clear()
         self._footer, self._dirty, self._drawn_at = len(footer), False, now
         merged: list[list[str]] = []

@@ -47,6 +47,10 @@ FLUSH_SECONDS = 0.1  # at most 10 output messages a second
 # (as tqdm's ``delay``). SpawnMagics.live_after sets it.
 LIVE_AFTER = 0.2
 MAX_BYTES_PER_MESSAGE = 64 * 1024  # the chunks' JSON in one output message
+# ... once the run is being stopped: each rank's newest lines only.  Under a flood the page is still
+# taking in what was sent before the Stop, and draws the end (the frozen view) only after it; what
+# the ranks write as they stop is in the logs and the frozen view's tails all the same
+STOPPING_BYTES_PER_MESSAGE = 8 * 1024
 MAX_REPLAY_BYTES = 1024 * 1024  # the tails' JSON in one replay message
 READ_BUDGET = 32 * 1024  # bytes of each text stream of each rank read per poll; the rest is skipped
 LIVE_MIME = "application/vnd.nbspawn.live+json"
@@ -102,6 +106,7 @@ class WidgetView(RunView):
         self._replay_wanted = False
         self._where_wanted = False  # the Where button: answered from the cell's thread, at the next flush
         self._stop_seen = False
+        self._stopping = False  # the run is being stopped: smaller messages (STOPPING_BYTES_PER_MESSAGE)
         self._busy = contextlib.ExitStack()
 
     # -- RunView ----------------------------------------------------------------------------------
@@ -149,8 +154,8 @@ class WidgetView(RunView):
         self.pending.append([rank, stream, text])
         self.pending_chars[rank] = self.pending_chars.get(rank, 0) + len(text)
         # a rank printing far faster than anything can show: keep only its newest output pending
-        if self.pending_chars[rank] > 8 * MAX_BYTES_PER_MESSAGE:
-            self._cut_pending({rank: 2 * MAX_BYTES_PER_MESSAGE})
+        if self.pending_chars[rank] > 8 * self._message_bytes:
+            self._cut_pending({rank: 2 * self._message_bytes})
 
     def display(self, rank: int, item: dict) -> None:
         self.tails[rank].display(item)
@@ -189,6 +194,14 @@ class WidgetView(RunView):
 
     def wants_stop(self) -> bool | str:
         return self._stop.is_set()
+
+    def stopping(self, run: Run) -> None:
+        """From now on each message holds the ranks' newest lines only.  The header that says the run
+        is stopping goes now, before the ranks are looked at and interrupted, with the text pending
+        counted as elided: the page drops what it has not drawn too, and draws the end next."""
+        self._stopping = True
+        self._cut_pending(dict.fromkeys({chunk[0] for chunk in self.pending}, 0))
+        self._flush(run)
 
     def finished(self, run: Run) -> None:
         self._busy.close()
@@ -240,9 +253,8 @@ class WidgetView(RunView):
 
     def _send_output(self) -> None:
         assert self.widget is not None  # sent by _flush, only once the widget exists
-        size = sum(_chunk_size(chunk) for chunk in self.pending)
-        if size > MAX_BYTES_PER_MESSAGE:
-            self._cut_pending(self._shares(MAX_BYTES_PER_MESSAGE - 1024))
+        if _over(self.pending, self._message_bytes):
+            self._cut_pending(self._shares(self._message_bytes - 1024))
         for key in list(self.mid_line):  # a line whose start was cut earlier goes on here: cut its rest
             for chunk in self.pending:
                 if (chunk[0], chunk[1]) == key:
@@ -269,6 +281,11 @@ class WidgetView(RunView):
         self.pending, self.pending_chars, self.elided = [], {}, {}
         message: OutputMessage = {"type": "output", "chunks": chunks, "elided": elided}
         self.widget.send(message)
+
+    @property
+    def _message_bytes(self) -> int:
+        """The most an output message holds (its chunks' JSON)."""
+        return STOPPING_BYTES_PER_MESSAGE if self._stopping else MAX_BYTES_PER_MESSAGE
 
     def _send_replay(self) -> None:
         """Everything kept, which already holds whatever was pending: every view starts over from it."""
@@ -308,7 +325,16 @@ class WidgetView(RunView):
         need, the loud ones share the rest equally."""
         need: dict[int, int] = {}
         for chunk in self.pending:
-            need[chunk[0]] = need.get(chunk[0], 0) + _chunk_size(chunk) + 16
+            need[chunk[0]] = need.get(chunk[0], 0) + 16
+        # a rank whose text alone is more characters than the budget has bytes (each takes one or
+        # more) needs more than any share: its exact size, its JSON, is not worked out (megabytes
+        # of a flood, at every message)
+        loud = {rank for rank, chars in self._pending_text_chars().items() if chars > budget}
+        for chunk in self.pending:
+            if chunk[0] not in loud:
+                need[chunk[0]] += _chunk_size(chunk)
+        for rank in loud:
+            need[rank] = budget + 1
         shares: dict[int, int] = {}
         left = budget
         order = sorted(need, key=lambda rank: need[rank])
@@ -331,6 +357,9 @@ class WidgetView(RunView):
             mine = [c for c in self.pending if c[0] == rank and c[1] != "display"]
             original = [c[2] for c in mine]
             for chunk in reversed(mine):  # newest first: whole chunks while they fit, then whole lines
+                if room <= 18:  # not even an empty text's JSON and its place: nothing more fits
+                    chunk[2], room = "", 0
+                    continue
                 size = json_size(chunk[2]) + 16
                 if size <= room:
                     room -= size
@@ -367,6 +396,14 @@ class WidgetView(RunView):
             self.pending_chars[rank] = sum(len(c[2]) for c in mine)
         self.pending = [c for c in self.pending if c[2]]
 
+    def _pending_text_chars(self) -> dict[int, int]:
+        """Characters of text pending, by rank (displays aside)."""
+        chars: dict[int, int] = {}
+        for rank, stream, value in self.pending:
+            if stream != "display":
+                chars[rank] = chars.get(rank, 0) + len(value)
+        return chars
+
     def _state(self, run: Run) -> WidgetState:
         """The synced traits: the run record without output, split as the front end reads it."""
         record = run_record(run)
@@ -395,6 +432,14 @@ class WidgetView(RunView):
                 self._replay_wanted = True
         elif kind == "where":
             self._where_wanted = True
+
+
+def _over(pending: list[list[Any]], max_bytes: int) -> bool:
+    """Whether the chunks' JSON is more than ``max_bytes``: their text's characters say so at once when
+    they alone are more (each is a byte or more), without encoding megabytes of a flood."""
+    if sum(len(chunk[2]) for chunk in pending if isinstance(chunk[2], str)) > max_bytes:
+        return True
+    return sum(_chunk_size(chunk) for chunk in pending) > max_bytes
 
 
 def _chunk_size(chunk: list[Any]) -> int:

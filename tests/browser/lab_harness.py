@@ -4,8 +4,8 @@ for it (write_notebook, notebook, code_cell), Chromium pages that record dialogs
 what the tests do in them: open a notebook in either front end and wait for its kernel (open_notebook,
 notebook_url, notebook_root, wait_until_ready; Front, for a test run in both, FRONTS), run a cell
 (run_cell), find a run's views (live_view, frozen_run, chip_statuses, select_pane), wait on the page
-(wait_for_js), read the kernel's status over a run (status_spells), save (save_until) and take
-screenshots (shot, page_shot).  tests/browser/conftest.py
+(wait_for_js), read the kernel's status over a run (status_spells), save (save_until), switch the theme
+(use_theme, dark_theme) and take screenshots (shot, page_shot).  tests/browser/conftest.py
 holds the fixtures (artifacts, browser, page).
 
 Importing this module skips the importing test module when playwright or jupyterlab is missing.
@@ -266,6 +266,7 @@ class Page:
         self.page = self.context.new_page()
         self.dialogs: list[str] = []
         self.errors: list[str] = []
+        self.console_errors: list[str] = []  # console.error(...) of the page's own scripts (JupyterLab's too)
         self.watch(self.page)
 
     def watch(self, page: PwPage) -> PwPage:
@@ -277,6 +278,7 @@ class Page:
 
         page.on("dialog", on_dialog)
         page.on("pageerror", lambda e: self.errors.append(str(e)))
+        page.on("console", lambda m: self.console_errors.append(m.text) if m.type == "error" else None)
         return page
 
     def nbspawn_errors(self) -> list[str]:
@@ -523,6 +525,30 @@ def status_spells(changes: list[list], grace_ms: float, end_race_ms: float = 200
 
 
 # -- screenshots ---------------------------------------------------------------------------------
+
+
+def use_theme(pg: PwPage, theme: str) -> None:
+    """Switch the open JupyterLab page to ``theme`` ("JupyterLab Dark", "JupyterLab Light") as a user
+    would, from its command palette; the server's settings keep it, so a test switches back."""
+    pg.keyboard.press("Escape")
+    pg.keyboard.press("Control+Shift+C")
+    palette = pg.locator("#command-palette input")
+    palette.wait_for(timeout=10_000)
+    palette.fill(f"Use Theme: {theme}")
+    pg.locator("#command-palette .lm-CommandPalette-item", has_text=f"Use Theme: {theme}").first.click()
+    light = "false" if "Dark" in theme else "true"
+    pg.wait_for_function(f"document.body.dataset.jpThemeLight === '{light}'", timeout=30_000)
+    pg.wait_for_timeout(500)  # the theme's stylesheet applied everywhere
+
+
+@contextmanager
+def dark_theme(pg: PwPage) -> Iterator[None]:
+    """The open JupyterLab page in the dark theme for the block, then light again (use_theme)."""
+    use_theme(pg, "JupyterLab Dark")
+    try:
+        yield
+    finally:
+        use_theme(pg, "JupyterLab Light")
 
 
 def shot(locator: Locator, artifacts: Path, name: str, *, unhover: bool = False) -> None:

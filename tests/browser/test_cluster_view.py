@@ -1,6 +1,6 @@
 """A cluster run in JupyterLab: the same live view as a local run, each rank's pane naming its node.
 
-Two nodes of real ipyparallel engines on this machine (``tests/cluster_nodes.py``), 2 ranks each;
+Two nodes of real ipyparallel engines on this machine (``tests/cluster/cluster_nodes.py``), 2 ranks each;
 rank 2 (on node 1) fails while the others are still running.  The live view and the frozen run that
 replaces it must say which node each rank ran on, and where its logs are there (``host:/path``).
 Screenshots go to test-artifacts/browser/.

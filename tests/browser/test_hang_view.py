@@ -4,8 +4,10 @@ button's answer, and the verdict once Stop ends the run.
 Four ranks: 0, 1 and 3 wait in a barrier that rank 2 never enters.  With no option given, a few seconds
 into the silence the chips of the waiting ranks turn amber ("waiting in barrier #1 for N s"), and rank
 2's says it has not entered it; Where? (sent on the kernel's subshell, as Stop is) shows every rank's
-stack, grouped; Stop ends the run and the cell's error starts with the verdict.  Screenshots go to
-test-artifacts/browser/.
+stack, grouped; Stop ends the run and the cell's error starts with the verdict.  The frozen run's
+banner is the verdict, and each chip keeps where its rank was when it was stopped, there and in the
+saved notebook opened again (issue #40, item 3).  Screenshots go to test-artifacts/browser/, the
+saved notebook's in the light and the dark theme.
 """
 
 from __future__ import annotations
@@ -15,12 +17,17 @@ from pathlib import Path
 
 import pytest
 from lab_harness import (  # the servers, browser pages and helpers (the fixtures: tests/browser/conftest.py)
+    FROZEN_RUN,
     NEEDS_WIDGET,
     Page,
+    dark_theme,
     frozen_run,
     live_view,
+    notebook_root,
+    notebook_url,
     open_with_nbspawn,
     run_cell,
+    save_until,
     serve,
     shot,
     sync_api,
@@ -86,10 +93,50 @@ def test_a_hang_is_seen_live_asked_where_and_explained(lab, browser, artifacts):
         view.locator(".nbs-Where-close").click()
         sync_api.expect(view.locator(".nbs-Where")).to_be_hidden()
 
-        # ---- Stop: the verdict heads the error -----------------------------------------------------
+        # ---- Stop: the verdict heads the error, and is the frozen run's banner ----------------------
         view.locator(".nbs-Stop").click()
-        frozen_run(hang)
+        frozen = frozen_run(hang)
         output = hang.locator(".jp-OutputArea")
         sync_api.expect(output).to_contain_text("Hang: rank 2 never entered barrier #1", timeout=30_000)
-        assert hang.locator(".nbs-mod-waiting").count() == 0  # the frozen run has no live notes
+        _where_they_were(frozen)
         shot(hang, artifacts, "hang-stopped.png", unhover=True)
+
+        # ---- the saved notebook, opened again: the same banner and chips, light and dark -------------
+        save_until(pg, lab.root / "hang.ipynb", lambda nb: RUN_MIME in str(nb["cells"][1]["outputs"]))
+    with Page(browser, width=1200, height=1000) as p:
+        pg = p.page
+        pg.goto(notebook_url(lab, "hang.ipynb"))
+        saved = notebook_root(pg, lab).locator(".jp-Cell").nth(1).locator(FROZEN_RUN)
+        saved.wait_for(timeout=90_000)
+        _where_they_were(saved)
+        shot(saved, artifacts, "hang-saved.png", unhover=True)
+        with dark_theme(pg):
+            _where_they_were(saved)
+            shot(saved, artifacts, "hang-saved-dark.png", unhover=True)
+
+
+RUN_MIME = "application/vnd.nbspawn.run+json"
+
+
+def _where_they_were(run) -> None:
+    """A stopped hang's view: the verdict is its banner (what stopped it, in the banner's title), and
+    each chip says where its rank was when it was stopped, with its ■; none is drawn as hung now."""
+    banner = run.locator(".nbs-Banner")
+    sync_api.expect(banner).to_have_count(1)
+    text = banner.inner_text().strip()
+    assert re.fullmatch(
+        r"!?\s*Hang: rank 2 never entered barrier #1 \(it is at Cell In\[2\], line 7: time\.sleep\(300\)\); "
+        r"ranks 0-1,3 waited in it for \d+ s at Cell In\[2\], line 5: dist\.barrier\(\)",
+        text,
+    ), text
+    assert banner.get_attribute("title") == "stopped by you (Stop)"
+    for rank in (0, 1, 3):
+        chip = run.locator(f".nbs-Chip[data-rank='{rank}']")
+        assert chip.get_attribute("data-status") == "stopped"
+        assert re.fullmatch(r"waiting in barrier #1 for \d+ s", chip.locator(".nbs-Chip-detail").inner_text()), chip.inner_text()
+        assert "rank 2 has not entered it" in (chip.get_attribute("title") or "")
+    absent = run.locator(".nbs-Chip[data-rank='2']")
+    assert absent.get_attribute("data-status") == "stopped"
+    assert absent.locator(".nbs-Chip-detail").inner_text() == "has not entered barrier #1"
+    assert "Cell In[2], line 7: time.sleep(300)" in (absent.get_attribute("title") or "")
+    assert run.locator(".nbs-mod-waiting").count() == 0  # stopped: not amber, as a rank that looks hung now

@@ -184,6 +184,10 @@ def _reload_mid_rerun(p: Page, server: Server, artifacts: Path, prefix: str) -> 
     pg = _reload(p, url)
     _follow_live_then_freeze(pg, notebook_root(pg, server), server, "running", first, style, artifacts, prefix)
     assert not p.nbspawn_errors(), p.errors
+    # the notebook opened on a new kernel (no nbspawn there yet: nothing asked of it), then reloaded
+    # (asked, answered): no page logged the close of an nbspawn.active comm it does not know.  (The
+    # reloaded page does log it for the run's widget and status comms, opened before it connected.)
+    assert not [e for e in p.console_errors if "Comm not found for comm id nbspawn-active" in e], p.console_errors
 
 
 def test_lab_reload_mid_rerun_without_save_shows_the_new_run(lab, browser, artifacts):

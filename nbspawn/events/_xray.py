@@ -1,0 +1,397 @@
+"""What the ranks did together: their collectives records (``ranks._xray``) read side by side.
+
+Pure: it takes each rank's record (the JSON of its ``xray.json``) and returns an :class:`XRay`; it reads
+no file, starts nothing, and knows nothing of the views that will draw it (issue #43).
+
+* **Aligned:** a collective is one (process group, sequence number): every member rank numbers its
+  group's collectives alike.  The records' full entries (each rank's first and last collectives) are
+  lined up into :class:`Collective` marks; the rest is in each rank's timeline buckets.
+* **Who came last:** a rank's arrival is its entry's creation time (gloo records no other: see
+  ``ranks._xray``).  The last to arrive is the one the others waited for; its lateness is its arrival
+  minus the mean arrival of the others (how long they waited, on average).  Over the whole run it is
+  counted from the timelines: per bucket of sequence numbers, each rank's mean arrival (exact while a
+  group has ≤ 4,096 collectives, one a bucket; past that, a bucket's means).  A rank last at more than
+  half of them (and at :data:`STRAGGLER_MIN_COUNT` or more), on average :data:`STRAGGLER_MIN_LATE` or
+  later, is *the straggler*.
+* **Clocks:** the ranks of one machine share its wall clock.  Across nodes each node's clock would be
+  offset first: all ranks leave a collective at nearly the same moment, so the per-node median of
+  (next issue − the collective's last arrival) over many collectives estimates the offset, or the
+  kernel measures it when the node's agent starts (a round trip); not done here, a single machine.
+* **Mismatches:** ranks that called different ops (or different input shapes or dtypes, for ops whose
+  inputs are alike on every rank) at one sequence number; found in the full entries, which every rank
+  keeps for its first and last :data:`~nbspawn.ranks._xray.KEPT_FULL`, so the one that broke a run
+  (the last) is always among them.
+* **Never entered:** a group's collective some members entered and another did not (its last
+  sequence number is lower): a hang, or a rank that left.
+* **Point to point:** NCCL records sends and receives ("send 0->1", "recv 1<-0", group ranks): a
+  rank's k-th send to a peer pairs with the peer's k-th receive from it.  gloo records neither; each
+  still takes an op number, so each rank's count of them is reported (:attr:`XRay.unrecorded`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+STRAGGLER_MIN_LATE = 0.002  # seconds: a rank last by less, on average, is not called the straggler
+STRAGGLER_MIN_COUNT = 3  # nor one last at fewer collectives than this
+# ops whose input shapes may differ between ranks, rightly: only their op is compared
+UNEVEN_OPS = frozenset({"all_to_all", "alltoall", "alltoall_base", "gather", "scatter", "all_to_all_single", "coalesced"})
+
+
+@dataclass(frozen=True)
+class Arrival:
+    rank: int
+    created_ns: int
+    op: str
+    sizes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective, its marks lined up across the ranks whose records hold it in full."""
+
+    pg: str
+    group: str
+    seq: int
+    op: str
+    sizes: tuple[tuple[int, ...], ...]
+    bytes: int
+    arrivals: tuple[Arrival, ...]
+    last: int | None  # the rank the others waited for (None: one rank's mark only)
+    late_s: float  # its arrival minus the others' mean arrival
+    waits_s: Mapping[int, float] = field(default_factory=dict)  # each rank: last arrival minus its own
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    pg: str
+    group: str
+    seq: int
+    calls: tuple[tuple[tuple[int, ...], str], ...]  # (ranks, "all_reduce [4, 8]"), most ranks first
+    text: str
+
+
+@dataclass(frozen=True)
+class NeverEntered:
+    pg: str
+    group: str
+    seq: int
+    op: str
+    entered: tuple[int, ...]
+    absent: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class P2PPair:
+    pg: str
+    src: int  # global ranks
+    dst: int
+    sizes: tuple[tuple[int, ...], ...]
+    send_ns: int
+    recv_ns: int
+
+
+@dataclass(frozen=True)
+class XRay:
+    ranks: tuple[int, ...]
+    count: int  # collectives (group, sequence number) any rank entered
+    bytes: int  # input bytes of every rank's collectives together
+    collectives: tuple[Collective, ...]  # those held in full, by first arrival
+    last_at: Mapping[int, int]  # rank -> how many collectives it arrived last at (timeline buckets)
+    mean_late_s: Mapping[int, float]  # rank -> how late, on average, where it was last
+    straggler: int | None
+    mismatches: tuple[Mismatch, ...]
+    never_entered: tuple[NeverEntered, ...]
+    pairs: tuple[P2PPair, ...]
+    unpaired: tuple[str, ...]  # sends or receives with no partner in the records
+    unrecorded: Mapping[int, int]  # rank -> point-to-point ops its recorder did not keep (gloo)
+    lost: Mapping[int, int]  # rank -> entries lost off torch's ring before they were read
+    summary: str
+
+
+def analyse(records: Mapping[int, Mapping[str, Any]]) -> XRay:
+    """The ranks' records (rank -> its ``xray.json``, read back) side by side."""
+    ranks = tuple(sorted(records))
+    members = _members(records)
+    full = _full_entries(records)
+    collectives = tuple(
+        sorted((_collective(key, marks) for key, marks in full.items() if not _is_p2p(marks)), key=_first_arrival)
+    )
+    last_at, late_sums = _lateness(records, members)
+    mean_late = {rank: late_sums[rank] / last_at[rank] for rank in last_at if last_at[rank]}
+    counted = sum(last_at.values())
+    straggler = None
+    if counted and len(ranks) > 1:
+        top = max(last_at, key=lambda rank: (last_at[rank], -rank))
+        if last_at[top] * 2 > counted and last_at[top] >= STRAGGLER_MIN_COUNT and mean_late.get(top, 0.0) >= STRAGGLER_MIN_LATE:
+            straggler = top
+    count = sum(_collectives_in(records, pg) for pg in members)
+    total_bytes = sum(int(group.get("bytes", 0)) for rec in records.values() for group in rec.get("groups", {}).values())
+    mismatches = tuple(m for m in (_mismatch(key, marks) for key, marks in sorted(full.items())) if m is not None)
+    never = tuple(_never_entered(records, members, full))
+    pairs, unpaired = _pairs(records, members)
+    unrecorded = {rank: sum(int(g.get("unrecorded", 0)) for g in rec.get("groups", {}).values()) for rank, rec in records.items()}
+    lost = {rank: int(rec.get("lost", 0)) for rank, rec in records.items()}
+    xray = XRay(
+        ranks=ranks,
+        count=count,
+        bytes=total_bytes,
+        collectives=collectives,
+        last_at=dict(last_at),
+        mean_late_s=mean_late,
+        straggler=straggler,
+        mismatches=mismatches,
+        never_entered=never,
+        pairs=tuple(pairs),
+        unpaired=tuple(unpaired),
+        unrecorded={rank: n for rank, n in unrecorded.items() if n},
+        lost={rank: n for rank, n in lost.items() if n},
+        summary="",
+    )
+    return XRay(**{**xray.__dict__, "summary": summary(xray)})
+
+
+def summary(xray: XRay) -> str:
+    """The run in words: "412 collectives, 38 MB moved; rank 3 arrived last at 390 of them, 14 ms late
+    on average: rank 3 is the straggler", then what went wrong, a sentence each."""
+    parts = [f"{xray.count} collective{'s' if xray.count != 1 else ''}, {_size(xray.bytes)} moved"]
+    if xray.last_at:
+        top = max(xray.last_at, key=lambda rank: (xray.last_at[rank], -rank))
+        late_ms = xray.mean_late_s.get(top, 0.0) * 1000
+        text = f"rank {top} arrived last at {xray.last_at[top]} of them, {late_ms:.0f} ms late on average"
+        parts[0] += "; " + text + (f": rank {top} is the straggler" if xray.straggler == top else "")
+    sentences = [parts[0]]
+    sentences += [m.text for m in xray.mismatches]
+    sentences += [n.text for n in xray.never_entered]
+    if xray.pairs:
+        sentences.append(f"{len(xray.pairs)} send/recv pair{'s' if len(xray.pairs) != 1 else ''}")
+    sentences += list(xray.unpaired)
+    if xray.unrecorded:
+        listed = ", ".join(f"rank {rank}: {n}" for rank, n in sorted(xray.unrecorded.items()))
+        sentences.append(f"point-to-point ops the recorder does not keep (gloo's sends and receives): {listed}")
+    if xray.lost:
+        listed = ", ".join(f"rank {rank}: {n}" for rank, n in sorted(xray.lost.items()))
+        sentences.append(f"collectives lost before they were read: {listed}")
+    return ". ".join(sentences)
+
+
+def _size(count: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.0f} {unit}" if count >= 10 * scale else f"{count / scale:.1f} {unit}"
+    return f"{count} B"
+
+
+def _ranks_text(ranks: Iterable[int]) -> str:
+    listed = sorted(ranks)
+    return ("rank " if len(listed) == 1 else "ranks ") + ", ".join(str(rank) for rank in listed)
+
+
+def _call_text(op: str, sizes: tuple[tuple[int, ...], ...]) -> str:
+    shapes = " ".join(str(list(shape)) for shape in sizes)
+    return f"{op} {shapes}".rstrip()
+
+
+def _collectives_in(records: Mapping[int, Mapping[str, Any]], pg: str) -> int:
+    """A group's collectives in the records: from the first sequence number any rank recorded (a kept
+    world's later cell starts past 1) to the last."""
+    groups = [rec["groups"][pg] for rec in records.values() if pg in rec.get("groups", {})]
+    last = max((int(g.get("last_seq", 0)) for g in groups), default=0)
+    firsts = [int(g.get("first_seq", 1) or 1) for g in groups if int(g.get("last_seq", 0))]
+    return last - min(firsts) + 1 if last and firsts else 0
+
+
+def _members(records: Mapping[int, Mapping[str, Any]]) -> dict[str, tuple[int, ...]]:
+    """Each group's member ranks: from the recorders' pg_config where it says, else the ranks whose
+    records name the group."""
+    members: dict[str, set[int]] = {}
+    for rank, record in records.items():
+        for pg in record.get("groups", {}):
+            members.setdefault(pg, set()).add(rank)
+        for pg, listed in (record.get("group_ranks") or {}).items():
+            if listed and pg in members:
+                members[pg].update(int(r) for r in listed)
+    return {pg: tuple(sorted(ranks)) for pg, ranks in members.items()}
+
+
+def _full_entries(records: Mapping[int, Mapping[str, Any]]) -> dict[tuple[str, int], dict[int, dict[str, Any]]]:
+    found: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
+    for rank, record in records.items():
+        for entry in [*record.get("head", []), *record.get("tail", [])]:
+            if entry.get("p2p"):
+                continue
+            found.setdefault((str(entry["pg"]), int(entry["seq"])), {})[rank] = entry
+    return found
+
+
+def _is_p2p(marks: Mapping[int, Mapping[str, Any]]) -> bool:
+    return any(entry.get("p2p") for entry in marks.values())
+
+
+def _shape(entry: Mapping[str, Any]) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(int(d) for d in shape) for shape in entry.get("sizes", []))
+
+
+def _collective(key: tuple[str, int], marks: Mapping[int, Mapping[str, Any]]) -> Collective:
+    arrivals = tuple(
+        Arrival(rank, int(e["created_ns"]), str(e["op"]), _shape(e), tuple(e.get("dtypes", [])))
+        for rank, e in sorted(marks.items())
+    )
+    first = marks[min(marks)]
+    last: int | None = None
+    late = 0.0
+    waits: dict[int, float] = {}
+    if len(arrivals) > 1:
+        latest = max(arrivals, key=lambda a: a.created_ns)
+        last = latest.rank
+        others = [a.created_ns for a in arrivals if a.rank != last]
+        late = (latest.created_ns - sum(others) / len(others)) / 1e9
+        waits = {a.rank: (latest.created_ns - a.created_ns) / 1e9 for a in arrivals}
+    return Collective(
+        key[0],
+        str(first.get("group", "")),
+        key[1],
+        str(first["op"]),
+        _shape(first),
+        int(first.get("bytes", 0)),
+        arrivals,
+        last,
+        late,
+        waits,
+    )
+
+
+def _first_arrival(collective: Collective) -> int:
+    return min(a.created_ns for a in collective.arrivals)
+
+
+def _lateness(
+    records: Mapping[int, Mapping[str, Any]], members: Mapping[str, tuple[int, ...]]
+) -> tuple[dict[int, int], dict[int, float]]:
+    """Per rank: at how many collectives it arrived last, and its lateness summed there (seconds),
+    from every group's timeline, re-bucketed to the coarsest bucket any member used."""
+    last_at = dict.fromkeys(records, 0)
+    late_sums = dict.fromkeys(records, 0.0)
+    for pg, ranks in members.items():
+        present = [rank for rank in ranks if rank in records and pg in records[rank].get("groups", {})]
+        if len(present) < 2 or len(present) < len(ranks):
+            continue
+        groups = {rank: records[rank]["groups"][pg] for rank in present}
+        coarse = max(int(group.get("bucket", 1)) for group in groups.values())
+        timelines: dict[int, dict[int, list[int]]] = {}
+        for rank, group in groups.items():
+            ratio = coarse // int(group.get("bucket", 1))
+            line = timelines[rank] = {}
+            for key, count, total in group.get("buckets", []):
+                cell = line.setdefault(int(key) // ratio, [0, 0])
+                cell[0] += int(count)
+                cell[1] += int(total)
+        for key in set.intersection(*(set(line) for line in timelines.values())):
+            counts = {timelines[rank][key][0] for rank in present}
+            if len(counts) != 1:
+                continue  # a bucket some rank has not finished: compared once it has
+            count = counts.pop()
+            means = {rank: timelines[rank][key][1] / count for rank in present}
+            last = max(present, key=lambda rank: means[rank])
+            others = [means[rank] for rank in present if rank != last]
+            last_at[last] += count
+            late_sums[last] += count * (means[last] - sum(others) / len(others)) / 1e9
+    return last_at, late_sums
+
+
+def _mismatch(key: tuple[str, int], marks: Mapping[int, Mapping[str, Any]]) -> Mismatch | None:
+    if len(marks) < 2:
+        return None
+    ops = {str(e["op"]) for e in marks.values()}
+    compare_shapes = not (ops & UNEVEN_OPS)
+    calls: dict[tuple[Any, ...], list[int]] = {}
+    for rank, entry in sorted(marks.items()):
+        signature = (
+            (str(entry["op"]), _shape(entry), tuple(entry.get("dtypes", []))) if compare_shapes else (str(entry["op"]), (), ())
+        )
+        calls.setdefault(signature, []).append(rank)
+    if len(calls) == 1:
+        return None
+    ordered = sorted(calls.items(), key=lambda item: (-len(item[1]), item[1]))
+    described = tuple((tuple(ranks), _call_text(sig[0], sig[1]) + _dtype_note(sig, ordered)) for sig, ranks in ordered)
+    majority, *minority = described
+    group = str(next(iter(marks.values())).get("group", ""))
+    said = "; ".join(f"{_ranks_text(ranks)} called {call}" for ranks, call in minority)
+    text = f"{said} where {_ranks_text(majority[0])} called {majority[1]} at #{key[1]}" + (
+        f" ({group})" if group and group != "default_pg" else ""
+    )
+    return Mismatch(key[0], group, key[1], described, text)
+
+
+def _dtype_note(signature: tuple[Any, ...], ordered: list[tuple[tuple[Any, ...], list[int]]]) -> str:
+    """The dtypes, said only where they are what differs."""
+    same_calls = {(sig[0], sig[1]) for sig, _ranks in ordered}
+    if len(same_calls) == len(ordered) or not signature[2]:
+        return ""
+    return " " + "/".join(str(d).lower() for d in signature[2])
+
+
+def _never_entered(
+    records: Mapping[int, Mapping[str, Any]],
+    members: Mapping[str, tuple[int, ...]],
+    full: Mapping[tuple[str, int], Mapping[int, Mapping[str, Any]]],
+) -> list[NeverEntered]:
+    found = []
+    for pg, ranks in sorted(members.items()):
+        last = {rank: int(records.get(rank, {}).get("groups", {}).get(pg, {}).get("last_seq", 0)) for rank in ranks}
+        top = max(last.values(), default=0)
+        absent = tuple(rank for rank in ranks if last[rank] < top)
+        if not absent:
+            continue
+        seq = min(last[rank] for rank in absent) + 1
+        entered = tuple(rank for rank in ranks if last[rank] >= seq)
+        marks = full.get((pg, seq), {})
+        op = str(next(iter(marks.values()))["op"]) if marks else "a collective"
+        group = str(next(iter(marks.values())).get("group", "")) if marks else ""
+        where = f" ({group})" if group and group != "default_pg" else ""
+        text = f"{_ranks_text(entered)} entered {op} #{seq}{where}; {_ranks_text(absent)} never did"
+        found.append(NeverEntered(pg, group, seq, op, entered, absent, text))
+    return found
+
+
+def _pairs(records: Mapping[int, Mapping[str, Any]], members: Mapping[str, tuple[int, ...]]) -> tuple[list[P2PPair], list[str]]:
+    """NCCL's recorded sends and receives paired: (group, src, dst) in order on both sides."""
+    sends: dict[tuple[str, int, int], list[Mapping[str, Any]]] = {}
+    recvs: dict[tuple[str, int, int], list[Mapping[str, Any]]] = {}
+    for _rank, record in sorted(records.items()):
+        group_ranks = {str(pg): [int(r) for r in listed] for pg, listed in (record.get("group_ranks") or {}).items()}
+        for entry in [*record.get("head", []), *record.get("tail", [])]:
+            if not entry.get("p2p"):
+                continue
+            kind, _, peers = str(entry["op"]).partition(" ")
+            listed = group_ranks.get(str(entry["pg"])) or list(members.get(str(entry["pg"]), ()))
+            try:
+                if kind == "send":
+                    src, dst = (int(p) for p in peers.split("->"))
+                elif kind == "recv":
+                    dst, src = (int(p) for p in peers.split("<-"))
+                else:
+                    continue
+                src, dst = (listed[src], listed[dst]) if listed else (src, dst)
+            except (ValueError, IndexError):
+                continue
+            (sends if kind == "send" else recvs).setdefault((str(entry["pg"]), src, dst), []).append(entry)
+    pairs: list[P2PPair] = []
+    unpaired: list[str] = []
+    for key in sorted(set(sends) | set(recvs)):
+        out, into = sends.get(key, []), recvs.get(key, [])
+        for sent, received in zip(out, into, strict=False):
+            pairs.append(P2PPair(key[0], key[1], key[2], _shape(sent), int(sent["created_ns"]), int(received["created_ns"])))
+        if len(out) > len(into):
+            unpaired.append(
+                f"rank {key[1]} sent to rank {key[2]} {len(out) - len(into)} time(s) more than rank {key[2]} received"
+            )
+        elif len(into) > len(out):
+            unpaired.append(
+                f"rank {key[2]} received from rank {key[1]} {len(into) - len(out)} time(s) more than rank {key[1]} sent"
+            )
+    return pairs, unpaired

@@ -1,0 +1,37 @@
+"""A cell on a kept world, wherever its ranks are (``executors._kept``): the one check of its options
+against the world that runs, and the one rule for starting a lost world again.
+
+Both ask the world for its facts (how it runs, what auto comes to on its machines, where it is), so
+the same cell gets the same answer, in the same words, on a world here and on a cluster's nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .._clash import asked_of, refuse_clashes, world_clashes
+from .._request import RunRequest
+from ..executors._kept import KeptWorld, Lost
+
+
+def check_settings(world: KeptWorld, request: RunRequest) -> None:
+    """The options this cell gave must be the world's own: a cell cannot change a world that runs
+    (its place, nodes, ranks, start method, backend or environment; ``nbspawn._clash``: the one rule)."""
+    asked = asked_of(request.settings, request.nodes)
+    clashes = [*world.place_clashes(request), *world_clashes(world.settled(), asked, world.auto_nprocs, world.auto_backend)]
+    refuse_clashes(world.name, world.settings(), clashes)
+
+
+def as_before(request: RunRequest, lost: Lost) -> RunRequest:
+    """A lost world's next cell: where and how it ran, except what this cell gives itself."""
+    given, settings, before = request.settings.given, request.settings, lost.settings
+    settings = dataclasses.replace(
+        settings,
+        nprocs=settings.nprocs if given.nprocs else before.nprocs,
+        start_method=settings.start_method if given.start_method else before.start_method,
+        backend=settings.backend if given.backend else before.backend,
+        env=settings.env if given.env else dict(before.env),
+    )
+    cluster = request.cluster or lost.cluster
+    placed = request if cluster is None else request.placed(cluster, request.nodes if request.nodes is not None else lost.nodes)
+    return dataclasses.replace(placed, settings=settings)

@@ -1,0 +1,224 @@
+"""``%spawn where``: every rank's stack right now, of background runs and kept worlds, through a real
+kernel.  A rank blocked in C (a gloo barrier) still answers: faulthandler writes its dump from the
+signal handler, without the interpreter's help."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+from kernel_harness import interrupt_later, ok, run
+
+HANG = (
+    "%%spawn --bg -n 4 --backend gloo\n"
+    "import time, torch.distributed as dist\n"
+    "if dist.get_rank() != 2:\n"
+    "    dist.barrier()\n"
+    "else:\n"
+    "    time.sleep(300)\n"
+)
+
+
+def wait_for(kernel, code: str, seconds: float = 30) -> None:
+    until = time.monotonic() + seconds
+    while ok(kernel, f"print({code})").stdout.strip() != "True":
+        assert time.monotonic() < until, code
+        time.sleep(0.2)
+
+
+def test_where_groups_the_ranks_of_a_hung_background_run(kernel):
+    ok(kernel, HANG)
+    ok(kernel, "import nbspawn\nhung = nbspawn.last_run()")
+    try:
+        wait_for(kernel, "all(r.status == 'running' for r in hung.ranks)")
+        time.sleep(2)  # every rank past init_process_group and into its place
+        text = ok(kernel, "%spawn where").stdout
+        head = re.search(r"run \S+ \(background, \d+ s\):", text)
+        assert head, text
+        assert re.search(
+            r"^ranks 0-1,3: Cell In\[\d+\], line 4: dist\.barrier\(\)  \(in barrier, distributed_c10d\.py\)  "
+            r"\[in barrier #1 for \d+(-\d+)? s\]$",  # a range where the ranks entered it in different seconds
+            text,
+            re.M,
+        ), text
+        assert re.search(r"^rank 2: Cell In\[\d+\], line 6: time\.sleep\(300\)$", text, re.M), text  # it ran no collective
+        by_id = ok(kernel, "%spawn where {hung.run_id}").stdout
+        assert "ranks 0-1,3:" in by_id and "rank 2:" in by_id
+    finally:
+        ok(kernel, "hung.stop(); hung._done.wait(30)")
+    assert ok(kernel, "print(hung.status)").stdout.strip() == "stopped"
+
+
+def test_where_on_an_idle_world_and_a_program(kernel):
+    ok(kernel, "%%spawn --world wh -n 2\nx = 1")
+    ok(kernel, "prog = %spawn --bg -n 2 -- python -c 'import time; time.sleep(300)'")
+    try:
+        wait_for(kernel, "all(r.status == 'running' for r in prog.ranks)")
+        time.sleep(1)
+        text = ok(kernel, "%spawn where wh {prog.run_id}").stdout
+        assert "world 'wh' (idle, 1 cells):\nranks 0-1: idle: waiting for the next cell" in text, text
+        assert re.search(r'^ranks 0-1: File "<string>", line 1 in <module>', text, re.M), text
+    finally:
+        ok(kernel, "%spawn stop wh {prog.run_id}")
+
+
+def test_where_names_what_it_does_not_know(kernel):
+    result = run(kernel, "%spawn where nosuch")
+    assert result.status == "error" and result.error.ename == "UsageError"
+    assert "no background run or kept world named 'nosuch'" in result.error.evalue
+    assert ok(kernel, "%spawn where").stdout.strip().startswith(("nothing is running", "run ", "world "))
+
+
+def test_stop_names_both_kinds_it_takes_when_it_does_not_know_a_name(kernel):
+    """``%spawn stop`` takes run ids as well as world names: its refusal says so, and stops nothing."""
+    result = run(kernel, "%spawn stop nosuch")
+    assert result.status == "error" and result.error.ename == "UsageError"
+    assert "no background run or kept world named 'nosuch' (running: " in result.error.evalue, result.error.evalue
+    assert "\n" not in result.error.evalue.strip()
+
+
+# -- the hang verdict: why a stopped run was stuck, in one line ----------------------------------------
+
+VERDICT = re.compile(
+    r"^Hang: rank 2 never entered barrier #1 \(it is at Cell In\[\d+\], line 6: time\.sleep\(300\)\); "
+    r"ranks 0-1,3 waited in it for \d+ s at Cell In\[\d+\], line 4: dist\.barrier\(\)$",
+    re.M,
+)
+
+
+def test_a_timeout_says_which_rank_never_entered_the_barrier(kernel):
+    result = run(kernel, HANG.replace("--bg ", "--timeout 4 "))
+    assert result.status == "error" and result.error.ename == "SpawnTimeoutError"
+    text = result.error.traceback_text
+    assert VERDICT.search(text), text
+    lines = text.splitlines()
+    assert lines[1].startswith("Hang: ")  # first, before the detail
+    assert "ranks 0-1,3 were stopped the same way" in text  # one group: they were all in the barrier
+    assert "Connection closed" not in text and "GLHF" not in text
+
+    record, _html, _plain = _frozen(kernel)
+    assert f"Hang: {record['error']['verdict']}" == next(line for line in lines if line.startswith("Hang: "))
+
+
+def _frozen(kernel) -> tuple[dict, str, str]:
+    """The last run's frozen view, as the notebook saves it: its record, text/html and text/plain."""
+    saved = ok(
+        kernel,
+        "import json, nbspawn\n"
+        "from nbspawn.views._bundle import FrozenRun\n"
+        "frozen = FrozenRun(nbspawn.last_run(), {})\n"
+        "print(json.dumps([frozen.record, frozen.html, frozen.text]))",
+    ).stdout
+    record, html, plain = json.loads(saved)
+    return record, html, plain
+
+
+def test_a_hangs_frozen_view_keeps_its_verdict_and_where_each_rank_was(kernel):
+    """Rank 2 prints while the others wait in the barrier: output flows, so no live look is made, and
+    what the look before the timeout's stop saw is all there is: the banner's verdict, each chip's place."""
+    busy = HANG.replace("--bg ", "--timeout 5 ").replace(
+        "    time.sleep(300)\n", "    while True:\n        print('working', flush=True)\n        time.sleep(0.3)\n"
+    )
+    result = run(kernel, busy)
+    assert result.status == "error" and result.error.ename == "SpawnTimeoutError"
+    record, html, plain = _frozen(kernel)
+    verdict = record["error"]["verdict"]
+    assert re.fullmatch(
+        r"rank 2 never entered barrier #1 \(it is at Cell In\[\d+\], line 8: time\.sleep\(0\.3\)\); "
+        r"ranks 0-1,3 waited in it for (\d+) s at Cell In\[\d+\], line 4: dist\.barrier\(\)",
+        verdict or "",
+    ), record["error"]
+    assert f"Hang: {verdict}" in result.error.traceback_text.splitlines()
+    assert f"Hang: {verdict}" in plain.splitlines()
+    notes = {r["rank"]: r["note"] for r in record["ranks"]}
+    waited = re.search(r"waited in it for (\d+) s", verdict)[1]
+    for rank in (0, 1, 3):  # the seconds the verdict counts
+        assert notes[rank] == f"waiting in barrier #1 for {waited} s; rank 2 has not entered it", notes
+    assert re.fullmatch(r"has not entered barrier #1 \(Cell In\[\d+\], line 8: time\.sleep\(0\.3\)\)", notes[2]), notes
+    assert all(r["status"] == "stopped" for r in record["ranks"]), record["ranks"]
+    assert re.search(r'<div role="alert"[^>]*>Hang: rank 2 never entered barrier #1 ', html), html[:2000]
+    assert "stopped (killed by SIGTERM)" in html and "— has not entered barrier #1 (Cell In[" in html
+
+
+def test_an_interrupt_and_a_stop_give_the_verdict_too(fresh_kernel):
+    ok(fresh_kernel, "import nbspawn")
+    thread = interrupt_later(fresh_kernel, fresh_kernel.pid, 4)
+    result = run(fresh_kernel, HANG.replace("--bg ", ""))
+    thread.join()
+    assert result.status == "error" and result.error.ename == "SpawnInterrupted", result.error_text
+    text = result.error.traceback_text
+    assert VERDICT.search(text), text
+    # the barrier ranks are stopped where they were, not as the interrupt unwound them in torch's logging
+    assert "ranks 0-1,3 were stopped the same way: KeyboardInterrupt" in text and "c10d_logger" in text
+    assert "Connection closed" not in text and "_get_msg_dict" not in text
+
+    ok(fresh_kernel, HANG)
+    ok(fresh_kernel, "hung = nbspawn.last_run()")
+    wait_for(fresh_kernel, "all(r.status == 'running' for r in hung.ranks)")
+    time.sleep(2)
+    ok(fresh_kernel, "hung.stop(); hung._done.wait(30)")
+    verdict = ok(fresh_kernel, "print(hung.status, hung.error.verdict)").stdout
+    assert verdict.startswith("stopped rank 2 never entered barrier #1"), verdict
+
+
+def test_ranks_in_different_collectives_are_named_as_such(kernel):
+    result = run(
+        kernel,
+        "%%spawn -n 2 --backend gloo --timeout 4\n"
+        "import torch, torch.distributed as dist\n"
+        "t = torch.ones(4)\n"
+        "if dist.get_rank() == 0:\n"
+        "    dist.all_reduce(t)\n"
+        "else:\n"
+        "    dist.broadcast(t, src=0)\n",
+    )
+    assert result.status == "error" and result.error.ename == "SpawnTimeoutError"
+    assert re.search(
+        r"^Hang: the ranks were in different collectives: rank 0 in all_reduce #1 \(Cell In\[\d+\], line 5: "
+        r"dist\.all_reduce\(t\)\); rank 1 in broadcast #1 \(Cell In\[\d+\], line 7: dist\.broadcast\(t, src=0\)\)$",
+        result.error.traceback_text,
+        re.M,
+    ), result.error.traceback_text
+
+
+def test_debug_collectives_turns_a_shape_mismatch_into_an_error_at_once(kernel):
+    result = run(
+        kernel,
+        "%%spawn -n 2 --backend gloo --debug-collectives --timeout 60\n"
+        "import torch, torch.distributed as dist\n"
+        "t = torch.ones(4 if dist.get_rank() == 0 else 3)\n"
+        "dist.all_reduce(t)\n",
+    )
+    assert result.status == "error" and result.error.ename == "RankRaisedError", result.error_text
+    text = result.error.traceback_text
+    assert "Detected mismatch between collectives on ranks" in text and "Tensor shapes: 4vs 3" in text.replace("3vs 4", "4vs 3")
+    assert "Connection closed" not in text.splitlines()[0]  # the root cause is torch's check, not a peer's noise
+
+
+def test_the_live_signal_while_a_run_hangs(kernel):
+    """No option needed: a few seconds into the hang, the text view says it, and the ranks' notes (the
+    widget's chips) say who waits for whom; the run then ends by its --timeout."""
+    result = run(kernel, HANG.replace("--bg ", "--timeout 10 "))
+    assert result.error.ename == "SpawnTimeoutError"
+    said = [ln for ln in result.stderr.splitlines() if ln.startswith("nbspawn: looks hung: ")]
+    assert len(said) == 1, result.stderr  # once, though the ranks were looked at again
+    assert "rank 2 never entered barrier #1" in said[0]
+
+
+def test_a_hung_ranks_note_counts_each_second(kernel):
+    """The chip's "waiting in barrier #1 for N s" counts on as the wait goes on, each second, not
+    once per look at the ranks (every 10 s while hung): it never lags behind the clock."""
+    ok(kernel, HANG)
+    ok(kernel, "import nbspawn\nhung = nbspawn.last_run()")
+    try:
+        wait_for(kernel, "bool(hung.ranks[0].note)", seconds=60)
+        seen = []
+        for _ in range(12):  # 3 s
+            seen.append(ok(kernel, "print(hung.ranks[0].note)").stdout.strip())
+            time.sleep(0.25)
+        counts = sorted({int(m.group(1)) for note in seen if (m := re.search(r"for (\d+) s", note))})
+        assert len(counts) >= 3 and counts == list(range(counts[0], counts[-1] + 1)), seen
+        assert "rank 2 has not entered it" in seen[-1]
+    finally:
+        ok(kernel, "hung.stop(); hung._done.wait(30)")

@@ -1,0 +1,51 @@
+"""Pure parts of worlds and background runs on a cluster: how a lost world is asked for again, and
+which controller a background run holds."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from nbspawn._request import Given, RunRequest, Settings
+from nbspawn._source import CellSource
+from nbspawn.cluster import _plan
+from nbspawn.errors import SpawnUsageError
+from nbspawn.executors._kept import Lost
+from nbspawn.planning._kept_cell import as_before
+
+
+def test_a_lost_worlds_next_cell_runs_where_and_as_it_did_unless_it_says_otherwise():
+    lost = Lost("node 1 was lost", Settings(nprocs=2, backend="gloo", env={"A": "1"}, given=Given(nprocs=True)), "rc", 2)
+    bare = as_before(RunRequest.of(CellSource("pass"), world="w"), lost)
+    assert (bare.cluster, bare.nodes, bare.settings.nprocs, bare.settings.backend, bare.settings.env) == (
+        "rc",
+        2,
+        2,
+        "gloo",
+        {"A": "1"},
+    )
+    own = as_before(
+        RunRequest.of(
+            CellSource("pass"), world="w", cluster="rc2", nodes=1, settings=Settings(nprocs=4, given=Given(nprocs=True))
+        ),
+        lost,
+    )
+    assert (own.cluster, own.nodes, own.settings.nprocs, own.settings.backend) == ("rc2", 1, 4, "gloo")
+
+
+def test_a_background_run_holds_its_controllers_engines_until_released():
+    client = SimpleNamespace(_config={"registration": "tcp://10.0.0.1:5000"})
+    companion = SimpleNamespace(_config={"registration": "tcp://10.0.0.1:5000"})  # the same controller
+    other = SimpleNamespace(_config={"registration": "tcp://10.0.0.2:5000"})
+    _plan.hold(client, "run-1")
+    try:
+        with pytest.raises(SpawnUsageError, match="background run run-1 until it ends"):
+            _plan.refuse_if_busy(companion)
+        _plan.refuse_if_busy(other)  # another controller's engines are free
+        _plan.release(client, "run-2")  # not the holder: nothing changes
+        with pytest.raises(SpawnUsageError):
+            _plan.refuse_if_busy(client)
+    finally:
+        _plan.release(client, "run-1")
+    _plan.refuse_if_busy(client)

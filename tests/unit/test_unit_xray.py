@@ -1,0 +1,182 @@
+"""The collectives X-ray's analysis (events._xray) on records captured from real gloo runs, and the
+rank-side record's bounds (ranks._xray.CollectiveLog).
+
+``tests/unit/xray_records/`` holds what ``tests/xray_ranks.py`` wrote with torch 2.13 (CPU) on 4 gloo ranks:
+``story`` (every kind of collective, rank 3 sleeping 30 ms before each of 10 all_reduces, a send and
+recv 0 -> 1, then rank 1 calling all_gather where the others call all_reduce) and ``hang`` (rank 3
+never enters a barrier).  tests/kernel/test_xray_ranks.py makes them again, live.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from nbspawn.events._xray import analyse
+from nbspawn.ranks._xray import KEPT_FULL, MAX_BUCKETS, CollectiveLog, entry_bytes, kept
+
+RECORDS = Path(__file__).parent / "xray_records"
+
+
+def records(name: str) -> dict[int, dict]:
+    return {int(path.stem): json.loads(path.read_text()) for path in sorted((RECORDS / name).glob("*.json"))}
+
+
+def test_story_lines_up_every_collective_by_group_and_sequence_number():
+    xray = analyse(records("story"))
+    assert xray.ranks == (0, 1, 2, 3)
+    assert xray.count == 18
+    assert [c.seq for c in xray.collectives] == list(range(1, 19))
+    assert all(len(c.arrivals) == 4 for c in xray.collectives)
+    ops = [c.op for c in xray.collectives]
+    assert ops[:13] == ["all_reduce"] * 13
+    # gloo has no reduce_scatter of a tensor: torch runs it as an all_reduce of the whole input
+    assert ops[13:17] == ["broadcast", "all_gather", "all_reduce", "barrier"]
+    assert xray.collectives[15].sizes == ((8,),)
+    assert xray.bytes == 4 * (13 * 128 + 128 + 128 + 32) + 3 * 128 + 128  # input bytes, every rank's
+
+
+def test_story_names_rank_3_the_straggler_in_words():
+    xray = analyse(records("story"))
+    assert xray.straggler == 3
+    sleeping = [c for c in xray.collectives if 4 <= c.seq <= 13]
+    assert all(c.last == 3 for c in sleeping)
+    assert all(0.02 < c.late_s < 0.2 for c in sleeping)  # it slept 30 ms before each
+    assert all(c.waits_s[3] == 0 and min(c.waits_s.values()) == 0 for c in sleeping)
+    assert xray.last_at[3] >= 10
+    assert "18 collectives, 8.3 KB moved; rank 3 arrived last at" in xray.summary
+    assert "rank 3 is the straggler" in xray.summary
+
+
+def test_story_finds_the_mismatched_collective():
+    (mismatch,) = analyse(records("story")).mismatches
+    assert (mismatch.pg, mismatch.seq) == ("0", 18)
+    assert mismatch.text == "rank 1 called all_gather [4, 8] where ranks 0, 2, 3 called all_reduce [4, 8] at #18"
+    assert mismatch.text in analyse(records("story")).summary
+
+
+def test_story_counts_the_sends_and_receives_gloo_does_not_record():
+    xray = analyse(records("story"))
+    assert xray.unrecorded == {0: 1, 1: 1}
+    assert xray.pairs == () and xray.unpaired == ()
+    assert xray.lost == {}
+    assert xray.never_entered == ()
+
+
+def test_hang_names_the_collective_a_rank_never_entered():
+    xray = analyse(records("hang"))
+    (never,) = xray.never_entered
+    assert (never.seq, never.op, never.entered, never.absent) == (2, "barrier", (0, 1, 2), (3,))
+    assert never.text == "ranks 0, 1, 2 entered barrier #2; rank 3 never did"
+    assert xray.straggler is None  # one collective all four entered: too few to blame anyone
+    assert never.text in xray.summary
+
+
+def test_a_mismatch_of_shapes_alone_is_found_and_one_of_uneven_ops_is_not():
+    story = records("story")
+    story[2]["head"][0]["sizes"] = [[4, 9]]
+    (mismatch,) = [m for m in analyse(story).mismatches if m.seq == 1]
+    assert mismatch.text == "rank 2 called all_reduce [4, 9] where ranks 0, 1, 3 called all_reduce [4, 8] at #1"
+    for rank in story:
+        story[rank]["head"][0]["op"] = "all_to_all"
+    assert not [m for m in analyse(story).mismatches if m.seq == 1]
+
+
+def nccl_p2p(record_id: int, name: str, sizes: list[list[int]]) -> dict:
+    """An entry as NCCL's recorder dumps a point-to-point op (no NCCL here to record one: the names
+    follow torch's flight_recorder analyzer, "nccl:send 1->2", "nccl:recv 3<-0", group ranks)."""
+    return {
+        "record_id": record_id,
+        "process_group": ("1", "pair"),
+        "collective_seq_id": 0,
+        "p2p_seq_id": record_id + 1,
+        "op_id": record_id + 1,
+        "profiling_name": name,
+        "time_created_ns": 1_000_000 * (record_id + 1),
+        "input_sizes": sizes,
+        "input_dtypes": ["Float"],
+        "output_sizes": sizes,
+        "is_p2p": True,
+        "state": "completed",
+        "time_discovered_started_ns": 5,
+        "time_discovered_completed_ns": 7,
+    }
+
+
+def test_nccl_sends_pair_with_receives_in_global_ranks():
+    sender, receiver = CollectiveLog(rank=2), CollectiveLog(rank=3)
+    sender.note_config({"1": {"ranks": "[2, 3]"}})
+    receiver.note_config({"1": {"ranks": "[2, 3]"}})
+    sender.add_entries([nccl_p2p(0, "nccl:send 0->1", [[3]]), nccl_p2p(1, "nccl:send 0->1", [[5]])])
+    receiver.add_entries([nccl_p2p(0, "nccl:recv 1<-0", [[3]])])
+    assert sender.head[0]["started_ns"] == 5 and sender.head[0]["completed_ns"] == 7
+    xray = analyse({2: sender.as_json(), 3: receiver.as_json()})
+    assert [(p.src, p.dst, p.sizes) for p in xray.pairs] == [(2, 3, ((3,),))]
+    assert xray.unpaired == ("rank 2 sent to rank 3 1 time(s) more than rank 3 received",)
+
+
+def gloo_entry(record_id: int, seq: int, op_id: int | None = None, created: int = 0) -> dict:
+    return {
+        "record_id": record_id,
+        "process_group": ("0", "default_pg"),
+        "collective_seq_id": seq,
+        "op_id": seq if op_id is None else op_id,
+        "profiling_name": "gloo:all_reduce",
+        "time_created_ns": created or 1_000 * seq,
+        "input_sizes": [[16]],
+        "input_dtypes": ["Float"],
+        "is_p2p": False,
+    }
+
+
+def test_the_log_stays_bounded_over_200_000_collectives():
+    log = CollectiveLog(rank=0)
+    seq = 0
+    for start in range(0, 200_000, 1000):  # as drains do: a ring's worth at a time
+        entries = [gloo_entry(start + i, start + i + 1) for i in range(1000)]
+        seq = start + 1000
+        assert log.add_entries(entries) == 1000
+        assert log.add_entries(entries) == 0  # the same ring read again adds nothing
+    group = log.groups["0"]
+    assert log.count == group.count == group.last_seq == seq
+    assert len(log.head) == KEPT_FULL and len(log.tail) == KEPT_FULL
+    assert log.head[0]["seq"] == 1 and log.tail[-1]["seq"] == seq
+    assert MAX_BUCKETS // 2 <= len(group.buckets) <= MAX_BUCKETS
+    assert group.bucket == 64  # a power of two: every rank buckets the same numbers together
+    assert sum(count for count, _total in group.buckets.values()) == seq
+    assert group.ops == {"all_reduce": [seq, seq * 64]}
+    assert len(json.dumps(log.as_json())) < 400_000
+
+
+def test_the_log_counts_what_fell_off_the_ring_and_the_ops_it_never_held():
+    log = CollectiveLog(rank=0)
+    log.add_entries([gloo_entry(3, 4), gloo_entry(4, 5)])  # the ring had wrapped: records 0-2 gone
+    log.add_entries([gloo_entry(9, 10, op_id=11)])  # 5-8 gone, and op 10 with them or never recorded
+    assert log.lost == 3 + 4
+    assert log.groups["0"].unrecorded == 0  # an op_id gap beside lost records may be theirs: not counted
+    log.add_entries([gloo_entry(10, 11, op_id=13)])  # nothing lost: op 12 was never recorded (a gloo send)
+    assert log.groups["0"].unrecorded == 1
+
+
+def test_entry_bytes_and_what_is_kept_of_an_entry():
+    assert entry_bytes([[4, 8], [2]], ["Float", "BFloat16"]) == 128 + 4
+    assert entry_bytes([[]], ["Long"]) == 8  # a scalar
+    record = kept(gloo_entry(0, 7))
+    assert (record["pg"], record["group"], record["seq"], record["op"], record["backend"]) == (
+        "0",
+        "default_pg",
+        7,
+        "all_reduce",
+        "gloo",
+    )
+    assert record["bytes"] == 64 and "started_ns" not in record  # gloo records no start or end
+
+
+def test_a_kept_worlds_later_cell_records_its_own_collectives_only():
+    earlier = [gloo_entry(i, i + 1) for i in range(5)]  # the ring still holds the last cell's
+    log = CollectiveLog(rank=0, since={"0": 5})
+    log.add_entries([*earlier, gloo_entry(5, 6), gloo_entry(6, 7, op_id=8)])
+    assert [r["seq"] for r in log.head] == [6, 7]
+    assert log.lost == 0  # the ring's older records are not lost ones
+    assert log.groups["0"].unrecorded == 1  # op 7, a send or recv of this cell
+    assert analyse({0: log.as_json()}).count == 2  # #6 and #7, not the world's seven
