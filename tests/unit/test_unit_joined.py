@@ -1,0 +1,67 @@
+"""A rank whose cell is over leaves only once every peer has its process group (gloo's connect race)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from nbspawn.ranks import _cell
+
+LATE = 1.0  # how long rank 1 takes to say it joined, after its group is made
+
+
+def _rank(rank: int, port: int, out: str, destroyed_by_the_cell: bool) -> None:
+    # the ranks join a store their launcher hosts, as nbspawn's ranks do (a rank that leaves takes no store along)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", TORCHELASTIC_USE_AGENT_STORE="True"
+    )
+    if rank == 1:  # a peer still busy making its group (gloo taking its connection) when rank 0 is done
+        said = _cell._say_joined
+
+        def late(dist, rank):  # type: ignore[no-untyped-def]
+            time.sleep(LATE)
+            Path(out, "1.joined").write_text(str(time.time()))
+            said(dist, rank)
+
+        _cell._say_joined = late  # type: ignore[assignment]
+    dist = _cell.init_process_group("gloo", rank)
+    assert dist is not None
+    if destroyed_by_the_cell:  # the cell destroyed the group itself: the wait still holds
+        dist.destroy_process_group()
+    _cell.wait_until_every_peer_joined()
+    Path(out, f"{rank}.left").write_text(str(time.time()))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("destroyed_by_the_cell", [False, True])
+def test_a_rank_leaves_only_once_every_peer_said_it_joined(tmp_path: Path, destroyed_by_the_cell: bool) -> None:
+    distributed = pytest.importorskip("torch.distributed")
+    port = _free_port()
+    store = distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    context = multiprocessing.get_context("spawn")
+    ranks = [context.Process(target=_rank, args=(rank, port, str(tmp_path), destroyed_by_the_cell)) for rank in range(2)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(60)
+    del store
+    assert [process.exitcode for process in ranks] == [0, 0]
+    joined = float((tmp_path / "1.joined").read_text())
+    assert float((tmp_path / "0.left").read_text()) >= joined  # rank 0 was done at once, yet waited for rank 1
+
+
+def test_a_rank_that_never_made_a_group_does_not_wait() -> None:
+    _cell._joined.clear()
+    _cell.wait_until_every_peer_joined()  # returns at once: nothing to wait for
