@@ -52,6 +52,7 @@ def launch(
     background: bool = False,
     debug_collectives: bool = False,
     pdb: bool = False,
+    xray: bool | str = ROW["xray"].default,
     echo: bool = False,
     view: RunView | None = None,
     check: bool = True,

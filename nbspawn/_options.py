@@ -250,6 +250,19 @@ def parse_backend(backend: str | None) -> Backend:
     return cast(Backend, name)
 
 
+XRAY_CHOICES = ("on", "off")
+
+
+def parse_xray(value: str | bool | None) -> bool:
+    """``--xray``: on (the default) or off; ``launch(xray=True/False)`` too."""
+    if isinstance(value, bool):
+        return value
+    name = ("on" if value is None else str(value)).strip().lower()
+    if name not in XRAY_CHOICES:
+        raise SpawnUsageError(f"--xray must be on or off, not {value!r}")
+    return name == "on"
+
+
 def parse_world_name(name: str | None) -> str | None:
     """A kept world's name (None: fresh ranks)."""
     if name is None:
@@ -389,6 +402,20 @@ OPTIONS: tuple[Option, ...] = (
         "op or shape fails at once, on the rank that found it, with torch's message, instead of hanging",
         "common",
         default=False,
+    ),
+    Option(
+        "xray",
+        ("--xray",),
+        "on|off",
+        "the collectives X-ray: each rank's collectives (op, group, sequence number, shapes, bytes) read from torch's "
+        "flight recorder, lined up across ranks beside the rank tabs, with who arrived last, mismatched calls and "
+        "collectives a rank never entered, for a cell run with --backend (default on; off: no recorder thread in the ranks)",
+        "cell",
+        default="on",
+        read=parse_xray,
+        doors=EVERY_DOOR,
+        trait="choice",
+        trait_help="The collectives X-ray of every run with a process group: on or off.",
     ),
     Option(
         "start_method",

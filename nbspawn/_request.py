@@ -52,6 +52,7 @@ class Settings:
     max_saved_kb: int = _DEFAULT["max_saved_kb"]
     max_image_kb: int = _DEFAULT["max_image_kb"]
     pdb: bool = _DEFAULT["pdb"]  # --pdb (or %pdb on): the first failing rank stops in post-mortem
+    xray: bool = _DEFAULT["xray"]  # --xray: the ranks' collectives read from torch's flight recorder
     given: Given = Given()
 
 

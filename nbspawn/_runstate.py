@@ -21,6 +21,7 @@ from .errors import RankFailure, RunFacts, SpawnError
 from .events._display import DisplayItems
 from .events._streams import Event, RankStreams
 from .events._where import ANSWER_WAIT, RankToAsk, where_now
+from .events._xray import XRay, analyse, read_records
 
 # the views' messages carry these as they are (views._messages; their TypeScript twins in messages.ts)
 # failed_after: it failed once the run's first failure had (``failure.after`` names that rank), most often because
@@ -116,6 +117,7 @@ class Run:
     world_lost: str | None = None  # why that world could not go on, if it could not
     shown: dict[str, object] | None = field(default=None, repr=False)  # its frozen view's mime bundle (%spawn show)
     node_batches: list[int] = field(default_factory=list)  # a cluster run: data messages received from each node
+    xray: XRay | None = field(default=None, repr=False)  # what the ranks did together (--xray), read by read_xray()
     display_items: DisplayItems = field(init=False, repr=False)
     _streams: list[RankStreams] = field(default_factory=list, init=False, repr=False)
 
@@ -129,6 +131,19 @@ class Run:
 
     def __post_init__(self) -> None:
         self.display_items = DisplayItems(self.spec.max_image_bytes, {})
+
+    def read_xray(self) -> XRay | None:
+        """What the ranks did together so far, from the records they write (``ranks._xray``): kept in
+        ``run.xray``; None for a run not X-rayed or one whose ranks ran no collective."""
+        if not self.spec.xrayed:
+            return None
+        records = read_records({state.rank: state.dir for state in self.ranks if self.spec.runs(state.rank)})
+        if not records:
+            return None
+        xray = analyse(records)
+        if xray.count:
+            self.xray = xray
+        return self.xray
 
     # -- what torch's ProcessContext.join and elastic's PContext.wait offer, in one shape ----------
 

@@ -64,6 +64,7 @@ class RunSpec:
     max_saved_bytes: int = ROW["max_saved_kb"].typed_default * 1024  # a saved run's size, images aside
     program: Program | None = None  # the ranks run it instead of a cell
     pdb: bool = False  # --pdb, %pdb on: the first rank whose cell raises stops in post-mortem (the kernel tells it)
+    xray: bool = False  # --xray: each rank drains torch's flight recorder into its xray.json (ranks._xray)
     # Where these ranks sit in the world.  The ranks never host the TCPStore: they join it as clients
     # (TORCHELASTIC_USE_AGENT_STORE), at master_addr:master_port, where their launcher hosts it bound
     # to that address only (nbspawn._listen).  One node of a cluster run (nbspawn.cluster): this
@@ -95,6 +96,12 @@ class RunSpec:
         """This (a kept world's) spec, running the cell ``part`` brings: the world's ranks, backend,
         placement and environment, the cell's own options."""
         return replace(self, **vars(part))
+
+    @property
+    def xrayed(self) -> bool:
+        """Whether the ranks record this cell's collectives (``ranks._xray``): ``--xray`` (on by
+        default) and a process group nbspawn makes (a program makes its own)."""
+        return self.xray and self.backend != "none" and self.program is None
 
     def runs(self, rank: int) -> bool:
         """Whether the rank (its index on this node, as in ``rank_dir``) runs the cell (``--on``)."""
@@ -394,6 +401,7 @@ class CellPart:
     max_saved_bytes: int
     max_image_bytes: int
     pdb: bool
+    xray: bool
     rich: bool
     cell_numbers: dict[str, int]
     out_names: tuple[str, ...] = ()
@@ -429,6 +437,7 @@ def cell_part(
         max_saved_bytes=settings.max_saved_kb * 1024,
         max_image_bytes=settings.max_image_kb * 1024,
         pdb=bool(settings.pdb) and debuggable,  # a program's failure is reported, not debugged
+        xray=settings.xray and debuggable,  # a program's collectives are its own (not read)
         rich=rich,
         cell_numbers=dict(cell_numbers or {}),
         out_names=out_names,

@@ -127,6 +127,8 @@ export interface IRunRecord {
   error: IRunErrorRecord | null;
   /** `text/html`: each rank's output is in the bundle's HTML (version 2); `""`: in `ranks[].output`. */
   output_in: 'text/html' | '';
+  /** The collectives X-ray in words (its drawing: the bundle's `text/html`, or the widget's `xray_html`). */
+  xray?: string | null;
   ranks: IRankRecord[];
 }
 
@@ -138,6 +140,8 @@ export interface IWidgetState {
   header: Omit<IRunRecord, 'ranks'> & { elapsed: number; stopping: boolean };
   ranks: IRankRecord[];
   error: IRunErrorRecord | null;
+  /** The collectives X-ray's drawing (static HTML and SVG, shown in a sandboxed frame), '' until there is one. */
+  xray_html: string;
 }
 
 /** Kernel → browser, at most ten a second: new output, and lines of a rank the kernel skipped. */
@@ -229,8 +233,9 @@ export interface IRankInfo extends Omit<IRankRecord, 'output'> {
   output: [string, unknown][];
 }
 
-export interface IRunBundle extends Omit<IRunRecord, 'status' | 'error' | 'output_in' | 'ranks' | 'started_at'> {
+export interface IRunBundle extends Omit<IRunRecord, 'status' | 'error' | 'output_in' | 'ranks' | 'started_at' | 'xray'> {
   started_at: number | null;
+  xray: string | null;
   /** A `RunStatus`, or whatever a newer kernel sends. */
   status: string;
   error: IRunError | null;
@@ -291,6 +296,7 @@ export function parseBundle(data: unknown): IRunBundle {
         }
       : null,
     output_in: str(d.output_in),
+    xray: strOrNull(d.xray),
     ranks
   };
 }

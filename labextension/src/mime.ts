@@ -70,8 +70,14 @@ function displayItem(div: Element): Record<string, unknown> {
  * display item), and whose chunk came next when they were printed (`data-order`; null in a
  * bundle saved before it was kept).
  */
-export function parseOutputHtml(html: string): { tails: Record<string, Chunk[]>; order: number[] | null } {
+export function parseOutputHtml(html: string): {
+  tails: Record<string, Chunk[]>;
+  order: number[] | null;
+  xray: string | null;
+} {
   const doc = new DOMParser().parseFromString(html, 'text/html');
+  // the X-ray's drawing: shown only in a sandboxed frame without scripts (xray.ts)
+  const xray = doc.querySelector('div.nbspawn-xray')?.innerHTML ?? null;
   const tails: Record<string, Chunk[]> = {};
   const order = parseOrder(doc.querySelector('div.nbspawn-run')?.getAttribute('data-order') ?? null);
   for (const box of Array.from(doc.querySelectorAll('div.nbspawn-output[data-rank]'))) {
@@ -86,7 +92,7 @@ export function parseOutputHtml(html: string): { tails: Record<string, Chunk[]>;
       }
     }
   }
-  return { tails, order };
+  return { tails, order, xray };
 }
 
 /** Renders a finished (or running) `%%spawn` run. */
@@ -106,6 +112,7 @@ export class RunRenderer extends Widget implements IRenderMime.IRenderer {
     this._view = renderRun(this.node, run, {
       tails: saved?.tails,
       order: saved?.order,
+      xrayHtml: saved?.xray,
       selected: this._picked,
       onSelect: sel => (this._picked = sel)
     });

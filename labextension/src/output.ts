@@ -516,4 +516,6 @@ export interface ILiveSource {
   where?(): void;
   /** The last answer: every rank's stack, grouped; `''` while asked, null if never asked. */
   readonly whereText?: string | null;
+  /** The collectives X-ray's drawing (static HTML and SVG from the kernel), if there is one yet. */
+  xrayHtml?(): string | null;
 }

@@ -98,14 +98,20 @@ function shortNote(note: string): string {
   return note.split(/; | \(/)[0];
 }
 
+/** A tab: a rank's, the merged one, or the collectives X-ray's. */
+export type TabKey = number | 'merged' | 'xray';
+
 /** Which tab a tab element stands for. */
-export function tabKey(el: Element): number | 'merged' {
+export function tabKey(el: Element): TabKey {
+  if (el.getAttribute('data-tab') === 'xray') {
+    return 'xray';
+  }
   const rank = el.getAttribute('data-rank');
   return rank === null ? 'merged' : Number(rank);
 }
 
 /** Arrow keys, Home and End move between the tabs of `tabs`. */
-export function attachTabKeys(tabs: HTMLElement, pick: (sel: number | 'merged') => void): void {
+export function attachTabKeys(tabs: HTMLElement, pick: (sel: TabKey) => void): void {
   tabs.addEventListener('keydown', ev => {
     const els = [...tabs.querySelectorAll<HTMLElement>('.nbs-Tab')];
     const cur = els.findIndex(el => el.getAttribute('aria-selected') === 'true');
@@ -129,7 +135,7 @@ export function attachTabKeys(tabs: HTMLElement, pick: (sel: number | 'merged') 
 }
 
 /** Mark one tab selected (and focusable), the others not. */
-export function markSelected(tabs: HTMLElement, sel: number | 'merged'): void {
+export function markSelected(tabs: HTMLElement, sel: TabKey): void {
   for (const el of tabs.querySelectorAll<HTMLElement>('.nbs-Tab')) {
     const on = tabKey(el) === sel;
     el.setAttribute('aria-selected', on ? 'true' : 'false');

@@ -11,7 +11,8 @@ import { buildBanner, buildHeader, metaEntry } from './header';
 import { IRunBundle } from './messages';
 import { ILiveSource, ILiveUpdate, LiveOutput } from './output';
 import { Pane, Sel, rankKey } from './pane';
-import { attachTabKeys, buildChip, buildMergedTab, markSelected } from './tabs';
+import { TabKey, attachTabKeys, buildChip, buildMergedTab, markSelected } from './tabs';
+import { XRayPanel, buildXRayTab } from './xray';
 
 export type { Sel } from './pane';
 
@@ -47,9 +48,15 @@ class StaticSource implements ILiveSource {
   readonly output = new LiveOutput(Number.POSITIVE_INFINITY);
   readonly stopRequested = false;
   readonly stopAcknowledged = false;
-  constructor(private _run: IRunBundle) {}
+  constructor(
+    private _run: IRunBundle,
+    private _xrayHtml: string | null = null
+  ) {}
   run(): IRunBundle {
     return this._run;
+  }
+  xrayHtml(): string | null {
+    return this._xrayHtml;
   }
   startedAt(): number | null {
     return null;
@@ -71,9 +78,11 @@ export function renderRun(
     tails?: Record<string, ReadonlyArray<readonly [string, unknown]>>;
     /** Whose chunk of `tails` came next (`parseOrder`); without it the ranks are merged by position. */
     order?: readonly number[] | null;
+    /** The collectives X-ray's drawing, as the bundle's `text/html` keeps it. */
+    xrayHtml?: string | null;
   } = {}
 ): LiveView {
-  const src = new StaticSource(run);
+  const src = new StaticSource(run, options.xrayHtml ?? null);
   const tails: Record<string, ReadonlyArray<readonly [string, unknown]>> = options.tails ?? {};
   if (!options.tails) {
     for (const r of run.ranks) {
@@ -131,7 +140,7 @@ export class LiveView {
       this.refresh();
     });
     this._wherePanel = h('div', { class: 'nbs-Where', hidden: '' });
-    this._root.append(this._wherePanel, this._tabs, this._host);
+    this._root.append(this._wherePanel, this._tabs, this._host, this._xray.node);
     host.textContent = '';
     host.appendChild(this._root);
     attachTabKeys(this._tabs, sel => this._pick(sel));
@@ -162,6 +171,7 @@ export class LiveView {
     this._refreshHeader(run, active);
     this._refreshWhere(active);
     this._refreshTabs(run);
+    this._xray.update(run.xray, this._src.xrayHtml?.() ?? null);
 
     // the selection: the default first, the failed rank's pane as soon as one fails
     const failed = run.ranks.some(r => r.status === 'failed');
@@ -288,7 +298,8 @@ export class LiveView {
 
   private _refreshTabs(run: IRunBundle): void {
     const ranks = run.ranks.map(r => r.rank);
-    const layout = JSON.stringify(ranks);
+    const xray = this._hasXRay(run);
+    const layout = JSON.stringify([ranks, xray]);
     if (layout !== this._tabsLayout) {
       this._tabsLayout = layout;
       this._chips.clear();
@@ -298,6 +309,14 @@ export class LiveView {
         const merged = buildMergedTab();
         merged.addEventListener('click', () => this._pick('merged'));
         this._tabs.appendChild(merged);
+      }
+      if (xray) {
+        const tab = buildXRayTab();
+        tab.addEventListener('click', () => this._pick('xray'));
+        this._tabs.appendChild(tab);
+      }
+      if (this._xrayShown && !xray) {
+        this._showXRay(false);
       }
     }
     for (const r of run.ranks) {
@@ -314,10 +333,25 @@ export class LiveView {
         this._tabs.appendChild(chip);
       }
       this._chips.set(r.rank, { key, el: chip });
-      if (this._selected !== null) {
-        markSelected(this._tabs, this._selected);
-      }
     }
+    if (this._xrayShown) {
+      markSelected(this._tabs, 'xray');
+    } else if (this._selected !== null) {
+      markSelected(this._tabs, this._selected);
+    }
+  }
+
+  /** Whether the run has an X-ray to show (in words, or drawn). */
+  private _hasXRay(run: IRunBundle): boolean {
+    return Boolean(run.xray || this._src.xrayHtml?.());
+  }
+
+  /** The X-ray's panel in place of the pane (or the pane back). */
+  private _showXRay(on: boolean): void {
+    this._xrayShown = on;
+    this._xray.node.hidden = !on;
+    this._host.hidden = on;
+    markSelected(this._tabs, on ? 'xray' : this._selected ?? 'merged');
   }
 
   // -- selection -------------------------------------------------------------------------------
@@ -327,8 +361,17 @@ export class LiveView {
     return sel === 'merged' ? ranks.length > 1 : ranks.some(r => r.rank === sel);
   }
 
-  private _pick(sel: Sel): void {
+  private _pick(sel: TabKey): void {
+    if (sel === 'xray') {
+      if (this._run && this._hasXRay(this._run)) {
+        this._showXRay(true);
+      }
+      return;
+    }
     if (this._valid(sel)) {
+      if (this._xrayShown) {
+        this._showXRay(false);
+      }
       this._select(sel);
       this._onSelect?.(sel);
     }
@@ -337,7 +380,9 @@ export class LiveView {
   /** Show the pane of `sel`, built from what is kept. */
   private _select(sel: Sel): void {
     this._selected = sel;
-    markSelected(this._tabs, sel);
+    if (!this._xrayShown) {
+      markSelected(this._tabs, sel);
+    }
     this._pane?.dispose();
     this._pane = new Pane(this._host, this._src.output, sel, this._run!, this._live);
   }
@@ -414,6 +459,8 @@ export class LiveView {
   private _stopBtn: HTMLButtonElement;
   private _whereBtn: HTMLButtonElement;
   private _wherePanel: HTMLElement;
+  private _xray = new XRayPanel();
+  private _xrayShown = false;
   private _whereKey = '';
   private _whereClosed = false;
   private _whereClosedText: string | null = null;

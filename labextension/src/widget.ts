@@ -63,6 +63,11 @@ class LiveRun implements ILiveSource {
     });
   }
 
+  xrayHtml(): string | null {
+    const html = this._model.get('xray_html');
+    return typeof html === 'string' && html ? html : null;
+  }
+
   get stopAcknowledged(): boolean {
     return record(this._model.get('header')).stopping === true;
   }
@@ -231,6 +236,7 @@ function initialize({ model }: { model: WidgetModel }): Cleanup {
   model.on('change:header', onHeader);
   model.on('change:ranks', onChange);
   model.on('change:error', onChange);
+  model.on('change:xray_html', onChange);
   // whatever was sent before this model existed (a late view, a reloaded page): the kernel's tail
   model.send({ type: 'replay' });
   return () => {
@@ -239,6 +245,7 @@ function initialize({ model }: { model: WidgetModel }): Cleanup {
     model.off('change:header', onHeader);
     model.off('change:ranks', onChange);
     model.off('change:error', onChange);
+    model.off('change:xray_html', onChange);
     if (runs.get(key) === live) {
       runs.delete(key);
     }

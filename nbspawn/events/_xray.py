@@ -1,7 +1,8 @@
 """What the ranks did together: their collectives records (``ranks._xray``) read side by side.
 
-Pure: it takes each rank's record (the JSON of its ``xray.json``) and returns an :class:`XRay`; it reads
-no file, starts nothing, and knows nothing of the views that will draw it (issue #43).
+:func:`analyse` is pure: it takes each rank's record (the JSON of its ``xray.json``, read by
+:func:`read_records`) and returns an :class:`XRay`; it starts nothing and knows nothing of the views
+that draw it (``views._xray_html``).
 
 * **Aligned:** a collective is one (process group, sequence number): every member rank numbers its
   group's collectives alike.  The records' full entries (each rank's first and last collectives) are
@@ -30,9 +31,13 @@ no file, starts nothing, and knows nothing of the views that will draw it (issue
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from .._rankdir import XRAY
 
 STRAGGLER_MIN_LATE = 0.002  # seconds: a rank last by less, on average, is not called the straggler
 STRAGGLER_MIN_COUNT = 3  # nor one last at fewer collectives than this
@@ -111,6 +116,21 @@ class XRay:
     unrecorded: Mapping[int, int]  # rank -> point-to-point ops its recorder did not keep (gloo)
     lost: Mapping[int, int]  # rank -> entries lost off torch's ring before they were read
     summary: str
+
+
+def read_records(rank_dirs: Mapping[int, str]) -> dict[int, dict[str, Any]]:
+    """Each rank's record (rank -> the JSON of its ``xray.json``), for the ranks that wrote one; a
+    record half written or unreadable is left out (its rank then has no lane)."""
+    records: dict[int, dict[str, Any]] = {}
+    for rank, rank_dir in rank_dirs.items():
+        try:
+            with open(os.path.join(rank_dir, XRAY), encoding="utf-8") as fh:
+                record = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict):
+            records[rank] = record
+    return records
 
 
 def analyse(records: Mapping[int, Mapping[str, Any]]) -> XRay:

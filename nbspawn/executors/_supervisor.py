@@ -24,6 +24,7 @@ Whatever happens, the loop's ``finally`` reaps every rank and closes every descr
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing.connection
 import os
 import signal
@@ -67,6 +68,7 @@ from ._prompting import PromptDesk
 # How often new output is looked for: soon after output arrived, then backing off while ranks are
 # quiet (up to the executor's ``supervision.poll_max``), so a long silent run costs the kernel almost nothing.
 # Exits wake the loop at once anyway.
+log = logging.getLogger(__name__)
 POLL_MIN = 0.02
 # ... except while the ranks write more than the view keeps (it skipped some): then at the pace a live
 # view sends (ten messages a second).  Reading sooner only turns more lines into text nobody sees, and
@@ -141,10 +143,20 @@ def _finish(run: Run, view: RunView, supervisor: _Supervisor, supervise: bool = 
                     if spec.shm_prefix:  # whatever a failed or killed run left: /dev/shm files and their handles
                         _shm.sweep(spec.shm_prefix)
                         discard_outputs([state.dir for state in run.ranks])
+                _read_xray(run)
                 view.finished(run)
     finally:
         _supervising.run = None
         run.ended()
+
+
+def _read_xray(run: Run) -> None:
+    """The ranks' collectives, read once they are written for good: a record that cannot be read
+    leaves the run without its X-ray, never without its result."""
+    try:
+        run.read_xray()
+    except Exception as err:
+        log.warning("nbspawn: could not read the collectives X-ray: %s", err)
 
 
 def _bring_outputs_home(run: Run, executor: Executor) -> None:

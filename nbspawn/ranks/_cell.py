@@ -26,11 +26,11 @@ from .._errorfile import ErrorRecord
 from .._rankdir import RankDir, prompts_path
 from .._source import CELL_FILENAME, CellSource, rewrite_cell_frames
 from .._spec import RunSpec
-from . import _children, _fds, _prompt, _stopped, _torchenv
+from . import _children, _fds, _prompt, _stopped, _torchenv, _xray
 from ._capture import capture_output, finished, flush_figures
 from ._stackdump import open_stack_file
 from ._title import name_process, rank_title
-from ._watch import answer_where
+from ._watch import FR_ENTRIES, answer_where
 
 EXIT_RAISED = 1
 EXIT_INTERRUPTED = 128 + signal.SIGINT
@@ -71,7 +71,7 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
     spec.apply_env(rank, os.environ, own_only=inherited is not None)
     _torchenv.read_again(imported_with)  # TORCH_LOGS, TORCH_DISTRIBUTED_DEBUG: read by torch at its import
     capture_output(rank_dir, spec.rich)
-    _install_signal_handlers(rank_dir)
+    _install_signal_handlers(rank_dir, str(_xray.XRAY_FR_ENTRIES) if spec.xrayed else FR_ENTRIES)
     _prompt.install(
         spec.rank_offset + rank, prompts_path(spec.run_dir), RankDir(rank_dir).answers
     )  # input(), pdb: the kernel answers
@@ -79,7 +79,7 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
     code = 0
     namespace: dict = {}
     # stopped by SIGTERM (a peer failed, --timeout): what it received is dropped first, as when it leaves
-    _stopped.install(lambda: leave_gpu(namespace, spec.start_method, failed=True))
+    _stopped.install(lambda: _stopped_now(namespace, spec.start_method))
     try:
         namespace = _run_cell(spec, rank, inherited, namespace)
     except SystemExit as exc:  # sys.exit() in the cell: keep Python's meaning of the code
@@ -88,6 +88,7 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
         write_error(rank_dir, spec.cell, exc)
         code = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_RAISED
     finally:
+        _xray.end()  # what the ranks did together, a failed collective included, is written down
         finished()
         _flush()
     # the exception (and the frames its traceback held, with their locals) is gone by now
@@ -98,6 +99,13 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
             # (spawn's) whose CUDA and NCCL teardown could wait on work that never completes
             os._exit(code or EXIT_RAISED)
         sys.exit(code)
+
+
+def _stopped_now(namespace: dict, start_method: str) -> None:
+    """SIGTERM (a peer failed, --timeout, Stop): what the rank's collectives were is written down (a
+    hang's X-ray is the point), then what it received is dropped."""
+    _xray.end()
+    leave_gpu(namespace, start_method, failed=True)
 
 
 def cell_labels(cell: CellSource, cell_numbers: Mapping[str, int]) -> dict[str, str]:
@@ -130,7 +138,7 @@ def _die_with_parent(spec: RunSpec) -> None:
         pass
 
 
-def _install_signal_handlers(rank_dir: str) -> None:
+def _install_signal_handlers(rank_dir: str, recorder_entries: str = FR_ENTRIES) -> None:
     """SIGINT raises KeyboardInterrupt where the cell is; fatal signals dump every stack, and SIGUSR1
     every stack and where the rank is in its collectives."""
     global _stack_file
@@ -138,7 +146,7 @@ def _install_signal_handlers(rank_dir: str) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _stack_file = open_stack_file(RankDir(rank_dir).stacks, "w")
     faulthandler.enable(file=_stack_file, all_threads=True)
-    answer_where(_stack_file)
+    answer_where(_stack_file, recorder_entries)
 
 
 def _namespace(spec: RunSpec) -> dict:
@@ -167,6 +175,8 @@ def _run_cell(spec: RunSpec, rank: int, inherited: Inherited | None, namespace: 
     _children.install(namespace)  # the cell's definitions reach the rank's children by value
     code, last = inherited.compiled if inherited is not None else spec.cell.compile()
     dist = init_process_group(spec.backend, rank)
+    if dist is not None and spec.xrayed:
+        _xray.begin(spec.rank_offset + rank, spec.rank_dir(rank))
     execute_cell(code, last, namespace, lambda exc: write_error(spec.rank_dir(rank), spec.cell, exc))
     _flush()
     # what the cell queued on the GPU is done (writes to --share tensors included); a CUDA error that
@@ -178,6 +188,7 @@ def _run_cell(spec: RunSpec, rank: int, inherited: Inherited | None, namespace: 
 
         assert spec.shm_prefix is not None  # every run with --out names has a prefix
         send_outputs(namespace, spec.out_names, spec.shm_prefix, spec.rank_dir(rank))
+    _xray.end()
     wait_until_every_peer_joined()
     dist = dist or sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():

@@ -38,7 +38,7 @@ KEPT = 8  # the newest collectives written down (with each group's oldest one no
 _started = False
 
 
-def answer_where(stack_file: TextIO) -> None:
+def answer_where(stack_file: TextIO, entries: str = FR_ENTRIES) -> None:
     """From now on the kernel's "where are you?" (SIGUSR1) is answered: every thread's stack appended
     to ``stack_file`` (``ranks._stackdump``), then the rank's recent collectives beside it.  Called on
     the main thread, once per process, once ``stack_file`` is open.
@@ -46,7 +46,7 @@ def answer_where(stack_file: TextIO) -> None:
     From Python 3.11 the thread that dumps the stacks calls :func:`write_beside` itself, so the
     collectives are there as soon as the stacks; before, a thread here watches the file grow."""
     global _started
-    recorder_env(os.environ)
+    recorder_env(os.environ, entries=entries)
     if answer_stack_requests(stack_file, then=write_beside) or _started:
         return
     _started = True
@@ -56,8 +56,8 @@ def answer_where(stack_file: TextIO) -> None:
     _thread.start_new_thread(_loop, (stack_file,))
 
 
-def recorder_env(environ: MutableMapping[str, str], renamed: bool | None = None) -> None:
-    """torch's flight recorders on, small, unless the user sized them (either variable: torch reads the
+def recorder_env(environ: MutableMapping[str, str], renamed: bool | None = None, entries: str = FR_ENTRIES) -> None:
+    """torch's flight recorders on, ``entries`` long (small, but for the X-ray's drained ring), unless the user sized them (either variable: torch reads the
     first set one).  Only the name this torch reads is set: the old one on a torch from after the rename
     prints a deprecation warning in every rank (``renamed``: whether it is such a torch; asked of the
     torch this rank imported when not given)."""
@@ -65,7 +65,7 @@ def recorder_env(environ: MutableMapping[str, str], renamed: bool | None = None)
         return
     if renamed is None:
         renamed = _renamed_recorder()
-    environ.update(dict.fromkeys(FR_SIZE_VARS[:1] if renamed else FR_SIZE_VARS, FR_ENTRIES))
+    environ.update(dict.fromkeys(FR_SIZE_VARS[:1] if renamed else FR_SIZE_VARS, entries))
 
 
 def _renamed_recorder() -> bool:

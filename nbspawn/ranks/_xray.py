@@ -47,7 +47,7 @@ import pickle
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .._rankdir import XRAY
@@ -403,3 +403,36 @@ class Drainer:
 
 def record_path(rank_dir: str) -> str:
     return os.path.join(rank_dir, XRAY)
+
+
+_current: Drainer | None = None  # this rank's, while a cell runs X-rayed
+
+
+def ring_entries(environ: Mapping[str, str]) -> int:
+    """The recorder's ring as this rank's torch sizes it (a user's own setting wins over nbspawn's)."""
+    for key in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        if key in environ:
+            with contextlib.suppress(ValueError):
+                return int(environ[key])
+    return XRAY_FR_ENTRIES
+
+
+def begin(rank: int, rank_dir: str) -> None:
+    """The cell's collectives are recorded from now on (its process group is made): the drainer
+    thread starts; :func:`end` writes the record down."""
+    global _current
+    end()
+    with contextlib.suppress(Exception):  # no recorder in this torch: no X-ray, never a failed rank
+        drainer = Drainer(rank, record_path(rank_dir), ring=ring_entries(os.environ))
+        drainer.start()
+        _current = drainer
+
+
+def end() -> None:
+    """The cell is over, however (returned, raised, stopped by SIGTERM): the last drain, the record
+    written.  Once; a no-op when nothing was recorded."""
+    global _current
+    drainer, _current = _current, None
+    if drainer is not None:
+        with contextlib.suppress(Exception):
+            drainer.stop()

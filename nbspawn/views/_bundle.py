@@ -33,6 +33,7 @@ from ._safehtml import safe_html
 from ._sgr import ESCAPE, SGR, Style, apply_sgr, sgr_params, sgr_sequence, style_after, style_css
 from ._tail import TAIL_LINES, Display, Entry, Line, OutputTail, merged_order, order_runs
 from ._text import erase_backspaces
+from ._xray_html import xray_html
 
 MIME = "application/vnd.nbspawn.run+json"
 NEWLINE = "&#10;"
@@ -121,6 +122,7 @@ def run_record(run: Run, elided: dict[int, int] | None = None) -> RunRecord:
             "verdict": error.verdict if isinstance(error, (SpawnInterrupted, SpawnTimeoutError)) else None,
         },
         "output_in": "text/html",
+        "xray": run.xray.summary if run.xray is not None else None,
         "ranks": [rank_record(state, elided.get(state.rank, 0)) for state in ranks],
     }
 
@@ -214,8 +216,9 @@ def entries_html(entries: list[Entry]) -> str:
     return "".join(line_html(e) if isinstance(e, Line) else display_html(e.item) for e in entries)
 
 
-def to_html(record: RunRecord, outputs: dict[int, list[Entry]]) -> str:
-    """Static HTML: inline styles only (nbconvert and GitHub drop stylesheets), no script."""
+def to_html(record: RunRecord, outputs: dict[int, list[Entry]], xray: str = "") -> str:
+    """Static HTML: inline styles only (nbconvert and GitHub drop stylesheets), no script; ``xray``
+    is the collectives X-ray's drawing (``views._xray_html``), after the ranks."""
     e = html.escape
     took = f" in {record['duration']:.2f} s" if record["duration"] is not None else ""
     parts = [
@@ -265,6 +268,10 @@ def to_html(record: RunRecord, outputs: dict[int, list[Entry]]) -> str:
             f'<div class="nbspawn-output" data-rank="{rank["rank"]}" style="font-family:monospace;white-space:pre-wrap;'
             f'margin:2px 0 6px 0;max-height:24em;overflow:auto">{"".join(body)}</div></details>'
         )
+    if xray:
+        parts.append(
+            f'<details data-xray open><summary><b>collectives</b></summary><div class="nbspawn-xray">{xray}</div></details>'
+        )
     parts.append("</div>")
     return "".join(parts)
 
@@ -294,6 +301,8 @@ def to_text(record: RunRecord) -> str:
         lines.append(record["error"]["summary"])
         if record["error"].get("verdict"):
             lines.append(_banner(record["error"]))
+    if record.get("xray"):
+        lines.append(f"collectives: {record['xray']}")
     counts: dict[str, list[int]] = {}
     for rank in record["ranks"]:
         counts.setdefault(_rank_status(rank), []).append(rank["rank"])
@@ -321,12 +330,13 @@ class FrozenRun:
         max_bytes = run.spec.max_saved_bytes if max_bytes is None else max_bytes
         elided = {rank: tail.elided_lines for rank, tail in tails.items()}
         record = run_record(run, elided)
-        fixed = _saved_size(record) + json_size(to_text(record)) + json_size(to_html(record, {})) + SAVED_ENVELOPE
+        xray = xray_html(run.xray) if run.xray is not None else ""
+        fixed = _saved_size(record) + json_size(to_text(record)) + json_size(to_html(record, {}, xray)) + SAVED_ENVELOPE
         outputs, left_out = _share(tails, max(0, max_bytes - fixed))
         for rank in record["ranks"]:
             rank["elided_lines"] += left_out.get(rank["rank"], 0)
         self.record = record
-        self.html = to_html(record, outputs)
+        self.html = to_html(record, outputs, xray)
         self.text = to_text(record)
 
     def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any]:

@@ -62,6 +62,7 @@ class RunHeader(TypedDict):
     world_cell: int | None
     error: RunErrorRecord | None
     output_in: Literal["text/html", ""]
+    xray: str | None  # the collectives X-ray in words (its drawing is in the text/html, or the widget's xray_html)
 
 
 class RunRecord(RunHeader):
@@ -79,6 +80,7 @@ class WidgetState(TypedDict):
     header: LiveHeader
     ranks: list[RankRecord]
     error: RunErrorRecord | None
+    xray_html: str  # the collectives X-ray's drawing (static HTML and SVG), "" until there is one
 
 
 class OutputMessage(TypedDict):

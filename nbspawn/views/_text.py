@@ -365,6 +365,8 @@ class TextView(RunView):
         for rank in range(run.nprocs):
             self._flush_rank(rank)
         self._render(force=True)
+        if run.xray is not None:  # what the ranks did together, in words (a terminal draws no lanes)
+            self._emit("stdout", f"collectives: {run.xray.summary}\n")
         for stream in sorted(self._wrote):
             with contextlib.suppress(OSError, ValueError):
                 self._stream(stream).flush()

@@ -39,9 +39,11 @@ from ._messages import LiveHeader, LiveInfo, OutputMessage, ReplayMessage, Where
 from ._protocol import RunView
 from ._status import StatusComm
 from ._tail import OutputTail, merged_chunks, order_runs, run_tails
+from ._xray_html import xray_html
 
 STATIC = Path(__file__).parents[1] / "_static"  # built by npm into the package's root
 FLUSH_SECONDS = 0.1  # at most 10 output messages a second
+XRAY_EVERY = 2.0  # seconds between reads of the ranks' collectives records while a run goes on (they write every 2 s)
 # A run that ends sooner than this shows only its frozen view: a live widget that would flash for a
 # quick cell (a kept world's cell takes ~5 ms) costs more than the cell, and shows nothing live
 # (as tqdm's ``delay``). SpawnMagics.live_after sets it.
@@ -71,6 +73,7 @@ def _widget_class() -> type[anywidget.AnyWidget]:
         header = traitlets.Dict().tag(sync=True)
         ranks: traitlets.List[dict[str, Any]] = traitlets.List().tag(sync=True)
         error = traitlets.Dict(allow_none=True, default_value=None).tag(sync=True)
+        xray_html = traitlets.Unicode("").tag(sync=True)  # the collectives X-ray's drawing (views._xray_html)
 
         def __repr__(self) -> str:  # the text/plain of a frontend that cannot show widgets
             h = self.header
@@ -108,6 +111,8 @@ class WidgetView(RunView):
         self._stop_seen = False
         self._stopping = False  # the run is being stopped: smaller messages (STOPPING_BYTES_PER_MESSAGE)
         self._busy = contextlib.ExitStack()
+        self._xray_read_at = 0.0
+        self._xray: tuple[object, str] = (None, "")  # the X-ray drawn, and its drawing
 
     # -- RunView ----------------------------------------------------------------------------------
 
@@ -177,6 +182,12 @@ class WidgetView(RunView):
     def tick(self, run: Run) -> None:
         if self.widget is None and not self.broken and time.time() - run.started_at >= self.live_after:
             self._show_now(run)
+        if self.widget is not None and run.spec.xrayed and time.monotonic() - self._xray_read_at >= XRAY_EVERY:
+            self._xray_read_at = time.monotonic()
+            before = run.xray
+            with contextlib.suppress(Exception):  # a record being replaced: the next read has it
+                run.read_xray()
+            self.dirty |= run.xray is not before
         if time.monotonic() - self.last_flush >= FLUSH_SECONDS:
             self._flush(run)
 
@@ -412,7 +423,15 @@ class WidgetView(RunView):
             "elapsed": time.time() - run.started_at,
             "stopping": self._stop_seen,
         }
-        return {"header": header, "ranks": record["ranks"], "error": record["error"]}
+        return {"header": header, "ranks": record["ranks"], "error": record["error"], "xray_html": self._xray_html(run)}
+
+    def _xray_html(self, run: Run) -> str:
+        """The X-ray's drawing, made again only when the ranks' records said something new."""
+        if run.xray is None:
+            return ""
+        if self._xray[0] is not run.xray:
+            self._xray = (run.xray, xray_html(run.xray))
+        return self._xray[1]
 
     def _sync(self, run: Run) -> None:
         assert self.widget is not None  # called by _flush, only once the widget exists

@@ -201,9 +201,9 @@ def test_a_rank_asked_where_it_is_while_it_sets_up_its_answer_is_not_killed(tmp_
 
     answer = cell.answer_where
 
-    def slow_answer(stack_file):
+    def slow_answer(stack_file, *args):
         time.sleep(0.5)
-        answer(stack_file)
+        answer(stack_file, *args)
 
     monkeypatch.setattr(cell, "answer_where", slow_answer)
     pid = os.fork()

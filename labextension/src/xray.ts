@@ -1,0 +1,107 @@
+/**
+ * The collectives X-ray in the run view: a "collectives" tab beside the rank tabs, and its panel,
+ * the kernel's drawing of what the ranks did together (`views/_xray_html.py`: static HTML and SVG,
+ * the same that a saved notebook keeps in its `text/html`).
+ *
+ * The drawing comes from the kernel, or from a saved notebook that may not be trusted, so it is shown
+ * only in a sandboxed iframe without scripts (as a rank's HTML is: rich.ts), coloured as this page is:
+ * the theme's variables are copied into it, since a frame does not inherit the page's CSS.
+ */
+
+import { h } from './dom';
+
+/** The tab's key, beside a rank's number and `'merged'`. */
+export const XRAY = 'xray';
+
+/** The theme variables the drawing reads (each with a fallback of its own, for a page without them). */
+const THEME_VARS = [
+  '--jp-layout-color0',
+  '--jp-layout-color1',
+  '--jp-layout-color2',
+  '--jp-layout-color3',
+  '--jp-ui-font-color0',
+  '--jp-ui-font-color1',
+  '--jp-ui-font-color2',
+  '--jp-ui-font-color3',
+  '--jp-border-color1',
+  '--jp-border-color2',
+  '--jp-ui-font-family',
+  '--jp-code-font-family',
+  '--jp-ui-font-size1',
+  '--jp-brand-color1',
+  '--jp-error-color0',
+  '--jp-error-color1',
+  '--jp-warn-color0',
+  '--jp-warn-color1',
+  '--jp-success-color1'
+];
+
+/** The "collectives" tab. */
+export function buildXRayTab(): HTMLElement {
+  return h(
+    'button',
+    {
+      class: 'nbs-Tab nbs-Tab-xray',
+      type: 'button',
+      role: 'tab',
+      'data-tab': XRAY,
+      title: 'What the ranks did together: every collective lined up across the ranks, who arrived last'
+    },
+    h('span', { class: 'nbs-Tab-icon', 'aria-hidden': 'true' }, '\u2AF6'),
+    'collectives'
+  );
+}
+
+/** `:root{...}` with the page's values of the theme variables, as `from` sees them. */
+export function themeStyle(from: Element): string {
+  const computed = getComputedStyle(from);
+  const decls = THEME_VARS.map(name => {
+    const value = computed.getPropertyValue(name).trim().replace(/[<>{};]/g, '');
+    return value ? `${name}:${value};` : '';
+  }).join('');
+  const dark = from.closest('[data-jp-theme-light="false"]') !== null;
+  return `<style>:root{${decls}color-scheme:${dark ? 'dark' : 'light'}}body{margin:0;background:transparent;}</style>`;
+}
+
+/** The X-ray's panel: its words while there is no drawing yet, else the drawing in a sandboxed frame. */
+export class XRayPanel {
+  readonly node: HTMLElement = h('div', { class: 'nbs-XRay', role: 'tabpanel', hidden: '' });
+
+  /** Show `summary` and `html` (the kernel's), redrawn only when they changed. */
+  update(summary: string | null, html: string | null): void {
+    const key = JSON.stringify([summary, html]);
+    if (key === this._key) {
+      return;
+    }
+    this._key = key;
+    if (!html) {
+      this.node.replaceChildren(h('div', { class: 'nbs-XRay-summary' }, summary ?? 'no collective yet'));
+      return;
+    }
+    const frame = document.createElement('iframe');
+    frame.className = 'nbs-XRay-frame';
+    frame.setAttribute('sandbox', 'allow-same-origin'); // lets this page size it; nothing in it runs
+    frame.setAttribute('referrerpolicy', 'no-referrer');
+    frame.setAttribute('title', 'collectives X-ray');
+    frame.srcdoc = `<!doctype html><html><head><meta charset="utf-8">${themeStyle(this.node)}</head><body>${html}</body></html>`;
+    frame.addEventListener('load', () => {
+      const body = frame.contentDocument?.body;
+      if (!body) {
+        return;
+      }
+      const fit = () => {
+        const height = `${Math.min(1600, Math.ceil(body.getBoundingClientRect().height) + 4)}px`;
+        if (frame.style.height !== height) {
+          frame.style.height = height;
+        }
+      };
+      fit();
+      if (typeof ResizeObserver !== 'undefined') {
+        new ResizeObserver(fit).observe(body);
+      }
+    });
+    this.node.replaceChildren(frame);
+  }
+
+  private _key = '';
+}

@@ -1,0 +1,88 @@
+"""The collectives X-ray of a cell, end to end in a real kernel: the ranks record (``--xray``, on by
+default), the kernel reads and lines up their records, and the views show it — the live widget while
+the cell runs, the frozen bundle saved with the notebook (its JSON in words, its text/html drawn), and
+the text view in words."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from kernel_harness import execute, ok, rank_lines
+from widget_harness import spawn_widget
+
+from nbspawn.views._bundle import MIME
+from nbspawn.views._widget import widget_available
+
+pytestmark = pytest.mark.skipif(not widget_available(), reason="nbspawn/_static/widget.js is not built")
+
+# rank 3 comes late to each all_reduce; then a broadcast and an all_gather every rank is on time for
+STRAGGLER = """\
+import time, torch, torch.distributed as dist
+rank = dist.get_rank()
+t = torch.ones(4, 8)
+for _ in range(6):
+    if rank == 3:
+        time.sleep(0.15)
+    dist.all_reduce(t)
+dist.broadcast(t, 0)
+dist.all_gather([torch.zeros(4, 8) for _ in range(4)], t)
+"""
+
+
+def test_a_straggler_is_named_in_the_saved_view_in_words_and_drawn(kernel):
+    result, run = spawn_widget(kernel, STRAGGLER, options="-n 4 --backend gloo")
+    assert result.status == "ok", result.error_text
+    assert run.frozen is not None
+    words = run.frozen[MIME]["xray"]
+    assert words.startswith("8 collectives, "), words
+    # last at the 6 all_reduces it was late for (and maybe at the broadcast it came to from the last one)
+    assert re.search(r"rank 3 arrived last at [678] of them", words) and words.endswith("rank 3 is the straggler"), words
+    html = run.frozen["text/html"]
+    assert '<div class="nbspawn-xray">' in html and "<script" not in html.lower()
+    assert f"collectives: {words}" in run.frozen["text/plain"]
+
+
+def test_the_live_widget_draws_the_x_ray_while_the_cell_runs(kernel):
+    """The ranks write their record every 2 s and the kernel reads it as often: a cell of 5 s shows its
+    collectives before it ends."""
+    body = "import time, torch, torch.distributed as dist\nt = torch.ones(2)\nfor _ in range(50):\n    dist.all_reduce(t)\n    time.sleep(0.1)\n"
+    result, run = spawn_widget(kernel, body, options="-n 2 --backend gloo")
+    assert result.status == "ok", result.error_text
+    drawn = [update["xray_html"] for update in run.updates if update.get("xray_html")]
+    assert drawn, "the live widget never got the X-ray's drawing"
+    assert run.state.get("xray_html", "") == ""  # nothing before a rank wrote a record
+
+
+def test_xray_off_records_nothing_and_keeps_the_small_ring(kernel):
+    body = "import os\nprint(os.environ.get('TORCH_FR_BUFFER_SIZE') or os.environ.get('TORCH_NCCL_TRACE_BUFFER_SIZE'))\n"
+    result, run = spawn_widget(kernel, body, options="-n 2 --backend gloo --xray off")
+    assert result.status == "ok", result.error_text
+    assert run.frozen is not None and run.frozen[MIME]["xray"] is None
+    assert "nbspawn-xray" not in run.frozen["text/html"]
+    assert run.live_text()[0].strip() == "256"
+    on = ok(kernel, f"%%spawn -n 2 --backend gloo --view text\n{body}")
+    assert rank_lines(on.stdout, 0) == ["4096"]  # the X-ray drains a longer ring
+
+
+def test_a_hang_is_drawn_where_it_happened_and_said_in_words(kernel):
+    body = "import torch, torch.distributed as dist\ndist.all_reduce(torch.ones(2))\nif dist.get_rank() != 1:\n    dist.barrier()\nelse:\n    import time; time.sleep(60)\n"
+    result, run = spawn_widget(kernel, body, options="-n 3 --backend gloo --timeout 4 --grace-period 2")
+    assert result.status == "error"
+    assert run.frozen is not None
+    record = run.frozen[MIME]
+    assert record["error"]["verdict"], record["error"]  # the hang's verdict stands
+    assert "ranks 0, 2 entered barrier #2; rank 1 never did" in record["xray"], record["xray"]
+
+
+def test_the_text_view_says_it_in_words(kernel):
+    result = execute(kernel.client, f"%%spawn -n 4 --backend gloo --view text\n{STRAGGLER}", timeout=120)
+    assert result.status == "ok", result.error_text
+    said = re.findall(r"^collectives: (.*)$", result.stdout, re.M)
+    assert len(said) == 1 and "rank 3 is the straggler" in said[0], result.stdout
+
+
+def test_a_cell_without_a_process_group_has_no_x_ray(kernel):
+    result, run = spawn_widget(kernel, "x = 1\n", options="-n 2")
+    assert result.status == "ok", result.error_text
+    assert run.frozen is not None and run.frozen[MIME]["xray"] is None
