@@ -314,7 +314,7 @@ def init_process_group(backend: str, rank: int) -> ModuleType | None:
         dist.init_process_group(backend, device_id=torch.device("cuda", device))
     else:
         dist.init_process_group(backend)
-    _say_joined(dist, rank)
+    _say_joined(dist)
     return dist
 
 
@@ -322,10 +322,10 @@ JOINED_KEY = "nbspawn/joined/{rank}"
 _joined: list[tuple[Any, int]] = []  # (the default group's store, world size), once this rank has joined
 
 
-def _say_joined(dist: ModuleType, rank: int) -> None:
+def _say_joined(dist: ModuleType) -> None:
     """Tell the peers this rank has its group, in the group's own store (one key, no collective)."""
     store = dist.distributed_c10d._get_default_store()
-    store.set(JOINED_KEY.format(rank=rank), b"1")
+    store.set(JOINED_KEY.format(rank=dist.get_rank()), b"1")  # its rank in the world (``rank``: on this node)
     _joined[:] = [(store, dist.get_world_size())]
 
 

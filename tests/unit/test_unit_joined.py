@@ -15,7 +15,7 @@ from nbspawn.ranks import _cell
 LATE = 1.0  # how long rank 1 takes to say it joined, after its group is made
 
 
-def _rank(rank: int, port: int, out: str, destroyed_by_the_cell: bool) -> None:
+def _rank(rank: int, port: int, out: str, destroyed_by_the_cell: bool, local: int | None = None) -> None:
     # the ranks join a store their launcher hosts, as nbspawn's ranks do (a rank that leaves takes no store along)
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", TORCHELASTIC_USE_AGENT_STORE="True"
@@ -23,13 +23,13 @@ def _rank(rank: int, port: int, out: str, destroyed_by_the_cell: bool) -> None:
     if rank == 1:  # a peer still busy making its group (gloo taking its connection) when rank 0 is done
         said = _cell._say_joined
 
-        def late(dist, rank):  # type: ignore[no-untyped-def]
+        def late(dist):  # type: ignore[no-untyped-def]
             time.sleep(LATE)
             Path(out, "1.joined").write_text(str(time.time()))
-            said(dist, rank)
+            said(dist)
 
         _cell._say_joined = late  # type: ignore[assignment]
-    dist = _cell.init_process_group("gloo", rank)
+    dist = _cell.init_process_group("gloo", rank if local is None else local)
     assert dist is not None
     if destroyed_by_the_cell:  # the cell destroyed the group itself: the wait still holds
         dist.destroy_process_group()
@@ -65,3 +65,22 @@ def test_a_rank_leaves_only_once_every_peer_said_it_joined(tmp_path: Path, destr
 def test_a_rank_that_never_made_a_group_does_not_wait() -> None:
     _cell._joined.clear()
     _cell.wait_until_every_peer_joined()  # returns at once: nothing to wait for
+
+
+def test_ranks_on_two_nodes_say_their_rank_in_the_world_not_on_their_node(tmp_path: Path) -> None:
+    """A cluster's nodes each have a local rank 0: each must say it joined as the world knows it, or
+    every rank waits for a rank 1 that never says so."""
+    distributed = pytest.importorskip("torch.distributed")
+    port = _free_port()
+    store = distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    context = multiprocessing.get_context("spawn")
+    ranks = [context.Process(target=_rank, args=(rank, port, str(tmp_path), False, 0)) for rank in range(2)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(30)
+    for process in ranks:
+        if process.is_alive():
+            process.kill()
+    del store
+    assert [process.exitcode for process in ranks] == [0, 0]
