@@ -97,6 +97,7 @@ def plan_world_cell(request: RunRequest, work: Cell, target: OnWorld, rich: bool
         shared=tuple(shared),
         grace=cspec.grace_period,
         on=on,
+        xray=cspec.xrayed,
     )
     return cspec, WorldCell(world, job, names_bound(tree))
 

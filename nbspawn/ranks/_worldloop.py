@@ -29,11 +29,11 @@ from typing import Any
 from .._rankdir import RankDir, prompts_path
 from .._source import CellSource
 from . import _cell as _rank
-from . import _children, _fds, _prompt, _stopped, _torchenv
+from . import _children, _fds, _prompt, _stopped, _torchenv, _xray
 from ._capture import finished, redirect_output
 from ._stackdump import open_stack_file
 from ._title import name_process, rank_title
-from ._watch import answer_where
+from ._watch import FR_ENTRIES, answer_where
 
 OK, RAISED, INTERRUPTED, EXITED = "ok", "raised", "interrupted", "exited"
 STARTED = "started"  # sent once the rank can be interrupted: the kernel holds SIGINT for it until then
@@ -55,6 +55,7 @@ class WorldJob:
     rank_offset: int = 0  # a cluster node's part of a world: its first global rank (directories are by global rank)
     on: frozenset[int] | None = None  # --on: the (global) ranks that run the cell; the others sit it out
     debug: int | None = None  # %spawn debug: this rank debugs the failure it kept (the others answer at once)
+    xray: bool = False  # the cell's collectives are recorded (--xray; ranks._xray)
 
     def rank_dir(self, rank: int) -> str:
         return os.path.join(self.run_dir, str(self.rank_offset + rank))
@@ -204,14 +205,14 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
     capture_output(between, spec.rich)
     signal.signal(signal.SIGINT, _ignore_interrupt)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # until there is something to drop (below)
-    stacks = _answer_stacks(between)
+    stacks = _answer_stacks(between, str(_xray.XRAY_FR_ENTRIES) if spec.xrayed else FR_ENTRIES)
     _prompt.install(spec.rank_offset + rank, None, None)  # each cell says where its prompts go
     _rank.prepare_rank(rank)
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     _children.install(namespace)  # the cells' definitions reach the rank's children by value
     own: set[str] = set()  # names world cells assigned in this rank
     group: list[Any] = []  # the default process group, made by the first cell
-    _stopped.install(lambda: let_go(namespace, _rank.SETTLE_AFTER_FAILURE, abort=True))
+    _stopped.install(lambda: _stopped_now(namespace))
     while True:
         try:
             job = conn.recv()
@@ -252,6 +253,13 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
     _rank._flush()
 
 
+def _stopped_now(namespace: dict[str, Any]) -> None:
+    """SIGTERM (the world stopped, lost, a cell's --timeout): the cell's collectives written down, then
+    what the rank holds let go."""
+    _xray.end()
+    let_go(namespace, _rank.SETTLE_AFTER_FAILURE, abort=True)
+
+
 def _serve(
     job: WorldJob, rank: int, spec: Any, namespace: dict[str, Any], own: set[str], group: list[Any], conn: Any
 ) -> tuple[str, int]:
@@ -272,6 +280,8 @@ def _serve(
             return OK, 0
         if not group:
             _join(group, spec.backend, rank)
+        if job.xray and group[0] is not None:  # from the cell's first collective: earlier cells' are not its
+            _xray.begin(spec.rank_offset + rank, rank_dir)
         _run(job, rank, namespace, own)
         # in step: every collective this rank queued has completed (an interrupt meanwhile is the cell's);
         # a CUDA error raised here is the cell's own, not an --out value's that could not be sent
@@ -292,6 +302,7 @@ def _serve(
         outcome = (INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RAISED), 1
     finally:
         signal.signal(signal.SIGINT, _ignore_interrupt)
+        _xray.end()
     keep_in_step(rank, job, namespace, own)
     return outcome
 
@@ -403,10 +414,10 @@ def _stacks_to(rank_dir: str, previous: Any) -> Any:
     return previous
 
 
-def _answer_stacks(rank_dir: str) -> Any:
+def _answer_stacks(rank_dir: str, recorder_entries: str = FR_ENTRIES) -> Any:
     """Once: this directory's stacks.log, the file faulthandler and the answer to SIGUSR1 (where the
     rank is: its stacks, its collectives) write to."""
     stack_file = open_stack_file(RankDir(rank_dir).stacks, "a")
     faulthandler.enable(file=stack_file, all_threads=True)
-    answer_where(stack_file)
+    answer_where(stack_file, recorder_entries)
     return stack_file

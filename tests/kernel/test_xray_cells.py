@@ -86,3 +86,15 @@ def test_a_cell_without_a_process_group_has_no_x_ray(kernel):
     result, run = spawn_widget(kernel, "x = 1\n", options="-n 2")
     assert result.status == "ok", result.error_text
     assert run.frozen is not None and run.frozen[MIME]["xray"] is None
+
+
+def test_each_cell_of_a_kept_world_has_the_x_ray_of_its_own_collectives(kernel):
+    body = "import torch, torch.distributed as dist\nt = torch.ones(3)\nfor _ in range({n}):\n    dist.{op}(t{extra})\n"
+    try:
+        _, first = spawn_widget(kernel, body.format(n=3, op="all_reduce", extra=""), options="-n 2 --backend gloo --world xw")
+        _, second = spawn_widget(kernel, body.format(n=2, op="broadcast", extra=", 0"), options="-n 2 --backend gloo --world xw")
+    finally:
+        ok(kernel, "%spawn stop xw")
+    assert first.frozen is not None and second.frozen is not None
+    assert first.frozen[MIME]["xray"].startswith("3 collectives"), first.frozen[MIME]["xray"]
+    assert second.frozen[MIME]["xray"].startswith("2 collectives"), second.frozen[MIME]["xray"]  # not the first cell's
