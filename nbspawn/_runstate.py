@@ -132,15 +132,17 @@ class Run:
     def __post_init__(self) -> None:
         self.display_items = DisplayItems(self.spec.max_image_bytes, {})
 
-    def read_xray(self) -> XRay | None:
+    def read_xray(self, live: bool = False) -> XRay | None:
         """What the ranks did together so far, from the records they write (``ranks._xray``): kept in
-        ``run.xray``; None for a run not X-rayed or one whose ranks ran no collective."""
+        ``run.xray``; None for a run not X-rayed or one whose ranks ran no collective.  ``live``: the
+        run goes on, so a collective some ranks entered and others not yet is in flight, not a hang
+        (a straggler is not hung: issue #41, L2); the hang watch says when one is."""
         if not self.spec.xrayed:
             return None
         records = read_records({state.rank: state.dir for state in self.ranks if self.spec.runs(state.rank)})
         if not records:
             return None
-        xray = analyse(records)
+        xray = analyse(records, in_flight=live)
         if xray.count:
             self.xray = xray
         return self.xray

@@ -77,7 +77,7 @@ export function parseOutputHtml(html: string): {
 } {
   const doc = new DOMParser().parseFromString(html, 'text/html');
   // the X-ray's drawing: shown only in a sandboxed frame without scripts (xray.ts)
-  const xray = doc.querySelector('div.nbspawn-xray')?.innerHTML ?? null;
+  const xray = doc.querySelector('div.nbspawn-xray')?.outerHTML ?? null;
   const tails: Record<string, Chunk[]> = {};
   const order = parseOrder(doc.querySelector('div.nbspawn-run')?.getAttribute('data-order') ?? null);
   for (const box of Array.from(doc.querySelectorAll('div.nbspawn-output[data-rank]'))) {

@@ -47,19 +47,22 @@ export function buildXRayTab(): HTMLElement {
       'data-tab': XRAY,
       title: 'What the ranks did together: every collective lined up across the ranks, who arrived last'
     },
-    h('span', { class: 'nbs-Tab-icon', 'aria-hidden': 'true' }, '\u2AF6'),
+    h('span', { class: 'nbs-Tab-icon', 'aria-hidden': 'true' }, '\u21C4'),
     'collectives'
   );
 }
 
-/** `:root{...}` with the page's values of the theme variables, as `from` sees them. */
-export function themeStyle(from: Element): string {
+/**
+ * `:root{...}` with the page's values of the theme variables (JupyterLab sets them on the body; a
+ * view drawn before it is attached would read none of its own).
+ */
+export function themeStyle(from: Element = document.body): string {
   const computed = getComputedStyle(from);
   const decls = THEME_VARS.map(name => {
     const value = computed.getPropertyValue(name).trim().replace(/[<>{};]/g, '');
     return value ? `${name}:${value};` : '';
   }).join('');
-  const dark = from.closest('[data-jp-theme-light="false"]') !== null;
+  const dark = document.body.dataset.jpThemeLight === 'false';
   return `<style>:root{${decls}color-scheme:${dark ? 'dark' : 'light'}}body{margin:0;background:transparent;}</style>`;
 }
 
@@ -83,7 +86,7 @@ export class XRayPanel {
     frame.setAttribute('sandbox', 'allow-same-origin'); // lets this page size it; nothing in it runs
     frame.setAttribute('referrerpolicy', 'no-referrer');
     frame.setAttribute('title', 'collectives X-ray');
-    frame.srcdoc = `<!doctype html><html><head><meta charset="utf-8">${themeStyle(this.node)}</head><body>${html}</body></html>`;
+    frame.srcdoc = `<!doctype html><html><head><meta charset="utf-8">${themeStyle()}</head><body>${html}</body></html>`;
     frame.addEventListener('load', () => {
       const body = frame.contentDocument?.body;
       if (!body) {

@@ -133,8 +133,10 @@ def read_records(rank_dirs: Mapping[int, str]) -> dict[int, dict[str, Any]]:
     return records
 
 
-def analyse(records: Mapping[int, Mapping[str, Any]]) -> XRay:
-    """The ranks' records (rank -> its ``xray.json``, read back) side by side."""
+def analyse(records: Mapping[int, Mapping[str, Any]], in_flight: bool = False) -> XRay:
+    """The ranks' records (rank -> its ``xray.json``, read back) side by side.  ``in_flight``: the
+    ranks are still running, so no collective is called never entered (those not entered by all are
+    on their way)."""
     ranks = tuple(sorted(records))
     members = _members(records)
     full = _full_entries(records)
@@ -152,7 +154,7 @@ def analyse(records: Mapping[int, Mapping[str, Any]]) -> XRay:
     count = sum(_collectives_in(records, pg) for pg in members)
     total_bytes = sum(int(group.get("bytes", 0)) for rec in records.values() for group in rec.get("groups", {}).values())
     mismatches = tuple(m for m in (_mismatch(key, marks) for key, marks in sorted(full.items())) if m is not None)
-    never = tuple(_never_entered(records, members, full))
+    never = () if in_flight else tuple(_never_entered(records, members, full))
     pairs, unpaired = _pairs(records, members)
     unrecorded = {rank: sum(int(g.get("unrecorded", 0)) for g in rec.get("groups", {}).values()) for rank, rec in records.items()}
     lost = {rank: int(rec.get("lost", 0)) for rank, rec in records.items()}

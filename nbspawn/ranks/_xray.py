@@ -4,8 +4,9 @@ torch's flight recorder keeps a ring of the last ``TORCH_FR_BUFFER_SIZE`` collec
 its process groups together); a collective that falls off the ring is gone.  :class:`Drainer` is a daemon
 thread that empties the ring before it wraps.  Every :data:`POLL_EVERY` it asks the recorder only for
 its groups' status (how many collectives were enqueued: ~5 µs), and it dumps the whole ring (torch
-gives its entries no other way: ~15 µs an entry read back, measured unloaded) only when it is nearly
-full: :data:`XRAY_FR_ENTRIES` less a headroom of :data:`HEADROOM_SECONDS` of collectives at the rate
+gives its entries no other way: ~15 µs an entry read back, measured unloaded) when it is nearly
+full (and, for the live view, every :data:`LIVE_EVERY` at the most, never so often that those drains
+take over :data:`LIVE_SHARE` of the rank's time): :data:`XRAY_FR_ENTRIES` less a headroom of :data:`HEADROOM_SECONDS` of collectives at the rate
 seen (at least :data:`MIN_HEADROOM`).  So each entry is read about once (a drain costs the whole
 ring, the rarer the cheaper), and nothing is lost unless more than the headroom comes while a poll
 and a drain go by; what is lost anyway is counted (gaps in the recorder's ``record_id``), never
@@ -58,6 +59,8 @@ MIN_HEADROOM = 256  # entries a drain leaves free in the ring at the least
 HEADROOM_SECONDS = 0.25  # and, at the rate collectives come, this long's worth
 POLL_EVERY = 0.01  # seconds between looks at the groups' status
 WRITE_EVERY = 2.0  # seconds between writes of the record while it changes
+LIVE_EVERY = 2.0  # seconds between drains for the live view, at the most often (else only a nearly full ring drains)
+LIVE_SHARE = 0.01  # and never so often that those drains take more than this share of the rank's time
 KEPT_FULL = 256  # the first and the last collectives kept in full
 MAX_BUCKETS = 4096  # a group's timeline buckets before pairs are merged
 MAX_GROUPS = 64  # groups with a timeline; more are counted in the aggregates only
@@ -326,6 +329,8 @@ class Drainer:
         self.written_at = 0.0
         self.drains = 0
         self.drain_seconds = 0.0
+        self.last_drain_cost = 0.0
+        self.drained_when = time.monotonic()
         self._lock = threading.Lock()  # a drain at stop() and one on the thread never interleave
         self._stop = threading.Event()
         self._done = threading.Event()
@@ -352,10 +357,16 @@ class Drainer:
         if now > seen_at:
             self.rate = 0.7 * self.rate + 0.3 * max(0, count - seen) / (now - seen_at)
         self._seen = (count, now)
-        if count - self.drained_at >= self.drain_at():
+        if count - self.drained_at >= self.drain_at() or self._live_drain_due(count, now):
             self.drain()
         if time.monotonic() - self.written_at >= WRITE_EVERY and self.written_count != self.log.count:
             self.write()
+
+    def _live_drain_due(self, count: int, now: float) -> bool:
+        """A drain for the live view: something new, :data:`LIVE_EVERY` since the last drain, and at
+        least a hundred times the last drain's cost (a full ring takes ~60 ms to read back: then every
+        6 s), so what the view costs the rank stays under :data:`LIVE_SHARE`."""
+        return count != self.drained_at and now - self.drained_when >= max(LIVE_EVERY, self.last_drain_cost / LIVE_SHARE)
 
     def drain_at(self) -> int:
         """New entries that make a drain: as many as the ring holds, less what could come while a
@@ -372,7 +383,9 @@ class Drainer:
             self.log.note_config(dump.get("pg_config") or {})
             fresh = self.log.add_entries(dump.get("entries") or [])
             self.drains += 1
-            self.drain_seconds += time.perf_counter() - began
+            self.last_drain_cost = time.perf_counter() - began
+            self.drain_seconds += self.last_drain_cost
+            self.drained_when = time.monotonic()
             return fresh
 
     def write(self) -> None:

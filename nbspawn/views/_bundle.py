@@ -270,7 +270,7 @@ def to_html(record: RunRecord, outputs: dict[int, list[Entry]], xray: str = "") 
         )
     if xray:
         parts.append(
-            f'<details data-xray open><summary><b>collectives</b></summary><div class="nbspawn-xray">{xray}</div></details>'
+            f"<details data-xray open><summary><b>collectives</b></summary>{xray}</details>"  # xray: a div.nbspawn-xray
         )
     parts.append("</div>")
     return "".join(parts)

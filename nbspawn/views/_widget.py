@@ -186,7 +186,7 @@ class WidgetView(RunView):
             self._xray_read_at = time.monotonic()
             before = run.xray
             with contextlib.suppress(Exception):  # a record being replaced: the next read has it
-                run.read_xray()
+                run.read_xray(live=True)
             self.dirty |= run.xray is not before
         if time.monotonic() - self.last_flush >= FLUSH_SECONDS:
             self._flush(run)

@@ -39,7 +39,7 @@ def test_a_straggler_is_named_in_the_saved_view_in_words_and_drawn(kernel):
     # last at the 6 all_reduces it was late for (and maybe at the broadcast it came to from the last one)
     assert re.search(r"rank 3 arrived last at [678] of them", words) and words.endswith("rank 3 is the straggler"), words
     html = run.frozen["text/html"]
-    assert '<div class="nbspawn-xray">' in html and "<script" not in html.lower()
+    assert '<div class="nbspawn-xray"' in html and "<script" not in html.lower()
     assert f"collectives: {words}" in run.frozen["text/plain"]
 
 
@@ -49,9 +49,13 @@ def test_the_live_widget_draws_the_x_ray_while_the_cell_runs(kernel):
     body = "import time, torch, torch.distributed as dist\nt = torch.ones(2)\nfor _ in range(50):\n    dist.all_reduce(t)\n    time.sleep(0.1)\n"
     result, run = spawn_widget(kernel, body, options="-n 2 --backend gloo")
     assert result.status == "ok", result.error_text
-    drawn = [update["xray_html"] for update in run.updates if update.get("xray_html")]
-    assert drawn, "the live widget never got the X-ray's drawing"
     assert run.state.get("xray_html", "") == ""  # nothing before a rank wrote a record
+    drawn = [i for i, update in enumerate(run.updates) if update.get("xray_html")]
+    ended = [
+        i for i, update in enumerate(run.updates) if update.get("header", {}).get("status") not in (None, "starting", "running")
+    ]
+    assert drawn and ended, (drawn, ended)
+    assert drawn[0] < ended[0], "the live widget got the X-ray's drawing only once the cell was over"
 
 
 def test_xray_off_records_nothing_and_keeps_the_small_ring(kernel):

@@ -180,3 +180,10 @@ def test_a_kept_worlds_later_cell_records_its_own_collectives_only():
     assert log.lost == 0  # the ring's older records are not lost ones
     assert log.groups["0"].unrecorded == 1  # op 7, a send or recv of this cell
     assert analyse({0: log.as_json()}).count == 2  # #6 and #7, not the world's seven
+
+
+def test_a_collective_not_yet_entered_by_all_while_the_ranks_run_is_in_flight_not_a_hang():
+    hang = records("hang")
+    assert analyse(hang).never_entered  # the run is over: rank 3 never entered
+    live = analyse(hang, in_flight=True)
+    assert live.never_entered == () and "never" not in live.summary

@@ -1,0 +1,113 @@
+"""The collectives X-ray in real JupyterLab, light and dark (issue #43): a "collectives" tab beside the
+rank tabs, live while the cell runs and in the saved view, drawing a lane per rank with the straggler
+marked, in a frame that runs nothing and is coloured as the page is.
+
+Screenshots go to test-artifacts/browser/ (NBSPAWN_TEST_ARTIFACTS overrides).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from lab_harness import (
+    NEEDS_WIDGET,
+    Page,
+    frozen_run,
+    live_view,
+    open_with_nbspawn,
+    run_cell,
+    serve,
+    shot,
+    write_notebook,
+    write_settings,
+)
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(600), NEEDS_WIDGET]
+
+# rank 3 comes late to every all_reduce for about 6 s: the live view has its X-ray before the end
+STRAGGLER = """\
+%%spawn -n 4 --backend gloo
+import time, torch, torch.distributed as dist
+t = torch.ones(4, 8)
+for step in range(30):
+    if dist.get_rank() == 3:
+        time.sleep(0.2)
+    dist.all_reduce(t)
+dist.broadcast(t, 0)
+dist.all_gather([torch.zeros(4, 8) for _ in range(4)], t)
+"""
+
+# what the frame draws, read through the frame (allow-same-origin lets the page read it; nothing runs in it)
+DRAWN = """tab => {
+  const frame = tab.querySelector('iframe.nbs-XRay-frame');
+  const doc = frame && frame.contentDocument;
+  const svg = doc && doc.querySelector('svg');
+  if (!svg) return null;
+  const box = frame.getBoundingClientRect();
+  const drawing = getComputedStyle(doc.querySelector('[data-xray]'));
+  return {
+    width: box.width, height: box.height, text: doc.body.innerText,
+    marks: svg.querySelectorAll('rect, line, path').length,
+    scripts: doc.querySelectorAll('script').length, sandbox: frame.getAttribute('sandbox'),
+    colour: drawing.color, dark: getComputedStyle(doc.documentElement).colorScheme,
+  };
+}"""
+
+
+def _write(root: Path) -> None:
+    for theme in ("light", "dark"):
+        write_notebook(root, f"xray-{theme}.ipynb", ["%load_ext nbspawn", STRAGGLER])
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    yield from serve("lab", tmp_path_factory.mktemp("xray-lab"), _write)
+
+
+def _collectives(view, pg) -> dict:
+    view.locator(".nbs-Tab-xray").click()
+    panel = view.locator(".nbs-XRay")
+    panel.wait_for(state="visible", timeout=10_000)
+    pg.wait_for_function(f"el => ({DRAWN})(el) !== null", arg=panel.element_handle(), timeout=60_000)
+    pg.wait_for_timeout(500)  # the frame sized to its drawing
+    return panel.evaluate(DRAWN)
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_the_collectives_tab_draws_the_straggler_live_and_saved(lab, browser, artifacts, theme):
+    settings = lab.root.parent / "home" / "settings"
+    write_settings(settings, theme="JupyterLab Dark" if theme == "dark" else "JupyterLab Light")
+    try:
+        with Page(browser, width=1200, height=1100, color_scheme=theme) as p:
+            pg = p.page
+            cells = open_with_nbspawn(pg, lab, f"xray-{theme}.ipynb")
+            pg.wait_for_function(
+                f"document.body.dataset.jpThemeLight === '{'false' if theme == 'dark' else 'true'}'", timeout=30_000
+            )
+            cell = cells.nth(1)
+            run_cell(pg, cell)
+            view = live_view(cell, widget=True)
+            view.locator(".nbs-Tab-xray").wait_for(timeout=60_000)  # once the ranks' first records are read
+            live = _collectives(view, pg)
+            shot(view, artifacts, f"xray-{theme}-live.png", unhover=True)
+            assert live["sandbox"] == "allow-same-origin" and live["scripts"] == 0, live
+            assert live["width"] > 400 and live["height"] > 100 and live["marks"] > 10, live
+            assert all(f"rank {r}" in live["text"] for r in range(4)), live["text"]
+
+            saved = frozen_run(cell, timeout=120_000)
+            drawn = _collectives(saved, pg)
+            shot(saved, artifacts, f"xray-{theme}-saved.png", unhover=True)
+            assert "rank 3 is the straggler" in drawn["text"], drawn["text"]
+            assert drawn["scripts"] == 0 and drawn["marks"] > 30, drawn
+            # the drawing's text in the page's theme: dark on light, light on dark
+            red, green, blue = (int(c) for c in re.findall(r"\d+", drawn["colour"])[:3])
+            assert (red + green + blue > 3 * 128) == (theme == "dark"), drawn["colour"]
+            assert drawn["dark"] == theme, drawn
+            # back to a rank: its pane again, the X-ray hidden
+            saved.locator(".nbs-Chip[data-rank='3']").click()
+            saved.locator(".nbs-Pane[data-rank='3']").wait_for(timeout=10_000)
+            assert saved.locator(".nbs-XRay").is_hidden()
+    finally:
+        write_settings(settings)
