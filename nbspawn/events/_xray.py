@@ -181,7 +181,7 @@ def summary(xray: XRay) -> str:
     """The run in words: "412 collectives, 38 MB moved; rank 3 arrived last at 390 of them, 14 ms late
     on average: rank 3 is the straggler", then what went wrong, a sentence each."""
     parts = [f"{xray.count} collective{'s' if xray.count != 1 else ''}, {_size(xray.bytes)} moved"]
-    if xray.last_at:
+    if any(xray.last_at.values()):
         top = max(xray.last_at, key=lambda rank: (xray.last_at[rank], -rank))
         late_ms = xray.mean_late_s.get(top, 0.0) * 1000
         text = f"rank {top} arrived last at {xray.last_at[top]} of them, {late_ms:.0f} ms late on average"
@@ -232,8 +232,12 @@ def _members(records: Mapping[int, Mapping[str, Any]]) -> dict[str, tuple[int, .
     records name the group."""
     members: dict[str, set[int]] = {}
     for rank, record in records.items():
-        for pg in record.get("groups", {}):
+        for pg, group in record.get("groups", {}).items():
             members.setdefault(pg, set()).add(rank)
+            if isinstance(group, Mapping) and group.get("desc") == "default_pg":
+                # every rank is in the default group, those that recorded none of its collectives too (a
+                # rank that never came to the first barrier); gloo's recorder names its config "", not "0"
+                members[pg].update(records)
         for pg, listed in (record.get("group_ranks") or {}).items():
             if listed and pg in members:
                 members[pg].update(int(r) for r in listed)

@@ -365,7 +365,9 @@ class TextView(RunView):
         for rank in range(run.nprocs):
             self._flush_rank(rank)
         self._render(force=True)
-        if run.xray is not None:  # what the ranks did together, in words (a terminal draws no lanes)
+        # what the ranks did together, in words (a terminal draws no lanes); a background run's end is not
+        # said in whatever cell runs then: run.xray has it
+        if run.xray is not None and not run.background:
             self._emit("stdout", f"collectives: {run.xray.summary}\n")
         for stream in sorted(self._wrote):
             with contextlib.suppress(OSError, ValueError):

@@ -187,3 +187,21 @@ def test_a_collective_not_yet_entered_by_all_while_the_ranks_run_is_in_flight_no
     assert analyse(hang).never_entered  # the run is over: rank 3 never entered
     live = analyse(hang, in_flight=True)
     assert live.never_entered == () and "never" not in live.summary
+
+
+def test_a_rank_that_recorded_nothing_never_entered_the_default_groups_first_collective():
+    """Rank 1 never came to the first barrier: its record has no group, and gloo's recorder names the
+    default group's config "" where its entries say "0" (records as torch 2.13 wrote them)."""
+    rank0 = {
+        "rank": 0,
+        "groups": {
+            "0": {"desc": "default_pg", "count": 1, "bytes": 0, "ops": {"barrier": [1, 0]}, "first_seq": 1, "last_seq": 1}
+        },
+        "group_ranks": {"": [0, 1]},
+        "head": [],
+        "tail": [],
+    }
+    rank1 = {"rank": 1, "groups": {}, "group_ranks": {"": [0, 1]}, "head": [], "tail": []}
+    xray = analyse({0: rank0, 1: rank1})
+    assert [(n.entered, n.absent, n.seq) for n in xray.never_entered] == [((0,), (1,), 1)]
+    assert xray.summary == "1 collective, 0 B moved. rank 0 entered a collective #1; rank 1 never did"
