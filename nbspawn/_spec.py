@@ -100,8 +100,9 @@ class RunSpec:
     @property
     def xrayed(self) -> bool:
         """Whether the ranks record this cell's collectives (``ranks._xray``): ``--xray`` (on by
-        default) and a process group nbspawn makes (a program makes its own)."""
-        return self.xray and self.backend != "none" and self.program is None
+        default), in the group nbspawn makes (``--backend``) or the ones the cell makes itself; a
+        program's are its own."""
+        return self.xray and self.program is None
 
     def runs(self, rank: int) -> bool:
         """Whether the rank (its index on this node, as in ``rank_dir``) runs the cell (``--on``)."""

@@ -175,7 +175,7 @@ def _run_cell(spec: RunSpec, rank: int, inherited: Inherited | None, namespace: 
     _children.install(namespace)  # the cell's definitions reach the rank's children by value
     code, last = inherited.compiled if inherited is not None else spec.cell.compile()
     dist = init_process_group(spec.backend, rank)
-    if dist is not None and spec.xrayed:
+    if spec.xrayed:  # also a cell that makes its own group (init_process_group() in it): the drainer finds it
         _xray.begin(spec.rank_offset + rank, spec.rank_dir(rank))
     execute_cell(code, last, namespace, lambda exc: write_error(spec.rank_dir(rank), spec.cell, exc))
     _flush()

@@ -280,7 +280,7 @@ def _serve(
             return OK, 0
         if not group:
             _join(group, spec.backend, rank)
-        if job.xray and group[0] is not None:  # from the cell's first collective: earlier cells' are not its
+        if job.xray:  # from the cell's first collective, in nbspawn's group or its own: earlier cells' are not its
             _xray.begin(spec.rank_offset + rank, rank_dir)
         _run(job, rank, namespace, own)
         # in step: every collective this rank queued has completed (an interrupt meanwhile is the cell's);

@@ -102,3 +102,16 @@ def test_each_cell_of_a_kept_world_has_the_x_ray_of_its_own_collectives(kernel):
     assert first.frozen is not None and second.frozen is not None
     assert first.frozen[MIME]["xray"].startswith("3 collectives"), first.frozen[MIME]["xray"]
     assert second.frozen[MIME]["xray"].startswith("2 collectives"), second.frozen[MIME]["xray"]  # not the first cell's
+
+
+def test_a_cell_that_makes_its_own_group_has_its_x_ray_too(kernel):
+    """The README's first cell: no --backend, init_process_group() in the cell."""
+    body = (
+        "import torch, torch.distributed as dist\n"
+        'dist.init_process_group("gloo")\n'
+        "t = torch.tensor([dist.get_rank() + 1.0])\n"
+        "dist.all_reduce(t)\n"
+    )
+    result, run = spawn_widget(kernel, body, options="-n 4")
+    assert result.status == "ok", result.error_text
+    assert run.frozen is not None and run.frozen[MIME]["xray"].startswith("1 collective, 16 B moved"), run.frozen[MIME]
