@@ -396,8 +396,11 @@ class Drainer:
             count = self.log.count
         tmp = self.path + ".tmp"
         try:
+            # dumps, not dump: dump's pure-Python encoder leaves reference cycles (its closures) for the
+            # collector, and a world's rank must leave none behind a cell (test_worlds)
+            text = json.dumps(record, separators=(",", ":"))
             with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(record, fh, separators=(",", ":"))
+                fh.write(text)
             os.replace(tmp, self.path)
         except OSError:
             return
