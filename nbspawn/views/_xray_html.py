@@ -390,7 +390,8 @@ class _Picture:
                     codes.pop()  # the code of what went wrong before its neighbour's
                     code_right = -1e9
                 if left >= code_right + 2:
-                    codes.append(f'<text x="{left:.0f}" y="{self.top - 3}">{_e(code)}</text>')
+                    red = f' style="fill:{ERROR};font-weight:bold"' if mismatch or never else ""
+                    codes.append(f'<text x="{left:.0f}" y="{self.top - 3}"{red}>{_e(code)}</text>')
                     code_right = left + CHAR_W * len(code)
         for never in self.xray.never_entered:
             key = (never.pg, never.seq)
@@ -540,7 +541,7 @@ class _Picture:
             out.append(
                 f'<text data-xray-problem="{kind}" x="{anchor_x:.0f}" y="{y}" style="fill:{ERROR};font-weight:bold"><title>{_e(full)}</title>'
                 f"{_e(shown)}</text>"
-                f'<path d="M{x + MARK_W / 2:.0f} {y + 3}V{self.lanes_top}" style="stroke:{ERROR};stroke-width:1;'
+                f'<path d="M{x + MARK_W / 2:.0f} {y + 3}V{self.top - CODE_H + 2}" style="stroke:{ERROR};stroke-width:1;'
                 'stroke-dasharray:2 2"/>'
             )
         return "".join(out)
