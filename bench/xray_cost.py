@@ -13,6 +13,10 @@ Rows, run alternately in each round so that the machine's load falls on all alik
 Columns: the cell's wall time (the slowest rank's, median of the rounds), its ratio to the baseline,
 the drain thread's own time (summed over the ranks, its share of the cell's wall time × ranks), drains
 per rank, and entries lost off the ring (must be 0).  The issue's target: ≤ 3 % slower.
+
+Then the same cell through nbspawn (``launch()``, the text view), ``--xray off`` against ``on``: the
+run's wall time, and the kernel's CPU time (every thread of this process) over the run's wall time.
+The issue's target: the kernel's CPU for the X-ray ≤ 5 % of the cell's wall time.
 """
 
 from __future__ import annotations
@@ -106,6 +110,34 @@ def main() -> None:
         lost = sum(r["lost"] for r in drained)
         print(f"{name:<22} {wall[name]:>8.3f} {wall[name] / base:>8.3f} {drain_s:>8.3f} {share:>7.1f}% {drains:>7} {lost:>5}")
     sys.stdout.flush()
+    through_nbspawn(args)
+
+
+CELL = """import torch, torch.distributed as dist
+t = torch.ones({numel})
+for _ in range({n}):
+    dist.all_reduce(t)
+"""
+
+
+def through_nbspawn(args: argparse.Namespace) -> None:
+    from nbspawn import launch
+
+    cell = CELL.format(numel=args.numel, n=args.n)
+    rows: dict[str, list[tuple[float, float]]] = {"--xray off": [], "--xray on": []}
+    for _round in range(args.rounds):
+        for name in rows:
+            cpu = time.process_time()
+            run = launch(cell, nprocs=args.world, backend="gloo", xray=name.split()[-1], start_method="fork")
+            rows[name].append((run.duration or 0.0, time.process_time() - cpu))
+            assert (run.xray is not None) == name.endswith("on")
+    print(f"\nthrough nbspawn (launch(), fork), median of {args.rounds} rounds")
+    print(f"{'row':<22} {'run s':>8} {'vs off':>8} {'kernel cpu s':>13} {'cpu % of run':>13}")
+    base = statistics.median(wall for wall, _cpu in rows["--xray off"])
+    for name, results in rows.items():
+        wall = statistics.median(w for w, _c in results)
+        cpu = statistics.median(c for _w, c in results)
+        print(f"{name:<22} {wall:>8.3f} {wall / base:>8.3f} {cpu:>13.3f} {100 * cpu / wall:>12.1f}%")
 
 
 if __name__ == "__main__":
