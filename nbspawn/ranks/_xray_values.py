@@ -183,7 +183,8 @@ class ValuesLog:
         count = int(tensor.numel())
         if count <= MAX_ELEMENTS and self.numbers + count <= MAX_NUMBERS:
             with contextlib.suppress(Exception):  # a meta or sparse tensor, a dtype .tolist() cannot read
-                found["values"] = _plain(tensor.detach().tolist())
+                values = tensor.detach().tolist()
+                found["values"] = _plain(values) if tensor.is_complex() else values
                 self.numbers += count
         return found
 
@@ -243,6 +244,9 @@ def _wrapper(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def recorded(*args: Any, **kwargs: Any) -> Any:
         log = _current
         if log is None or _inside.depth:
+            return original(*args, **kwargs)
+        if len(log.calls) >= MAX_CALLS:  # past the bound: counted only, at the least cost
+            log.beyond += 1
             return original(*args, **kwargs)
         bound = _Bound(positions, args, kwargs)
         call = None
