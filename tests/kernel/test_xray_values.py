@@ -97,3 +97,57 @@ def test_a_kept_worlds_next_cell_has_torchs_own_functions_back(tmp_path):
     assert second.xray is not None and second.xray.values == ()
     read = [Path(state.stdout_path).read_text().split() for state in (first.ranks[0], second.ranks[0])]
     assert read == [["True"], ["False"]]
+
+
+EVERY_KIND = """\
+import torch, torch.distributed as dist
+r = dist.get_rank()
+dist.broadcast(torch.tensor([float(r)]), 2)
+dist.all_gather([torch.zeros(1) for _ in range(4)], torch.tensor([r * 1.0]))
+dist.gather(torch.tensor([r + 0.5]), [torch.zeros(1) for _ in range(4)] if r == 0 else None, dst=0)
+dist.scatter(torch.zeros(1), [torch.tensor([i * 10.0]) for i in range(4)] if r == 1 else None, src=1)
+dist.all_to_all_single(torch.zeros(4), torch.arange(4.0) + 10 * r)
+pair = dist.new_group([0, 1])
+if r < 2:
+    dist.all_reduce(torch.tensor([5.0 + r]), group=pair, op=dist.ReduceOp.MAX)
+if r == 0:
+    dist.send(torch.tensor([7.0]), 1)
+    dist.isend(torch.tensor([8.0]), 1).wait()
+elif r == 1:
+    dist.recv(torch.zeros(1), 0)
+    dist.irecv(torch.zeros(1), 0).wait()
+dist.barrier()
+"""
+
+
+@pytest.mark.timeout(180)
+def test_every_kind_of_call_a_subgroup_and_sends(tmp_path):
+    run = launch(EVERY_KIND, nprocs=4, backend="gloo", xray="values", log_dir=str(tmp_path))
+    assert run.xray is not None
+    rows = {(row.op, row.group if row.group != "0" else "", row.seq): row for row in run.xray.values}
+
+    def said(row, side):
+        return {rank: values_of(value) for rank, value in getattr(row, side).items()}
+
+    assert said(rows["broadcast", "", 1], "outputs") == {r: [2.0] for r in range(4)}
+    assert rows["broadcast", "", 1].detail == "src 2"
+    assert said(rows["all_gather", "", 2], "outputs")[3] == [
+        {"shape": [1], "dtype": "float32", "values": [float(r)]} for r in range(4)
+    ]
+    assert said(rows["gather", "", 3], "outputs") == {
+        0: [{"shape": [1], "dtype": "float32", "values": [r + 0.5]} for r in range(4)],
+        1: None,
+        2: None,
+        3: None,
+    }
+    assert said(rows["scatter", "", 4], "outputs") == {r: [10.0 * r] for r in range(4)}
+    assert said(rows["all_to_all_single", "", 5], "outputs")[2] == [2.0, 12.0, 22.0, 32.0]
+    (subgroup,) = [row for row in run.xray.values if row.group not in ("", "0") and row.op == "all_reduce"]
+    assert (subgroup.seq, subgroup.detail, said(subgroup, "outputs")) == (1, "max", {0: [6.0], 1: [6.0]})
+    sent = [row for row in run.xray.values if row.op == "send/recv"]
+    assert [(row.detail, said(row, "inputs"), said(row, "outputs")) for row in sent] == [
+        ("0→1", {0: [7.0]}, {1: [7.0]}),
+        ("0→1", {0: [8.0]}, {1: None}),  # gloo's irecv has no future: its output is not read, and it says so
+    ]
+    assert any("no future" in note for note in sent[1].notes)
+    assert rows["barrier", "", 6].inputs == {r: None for r in range(4)}
