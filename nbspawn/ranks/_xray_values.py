@@ -227,7 +227,7 @@ class _Bound:
 
 _current: ValuesLog | None = None  # this rank's, while a cell with --xray values runs
 _path: str = ""
-_originals: dict[str, Callable[..., Any]] = {}  # the names replaced, and what they were
+_originals: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}  # name replaced -> (torch's, the wrapper)
 
 
 class _Inside(threading.local):
@@ -282,8 +282,9 @@ def begin(rank: int, rank_dir: str) -> None:
             original = getattr(dist, op, None)
             if original is None or getattr(original, "__nbspawn_xray_values__", False):
                 continue
-            _originals[op] = original
-            setattr(dist, op, _wrapper(op, original))
+            wrapper = _wrapper(op, original)
+            _originals[op] = (original, wrapper)
+            setattr(dist, op, wrapper)
         _current, _path = ValuesLog(rank, dist), os.path.join(rank_dir, XRAY_VALUES)
 
 
@@ -297,8 +298,8 @@ def end() -> None:
 
         dist = sys.modules.get("torch.distributed")
         while _originals:
-            op, original = _originals.popitem()
-            if dist is not None:
+            op, (original, wrapper) = _originals.popitem()
+            if dist is not None and getattr(dist, op, None) is wrapper:  # a name the cell set itself stays its own
                 setattr(dist, op, original)
     if log is None:
         return
