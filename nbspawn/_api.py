@@ -52,7 +52,7 @@ def launch(
     background: bool = False,
     debug_collectives: bool = False,
     pdb: bool = False,
-    xray: bool | str = ROW["xray"].default,
+    xray: bool | str = ROW["xray"].default,  # True/False, or "on", "off", "values"
     echo: bool = False,
     view: RunView | None = None,
     check: bool = True,

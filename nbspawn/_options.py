@@ -37,6 +37,7 @@ StartMethod = Literal["fork", "spawn", "forkserver", "auto"]  # auto: this machi
 Backend = Literal["none", "gloo", "nccl", "auto"]  # auto: nccl where every rank has a GPU
 Accelerator = Literal["auto", "tpu", "none"]  # auto: tpu where torch_xla finds chips (nbspawn._tpu)
 ViewChoice = Literal["auto", "widget", "text"]  # auto: the widget in a Jupyter kernel, else text
+XrayMode = Literal["on", "off", "values"]  # values: on, and the values of small tensors too (ranks._xray_values)
 
 FLAG, CALL, CONFIG = "flag", "call", "config"
 EVERY_DOOR = frozenset({FLAG, CALL, CONFIG})
@@ -250,17 +251,18 @@ def parse_backend(backend: str | None) -> Backend:
     return cast(Backend, name)
 
 
-XRAY_CHOICES = ("on", "off")
+XRAY_CHOICES = ("on", "off", "values")
 
 
-def parse_xray(value: str | bool | None) -> bool:
-    """``--xray``: on (the default) or off; ``launch(xray=True/False)`` too."""
+def parse_xray(value: str | bool | None) -> XrayMode:
+    """``--xray``: on (the default), off, or values (on, and each rank's small tensors before and after
+    each collective, for teaching); ``launch(xray=True/False)`` too (on and off)."""
     if isinstance(value, bool):
-        return value
+        return "on" if value else "off"
     name = ("on" if value is None else str(value)).strip().lower()
     if name not in XRAY_CHOICES:
-        raise SpawnUsageError(f"--xray must be on or off, not {value!r}")
-    return name == "on"
+        raise SpawnUsageError(f"--xray must be on, off or values, not {value!r}")
+    return cast(XrayMode, name)
 
 
 def parse_world_name(name: str | None) -> str | None:
@@ -406,16 +408,17 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "xray",
         ("--xray",),
-        "on|off",
+        "on|off|values",
         "the collectives X-ray: each rank's collectives (op, group, sequence number, shapes, bytes) read from torch's "
         "flight recorder, lined up across ranks beside the rank tabs, with who arrived last, mismatched calls and "
-        "collectives a rank never entered, for a cell run with --backend (default on; off: no recorder thread in the ranks)",
+        "collectives a rank never entered, for a cell run with --backend (default on; off: no recorder thread in the ranks; "
+        "values: on, and each rank's input and output of its first 200 collectives, for tensors of 64 elements or fewer)",
         "cell",
         default="on",
         read=parse_xray,
         doors=EVERY_DOOR,
         trait="choice",
-        trait_help="The collectives X-ray of every run with a process group: on or off.",
+        trait_help="The collectives X-ray of every run with a process group: on, off or values.",
     ),
     Option(
         "start_method",

@@ -8,6 +8,8 @@ torch elastic's layout (``stdout.log``, ``stderr.log``, ``error.json``), plus wh
 * ``out.pickle``: the ``--out`` values the rank sends home;
 * ``collectives.json``: its recent collectives, written when the kernel asked where it is (``ranks._watch``);
 * ``xray.json``: the bounded record of every collective of the run, when it is X-rayed (``ranks._xray``);
+* ``xray_values.json``: with ``--xray values``, its small tensors before and after each of its first
+  collectives, written at the cell's end (``ranks._xray_values``);
 * ``nccl_trace_<global rank>``: NCCL's flight-recorder dump when its watchdog times a collective out (torch
   writes it to ``TORCH_FR_DUMP_TEMP_FILE`` + the rank; ``nbspawn._cuda.dump_file_env``);
 * ``interrupt``: a kept world's rank only, made by the kernel just before it interrupts the rank's cell
@@ -34,6 +36,7 @@ ORDER = "order.bin"
 OUT = "out.pickle"
 COLLECTIVES = "collectives.json"
 XRAY = "xray.json"
+XRAY_VALUES = "xray_values.json"
 ANSWERS = "answers.fifo"
 NCCL_TRACE = "nccl_trace_"  # the prefix torch's NCCL dump is given: it adds the global rank
 PROMPTS = "prompts.fifo"  # in the run directory, one for all its ranks
@@ -98,6 +101,10 @@ class RankDir:
         return self.file(XRAY)
 
     @property
+    def xray_values(self) -> str:
+        return self.file(XRAY_VALUES)
+
+    @property
     def answers(self) -> str:
         return self.file(ANSWERS)
 
@@ -117,8 +124,9 @@ def remove_partial_writes(rank_dirs: list[str]) -> None:
             os.unlink(os.path.join(rank_dir, COLLECTIVES + ".tmp"))
         except OSError:  # none (the usual case), or the directory was never made
             pass
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(rank_dir, XRAY + ".tmp"))
+        for written in (XRAY, XRAY_VALUES):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(rank_dir, written + ".tmp"))
 
 
 def remove_if_empty(run_dir: str) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from ._options import OPTIONS, ROW, Accelerator, Backend, StartMethod, ViewChoice
+from ._options import OPTIONS, ROW, Accelerator, Backend, StartMethod, ViewChoice, XrayMode
 from ._program import ProgramLine
 from ._source import CellSource
 from .errors import SpawnUsageError
@@ -52,7 +52,9 @@ class Settings:
     max_saved_kb: int = _DEFAULT["max_saved_kb"]
     max_image_kb: int = _DEFAULT["max_image_kb"]
     pdb: bool = _DEFAULT["pdb"]  # --pdb (or %pdb on): the first failing rank stops in post-mortem
-    xray: bool = _DEFAULT["xray"]  # --xray: the ranks' collectives read from torch's flight recorder
+    xray: XrayMode = _DEFAULT[
+        "xray"
+    ]  # --xray: the ranks' collectives read from torch's flight recorder (values: and small tensors' values)
     given: Given = Given()
 
 

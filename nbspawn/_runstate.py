@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from . import _errorfile
@@ -22,6 +22,7 @@ from .events._display import DisplayItems
 from .events._streams import Event, RankStreams
 from .events._where import ANSWER_WAIT, RankToAsk, where_now
 from .events._xray import XRay, analyse, read_records
+from .events._xray_values import beyond, line_up, read_values
 
 # the views' messages carry these as they are (views._messages; their TypeScript twins in messages.ts)
 # failed_after: it failed once the run's first failure had (``failure.after`` names that rank), most often because
@@ -143,6 +144,9 @@ class Run:
         if not records:
             return None
         xray = analyse(records, in_flight=live)
+        if self.spec.xray_values:  # written at the cell's end: a live read finds none yet
+            values = read_values({state.rank: state.dir for state in self.ranks if self.spec.runs(state.rank)})
+            xray = replace(xray, values=line_up(values), values_beyond=beyond(values))
         if xray.count:
             self.xray = xray
         return self.xray

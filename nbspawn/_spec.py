@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from . import _capacity, _cuda, _listen, _tpu
-from ._options import ROW, Backend, StartMethod, ranks_within
+from ._options import ROW, Backend, StartMethod, XrayMode, ranks_within
 from ._program import Program
 from ._rankdir import RankDir
 from ._request import Settings
@@ -64,7 +64,9 @@ class RunSpec:
     max_saved_bytes: int = ROW["max_saved_kb"].typed_default * 1024  # a saved run's size, images aside
     program: Program | None = None  # the ranks run it instead of a cell
     pdb: bool = False  # --pdb, %pdb on: the first rank whose cell raises stops in post-mortem (the kernel tells it)
-    xray: bool = False  # --xray: each rank drains torch's flight recorder into its xray.json (ranks._xray)
+    # --xray: each rank drains torch's flight recorder into its xray.json (ranks._xray); values: it also
+    # writes its small tensors before and after each collective to xray_values.json (ranks._xray_values)
+    xray: XrayMode = "off"
     # Where these ranks sit in the world.  The ranks never host the TCPStore: they join it as clients
     # (TORCHELASTIC_USE_AGENT_STORE), at master_addr:master_port, where their launcher hosts it bound
     # to that address only (nbspawn._listen).  One node of a cluster run (nbspawn.cluster): this
@@ -102,7 +104,13 @@ class RunSpec:
         """Whether the ranks record this cell's collectives (``ranks._xray``): ``--xray`` (on by
         default), in the group nbspawn makes (``--backend``) or the ones the cell makes itself; a
         program's are its own."""
-        return self.xray and self.program is None
+        return self.xray != "off" and self.program is None
+
+    @property
+    def xray_values(self) -> bool:
+        """Whether the ranks also write down the values of this cell's small tensors before and after
+        each collective (``ranks._xray_values``): ``--xray values``, where the cell is X-rayed."""
+        return self.xray == "values" and self.xrayed
 
     def runs(self, rank: int) -> bool:
         """Whether the rank (its index on this node, as in ``rank_dir``) runs the cell (``--on``)."""
@@ -402,7 +410,7 @@ class CellPart:
     max_saved_bytes: int
     max_image_bytes: int
     pdb: bool
-    xray: bool
+    xray: XrayMode
     rich: bool
     cell_numbers: dict[str, int]
     out_names: tuple[str, ...] = ()
@@ -438,7 +446,7 @@ def cell_part(
         max_saved_bytes=settings.max_saved_kb * 1024,
         max_image_bytes=settings.max_image_kb * 1024,
         pdb=bool(settings.pdb) and debuggable,  # a program's failure is reported, not debugged
-        xray=settings.xray and debuggable,  # a program's collectives are its own (not read)
+        xray=settings.xray if debuggable else "off",  # a program's collectives are its own (not read)
         rich=rich,
         cell_numbers=dict(cell_numbers or {}),
         out_names=out_names,

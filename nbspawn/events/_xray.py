@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._rankdir import XRAY
+from ._xray_values import ValueRow
 
 STRAGGLER_MIN_LATE = 0.002  # seconds: a rank last by less, on average, is not called the straggler
 STRAGGLER_MIN_COUNT = 3  # nor one last at fewer collectives than this
@@ -116,6 +117,10 @@ class XRay:
     unrecorded: Mapping[int, int]  # rank -> point-to-point ops its recorder did not keep (gloo)
     lost: Mapping[int, int]  # rank -> entries lost off torch's ring before they were read
     summary: str
+    # --xray values: each collective's small tensors before and after (events._xray_values.line_up), and
+    # the most calls a rank made past the first ones it recorded
+    values: tuple[ValueRow, ...] = ()
+    values_beyond: int = 0
 
 
 def read_records(rank_dirs: Mapping[int, str]) -> dict[int, dict[str, Any]]:

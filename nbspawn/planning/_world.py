@@ -98,6 +98,7 @@ def plan_world_cell(request: RunRequest, work: Cell, target: OnWorld, rich: bool
         grace=cspec.grace_period,
         on=on,
         xray=cspec.xrayed,
+        xray_values=cspec.xray_values,
     )
     return cspec, WorldCell(world, job, names_bound(tree))
 

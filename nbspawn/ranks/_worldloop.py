@@ -29,7 +29,7 @@ from typing import Any
 from .._rankdir import RankDir, prompts_path
 from .._source import CellSource
 from . import _cell as _rank
-from . import _children, _fds, _prompt, _stopped, _torchenv, _xray
+from . import _children, _fds, _prompt, _stopped, _torchenv, _xray, _xray_values
 from ._capture import finished, redirect_output
 from ._stackdump import open_stack_file
 from ._title import name_process, rank_title
@@ -56,6 +56,7 @@ class WorldJob:
     on: frozenset[int] | None = None  # --on: the (global) ranks that run the cell; the others sit it out
     debug: int | None = None  # %spawn debug: this rank debugs the failure it kept (the others answer at once)
     xray: bool = False  # the cell's collectives are recorded (--xray; ranks._xray)
+    xray_values: bool = False  # and their small tensors' values (--xray values; ranks._xray_values)
 
     def rank_dir(self, rank: int) -> str:
         return os.path.join(self.run_dir, str(self.rank_offset + rank))
@@ -257,6 +258,7 @@ def _stopped_now(namespace: dict[str, Any]) -> None:
     """SIGTERM (the world stopped, lost, a cell's --timeout): the cell's collectives written down, then
     what the rank holds let go."""
     _xray.end()
+    _xray_values.end()
     let_go(namespace, _rank.SETTLE_AFTER_FAILURE, abort=True)
 
 
@@ -282,6 +284,8 @@ def _serve(
             _join(group, spec.backend, rank)
         if job.xray:  # from the cell's first collective, in nbspawn's group or its own: earlier cells' are not its
             _xray.begin(spec.rank_offset + rank, rank_dir)
+            if job.xray_values:
+                _xray_values.begin(spec.rank_offset + rank, rank_dir)
         _run(job, rank, namespace, own)
         # in step: every collective this rank queued has completed (an interrupt meanwhile is the cell's);
         # a CUDA error raised here is the cell's own, not an --out value's that could not be sent
@@ -303,6 +307,7 @@ def _serve(
     finally:
         signal.signal(signal.SIGINT, _ignore_interrupt)
         _xray.end()
+        _xray_values.end()  # torch's functions back: the world's next cell may not want values
     keep_in_step(rank, job, namespace, own)
     return outcome
 

@@ -43,6 +43,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..events._xray import Collective, Mismatch, NeverEntered, XRay
+from ._xray_values_html import values_html
 
 VERSION = 1  # data-xray: the drawing's version, for a renderer that reads it
 MAX_MARKS = 64  # collectives drawn at most
@@ -120,7 +121,9 @@ def xray_html(xray: XRay, *, max_marks: int = MAX_MARKS, width: int = WIDTH) -> 
     ]
     if shown:
         parts.append(f'<div data-xray-shown style="color:{TEXT2};font-size:12px">{_e(shown)}</div>')
-    parts += [svg, _legend(xray, drawn), "</div>"]
+    # --xray values: each collective's small tensors before and after, under the lanes, in the same div
+    # (the page's renderer takes the div.nbspawn-xray whole)
+    parts += [svg, _legend(xray, drawn), values_html(xray.values, xray.values_beyond), "</div>"]
     return "".join(parts)
 
 

@@ -61,7 +61,7 @@ CALLED: dict[str, tuple[Any, Any]] = {
     "world": ("w", lambda r: r.world == "w"),
     "on": (0, lambda r: r.on == {0}),
     "pdb": (True, lambda r: r.settings.pdb),
-    "xray": ("OFF", lambda r: r.settings.xray is False),
+    "xray": ("Values", lambda r: r.settings.xray == "values"),
 }
 
 # the same, as the magic's line spells them
@@ -86,7 +86,7 @@ FLAGGED: dict[str, tuple[str, Any]] = {
     "fresh": ("--fresh", lambda r: r.world is None),  # with SpawnMagics.world set (below)
     "pdb": ("--pdb", CALLED["pdb"][1]),
     "view": ("--view TEXT", lambda r: r.view == "text"),
-    "xray": ("--xray off", CALLED["xray"][1]),
+    "xray": ("--xray values", CALLED["xray"][1]),
 }
 
 # the same, as %config SpawnMagics sets them
@@ -102,7 +102,7 @@ CONFIGURED: dict[str, tuple[Any, Any]] = {
     "view": ("text", FLAGGED["view"][1]),
     "max_saved_kb": (1, lambda r: r.settings.max_saved_kb == 1),
     "max_image_kb": (2, lambda r: r.settings.max_image_kb == 2),
-    "xray": ("off", CALLED["xray"][1]),
+    "xray": ("values", CALLED["xray"][1]),
 }
 
 

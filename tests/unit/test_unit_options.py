@@ -18,6 +18,7 @@ from nbspawn._options import (
     parse_ranks,
     parse_seconds,
     parse_start_method,
+    parse_xray,
 )
 from nbspawn._spec import auto_nprocs
 from nbspawn.errors import SpawnUsageError
@@ -273,6 +274,24 @@ def test_backend_unknown(value):
     with pytest.raises(SpawnUsageError) as err:
         parse_backend(value)
     assert str(err.value) == f"--backend must be one of none, gloo, nccl, auto, not {value!r}"
+
+
+# -- --xray ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, "on"), (" ON ", "on"), ("off", "off"), ("Values", "values"), (True, "on"), (False, "off")],
+)
+def test_xray_modes_and_launchs_booleans(value, expected):
+    assert parse_xray(value) == expected
+
+
+@pytest.mark.parametrize("value", ["yes", "", "value", 1])
+def test_xray_unknown(value):
+    with pytest.raises(SpawnUsageError) as err:
+        parse_xray(value)
+    assert str(err.value) == f"--xray must be on, off or values, not {value!r}"
 
 
 def test_a_bad_value_reaches_ipython_as_its_own_usage_error():

@@ -1,0 +1,310 @@
+"""In every rank, with ``--xray values``: each collective's small tensors before and after, for teaching
+(issue #43, item 3): a learner sees ``[1] [2] [3] [4] -> all_reduce -> [10] [10] [10] [10]``.
+
+torch's flight recorder (``ranks._xray``) keeps shapes, never values.  So for the cell's duration the
+Python collective functions of ``torch.distributed`` (:data:`WRAPPED`) are replaced by wrappers that
+copy their tensors' values (``.tolist()``, for a tensor of :data:`MAX_ELEMENTS` or fewer; a bigger
+one: its shape and dtype only) before the call and after it, and :func:`end` puts the originals back
+(a kept world's next cell may not want values) and writes the record to ``xray_values.json``
+(``_rankdir.XRAY_VALUES``).  Only the package's names are replaced, not ``distributed_c10d``'s: the
+calls written down are the cell's (``dist.all_reduce``; FSDP's ``dist.all_gather_into_tensor`` too),
+not those torch makes inside its own functions (``all_gather_object``'s ``all_gather``); a name
+imported before the cell (``from torch.distributed import all_reduce`` in the kernel, then forked) is
+the original, not recorded.
+
+Each call is numbered per process group (its ``group`` argument, the default group when None): every
+member rank calls a group's collectives in the same order, so the kernel lines them up by (group,
+number) (``events._xray_values``).  Sends and receives are numbered apart, per (group, peer): a rank's
+k-th send to a peer pairs with the peer's k-th receive from it.
+
+Bounded: the first :data:`MAX_CALLS` calls of the cell, :data:`MAX_TENSORS` tensors of a list, and
+:data:`MAX_NUMBERS` numbers in all; past those, calls are counted only.  An async call
+(``async_op=True``, ``isend``, ``irecv``) has its output read when its work completes (a callback on
+its future: for NCCL that is when it is enqueued, and reading the values waits for it); where its
+work has no future, its inputs only are kept, and the record says so.
+
+Never the user's failure: whatever recording raises is swallowed, and the call goes on as torch's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import json
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .._rankdir import XRAY_VALUES
+
+MAX_CALLS = 200  # calls recorded a cell, at the most
+MAX_ELEMENTS = 64  # a tensor with more has its shape recorded, not its values
+MAX_TENSORS = 64  # tensors of one list argument recorded (all_gather's output list ...)
+MAX_NUMBERS = 32_768  # numbers recorded a cell, all calls together
+FORMAT = 1
+
+# op -> (the argument read before the call, the argument read after it, what else is said of it)
+WRAPPED: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {
+    "all_reduce": ("tensor", "tensor", ("op",)),
+    "broadcast": ("tensor", "tensor", ("src",)),
+    "reduce": ("tensor", "tensor", ("dst", "op")),
+    "all_gather": ("tensor", "tensor_list", ()),
+    "all_gather_into_tensor": ("input_tensor", "output_tensor", ()),
+    "reduce_scatter": ("input_list", "output", ("op",)),
+    "reduce_scatter_tensor": ("input", "output", ("op",)),
+    "all_to_all_single": ("input", "output", ()),
+    "all_to_all": ("input_tensor_list", "output_tensor_list", ()),
+    "gather": ("tensor", "gather_list", ("dst",)),
+    "scatter": ("scatter_list", "tensor", ("src",)),
+    "barrier": (None, None, ()),
+    "send": ("tensor", None, ("dst",)),
+    "isend": ("tensor", None, ("dst",)),
+    "recv": (None, "tensor", ("src",)),
+    "irecv": (None, "tensor", ("src",)),
+}
+SENDS = frozenset({"send", "isend"})
+RECEIVES = frozenset({"recv", "irecv"})
+
+
+class ValuesLog:
+    """One rank's record of its cell's collectives, their small tensors' values before and after."""
+
+    def __init__(self, rank: int, dist: Any) -> None:
+        self.rank = rank
+        self.dist = dist
+        self.calls: list[dict[str, Any]] = []
+        self.beyond = 0  # calls past MAX_CALLS: counted, not recorded
+        self.numbers = 0  # numbers recorded so far (MAX_NUMBERS)
+        self.counters: dict[tuple[Any, ...], int] = {}
+        self.groups: dict[str, dict[str, Any]] = {}  # name -> its global ranks and description
+        self._names: dict[int, str] = {}  # id(group) -> its name
+
+    # -- what one call was -------------------------------------------------------------------------
+
+    def before(self, op: str, bound: _Bound) -> dict[str, Any] | None:
+        """The call's record, its inputs read (None past the bound, or for a rank not in the group)."""
+        if len(self.calls) >= MAX_CALLS:
+            self.beyond += 1
+            return None
+        c10d = self.dist.distributed_c10d
+        group = bound.get("group")
+        if group is not None and c10d._rank_not_in_group(group):
+            return None
+        name = self._group_name(group)
+        call: dict[str, Any] = {"op": op, "group": name}
+        read_in, _read_out, said = WRAPPED[op]
+        for key in said:
+            value = self._said(key, bound, group)
+            if value is not None:
+                call["reduce_op" if key == "op" else key] = value
+        if op in SENDS or op in RECEIVES:
+            peer = call.get("dst" if op in SENDS else "src")
+            counter: tuple[Any, ...] = (name, op in SENDS, peer)
+        else:
+            counter = (name,)
+        self.counters[counter] = call["seq"] = self.counters.get(counter, 0) + 1
+        if read_in is not None:
+            call["in"] = self.snapshot(bound.get(read_in))
+        self.calls.append(call)  # now: a call that never returns (a hang) is written down with its inputs
+        return call
+
+    def after(self, call: dict[str, Any], op: str, bound: _Bound, result: Any) -> None:
+        """Its outputs, read once the call returned (an async one's when its work completes)."""
+        read_out = WRAPPED[op][1]
+        if op == "recv" and call.get("src") is None and isinstance(result, int):
+            call["src"] = result  # a receive from any source: the sender
+        if read_out is None:
+            return
+        asynchronous = op in ("isend", "irecv") or bool(bound.get("async_op"))
+        if not asynchronous:
+            call["out"] = self.snapshot(bound.get(read_out))
+            return
+        if result is None:
+            return
+        try:
+            future = result.get_future()
+            future.then(functools.partial(self._completed, call, bound.get(read_out)))
+        except Exception:
+            call["note"] = "async: its work has no future to read the output from"
+
+    def _completed(self, call: dict[str, Any], value: Any, _future: Any) -> None:
+        with contextlib.suppress(Exception):
+            call["out"] = self.snapshot(value)
+
+    def _said(self, key: str, bound: _Bound, group: Any) -> Any:
+        """A source or destination (a global rank), or a reduction's name ("sum")."""
+        if key == "op":
+            op = bound.get("op")
+            if op is None:
+                return "sum"
+            return str(getattr(op, "name", op)).rsplit(".", 1)[-1].lower()
+        value = bound.get(key)
+        in_group = bound.get(f"group_{key}")
+        if value is None and in_group is not None and group is not None:
+            with contextlib.suppress(Exception):
+                value = self.dist.get_global_rank(group, in_group)
+        return int(value) if isinstance(value, int) else None
+
+    def _group_name(self, group: Any) -> str:
+        c10d = self.dist.distributed_c10d
+        if group is None:
+            group = c10d._get_default_group()
+        name = self._names.get(id(group))
+        if name is None:
+            try:
+                name = str(c10d._get_process_group_name(group))
+            except Exception:
+                name = "?"
+            self._names[id(group)] = name
+            described: dict[str, Any] = {}
+            with contextlib.suppress(Exception):
+                described["ranks"] = [int(r) for r in self.dist.get_process_group_ranks(group)]
+            with contextlib.suppress(Exception):
+                described["desc"] = str(group.group_desc)
+            self.groups[name] = described
+        return name
+
+    # -- a tensor, or a list of them ----------------------------------------------------------------
+
+    def snapshot(self, value: Any) -> Any:
+        """A tensor as {"shape", "dtype", "values"} (values for a small one only); a list of tensors as a
+        list of those; anything else as None."""
+        if isinstance(value, (list, tuple)):
+            return [self._tensor(item) for item in value[:MAX_TENSORS]]
+        return self._tensor(value)
+
+    def _tensor(self, tensor: Any) -> dict[str, Any] | None:
+        shape = getattr(tensor, "shape", None)
+        if shape is None or not hasattr(tensor, "numel"):
+            return None
+        found: dict[str, Any] = {"shape": [int(d) for d in shape], "dtype": str(tensor.dtype).removeprefix("torch.")}
+        count = int(tensor.numel())
+        if count <= MAX_ELEMENTS and self.numbers + count <= MAX_NUMBERS:
+            with contextlib.suppress(Exception):  # a meta or sparse tensor, a dtype .tolist() cannot read
+                values = tensor.detach().tolist()
+                found["values"] = _plain(values) if tensor.is_complex() else values
+                self.numbers += count
+        return found
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "rank": self.rank,
+            "max_calls": MAX_CALLS,
+            "max_elements": MAX_ELEMENTS,
+            "beyond": self.beyond,
+            "groups": self.groups,
+            "calls": self.calls,
+        }
+
+
+def _plain(values: Any) -> Any:
+    """``.tolist()``'s numbers as JSON takes them (a complex number as its text)."""
+    if isinstance(values, list):
+        return [_plain(v) for v in values]
+    if isinstance(values, complex):
+        return str(values)
+    return values
+
+
+class _Bound:
+    """A call's arguments by name, read from its positional and keyword arguments (no
+    ``inspect.Signature.bind``: ~10 µs a call)."""
+
+    __slots__ = ("args", "kwargs", "positions")
+
+    def __init__(self, positions: dict[str, int], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.positions, self.args, self.kwargs = positions, args, kwargs
+
+    def get(self, name: str) -> Any:
+        if name in self.kwargs:
+            return self.kwargs[name]
+        index = self.positions.get(name)
+        return self.args[index] if index is not None and index < len(self.args) else None
+
+
+_current: ValuesLog | None = None  # this rank's, while a cell with --xray values runs
+_path: str = ""
+_originals: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}  # name replaced -> (torch's, the wrapper)
+
+
+class _Inside(threading.local):
+    depth = 0  # a wrapped call made from within another (never recorded twice)
+
+
+_inside = _Inside()
+
+
+def _wrapper(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    positions = {name: index for index, name in enumerate(inspect.signature(original).parameters)}
+
+    @functools.wraps(original)
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        log = _current
+        if log is None or _inside.depth:
+            return original(*args, **kwargs)
+        if len(log.calls) >= MAX_CALLS:  # past the bound: counted only, at the least cost
+            log.beyond += 1
+            return original(*args, **kwargs)
+        bound = _Bound(positions, args, kwargs)
+        call = None
+        with contextlib.suppress(Exception):
+            call = log.before(op, bound)
+        _inside.depth = 1
+        try:
+            result = original(*args, **kwargs)
+        except BaseException:
+            if call is not None:
+                call["raised"] = True
+            raise
+        finally:
+            _inside.depth = 0
+        if call is not None:
+            with contextlib.suppress(Exception):
+                log.after(call, op, bound, result)
+        return result
+
+    recorded.__nbspawn_xray_values__ = True  # type: ignore[attr-defined]
+    return recorded
+
+
+def begin(rank: int, rank_dir: str) -> None:
+    """From now on the cell's collectives are written down with their small tensors' values (its
+    process group is made); :func:`end` writes them and puts torch's functions back."""
+    global _current, _path
+    end()
+    with contextlib.suppress(Exception):
+        import torch.distributed as dist
+
+        for op in WRAPPED:
+            original = getattr(dist, op, None)
+            if original is None or getattr(original, "__nbspawn_xray_values__", False):
+                continue
+            wrapper = _wrapper(op, original)
+            _originals[op] = (original, wrapper)
+            setattr(dist, op, wrapper)
+        _current, _path = ValuesLog(rank, dist), os.path.join(rank_dir, XRAY_VALUES)
+
+
+def end() -> None:
+    """The cell is over, however: torch's functions back as they were, the record written (atomically).
+    Once; a no-op when nothing was recorded."""
+    global _current
+    log, _current = _current, None
+    with contextlib.suppress(Exception):
+        import sys
+
+        dist = sys.modules.get("torch.distributed")
+        while _originals:
+            op, (original, wrapper) = _originals.popitem()
+            if dist is not None and getattr(dist, op, None) is wrapper:  # a name the cell set itself stays its own
+                setattr(dist, op, original)
+    if log is None:
+        return
+    with contextlib.suppress(Exception):
+        tmp = _path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(log.as_json(), fh, separators=(",", ":"))
+        os.replace(tmp, _path)
