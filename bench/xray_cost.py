@@ -126,10 +126,10 @@ def through_nbspawn(args: argparse.Namespace) -> None:
     cell = CELL.format(numel=args.numel, n=args.n)
     rows: dict[str, list[tuple[float, float]]] = {"--xray off": [], "--xray on": []}
     for _round in range(args.rounds):
-        for name in rows:
+        for name, results in rows.items():
             cpu = time.process_time()
             run = launch(cell, nprocs=args.world, backend="gloo", xray=name.split()[-1], start_method="fork")
-            rows[name].append((run.duration or 0.0, time.process_time() - cpu))
+            results.append((run.duration or 0.0, time.process_time() - cpu))
             assert (run.xray is not None) == name.endswith("on")
     print(f"\nthrough nbspawn (launch(), fork), median of {args.rounds} rounds")
     print(f"{'row':<22} {'run s':>8} {'vs off':>8} {'kernel cpu s':>13} {'cpu % of run':>13}")
