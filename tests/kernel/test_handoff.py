@@ -169,8 +169,9 @@ def test_no_segment_descriptor_or_file_outlives_a_run_whatever_its_end(fresh_ker
     assert kernel_fds(kernel) == fds_before
     for run_dir in tmp_path.iterdir():
         for rank_dir in run_dir.iterdir():
-            # the logs a rank keeps (collectives.json: where it was in its collectives when it was stopped)
-            kept = {"stdout.log", "stderr.log", "error.json", "stacks.log", "collectives.json"}
+            # the logs a rank keeps (collectives.json: where it was in its collectives when it was stopped;
+            # xray.json: its collectives, for the X-ray)
+            kept = {"stdout.log", "stderr.log", "error.json", "stacks.log", "collectives.json", "xray.json"}
             leftovers = {p.name for p in rank_dir.iterdir()} - kept
             assert not leftovers, f"{rank_dir}: {leftovers}"
 
