@@ -394,6 +394,8 @@ class Drainer:
             record["drains"] = self.drains
             record["drain_seconds"] = round(self.drain_seconds, 6)
             count = self.log.count
+        if count == 0 and not self.log.ranks:  # no process group, no collective: nothing to draw, no file
+            return
         tmp = self.path + ".tmp"
         try:
             # dumps, not dump: dump's pure-Python encoder leaves reference cycles (its closures) for the
