@@ -47,11 +47,12 @@ BREAKDOWN = """
 from nbspawn._source import CellSource
 from nbspawn._request import RunRequest, Settings
 from nbspawn.planning._cluster import plan_cluster
+from nbspawn._effects import carry_out
 from nbspawn.executors._supervisor import execute as _execute
 from nbspawn.views._protocol import RunView
 _t0 = time.perf_counter()
 _request = RunRequest.of(CellSource("pass"), cluster="rc", settings=Settings(nprocs=2), namespace=globals())
-_spec, _ex = plan_cluster(_request, _request.work, _request.target, False)
+_spec, _ex = carry_out(plan_cluster(_request, _request.work, _request.target, False))
 _t1 = time.perf_counter()
 _run = _execute(_spec, RunView(), _ex)
 _t2 = time.perf_counter()

@@ -1,13 +1,14 @@
 """The one dispatch: a :class:`~nbspawn._request.RunRequest` becomes a frozen spec and an executor,
 then a run.
 
-    request (the magic, launch())  ->  start()  ->  (RunSpec, Executor)  ->  execute()  ->  Run
+    request (the magic, launch())  ->  start()  ->  Plan  ->  carry_out()  ->  (RunSpec, Executor)  ->  execute()  ->  Run
                                          |
                  fresh cell  FreshRanks  |  program  ProgramRanks  |  --world  WorldCell  |  --cluster  ClusterRanks
 
 Everything is checked before anything starts: what cannot be combined, then each option, then the
-cell's syntax and the names it sends, and only then the one costly step (moving ``--share`` tensors
-into shared memory).  A bad request is one :class:`~nbspawn.errors.SpawnUsageError` line, whichever
+cell's syntax and the names it sends; only then are the plan's effects done, in one place
+(``nbspawn._effects``: a port reserved, a new world started, and the one costly step, moving
+``--share`` tensors into shared memory).  A bad request is one :class:`~nbspawn.errors.SpawnUsageError` line, whichever
 door it came through.  The notes a spec carries (a start method changed for the user's sake, ...)
 and the executor's announcement (a cluster's node order) are said here, once, before the ranks start.
 """
@@ -16,16 +17,16 @@ from __future__ import annotations
 
 import sys
 
+from ._effects import carry_out
 from ._program import ProgramLine
 from ._request import Cell, Fresh, OnCluster, OnClusterWorld, OnWorld, RunRequest
 from ._runstate import Run
-from ._spec import RunSpec
 from .errors import SpawnUsageError
 from .executors import _kept
-from .executors._base import Executor
 from .executors._kept import KeptWorld
 from .executors._supervisor import execute
 from .planning._fresh import plan_fresh_cell, plan_program
+from .planning._plans import Plan
 from .views._protocol import RunView
 
 
@@ -33,7 +34,7 @@ def start(request: RunRequest, view: RunView | None = None) -> Run:
     """Check ``request``, start its ranks, and supervise them: to the end, or (``background``) in a
     thread of the run's own.  Raises ``SpawnUsageError`` (nothing started) for a bad request."""
     view = view or RunView()
-    spec, executor = plan_run(request, view.rich)
+    spec, executor = carry_out(plan_run(request, view.rich))  # the effects, once every check passed
     for note in spec.notes:
         print(note, file=sys.stderr)
     announcement = executor.announcement()
@@ -42,8 +43,9 @@ def start(request: RunRequest, view: RunView | None = None) -> Run:
     return execute(spec, view, executor, background=request.background)
 
 
-def plan_run(request: RunRequest, rich: bool) -> tuple[RunSpec, Executor]:
-    """The spec and executor of ``request``, by what runs where; starts nothing (but a kept world that is new)."""
+def plan_run(request: RunRequest, rich: bool) -> Plan:
+    """The plan of ``request``, by what runs where: its spec, its executor's kind and the effects it
+    needs (``nbspawn._effects``); reserves, shares and starts nothing."""
     refuse_combinations(request)
     target = request.target
     if isinstance(target, OnWorld) and _on_a_cluster(target.name):  # its later cells need not say --cluster

@@ -71,7 +71,7 @@ class RunSpec:
     # (TORCHELASTIC_USE_AGENT_STORE), at master_addr:master_port, where their launcher hosts it bound
     # to that address only (nbspawn._listen).  One node of a cluster run (nbspawn.cluster): this
     # node's ranks are RANK rank_offset.., of world_size in all; node 0's agent hosts the store.
-    master_port: int = 0
+    master_port: int = 0  # 0: this machine's port, not reserved yet (nbspawn._effects reserves it)
     master_addr: str = _listen.LOOPBACK
     rank_offset: int = 0
     world_size: int = 0  # 0: nprocs (one node)
@@ -493,7 +493,8 @@ def build_spec(
     spec of ranks on this machine is made (a fresh cell, a program, a new world, a cluster node's ranks).
 
     ``handoff(start_method)`` gives the ranks the kernel's names, once everything else is known to be
-    right.  Nothing is created on disk here but the temporary log directory, made last.
+    right.  Nothing is created on disk here but the temporary log directory, made last; a run on this
+    machine alone gets its port when its plan is carried out (``nbspawn._effects.reserve_port``).
     """
     user_env = dict(settings.env)
     gpus = _GpuCount(user_env)
@@ -543,8 +544,8 @@ def build_spec(
         namespace=handed.namespace,
         namespace_payload=handed.namespace_payload,
         program=program,
-        # one machine: a port of 127.0.0.1, held until the executor's store takes it over
-        master_port=placement.master_port if placement else _listen.reserve(_listen.LOOPBACK),
+        # one machine: a port of 127.0.0.1, reserved when the plan is carried out (nbspawn._effects)
+        master_port=placement.master_port if placement else 0,
         master_addr=placement.master_addr if placement else _listen.LOOPBACK,
         rank_offset=placement.rank_offset if placement else 0,
         world_size=placement.world_size if placement else 0,

@@ -37,7 +37,6 @@ from . import _agent, _contact, _wire
 from ._plan import ClusterPlan, hold, release, remember_port
 
 FINAL_WAIT = 10.0  # after its ranks ended, how long a node's agent may take to clean up and answer
-PUBLISH_EVERY = 0.1  # the whole cluster sends at most 10 batches a second: each node 1 / (0.1 x nodes)
 
 
 class ClusterRanks(Executor):

@@ -26,6 +26,8 @@ from .._program import ProgramLine
 from .._request import Settings
 from .._source import CellSource
 
+PUBLISH_EVERY = 0.1  # the whole cluster sends at most 10 batches a second: each node 1 / (0.1 x nodes)
+
 
 class Job(TypedDict):
     run_id: str

@@ -19,6 +19,9 @@ ranks through the executor; ranks report events (output, displays, their end, er
 
 (A cluster's executor, ``nbspawn.cluster._executor.ClusterRanks``, lives with the cluster code.)
 
+The package names nothing itself: ``executors._kept`` (the kept worlds' registry, which the planners
+ask) is imported without torch, while the executors import it at their top.
+
     >>> from nbspawn._dispatch import start
     >>> from nbspawn._request import RunRequest, Settings
     >>> from nbspawn._source import CellSource
@@ -26,10 +29,3 @@ ranks through the executor; ranks report events (output, displays, their end, er
     >>> run.status
     'succeeded'
 """
-
-from ._base import Executor
-from ._fresh import FreshRanks
-from ._registry import background_runs, last_run
-from ._supervisor import execute
-
-__all__ = ["Executor", "FreshRanks", "background_runs", "execute", "last_run"]

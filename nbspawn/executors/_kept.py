@@ -72,6 +72,12 @@ class KeptWorld(ABC):
     def auto_backend(self, nprocs: int) -> str:
         """What ``--backend auto`` comes to for ``nprocs`` ranks on its machines."""
 
+    def refuse_if_lost(self) -> None:
+        """Before a cell is planned on it: a world whose ranks died since its last cell is lost now, and
+        the cell refused in one line (here: a rank process that died; a cluster's nodes are heard by
+        their heartbeat)."""
+        return
+
     def place_clashes(self, request: RunRequest) -> list[str]:
         """The options of a cell that name another place than the world's (none, here)."""
         return []
@@ -168,6 +174,23 @@ def running(name: str, kind: type[W]) -> W | None:
     """The kept world ``name``, if one of this kind runs (idle between cells, or running one)."""
     world = _worlds.get(name)
     return world if isinstance(world, kind) else None
+
+
+def running_here(name: str) -> KeptWorld | None:
+    """The kept world ``name`` of this machine (``executors._world.World``), if one runs."""
+    world = _worlds.get(name)
+    return world if world is not None and not world.on_cluster else None
+
+
+def running_on_a_cluster(name: str) -> KeptWorld | None:
+    """The kept world ``name`` on a cluster's nodes (``cluster._clusterworld.ClusterWorld``), if one runs."""
+    world = _worlds.get(name)
+    return world if world is not None and world.on_cluster else None
+
+
+def settled_here(spec: RunSpec) -> Settled:
+    """How a world here started with ``spec`` runs (its settings text, what a cell may not change)."""
+    return Settled(nprocs=spec.nprocs, start_method=spec.start_method, backend=spec.backend, env=spec.env)
 
 
 def lost(name: str, on_cluster: bool | None = None) -> Lost | None:

@@ -104,7 +104,10 @@ class World(KeptWorld):
         return self.spec.run_dir
 
     def settled(self) -> Settled:
-        return settled_here(self.spec)
+        return _kept.settled_here(self.spec)
+
+    def refuse_if_lost(self) -> None:
+        lose_if_a_rank_died(self)
 
     def auto_nprocs(self) -> int:  # on a TPU world: its own count, one rank per chip (nbspawn._tpu), not the GPUs'
         return self.spec.nprocs if self.spec.accelerator_envs else resolve_nprocs("auto", self._gpus)
@@ -309,11 +312,6 @@ def _exit_text(code: int | None) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"exit code {code}"
-
-
-def settled_here(spec: RunSpec) -> Settled:
-    """How a world here started with ``spec`` runs (its settings text, what a cell may not change)."""
-    return Settled(nprocs=spec.nprocs, start_method=spec.start_method, backend=spec.backend, env=spec.env)
 
 
 def start_world(name: str, spec: RunSpec, asked_start_method: StartMethod = "auto") -> World:

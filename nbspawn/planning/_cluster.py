@@ -1,10 +1,9 @@
 """A cluster run, planned: the request (read at the door) and the nodes' facts (one round trip, asked
-in ``cluster._plan``) become the kernel's frozen spec, the job every node's agent gets (with the
-node's settled settings: it reads nothing again) and the executor, ``ClusterRanks``."""
+in ``cluster._plan``) become the kernel's frozen spec and the job every node's agent gets (with the
+node's settled settings: it reads nothing again), a ``planning._plans.ClusterRunPlan``."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import cast
 
@@ -14,13 +13,14 @@ from .._request import Cell, OnCluster, RunRequest, Settings, Work
 from .._source import CellSource
 from .._spec import RunSpec, cell_part, new_run_id, run_directory
 from ..cluster import _wire
-from ..cluster._executor import PUBLISH_EVERY, ClusterRanks
-from ..cluster._plan import companion_client, plan_nodes, refuse_if_busy, resolve_client
 from ..errors import SpawnUsageError
+from ._plans import ClusterRunPlan
 
 
-def plan_cluster(request: RunRequest, work: Work, target: OnCluster, rich: bool) -> tuple[RunSpec, ClusterRanks]:
+def plan_cluster(request: RunRequest, work: Work, target: OnCluster, rich: bool) -> ClusterRunPlan:
     """Everything checked, cheapest first, then the nodes asked (one round trip); starts nothing."""
+    # ipyparallel is needed only on a cluster, and the kernel's names (torch's objects) only to be sent
+    from ..cluster._plan import plan_nodes, refuse_if_busy, resolve_client
     from ..handoff._names import pickle_names
 
     if isinstance(work, Cell) and work.share:
@@ -88,11 +88,7 @@ def plan_cluster(request: RunRequest, work: Work, target: OnCluster, rich: bool)
         settings=node_settings,
         rich=rich,
         cwd=os.getcwd(),
-        publish_every=PUBLISH_EVERY * len(found.nodes),
+        publish_every=_wire.PUBLISH_EVERY * len(found.nodes),
         on=None,
     )
-    if request.background:
-        # the run's thread talks to the engines through a client of its own: the user's is not
-        # thread-safe, and stays the user's (the port book of the engines' facts stays with it)
-        return spec, ClusterRanks(spec, dataclasses.replace(found, client=companion_client(client)), job, port_book=client)
-    return spec, ClusterRanks(spec, found, job)
+    return ClusterRunPlan(spec, found, job, background=request.background)

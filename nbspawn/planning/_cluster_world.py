@@ -1,33 +1,36 @@
 """A cell on a cluster world, planned: a new world planned as a cluster run is (``planning._cluster``),
 or this cell's own options checked against the world that runs (``nbspawn._clash``, the rule worlds
-on this machine follow too) and added to its spec.  Starts nothing."""
+on this machine follow too) and added to its spec: a ``planning._plans.ClusterWorldCellPlan``.  Starts nothing."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from typing import TYPE_CHECKING, cast
 
 from .._options import on_within, ranks_within
 from .._request import Cell, OnCluster, OnClusterWorld, RunRequest
-from .._spec import RunSpec, cell_part, new_run_id, run_directory
+from .._spec import cell_part, new_run_id, run_directory
 from ..cluster import _wire
-from ..cluster._clusterworld import ClusterWorld, ClusterWorldCell
-from ..cluster._executor import PUBLISH_EVERY
-from ..cluster._plan import refuse_if_busy
 from ..errors import SpawnUsageError
 from ..executors import _kept
-from ..handoff._names import pickle_names
 from ._cluster import plan_cluster
 from ._kept_cell import as_before, check_settings
+from ._plans import ClusterWorldCellPlan, NewClusterWorld
+
+if TYPE_CHECKING:
+    from ..cluster._clusterworld import ClusterWorld
 
 
-def plan_cluster_world_cell(
-    request: RunRequest, work: Cell, target: OnClusterWorld, rich: bool
-) -> tuple[RunSpec, ClusterWorldCell]:
+def plan_cluster_world_cell(request: RunRequest, work: Cell, target: OnClusterWorld, rich: bool) -> ClusterWorldCellPlan:
     """A cell on cluster world ``target.name``: the world planned and checked if it is new (as a
     cluster run is), else this cell's own options checked against it.  Starts nothing."""
+    # ipyparallel is needed only on a cluster, and the kernel's names (torch's objects) only to be sent
+    from ..cluster._plan import refuse_if_busy
+    from ..handoff._names import pickle_names
+
     name, cell = target.name, work.source
-    world = _kept.running(name, ClusterWorld)
+    world = cast("ClusterWorld | None", _kept.running_on_a_cluster(name))
     notes: tuple[str, ...] = ()
     lost = _kept.lost(name, on_cluster=True) if world is None else None
     if lost is not None:
@@ -39,12 +42,13 @@ def plan_cluster_world_cell(
     if world is None:
         if request.cluster is None:  # the dispatch sends a world here only once it ran on a cluster, or with --cluster
             raise SpawnUsageError(f"world {name!r} is not running: give --cluster NAME to start it on a cluster")
-        spec, fresh = plan_cluster(request, work, OnCluster(request.cluster, request.nodes), rich)
+        fresh = plan_cluster(request, work, OnCluster(request.cluster, request.nodes), rich)
+        spec = fresh.spec
         on = on_within(target.on, spec.nprocs, name)
-        world = ClusterWorld(name, spec, fresh.cluster, request, fresh.job["settings"])
+        new = NewClusterWorld(name, spec, fresh.nodes, request, fresh.job["settings"], background=fresh.background)
         spec = dataclasses.replace(spec, notes=(*spec.notes, *notes), on_ranks=on)
         job = _wire.Job(**{**fresh.job, "on": sorted(on) if on is not None else None})
-        return spec, ClusterWorldCell(spec, fresh.cluster, job, world, first=True)
+        return ClusterWorldCellPlan(spec, job, new)
     check_settings(world, request)
     refuse_if_busy(world.cluster.client)
     settings = request.settings
@@ -77,7 +81,7 @@ def plan_cluster_world_cell(
         settings=world.node_settings,
         rich=rich,
         cwd=os.getcwd(),
-        publish_every=PUBLISH_EVERY * len(world.cluster.nodes),
+        publish_every=_wire.PUBLISH_EVERY * len(world.cluster.nodes),
         on=sorted(on) if on is not None else None,
     )
-    return spec, ClusterWorldCell(spec, world.cluster, job, world, first=False)
+    return ClusterWorldCellPlan(spec, job, world)

@@ -16,6 +16,7 @@ import pytest
 from nbspawn import _listen, _options
 from nbspawn._dispatch import plan_run
 from nbspawn._door import read_request, read_settings
+from nbspawn._effects import carry_out
 from nbspawn._request import Given, Settings
 from nbspawn._source import CellSource
 from nbspawn.errors import SpawnUsageError
@@ -61,7 +62,7 @@ def door_and_plan(tmp_path: Path) -> None:
         given=Given(nprocs=True, env=True, backend=True),
     )
     request = read_request(cell=CellSource("y = 1"), program=None, settings=settings, namespace={}, out="y")
-    spec, _executor = plan_run(request, rich=False)
+    spec, _executor = carry_out(plan_run(request, rich=False))
     _listen.release(spec.master_port)
     assert (spec.nprocs, spec.backend, spec.env, spec.timeout, spec.shown_ranks) == (2, "gloo", {"A": "1"}, 30.0, {0})
 

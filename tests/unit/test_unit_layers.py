@@ -36,6 +36,7 @@ FLOORS = [
     ["nbspawn.executors"],
     ["nbspawn.cluster"],
     ["nbspawn.planning"],
+    ["nbspawn._effects"],
     ["nbspawn._dispatch"],
     ["nbspawn._control"],
     ["nbspawn._api", "nbspawn._magic", "nbspawn._door"],

@@ -10,9 +10,11 @@ import inspect
 import pytest
 from IPython.core.error import UsageError
 
+from nbspawn import _listen
 from nbspawn._api import _API_ONLY, launch
 from nbspawn._dispatch import plan_run, refuse_combinations
 from nbspawn._door import read_request, read_settings
+from nbspawn._effects import carry_out
 from nbspawn._magic import FORMS, SpawnMagics, _parsed
 from nbspawn._options import OPTIONS
 from nbspawn._program import read_program_line
@@ -143,7 +145,10 @@ def test_a_bad_option_is_refused_before_anything_starts(given, message, tmp_path
 
 
 def test_a_good_request_is_a_frozen_spec(tmp_path):
-    spec, executor = plan_run(cell(settings=Settings(nprocs=2, start_method="spawn", log_dir=str(tmp_path)))(), rich=True)
+    spec, executor = carry_out(
+        plan_run(cell(settings=Settings(nprocs=2, start_method="spawn", log_dir=str(tmp_path)))(), rich=True)
+    )
+    _listen.release(spec.master_port)
     assert (spec.nprocs, spec.start_method, spec.rich) == (2, "spawn", True)
     assert spec.run_dir.startswith(str(tmp_path))
     with pytest.raises(AttributeError):

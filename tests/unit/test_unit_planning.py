@@ -1,7 +1,8 @@
 """The planners (``nbspawn.planning``) without processes: a typed request (as the door makes it) and
-this machine's, a world's or the nodes' facts become a frozen spec and its executor, or one line of
-refusal.  Nothing is started: a fresh cell's and a program's spec are only planned, a world and a
-cluster world are made as data (their processes and engines are the end-to-end tests' business)."""
+this machine's, a world's or the nodes' facts become a plan (a frozen spec, its executor's kind, the
+effects it needs), or one line of refusal.  Nothing is started: a fresh cell's and a program's plan is
+carried out here (a port reserved, --share moved) but no rank started, a world and a cluster world are
+made as data (their processes and engines are the end-to-end tests' business)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from nbspawn import _listen
+from nbspawn._effects import carry_out
 from nbspawn._program import read_program_line
 from nbspawn._request import Cell, Given, OnClusterWorld, RunRequest, Settings
 from nbspawn._source import CellSource
@@ -17,6 +19,7 @@ from nbspawn._spec import RunSpec
 from nbspawn.cluster._clusterworld import ClusterWorld
 from nbspawn.cluster._plan import ClusterPlan, Node
 from nbspawn.errors import SpawnUsageError
+from nbspawn.executors import _world as _world_executor
 from nbspawn.executors._fresh import FreshRanks
 from nbspawn.executors._program import ProgramRanks
 from nbspawn.executors._world import World
@@ -29,7 +32,7 @@ def test_a_fresh_cell_is_planned_from_typed_settings(tmp_path):
     names = {"x": 1}
     settings = Settings(nprocs=2, start_method="fork", backend="gloo", env={"A": "1"}, timeout=3.0, log_dir=str(tmp_path))
     request = RunRequest.of(CellSource("y = x"), settings=settings, namespace=names, out=("y",))
-    spec, executor = plan_fresh_cell(request, request.work, rich=False)
+    spec, executor = carry_out(plan_fresh_cell(request, request.work, rich=False))
     _listen.release(spec.master_port)
     assert isinstance(executor, FreshRanks) and executor.spec is spec
     assert (spec.nprocs, spec.start_method, spec.backend, spec.env, spec.timeout) == (2, "fork", "gloo", {"A": "1"}, 3.0)
@@ -41,7 +44,7 @@ def test_a_fresh_cell_is_planned_from_typed_settings(tmp_path):
 def test_a_fresh_cell_under_spawn_is_sent_the_names_it_uses_by_value(tmp_path):
     settings = Settings(nprocs=1, start_method="spawn", log_dir=str(tmp_path))
     request = RunRequest.of(CellSource("print(x)"), settings=settings, namespace={"x": 1, "unused": 2})
-    spec, _ = plan_fresh_cell(request, request.work, rich=False)
+    spec, _ = carry_out(plan_fresh_cell(request, request.work, rich=False))
     _listen.release(spec.master_port)
     assert spec.namespace is None and spec.namespace_payload is not None
 
@@ -58,7 +61,7 @@ def test_a_program_is_planned_as_a_new_process_per_rank(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     settings = Settings(nprocs=2, log_dir=str(tmp_path))
     line = read_program_line(["train.py", "--lr", "0.1"])
-    spec, executor = plan_program(RunRequest.of(line, settings=settings), line, rich=False)
+    spec, executor = carry_out(plan_program(RunRequest.of(line, settings=settings), line, rich=False))
     _listen.release(spec.master_port)
     assert isinstance(executor, ProgramRanks)
     assert (spec.nprocs, spec.start_method, spec.backend, spec.pdb) == (2, "spawn", "none", False)
@@ -138,12 +141,19 @@ def test_each_executor_says_once_how_the_supervisor_treats_its_ranks():
 
     keeps = {
         cls: cls.supervision.keeps_ranks
-        for cls in (FreshRanks, ProgramRanks, _world.WorldCell, _nodeworld._NodeWorldCell, ClusterRanks, ClusterWorldCell)
+        for cls in (
+            FreshRanks,
+            ProgramRanks,
+            _world_executor.WorldCell,
+            _nodeworld._NodeWorldCell,
+            ClusterRanks,
+            ClusterWorldCell,
+        )
     }
     assert keeps == {
         FreshRanks: False,
         ProgramRanks: False,
-        _world.WorldCell: True,
+        _world_executor.WorldCell: True,
         _nodeworld._NodeWorldCell: True,
         ClusterRanks: False,
         ClusterWorldCell: True,

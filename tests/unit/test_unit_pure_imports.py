@@ -71,10 +71,6 @@ def test_the_door_imports_neither_torch_nor_ipython(record_property):
     _check("nbspawn._door", record_property)
 
 
-@pytest.mark.xfail(
-    reason="the planners build executors and hand tensors over (executors, cluster, handoff._shm import torch at the top)",
-    strict=True,
-)
 @pytest.mark.parametrize("module", PLANNERS)
 def test_a_planner_imports_neither_torch_nor_ipython(module, record_property):
     _check(module, record_property)
