@@ -81,6 +81,7 @@ def plan_world_cell(request: RunRequest, work: Cell, target: OnWorld, rich: bool
         on=on,
         notes=notes,
     )
+    cell_spec = spec.with_cell(part)  # what the ranks record: --xray is the cell's own
     job = WorldJob(
         cell,
         part.run_dir,
@@ -91,8 +92,8 @@ def plan_world_cell(request: RunRequest, work: Cell, target: OnWorld, rich: bool
         shared=tuple(shared),
         grace=part.grace_period,
         on=on,
-        xray=cspec.xrayed,
-        xray_values=cspec.xray_values,
+        xray=cell_spec.xrayed,
+        xray_values=cell_spec.xray_values,
     )
     return WorldCellPlan(place, part, job, names_bound(cell.tree), share=tuple(shared.values()))
 
