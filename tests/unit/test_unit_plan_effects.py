@@ -43,7 +43,8 @@ def test_a_plan_holds_no_port_and_shares_nothing_until_it_is_carried_out(tmp_pat
     spec, executor = carry_out(plan)
     try:
         assert isinstance(executor, FreshRanks) and executor.spec is spec
-        assert set(_listen._held) == held | {spec.master_port} and spec.master_port > 0
+        # the one new socket held is the spec's port (an old one may have been let go: _listen holds 8 at most)
+        assert set(_listen._held) - held == {spec.master_port} and spec.master_port > 0
         assert shared(weights)
         assert {**vars(spec), "master_port": 0} == vars(plan.spec)  # the port is all carrying it out changed
     finally:
