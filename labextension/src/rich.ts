@@ -89,12 +89,23 @@ const FRAME_STYLE =
 
 /** HTML in a sandboxed iframe (no scripts, no forms, no popups), as tall as its content. */
 function htmlFrame(html: string): HTMLElement {
+  return sandboxedFrame(html, { className: 'nbs-Rich-frame', title: 'rank output (HTML)', head: FRAME_STYLE, maxHeight: 2000 });
+}
+
+/**
+ * `html` in an iframe that runs nothing (`allow-same-origin` only: this page may measure it), `head`
+ * in its head, as tall as its content up to `maxHeight` px (images in it that load later included).
+ */
+export function sandboxedFrame(
+  html: string,
+  options: { className: string; title: string; head: string; maxHeight: number }
+): HTMLIFrameElement {
   const frame = document.createElement('iframe');
-  frame.className = 'nbs-Rich-frame';
+  frame.className = options.className;
   frame.setAttribute('sandbox', 'allow-same-origin');
   frame.setAttribute('referrerpolicy', 'no-referrer');
-  frame.setAttribute('title', 'rank output (HTML)');
-  frame.srcdoc = `<!doctype html><html><head><meta charset="utf-8">${FRAME_STYLE}</head><body>${html}</body></html>`;
+  frame.setAttribute('title', options.title);
+  frame.srcdoc = `<!doctype html><html><head><meta charset="utf-8">${options.head}</head><body>${html}</body></html>`;
   frame.addEventListener('load', () => {
     // allow-same-origin lets this page measure it; without allow-scripts nothing in it runs
     const body = frame.contentDocument?.body;
@@ -102,14 +113,14 @@ function htmlFrame(html: string): HTMLElement {
       return;
     }
     const fit = () => {
-      const height = `${Math.min(2000, Math.ceil(body.getBoundingClientRect().height) + 2)}px`;
+      const height = `${Math.min(options.maxHeight, Math.ceil(body.getBoundingClientRect().height) + 2)}px`;
       if (frame.style.height !== height) {
         frame.style.height = height;
       }
     };
     fit();
     if (typeof ResizeObserver !== 'undefined') {
-      new ResizeObserver(fit).observe(body); // images in it that load later
+      new ResizeObserver(fit).observe(body);
     }
   });
   return frame;

@@ -9,6 +9,7 @@
  */
 
 import { h } from './dom';
+import { sandboxedFrame } from './rich';
 
 /** The tab's key, beside a rank's number and `'merged'`. */
 export const XRAY = 'xray';
@@ -81,27 +82,11 @@ export class XRayPanel {
       this.node.replaceChildren(h('div', { class: 'nbs-XRay-summary' }, summary ?? 'no collective yet'));
       return;
     }
-    const frame = document.createElement('iframe');
-    frame.className = 'nbs-XRay-frame';
-    frame.setAttribute('sandbox', 'allow-same-origin'); // lets this page size it; nothing in it runs
-    frame.setAttribute('referrerpolicy', 'no-referrer');
-    frame.setAttribute('title', 'collectives X-ray');
-    frame.srcdoc = `<!doctype html><html><head><meta charset="utf-8">${themeStyle()}</head><body>${html}</body></html>`;
-    frame.addEventListener('load', () => {
-      const body = frame.contentDocument?.body;
-      if (!body) {
-        return;
-      }
-      const fit = () => {
-        const height = `${Math.min(1600, Math.ceil(body.getBoundingClientRect().height) + 4)}px`;
-        if (frame.style.height !== height) {
-          frame.style.height = height;
-        }
-      };
-      fit();
-      if (typeof ResizeObserver !== 'undefined') {
-        new ResizeObserver(fit).observe(body);
-      }
+    const frame = sandboxedFrame(html, {
+      className: 'nbs-XRay-frame',
+      title: 'collectives X-ray',
+      head: themeStyle(),
+      maxHeight: 1600
     });
     this.node.replaceChildren(frame);
   }
