@@ -19,6 +19,7 @@ from ._rankdir import RankDir
 from ._spec import RunSpec
 from .errors import RankFailure, RunFacts, SpawnError
 from .events._display import DisplayItems
+from .events._resources import MemoryLimit
 from .events._streams import Event, RankStreams
 from .events._where import ANSWER_WAIT, RankToAsk, where_now
 from .events._xray import XRay, analyse, read_records
@@ -50,6 +51,11 @@ class RankState:
     note: str | None = None
     prompt: str | None = None  # at a prompt now: "pdb" (a breakpoint, a post-mortem) or "input" (input(), getpass())
     stack_from: int | None = None  # where in stacks.log the dump asked for when it was stopped begins
+    # what it costs, sampled about once a second from the kernel's side (its children included):
+    # CPU now (percent of one core), resident memory now and its peak in this run, in bytes
+    cpu_percent: float | None = None
+    rss: int | None = None
+    peak_rss: int | None = None
 
     def read_stacks(self, limit: int | None = None) -> str:
         """The stack dump taken when the rank was stopped (the whole log if none was asked for), or
@@ -117,6 +123,8 @@ class Run:
     world_cell: int | None = None  # which of that world's cells this is, from 1
     world_lost: str | None = None  # why that world could not go on, if it could not
     shown: dict[str, object] | None = field(default=None, repr=False)  # its frozen view's mime bundle (%spawn show)
+    memory: MemoryLimit | None = None  # the machine's (or container's) memory at the last sample
+    memory_warning: str | None = None  # said once, when the ranks brought it near its end
     node_batches: list[int] = field(default_factory=list)  # a cluster run: data messages received from each node
     xray: XRay | None = field(default=None, repr=False)  # what the ranks did together (--xray), read by read_xray()
     display_items: DisplayItems = field(init=False, repr=False)

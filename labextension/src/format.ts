@@ -37,3 +37,22 @@ export function formatElapsed(seconds: number): string {
 export function stoppedByUser(how: string | null | undefined): string {
   return `stopped by you (${how && how !== 'Stop button' ? how : 'Stop'})`;
 }
+
+/** `5.1 GB`, `850 MB` (decimal, as the kernel's `gigabytes` writes them); `''` for null. */
+export function formatBytes(bytes: number | null | undefined): string {
+  if (bytes === null || bytes === undefined) {
+    return '';
+  }
+  return bytes >= 1e9 ? `${(bytes / 1e9).toFixed(1)} GB` : `${Math.round(bytes / 1e6)} MB`;
+}
+
+/** What a rank costs, in a few words: "CPU 97% · 1.2 GB · peak 1.4 GB" (what is known of it). */
+export function costWords(r: { cpu?: number | null; rss?: number | null; peak_rss?: number | null }): string {
+  return [
+    typeof r.cpu === 'number' ? `CPU ${Math.round(r.cpu)}%` : '',
+    formatBytes(r.rss),
+    r.peak_rss && r.peak_rss !== r.rss ? `peak ${formatBytes(r.peak_rss)}` : ''
+  ]
+    .filter(Boolean)
+    .join(' · ');
+}

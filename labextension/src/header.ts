@@ -5,7 +5,7 @@
  */
 
 import { h } from './dom';
-import { formatDuration, stoppedByUser } from './format';
+import { formatBytes, formatDuration, stoppedByUser } from './format';
 import { IRunBundle } from './messages';
 
 export const RUN_STATUS_LABEL: Record<string, string> = {
@@ -97,6 +97,13 @@ export function buildHeader(run: IRunBundle, extras: IHeaderExtras = {}): HTMLEl
     meta.appendChild(node);
   }
   addMeta('took', formatDuration(run.duration));
+  const memory = memoryWords(run);
+  if (memory) {
+    meta.appendChild(metaEntry('memory', memory, run.memory_warning ? 'nbs-mod-warn' : ''));
+    if (run.memory_warning) {
+      meta.lastElementChild?.setAttribute('title', run.memory_warning);
+    }
+  }
   addMeta('run', run.run_id, 'nbs-mod-mono');
   const logs = pathLine('logs', run.log_dir);
   if (logs) {
@@ -182,4 +189,20 @@ export function buildBanner(run: IRunBundle, pick?: (rank: number) => void): HTM
     );
   }
   return nodes;
+}
+
+/**
+ * The ranks' memory against what there is: "ranks 4.8 GB · 6.1 GB of 12.7 GB in use" while it runs
+ * (what they hold now), "peak 5.1 GB of 12.7 GB" once ended; '' when nothing was sampled.
+ */
+export function memoryWords(run: IRunBundle): string {
+  const live = run.ranks.some(r => r.status === 'running' && r.rss);
+  const held = run.ranks.reduce((sum, r) => sum + ((live ? r.rss : r.peak_rss) ?? 0), 0);
+  if (!held) {
+    return '';
+  }
+  const of = run.memory ? ` of ${formatBytes(run.memory.total)}${run.memory.source === 'container' ? ' (container)' : ''}` : '';
+  return live
+    ? `ranks ${formatBytes(held)}${run.memory ? ` · ${formatBytes(run.memory.used)}${of} in use` : ''}`
+    : `peak ${formatBytes(held)}${of}`;
 }

@@ -98,8 +98,20 @@ export interface IRankRecord {
   note?: string | null;
   /** At a prompt now: "pdb" (a breakpoint or post-mortem; its note says where) or "input" (input(), getpass()). */
   prompt?: string | null;
+  /** What it costs (its children included), sampled about once a second: CPU now (% of one core) and
+   * resident memory now, while it runs; its peak in the run (bytes). Absent before they existed. */
+  cpu?: number | null;
+  rss?: number | null;
+  peak_rss?: number | null;
   /** Version 1 bundles only: the kept output (version 2 keeps it in the bundle's `text/html`). */
   output?: OutputChunk[];
+}
+
+/** The machine's memory (or its container's limit, the tighter) at the last sample, in bytes. */
+export interface IMemoryRecord {
+  total: number;
+  used: number;
+  source: 'machine' | 'container';
 }
 
 /** What a rank's status says in words: "failed after rank 2" for one that failed once rank 2 had. */
@@ -129,6 +141,9 @@ export interface IRunRecord {
   output_in: 'text/html' | '';
   /** The collectives X-ray in words (its drawing: the bundle's `text/html`, or the widget's `xray_html`). */
   xray?: string | null;
+  memory?: IMemoryRecord | null;
+  /** Said once, when the ranks brought the memory in use near its end. */
+  memory_warning?: string | null;
   ranks: IRankRecord[];
 }
 
@@ -243,6 +258,17 @@ export interface IRunBundle extends Omit<IRunRecord, 'status' | 'error' | 'outpu
   ranks: IRankInfo[];
 }
 
+/** The run's memory figures, or null when absent or malformed. */
+function memoryRecord(value: unknown): IMemoryRecord | null {
+  if (!value || typeof value !== 'object') {
+    return null;
+  }
+  const m = record(value);
+  const total = num(m.total);
+  const used = num(m.used);
+  return total !== null && used !== null ? { total, used, source: m.source === 'container' ? 'container' : 'machine' } : null;
+}
+
 /** Coerce untrusted JSON to a bundle: wrong or missing fields get neutral values, never throw. */
 export function parseBundle(data: unknown): IRunBundle {
   const d = record(data);
@@ -269,7 +295,10 @@ export function parseBundle(data: unknown): IRunBundle {
         display_path: strOrNull(r.display_path),
         node: strOrNull(r.node),
         note: strOrNull(r.note),
-        prompt: strOrNull(r.prompt)
+        prompt: strOrNull(r.prompt),
+        cpu: num(r.cpu),
+        rss: num(r.rss),
+        peak_rss: num(r.peak_rss)
       };
     });
   const e = d.error && typeof d.error === 'object' ? record(d.error) : null;
@@ -297,6 +326,8 @@ export function parseBundle(data: unknown): IRunBundle {
       : null,
     output_in: str(d.output_in),
     xray: strOrNull(d.xray),
+    memory: memoryRecord(d.memory),
+    memory_warning: strOrNull(d.memory_warning),
     ranks
   };
 }

@@ -4,7 +4,7 @@
  */
 
 import { h } from './dom';
-import { formatDuration } from './format';
+import { costWords, formatDuration } from './format';
 import { IRankInfo, IRunBundle, statusWords } from './messages';
 
 /** A log file as a compact button: its name; the full path in the tooltip, copied on click. */
@@ -39,7 +39,8 @@ export function paneHead(rank: IRankInfo): HTMLElement {
     statusWords(rank),
     rank.exit_code !== null && rank.exit_code !== 0 ? `exit code ${rank.exit_code}` : null,
     rank.signal,
-    rank.duration !== null ? formatDuration(rank.duration) : null
+    rank.duration !== null ? formatDuration(rank.duration) : null,
+    costWords(rank) || null
   ].filter(Boolean) as string[];
   return h(
     'div',

@@ -4,7 +4,7 @@
  */
 
 import { h } from './dom';
-import { formatDuration } from './format';
+import { costWords, formatBytes, formatDuration } from './format';
 import { rankHue } from './lines';
 import { IRankInfo, IRunBundle, statusWords } from './messages';
 
@@ -62,7 +62,8 @@ export function buildChip(r: IRankInfo, run: IRunBundle): HTMLElement {
     note ?? where,
     r.summary,
     r.duration !== null ? formatDuration(r.duration) : null,
-    r.exit_code !== null ? `exit code ${r.exit_code}` : null
+    r.exit_code !== null ? `exit code ${r.exit_code}` : null,
+    costWords(r) || null
   ]
     .filter(Boolean)
     .join(' — ');
@@ -78,7 +79,9 @@ export function buildChip(r: IRankInfo, run: IRunBundle): HTMLElement {
     },
     h('span', { class: 'nbs-Chip-icon', 'aria-hidden': 'true' }, RANK_ICON[r.status] ?? ''),
     h('span', { class: 'nbs-Chip-rank' }, String(r.rank)),
-    detail ? h('span', { class: 'nbs-Chip-detail' }, detail) : null
+    detail ? h('span', { class: 'nbs-Chip-detail' }, detail) : null,
+    // while it runs, the memory it holds now: which rank grows is seen at a glance
+    r.status === 'running' && r.rss ? h('span', { class: 'nbs-Chip-cost' }, formatBytes(r.rss)) : null
   );
   if (run.error && run.error.rank === r.rank) {
     chip.classList.add('nbs-mod-rootcause');

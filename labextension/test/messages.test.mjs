@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import test from 'node:test';
 
-import { formatDuration } from '../lib/bundled/format.mjs';
+import { costWords, formatBytes, formatDuration } from '../lib/bundled/format.mjs';
 import {
   decodeState,
   decodeWidgetComm,
@@ -29,12 +29,14 @@ const RUN = {
   ranks: [
     { rank: 0, pid: 11, status: 'done', after: null, exit_code: 0, signal: null, duration: 3.2, summary: null, traceback: null,
       elided_lines: 0, stdout_path: '/tmp/logs/r1/0/stdout.log', stderr_path: '/tmp/logs/r1/0/stderr.log',
-      display_path: '/tmp/logs/r1/0/display.jsonl', node: null, note: 'at a breakpoint (Pdb, cell line 4)', prompt: 'pdb' },
+      display_path: '/tmp/logs/r1/0/display.jsonl', node: null, note: 'at a breakpoint (Pdb, cell line 4)', prompt: 'pdb',
+      cpu: null, rss: null, peak_rss: 1234000000 },
     { rank: 1, pid: 12, status: 'failed', after: null, exit_code: 1, signal: null, duration: 3.1, summary: 'ValueError: boom',
       traceback: 'Traceback ...', elided_lines: 5, stdout_path: 'hostb:/l/1/stdout.log', stderr_path: null,
       display_path: null, node: 'node 1 (hostb)', note: 'waiting in barrier #3 for 25 s; rank 0 has not entered it',
-      prompt: null },
+      prompt: null, cpu: 97.5, rss: 850000000, peak_rss: 900000000 },
   ],
+  memory: { total: 12700000000, used: 6100000000, source: 'container' }, memory_warning: null,
 };
 
 test('record: plain objects only', () => {
@@ -56,6 +58,29 @@ test('parseBundle keeps a well-formed run record as it is', () => {
   assert.deepEqual(run.ranks[1], { ...RUN.ranks[1], output: [] });
   assert.deepEqual(run.ranks[0], { ...RUN.ranks[0], output: [] }); // a rank at a prompt: its note and prompt kept
   assert.equal(run.output_in, 'text/html');
+  assert.deepEqual(run.memory, RUN.memory); // the machine's (here a container's) memory, as sampled
+  assert.equal(run.memory_warning, null);
+});
+
+test('parseBundle: memory figures that are absent or malformed are null, never a throw', () => {
+  const older = { ...RUN.ranks[1] }; // a record from before the figures
+  delete older.cpu;
+  delete older.rss;
+  delete older.peak_rss;
+  const run = parseBundle({ ...RUN, memory: { total: 'lots', used: 1 }, ranks: [older] });
+  assert.equal(run.memory, null);
+  assert.deepEqual([run.ranks[0].cpu, run.ranks[0].rss, run.ranks[0].peak_rss], [null, null, null]);
+  assert.equal(parseBundle({ ...RUN, memory: { total: 2, used: 1, source: 'x' } }).memory.source, 'machine');
+});
+
+test('a rank\'s cost in words: CPU, memory now, its peak when higher; bytes as the kernel writes them', () => {
+  assert.equal(formatBytes(5.14e9), '5.1 GB');
+  assert.equal(formatBytes(849.6e6), '850 MB');
+  assert.equal(formatBytes(null), '');
+  assert.equal(costWords(RUN.ranks[1]), 'CPU 98% · 850 MB · peak 900 MB');
+  assert.equal(costWords({ cpu: null, rss: null, peak_rss: 1.234e9 }), 'peak 1.2 GB'); // ended: its peak only
+  assert.equal(costWords({ cpu: 3, rss: 2e9, peak_rss: 2e9 }), 'CPU 3% · 2.0 GB');
+  assert.equal(costWords({}), '');
 });
 
 test('a rank that failed after the first failure keeps which rank that was, in words too', () => {

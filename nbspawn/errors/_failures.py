@@ -46,11 +46,14 @@ class RankFailure:
     stack: str | None = None  # where it was when nbspawn stopped it
     node: str | None = None  # a cluster run's rank: "node 1 (hostb)"
     after: int | None = None  # it failed after this rank did, the run's first failure (most often because of it)
+    memory: str | None = None  # the out-of-memory killer's: "killed for memory at 5.1 GB; the ranks held 11.9 GB of 12.7 GB"
 
     @property
     def summary(self) -> str:
         if self.exc_type:
             return f"{self.exc_type}: {self.message}" if self.message else self.exc_type
+        if self.memory:
+            return self.memory
         if self.signal_name:
             return f"killed by {self.signal_name}"
         return f"exited with code {self.exit_code}"

@@ -64,6 +64,7 @@ from ._base import Executor
 from ._hangwatch import STACK_DUMP_WAIT, HangWatch
 from ._procs import interrupts_deferred, signal_group
 from ._prompting import PromptDesk
+from ._resourcewatch import ResourceWatch
 
 # How often new output is looked for: soon after output arrived, then backing off while ranks are
 # quiet (up to the executor's ``supervision.poll_max``), so a long silent run costs the kernel almost nothing.
@@ -189,6 +190,7 @@ class _Supervisor:
         self.flooded = False  # the last read of output skipped some: the ranks write more than the view keeps
         self.hangs = HangWatch(run, view, executor)  # quiet ranks looked at; where they were when stopped
         self.desk = PromptDesk(run, view, self)  # the ranks' input(), breakpoint() and pdb, answered here
+        self.costs = ResourceWatch(run, view, enabled=not self.policy.remote)  # each rank's CPU and memory
 
     # -- starting ---------------------------------------------------------------------------------
 
@@ -209,6 +211,7 @@ class _Supervisor:
             for waitable in self.executor.waitables(rank):
                 self.alive[waitable] = rank
         self.run.status = "running"
+        self.costs.ranks_started()
         if self.spec.timeout is not None:
             self.deadline = time.monotonic() + self.spec.timeout
         if interrupted:
@@ -257,6 +260,7 @@ class _Supervisor:
                     if waitable in self.alive:
                         self._reap(self.alive[waitable], waitable)
                 self.check_clocks()
+                self.costs.sample()
                 if self.desk.prompts is not None and (self.desk.pending or self.desk.prompts in ready):
                     self.desk.serve()
                 self.view.tick(self.run)
@@ -325,6 +329,8 @@ class _Supervisor:
             how = f"signal {-code}" if code < 0 else f"exit code {code}"
             with contextlib.suppress(ValueError):
                 how = signal.Signals(-code).name if code < 0 else how
+            if rank not in self.signalled:
+                how = self.costs.killed_for_memory(state) or how
             self.lost = f"rank {rank} died ({how})"
         if state.exit_code == 0:
             state.status = "done"
@@ -374,6 +380,8 @@ class _Supervisor:
             with contextlib.suppress(ValueError):
                 failure.signal_name = state.signal_name = signal.Signals(-code).name
             failure.signal_name = failure.signal_name or f"signal {-code}"
+            if state.rank not in self.signalled:
+                failure.memory = self.costs.killed_for_memory(state)
         record = state.read_error()
         if record:
             failure.exc_type = record.exc_type

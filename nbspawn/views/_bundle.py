@@ -28,6 +28,7 @@ from .._rankdir import DISPLAY_FILE, STDERR, STDOUT
 from .._runstate import RankState, Run
 from ..errors import RankExitedError, RankRaisedError, SpawnInterrupted, SpawnTimeoutError, rank_spans
 from ..events._display import WIDGET_MIME
+from ..events._resources import gigabytes
 from ._messages import RankRecord, RunErrorRecord, RunRecord
 from ._safehtml import safe_html
 from ._sgr import ESCAPE, SGR, Style, apply_sgr, sgr_params, sgr_sequence, style_after, style_css
@@ -85,6 +86,9 @@ def rank_record(state: RankState, elided_lines: int = 0) -> RankRecord:
         "node": state.node,
         "note": state.note,
         "prompt": state.prompt,
+        "cpu": state.cpu_percent if state.status == "running" else None,
+        "rss": state.rss if state.status == "running" else None,
+        "peak_rss": state.peak_rss,
     }
 
 
@@ -123,6 +127,10 @@ def run_record(run: Run, elided: dict[int, int] | None = None) -> RunRecord:
         },
         "output_in": "text/html",
         "xray": run.xray.summary if run.xray is not None else None,
+        "memory": None
+        if run.memory is None
+        else {"total": run.memory.total, "used": run.memory.used, "source": run.memory.source},  # type: ignore[typeddict-item]
+        "memory_warning": run.memory_warning,
         "ranks": [rank_record(state, elided.get(state.rank, 0)) for state in ranks],
     }
 
@@ -239,11 +247,16 @@ def to_html(record: RunRecord, outputs: dict[int, list[Entry]], xray: str = "") 
             '<div role="alert" style="border-left:3px solid #cf222e;padding:2px 6px;margin:4px 0">'
             f"{e(_banner(record['error']))}</div>"
         )
+    memory = memory_line(record)
+    if memory:
+        parts.append(f'<div data-memory style="color:#57606a">{e(memory)}</div>')
     for rank in record["ranks"]:
         colour = _STATUS_COLOURS.get(rank["status"], "#57606a")
         status = _rank_status(rank) + (f" ({rank['summary']})" if rank["summary"] else "")
         if rank["duration"] is not None:
             status += f", {rank['duration']:.2f} s"
+        if rank["peak_rss"]:
+            status += f", peak {gigabytes(rank['peak_rss'])}"
         if rank["status"] == "stopped" and rank["note"]:
             status += f" — {rank['note']}"  # where it was: "has not entered barrier #1 (Cell In[2], line 4: ...)"
         open_attr = " open" if rank["status"] == "failed" or record["nprocs"] <= 4 else ""
@@ -276,6 +289,24 @@ def to_html(record: RunRecord, outputs: dict[int, list[Entry]], xray: str = "") 
     return "".join(parts)
 
 
+def memory_line(record: RunRecord) -> str:
+    """What the run needed, in one line: "memory: rank 2 peaked at 1.1 GB (the ranks' peaks: 2.1 GB in
+    all); this machine has 12.7 GB"; and the warning, if the ranks brought it near its end."""
+    peaks = {rank["rank"]: rank["peak_rss"] for rank in record["ranks"] if rank["peak_rss"]}
+    if not peaks:
+        return ""
+    top = max(peaks, key=lambda r: peaks[r])
+    line = f"memory: rank {top} peaked at {gigabytes(peaks[top])}"
+    if len(peaks) > 1:
+        line += f" (the ranks' peaks: {gigabytes(sum(peaks.values()))} in all)"
+    memory = record.get("memory")
+    if memory:
+        line += f"; this {'container' if memory['source'] == 'container' else 'machine'} has {gigabytes(memory['total'])}"
+    if record.get("memory_warning"):
+        line += f"; {record['memory_warning']}"
+    return line
+
+
 def _rank_status(rank: RankRecord) -> str:
     """A rank's status in words: ``failed after rank 2`` for one that failed once rank 2 had."""
     return f"failed after rank {rank['after']}" if rank["status"] == "failed_after" else rank["status"]
@@ -303,6 +334,9 @@ def to_text(record: RunRecord) -> str:
             lines.append(_banner(record["error"]))
     if record.get("xray"):
         lines.append(f"collectives: {record['xray']}")
+    memory = memory_line(record)
+    if memory:
+        lines.append(memory)
     counts: dict[str, list[int]] = {}
     for rank in record["ranks"]:
         counts.setdefault(_rank_status(rank), []).append(rank["rank"])

@@ -37,6 +37,11 @@ class RankRecord(TypedDict):
     # stopped in a hang keeps where it was then ("has not entered barrier #3 (Cell In[5], line 6: ...)")
     note: str | None
     prompt: str | None  # at a prompt now: "pdb" (its note: "at a breakpoint (Pdb, cell line 4)") or "input"
+    # what it costs (its children included), sampled about once a second: CPU now (percent of one core,
+    # while it runs), resident memory now and its peak in the run, in bytes; None where not sampled (a cluster's)
+    cpu: float | None
+    rss: int | None
+    peak_rss: int | None
 
 
 class RunErrorRecord(TypedDict):
@@ -45,6 +50,14 @@ class RunErrorRecord(TypedDict):
     stopped_by: str | None  # a stopped run: what stopped it ("%spawn stop", "run.stop()", "Stop button")
     # a run stopped (timeout, interrupt, Stop) while hung: why, the banner's line ("rank 1 never entered barrier #1 ...")
     verdict: str | None
+
+
+class MemoryRecord(TypedDict):
+    """The machine's memory (or its container's limit, the tighter) at the last sample, in bytes."""
+
+    total: int
+    used: int  # by everything under it, the kernel and the ranks included
+    source: Literal["machine", "container"]
 
 
 class RunHeader(TypedDict):
@@ -63,6 +76,8 @@ class RunHeader(TypedDict):
     error: RunErrorRecord | None
     output_in: Literal["text/html", ""]
     xray: str | None  # the collectives X-ray in words (its drawing is in the text/html, or the widget's xray_html)
+    memory: MemoryRecord | None
+    memory_warning: str | None  # said once, when the ranks brought the memory in use near its end
 
 
 class RunRecord(RunHeader):

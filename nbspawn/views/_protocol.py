@@ -68,6 +68,10 @@ class RunView:
         """Show now what the view holds back to redraw at its own pace (a rank's prompt is coming,
         and it blocks the loop that would have drawn it)."""
 
+    def resources_sampled(self, run: Run) -> None:
+        """The ranks' CPU and memory were sampled (each rank's ``cpu_percent``, ``rss``, ``peak_rss``;
+        ``run.memory``, and ``run.memory_warning`` once they near its end)."""
+
     def tick(self, run: Run) -> None:
         """Once per turn of the supervision loop."""
 

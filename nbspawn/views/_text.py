@@ -257,6 +257,7 @@ class TextView(RunView):
         self._busy = contextlib.ExitStack()  # the kernel says Busy while a foreground run goes (_busy)
         self._said: str | None = None  # the hang last said
         self._told_waiting: set[int] = set()  # a background run's ranks said to wait at a prompt
+        self._memory_told = False  # the memory warning is said once
         self._typed: dict[int, str] = {}  # rank -> its pdb command's echo, not printed again on a terminal
         self._plain: set[str] = set()  # the streams that get no colour codes (NO_COLOR, no terminal): wants_colour
 
@@ -336,6 +337,13 @@ class TextView(RunView):
             self._emit("stderr", f"nbspawn: looks hung: {verdict}\n")
             self._render(force=True)
         self._said = kind
+
+    def resources_sampled(self, run: Run) -> None:
+        """The memory warning, once, on stderr: ``nbspawn: memory is running out: ...``."""
+        if run.memory_warning and not self._memory_told:
+            self._memory_told = True
+            self._emit("stderr", f"nbspawn: {run.memory_warning}\n")
+            self._render(force=True)
 
     def prompts_changed(self, run: Run, waiting: dict[int, str]) -> None:
         """A background run's rank at a prompt is said once, on stderr, with how to attach (a foreground

@@ -176,6 +176,9 @@ class WidgetView(RunView):
     def hang_noticed(self, run: Run, verdict: str | None) -> None:
         self.dirty = True  # the chips' notes go with the next sync
 
+    def resources_sampled(self, run: Run) -> None:
+        self.dirty = True  # each rank's CPU and memory, with the next sync (about once a second)
+
     def prompts_changed(self, run: Run, waiting: dict[int, str]) -> None:
         self.dirty = True  # a rank's chip says it is at a prompt ("at a breakpoint"), or no longer
 

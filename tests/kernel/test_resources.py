@@ -1,0 +1,150 @@
+"""What each rank costs (issue #44), end to end in a real kernel: the ranks' memory and CPU sampled
+from the kernel's side into the live widget and the saved view, the ranks made the out-of-memory
+killer's first choice, and a rank killed for memory named so, with a warning before it, in a memory
+control group the test makes and removes itself (never one it did not create)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+
+import pytest
+from kernel_harness import ok, run
+from widget_harness import spawn_widget
+
+from nbspawn.views._bundle import MIME
+from nbspawn.views._widget import widget_available
+
+ALLOCATED = 400_000_000  # bytes rank 1 holds (written: resident), rank 0 not
+
+HOLDS = f"""\
+import os, time, torch
+rank = int(os.environ["RANK"])
+held = torch.ones({ALLOCATED // 4}) if rank == 1 else None
+time.sleep(1.5)
+print("adj", open("/proc/self/oom_score_adj").read().strip())
+time.sleep(1.5)
+"""
+
+
+def _adj(pid: int) -> int:
+    with open(f"/proc/{pid}/oom_score_adj", encoding="ascii") as fh:
+        return int(fh.read())
+
+
+@pytest.mark.skipif(not widget_available(), reason="nbspawn/_static/widget.js is not built")
+def test_each_ranks_memory_is_live_in_the_widget_and_its_peak_saved_within_ten_percent(kernel):
+    result, widget = spawn_widget(kernel, HOLDS, options="-n 2 --backend gloo")
+    assert result.status == "ok", result.error_text
+    # the ranks go before the kernel when memory runs out (their children inherit it)
+    said = ok(kernel, "for s in nbspawn.last_run().ranks:\n    print(open(s.stdout_path).read().strip())").stdout.splitlines()
+    assert len(said) == 2 and all(line.startswith("adj ") and int(line.split()[1]) > _adj(kernel.pid) for line in said), said
+    # live: while they ran, the widget's ranks carried what each held then
+    live = [u["ranks"] for u in widget.updates if u.get("ranks") and any(r.get("rss") for r in u["ranks"])]
+    assert live, "no live update carried the ranks' memory"
+    assert max(r["rss"] or 0 for r in live[-1]) >= ALLOCATED
+    # and what each used of a core since the last sample, from the second sample on
+    assert any(all(r["cpu"] is not None for r in ranks if r["status"] == "running") for ranks in live[1:]), live
+    # saved: each rank's peak, and rank 1's exceeds rank 0's by what it allocated, within 10 %
+    assert widget.frozen is not None
+    ranks = widget.frozen[MIME]["ranks"]
+    grew = ranks[1]["peak_rss"] - ranks[0]["peak_rss"]
+    assert abs(grew - ALLOCATED) <= 0.1 * ALLOCATED, [r["peak_rss"] for r in ranks]
+    assert widget.frozen[MIME]["memory"]["total"] > 0
+    assert "memory: rank 1 peaked at " in widget.frozen["text/plain"], widget.frozen["text/plain"]
+    assert "peak " in widget.frozen["text/html"]
+    # the Python result says the same
+    said = ok(kernel, "r = nbspawn.last_run()\nprint([s.peak_rss for s in r.ranks])").stdout
+    assert said.strip() == str([r["peak_rss"] for r in ranks])
+
+
+def test_a_plain_sigkill_is_not_called_out_of_memory(kernel):
+    body = "import os, signal, time\nif int(os.environ['RANK']) == 1:\n    time.sleep(1.5)\n    os.kill(os.getpid(), signal.SIGKILL)\ntime.sleep(30)\n"
+    result = run(kernel, f"%%spawn -n 2\n{body}", timeout=120)
+    assert result.status == "error"
+    text = result.error_text + result.stdout + result.stderr
+    assert "killed by SIGKILL" in text and "for memory" not in text, text
+
+
+# -- a real out-of-memory kill, in a memory control group this test makes ---------------------------
+
+
+def _memory_cgroup(pid: int) -> tuple[str, int] | None:
+    """The process's memory control group directory, and its version, where it can be written."""
+    with open(f"/proc/{pid}/cgroup", encoding="ascii") as fh:
+        lines = fh.read().splitlines()
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return f"/sys/fs/cgroup/memory{path}".rstrip("/"), 1
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "" and os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+            return f"/sys/fs/cgroup{path}".rstrip("/"), 2
+    return None
+
+
+@contextlib.contextmanager
+def memory_limited(pid: int, limit: int):
+    """``pid`` moved into a new memory control group below its own, limited to ``limit`` bytes; moved
+    back and the group removed afterwards.  Skips where no group can be made (not root, no memory
+    controller; a v2 parent whose processes would have to move out first)."""
+    found = _memory_cgroup(pid) if os.geteuid() == 0 else None
+    if found is None:
+        pytest.skip("no memory control group this test can make (needs root and a memory controller)")
+    parent, version = found
+    group = os.path.join(parent, f"nbspawn-test-{uuid.uuid4().hex[:8]}")
+    try:
+        os.mkdir(group)
+    except OSError as err:
+        pytest.skip(f"cannot make a memory control group under {parent}: {err}")
+    try:
+        limit_file = "memory.max" if version == 2 else "memory.limit_in_bytes"
+        with open(os.path.join(group, limit_file), "w") as fh:
+            fh.write(str(limit))
+        with open(os.path.join(group, "cgroup.procs"), "w") as fh:
+            fh.write(str(pid))
+        yield group
+    finally:
+        with contextlib.suppress(OSError), open(os.path.join(group, "cgroup.procs")) as fh:
+            left = fh.read().split()
+        for other in left:
+            with contextlib.suppress(OSError), open(os.path.join(parent, "cgroup.procs"), "w") as fh:
+                fh.write(other)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                os.rmdir(group)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+
+GROWS = """\
+import os, time, torch
+held = []
+if int(os.environ["RANK"]) == 1:
+    while True:  # ~100 MB a second until the out-of-memory killer ends it
+        held.append(torch.ones(2_500_000))
+        time.sleep(0.1)
+time.sleep(120)
+"""
+
+
+def test_a_rank_killed_for_memory_is_named_and_warned_of_and_the_kernel_lives(fresh_kernel):
+    kernel = fresh_kernel
+    with memory_limited(kernel.pid, 1_500_000_000):
+        result = run(kernel, f"%%spawn -n 2 --backend gloo\n{GROWS}", timeout=180)
+        assert result.status == "error"
+        text = result.error_text + result.stdout + result.stderr
+        # the warning came while it ran, then the rank was named as killed for memory (not a bare SIGKILL)
+        assert "nbspawn: memory is running out" in text, text
+        assert "rank 1" in text and "killed for memory at " in text and "of this container's 1.5 GB was in use" in text, text
+        # the kernel is the one that lived
+        assert ok(kernel, "print('alive')").stdout.strip() == "alive"
+        peaks = ok(kernel, "print(nbspawn.last_run().ranks[1].failure.memory)").stdout
+        assert peaks.startswith("killed for memory at "), peaks
