@@ -87,4 +87,3 @@ def test_bytes_in_words():
     assert res.gigabytes(5_140_000_000) == "5.1 GB"
     assert res.gigabytes(849_600_000) == "850 MB"
     assert res.gigabytes(0) == "0 MB"
-
