@@ -10,6 +10,7 @@ import { Entry, ILiveUpdate, emptyUpdate } from './entry';
 import { elidedNode, emptyOutput, entryNode } from './lines';
 import { IRankInfo, IRunBundle } from './messages';
 import { LiveOutput } from './output';
+import { costWords } from './format';
 import { mergedHead, paneHead, tracebackBox } from './panehead';
 
 /** A tab: a rank, or every rank merged. */
@@ -40,6 +41,7 @@ export function rankKey(r: IRankInfo, run: IRunBundle): string {
     r.node,
     r.note,
     r.prompt,
+    costWords(r),
     run.error?.rank === r.rank
   ]);
 }

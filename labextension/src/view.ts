@@ -7,7 +7,7 @@
 
 import { h } from './dom';
 import { formatElapsed } from './format';
-import { buildBanner, buildHeader, metaEntry } from './header';
+import { buildBanner, buildHeader, memoryWords, metaEntry } from './header';
 import { IRunBundle } from './messages';
 import { ILiveSource, ILiveUpdate, LiveOutput } from './output';
 import { Pane, Sel, rankKey } from './pane';
@@ -239,6 +239,8 @@ export class LiveView {
       run.duration,
       run.run_id,
       run.log_dir,
+      memoryWords(run),
+      run.memory_warning,
       active,
       this._src.stopRequested,
       this._src.stopAcknowledged,

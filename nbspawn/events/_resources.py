@@ -12,8 +12,8 @@ towards naming the rank that grew.
 The machine's memory is the tighter of ``/proc/meminfo`` and the kernel's control group (v2's
 ``memory.max``, v1's ``memory.limit_in_bytes``, the smallest of its ancestors'): a container's
 limit is what its out-of-memory killer enforces.  How many processes the out-of-memory killer has
-killed, system-wide, is ``/proc/vmstat``'s ``oom_kill``: a rank that died by SIGKILL while it rose
-was killed for memory.
+killed in the kernel's control group (``oom_kill``; ``/proc/vmstat``'s where none says) tells a rank
+that died by SIGKILL while it rose was killed for memory.
 """
 
 from __future__ import annotations
@@ -188,16 +188,35 @@ def memory_limit(proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> Me
     return MemoryLimit(total, total - available, "machine") if total else None
 
 
-def oom_kills(proc: str = "/proc") -> int:
-    """Processes the out-of-memory killer has killed since boot (any control group's included)."""
+def _counted(path: str, key: str) -> int | None:
+    """``key N`` from a flat-keyed file (``memory.oom_control``, ``memory.events.local``, ``vmstat``)."""
     try:
-        with open(f"{proc}/vmstat", encoding="ascii") as fh:
+        with open(path, encoding="ascii") as fh:
             for line in fh:
-                if line.startswith("oom_kill "):
-                    return int(line.split()[1])
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
     except (OSError, ValueError):
-        pass
-    return 0
+        return None
+    return None
+
+
+def oom_kills(proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """Processes the out-of-memory killer has killed in the kernel's own memory control group (where
+    its ranks are: a kill in another container, or in a group beside it, is not theirs), or, where no
+    group says, on the whole machine since boot (``/proc/vmstat``)."""
+    try:
+        with open(f"{proc}/self/cgroup", encoding="ascii") as fh:
+            dirs = cgroup_dirs(fh.read(), cgroup_root)
+    except OSError:
+        dirs = []
+    for directory, version in dirs[:1]:
+        # v1 counts a group's own kills; v2's memory.events counts its children's too, .local its own
+        path = f"{directory}/memory.oom_control" if version == 1 else f"{directory}/memory.events.local"
+        count = _counted(path, "oom_kill")
+        if count is not None:
+            return count
+    return _counted(f"{proc}/vmstat", "oom_kill") or 0
 
 
 def raise_oom_score(pid: int, above: int = 500, proc: str = "/proc") -> bool:

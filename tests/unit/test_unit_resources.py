@@ -87,3 +87,21 @@ def test_bytes_in_words():
     assert res.gigabytes(5_140_000_000) == "5.1 GB"
     assert res.gigabytes(849_600_000) == "850 MB"
     assert res.gigabytes(0) == "0 MB"
+
+
+def test_out_of_memory_kills_are_counted_in_the_kernels_own_group_first(tmp_path):
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "vmstat").write_text("nr_free_pages 10\noom_kill 7\n")
+    (proc / "self/cgroup").write_text("4:memory:/k\n0::/\n")
+    group = tmp_path / "cg/memory/k"
+    group.mkdir(parents=True)
+    assert res.oom_kills(str(proc), str(tmp_path / "cg")) == 7  # the group says nothing: the machine's count
+    (group / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    assert res.oom_kills(str(proc), str(tmp_path / "cg")) == 2  # a kill elsewhere on the machine is not the ranks'
+    (proc / "self/cgroup").write_text("0::/k\n")
+    v2 = tmp_path / "v2"
+    (v2 / "k").mkdir(parents=True)
+    (v2 / "cgroup.controllers").write_text("memory\n")
+    (v2 / "k/memory.events.local").write_text("low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n")
+    assert res.oom_kills(str(proc), str(v2)) == 1
