@@ -525,9 +525,9 @@ class _Supervisor:
     def _cleanup(self) -> None:
         if self._world_goes_on and self.alive:
             self.lost = "its cell did not finish"  # an error in the supervisor itself
+        self.run.world_lost = self.lost  # first: a kept world records why it was lost (its next cell says it)
         self.executor.cleanup(lose=self.lost is not None)
         self.desk.close()
-        self.run.world_lost = self.lost
         self.alive.clear()
         self.run.close_logs()
         self.run.ended_at = time.time()

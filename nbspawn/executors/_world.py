@@ -284,7 +284,7 @@ class WorldCell(Executor):
         if self.run is not None and self.job.debug is None:
             world.keep_failures(self.run, self.job.cell)
         if lose:
-            world.lose(None)
+            world.lose(self.run.world_lost if self.run is not None else None)
         else:
             world.state = "idle"
             world.ipc.prune()  # the references its ranks let go of after the cell (keep_in_step)

@@ -49,7 +49,7 @@ def plan_world_cell(request: RunRequest, work: Cell, target: OnWorld, rich: bool
         if again is not None:
             notes = (
                 *notes,
-                f"nbspawn: world {name!r} was lost; this cell starts a new one with its settings "
+                f"nbspawn: world {name!r} was lost{f' ({again.why})' if again.why else ''}; this cell starts a new one with its settings "
                 f"({_kept.settled_here(spec).text()}), but none of the names its ranks had: run the cells that set them up again.",
             )
         place: KeptWorld | NewWorld = NewWorld(name, spec, settings.start_method)

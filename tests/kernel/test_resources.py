@@ -148,3 +148,17 @@ def test_a_rank_killed_for_memory_is_named_and_warned_of_and_the_kernel_lives(fr
         assert ok(kernel, "print('alive')").stdout.strip() == "alive"
         peaks = ok(kernel, "print(nbspawn.last_run().ranks[1].failure.memory)").stdout
         assert peaks.startswith("killed for memory at "), peaks
+
+
+def test_a_world_that_loses_a_rank_for_memory_says_so(fresh_kernel):
+    kernel = fresh_kernel
+    with memory_limited(kernel.pid, 1_500_000_000):
+        ok(kernel, "%%spawn --world hungry -n 2 --backend gloo\nimport torch", timeout=120)
+        result = run(kernel, f"%%spawn --world hungry\n{GROWS}", timeout=180)
+        assert result.status == "error"
+        text = result.error_text + result.stdout + result.stderr
+        assert "killed for memory at " in text and "world" in text, text
+        # the world cannot go on without it, and says why when asked for another cell
+        again = run(kernel, "%%spawn --world hungry\nprint('more')", timeout=60)
+        said = again.error_text + again.stdout + again.stderr
+        assert "rank 1 died (killed for memory at " in said, said

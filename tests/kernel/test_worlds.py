@@ -199,7 +199,10 @@ def test_a_rank_killed_between_cells_loses_the_world_at_the_next_cell(kernel, wo
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     again = run(kernel, f"%%spawn --world {world}\nprint('new', dist.get_world_size(), 'x' in dir())")
     assert again.status == "error"  # the old names are gone: said plainly, before it ran
-    assert f"world '{world}' was lost; this cell starts a new one with its settings (-n 3 --start-method" in again.stderr
+    assert (
+        f"world '{world}' was lost (rank 1 died (SIGKILL)); this cell starts a new one with its settings (-n 3 --start-method"
+        in again.stderr
+    )
     assert "--backend gloo" in again.stderr and "none of the names its ranks had" in again.stderr
     assert "NameError: name 'dist' is not defined" in again.error.traceback_text  # its cells must run again
     new = ok(kernel, f"%%spawn --world {world}\nimport torch.distributed as dist\nprint('new', dist.get_world_size())")
