@@ -49,6 +49,9 @@ def test_the_live_view_and_the_snapshot_draw_in_the_classic_notebook_with_ipywid
     live.wait_for(timeout=90_000)
     sync_api.expect(live).to_contain_text("hello from rank", timeout=30_000)
     sync_api.expect(live.locator(".nbs-Chip")).to_have_count(2)
+    # what each rank holds now, in its chip, as in JupyterLab (sampled about once a second)
+    sync_api.expect(live.locator(".nbs-Chip-cost")).to_have_count(2, timeout=10_000)
+    assert all(re.match(r"^\d+(\.\d)? (MB|GB)$", c) for c in live.locator(".nbs-Chip-cost").all_inner_texts())
     shot(cell, artifacts, "classic-notebook-live.png", unhover=True)
 
     # the run ends: the live view is replaced in place by the snapshot (HTML: no nbspawn renderer here)
@@ -64,6 +67,8 @@ def test_the_live_view_and_the_snapshot_draw_in_the_classic_notebook_with_ipywid
     for rank in (0, 1):
         assert f"rank {rank} done" in text, text[-2000:]
         assert re.search(rf"rank {rank}: 100%\s+30/30", text), text[-2000:]  # the tqdm.notebook bar, at its end
+        assert re.search(rf"rank {rank} done, [\d.]+ s, peak \d", text), text[:500]  # its peak, saved
+    assert re.search(r"memory: rank \d peaked at \d", text), text[:500]
     shot(cell, artifacts, "classic-notebook-frozen.png", unhover=True)
     assert not page.nbspawn_errors(), page.nbspawn_errors()
     assert not page.dialogs, page.dialogs
