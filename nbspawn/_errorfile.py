@@ -17,10 +17,11 @@ without) importing torch or nbspawn.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from ._rankdir import write_json
 
 
 @dataclass(frozen=True)
@@ -79,9 +80,7 @@ class ErrorRecord:
 
 
 def write(path: str, record: ErrorRecord) -> None:
-    with open(path + ".tmp", "w", encoding="utf-8") as fh:
-        json.dump(record.to_json(), fh)
-    os.replace(path + ".tmp", path)
+    write_json(path, record.to_json())
 
 
 def read(path: str) -> ErrorRecord | None:

@@ -25,6 +25,7 @@ Everything that reads or writes one of these files takes its name from here.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import struct
 from dataclasses import dataclass
@@ -116,17 +117,36 @@ class RankDir:
         return self.file(f"{NCCL_TRACE}{global_rank}")
 
 
+PARTIAL = ".tmp"  # what :func:`write_whole` writes first, beside the file
+
+
+def write_whole(path: str, data: str | bytes) -> None:
+    """``path`` written whole or not at all: first to ``path.tmp``, then renamed over it, so a reader
+    (the kernel, while the rank runs) never sees half a file.  Every file a rank rewrites goes this way."""
+    partial = path + PARTIAL
+    if isinstance(data, bytes):
+        with open(partial, "wb") as fh:
+            fh.write(data)
+    else:
+        with open(partial, "w", encoding="utf-8") as fh:
+            fh.write(data)
+    os.replace(partial, path)
+
+
+def write_json(path: str, value: object) -> None:
+    """:func:`write_whole` of ``value`` as compact JSON.  ``json.dumps``, not ``json.dump``: dump's
+    pure-Python encoder leaves reference cycles (its closures) for the collector, and a kept world's
+    rank must leave none behind a cell (test_worlds)."""
+    write_whole(path, json.dumps(value, separators=(",", ":")))
+
+
 def remove_partial_writes(rank_dirs: list[str]) -> None:
-    """Once a run's ranks are gone: what a rank killed mid-write left (``collectives.json`` is written to
-    a ``.tmp`` beside it and renamed; a rank stopped at its timeout can die between the two)."""
+    """Once a run's ranks are gone: what a rank killed mid-write left (a ``.tmp`` beside the file
+    :func:`write_whole` was writing; a rank stopped at its timeout can die between the two steps)."""
     for rank_dir in rank_dirs:
-        try:
-            os.unlink(os.path.join(rank_dir, COLLECTIVES + ".tmp"))
-        except OSError:  # none (the usual case), or the directory was never made
-            pass
-        for written in (XRAY, XRAY_VALUES):
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(rank_dir, written + ".tmp"))
+        for written in (COLLECTIVES, XRAY, XRAY_VALUES, ERROR, OUT):
+            with contextlib.suppress(OSError):  # none (the usual case), or the directory was never made
+                os.unlink(os.path.join(rank_dir, written + PARTIAL))
 
 
 def remove_if_empty(run_dir: str) -> bool:

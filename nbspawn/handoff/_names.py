@@ -24,7 +24,7 @@ import cloudpickle
 import torch
 
 from .. import _cuda
-from .._rankdir import OUT
+from .._rankdir import OUT, write_whole
 from ..errors import SpawnUsageError
 from . import _shm
 from ._flow import (
@@ -258,9 +258,7 @@ def send_outputs(namespace: dict[str, Any], names: tuple[str, ...], prefix: str,
         name, kind, _why = _unpicklable(values) or ("?", "value", err)
         raise RuntimeError(f"--out: cannot send {name!r} (a {kind}) back to the kernel: {err}") from None
     path = os.path.join(rank_dir, OUT)
-    with open(path + ".tmp", "wb") as fh:
-        fh.write(data)
-    os.replace(path + ".tmp", path)
+    write_whole(path, data)
 
 
 class Outputs(NamedTuple):

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
 
-from .._rankdir import COLLECTIVES
+from .._rankdir import COLLECTIVES, write_json
 from ._stackdump import HELPER_THREAD_BLOCKS, answer_stack_requests
 
 FR_ENTRIES = "256"  # the flight recorders' size unless the user set it
@@ -112,9 +112,7 @@ def _write(rank_dir: str, asked: int) -> None:
     record = {"asked": asked, "time": time.time(), "entries": entries}
     path = os.path.join(rank_dir, COLLECTIVES)
     try:
-        with open(path + ".tmp", "w", encoding="utf-8") as fh:
-            json.dump(record, fh)
-        os.replace(path + ".tmp", path)
+        write_json(path, record)
     except OSError:
         pass
 

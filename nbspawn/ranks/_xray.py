@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .._rankdir import XRAY
+from .._rankdir import XRAY, write_json
 from ._stackdump import HELPER_THREAD_BLOCKS
 
 XRAY_FR_ENTRIES = 4096  # the recorder's ring while X-rayed (nbspawn's default is 256)
@@ -396,14 +396,8 @@ class Drainer:
             count = self.log.count
         if count == 0 and not self.log.ranks:  # no process group, no collective: nothing to draw, no file
             return
-        tmp = self.path + ".tmp"
         try:
-            # dumps, not dump: dump's pure-Python encoder leaves reference cycles (its closures) for the
-            # collector, and a world's rank must leave none behind a cell (test_worlds)
-            text = json.dumps(record, separators=(",", ":"))
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.replace(tmp, self.path)
+            write_json(self.path, record)
         except OSError:
             return
         self.written_count = count

@@ -31,13 +31,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import json
 import os
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._rankdir import XRAY_VALUES
+from .._rankdir import XRAY_VALUES, write_json
 
 MAX_CALLS = 200  # calls recorded a cell, at the most
 MAX_ELEMENTS = 64  # a tensor with more has its shape recorded, not its values
@@ -304,7 +303,4 @@ def end() -> None:
     if log is None:
         return
     with contextlib.suppress(Exception):
-        tmp = _path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(log.as_json(), fh, separators=(",", ":"))
-        os.replace(tmp, _path)
+        write_json(_path, log.as_json())
