@@ -26,7 +26,7 @@ from .._errorfile import ErrorRecord
 from .._rankdir import RankDir, prompts_path
 from .._source import CELL_FILENAME, CellSource, rewrite_cell_frames
 from .._spec import RunSpec
-from . import _children, _fds, _prompt, _stopped, _torchenv, _xray, _xray_values
+from . import _children, _fds, _prompt, _stopped, _torchenv, _xray
 from ._capture import capture_output, finished, flush_figures
 from ._stackdump import open_stack_file
 from ._title import name_process, rank_title
@@ -89,7 +89,6 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
         code = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_RAISED
     finally:
         _xray.end()  # what the ranks did together, a failed collective included, is written down
-        _xray_values.end()
         finished()
         _flush()
     # the exception (and the frames its traceback held, with their locals) is gone by now
@@ -106,7 +105,6 @@ def _stopped_now(namespace: dict, start_method: str) -> None:
     """SIGTERM (a peer failed, --timeout, Stop): what the rank's collectives were is written down (a
     hang's X-ray is the point), then what it received is dropped."""
     _xray.end()
-    _xray_values.end()
     leave_gpu(namespace, start_method, failed=True)
 
 
@@ -178,9 +176,7 @@ def _run_cell(spec: RunSpec, rank: int, inherited: Inherited | None, namespace: 
     code, last = inherited.compiled if inherited is not None else spec.cell.compile()
     dist = init_process_group(spec.backend, rank)
     if spec.xrayed:  # also a cell that makes its own group (init_process_group() in it): the drainer finds it
-        _xray.begin(spec.rank_offset + rank, spec.rank_dir(rank))
-        if spec.xray_values:
-            _xray_values.begin(spec.rank_offset + rank, spec.rank_dir(rank))
+        _xray.begin(spec.rank_offset + rank, spec.rank_dir(rank), values=spec.xray_values)
     execute_cell(code, last, namespace, lambda exc: write_error(spec.rank_dir(rank), spec.cell, exc))
     _flush()
     # what the cell queued on the GPU is done (writes to --share tensors included); a CUDA error that
@@ -193,7 +189,6 @@ def _run_cell(spec: RunSpec, rank: int, inherited: Inherited | None, namespace: 
         assert spec.shm_prefix is not None  # every run with --out names has a prefix
         send_outputs(namespace, spec.out_names, spec.shm_prefix, spec.rank_dir(rank))
     _xray.end()
-    _xray_values.end()
     wait_until_every_peer_joined()
     dist = dist or sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():

@@ -29,7 +29,7 @@ from typing import Any
 from .._rankdir import RankDir, prompts_path
 from .._source import CellSource
 from . import _cell as _rank
-from . import _children, _fds, _prompt, _stopped, _torchenv, _xray, _xray_values
+from . import _children, _fds, _prompt, _stopped, _torchenv, _xray
 from ._capture import finished, redirect_output
 from ._stackdump import open_stack_file
 from ._title import name_process, rank_title
@@ -258,7 +258,6 @@ def _stopped_now(namespace: dict[str, Any]) -> None:
     """SIGTERM (the world stopped, lost, a cell's --timeout): the cell's collectives written down, then
     what the rank holds let go."""
     _xray.end()
-    _xray_values.end()
     let_go(namespace, _rank.SETTLE_AFTER_FAILURE, abort=True)
 
 
@@ -283,9 +282,7 @@ def _serve(
         if not group:
             _join(group, spec.backend, rank)
         if job.xray:  # from the cell's first collective, in nbspawn's group or its own: earlier cells' are not its
-            _xray.begin(spec.rank_offset + rank, rank_dir)
-            if job.xray_values:
-                _xray_values.begin(spec.rank_offset + rank, rank_dir)
+            _xray.begin(spec.rank_offset + rank, rank_dir, values=job.xray_values)
         _run(job, rank, namespace, own)
         # in step: every collective this rank queued has completed (an interrupt meanwhile is the cell's);
         # a CUDA error raised here is the cell's own, not an --out value's that could not be sent
@@ -306,8 +303,7 @@ def _serve(
         outcome = (INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RAISED), 1
     finally:
         signal.signal(signal.SIGINT, _ignore_interrupt)
-        _xray.end()
-        _xray_values.end()  # torch's functions back: the world's next cell may not want values
+        _xray.end()  # and torch's functions back: the world's next cell may not want values
     keep_in_step(rank, job, namespace, own)
     return outcome
 

@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .._rankdir import XRAY, write_json
+from . import _xray_values
 from ._stackdump import HELPER_THREAD_BLOCKS
 
 XRAY_FR_ENTRIES = 4096  # the recorder's ring while X-rayed (nbspawn's default is 256)
@@ -429,22 +430,26 @@ def ring_entries(environ: Mapping[str, str]) -> int:
     return XRAY_FR_ENTRIES
 
 
-def begin(rank: int, rank_dir: str) -> None:
+def begin(rank: int, rank_dir: str, values: bool = False) -> None:
     """The cell's collectives are recorded from now on (its process group is made): the drainer
-    thread starts; :func:`end` writes the record down."""
+    thread starts, and with ``values`` (``--xray values``) torch.distributed's functions are wrapped
+    (``ranks._xray_values``); :func:`end` writes both down."""
     global _current
     end()
     with contextlib.suppress(Exception):  # no recorder in this torch: no X-ray, never a failed rank
         drainer = Drainer(rank, record_path(rank_dir), ring=ring_entries(os.environ))
         drainer.start()
         _current = drainer
+    if values:
+        _xray_values.begin(rank, rank_dir)
 
 
 def end() -> None:
     """The cell is over, however (returned, raised, stopped by SIGTERM): the last drain, the record
-    written.  Once; a no-op when nothing was recorded."""
+    written, torch's functions given back.  Once; a no-op when nothing was recorded."""
     global _current
     drainer, _current = _current, None
     if drainer is not None:
         with contextlib.suppress(Exception):
             drainer.stop()
+    _xray_values.end()
