@@ -36,17 +36,47 @@ def _known_or_refused(names: list[str], runs: dict, worlds: list[str]) -> None:
         raise SpawnUsageError(f"no background run or kept world named {unknown[0]!r} (running: {known})")
 
 
+def _kept_worlds() -> dict:
+    from ._dispatch import kept_worlds
+
+    return kept_worlds()
+
+
+def shown_on_world(world: str, expression: str) -> dict[str, object]:
+    """``%spawn show WORLD NAME``: what NAME holds on each rank of the kept world, drawn (a DTensor's
+    shards as pictures of the global tensor, rank by rank)."""
+    from .executors._show import describe_on_world
+    from .views._shards_html import shown_bundle
+
+    found = _kept_worlds().get(world)
+    if found is not None and found.on_cluster:
+        raise SpawnUsageError(f"world {world!r} runs on a cluster: %spawn show of its names is not there yet")
+    answers = describe_on_world(world, expression)
+    if all("missing" in answer for answer in answers):
+        raise SpawnUsageError(f"world {world!r} has no {expression} on any rank: {answers[0]['missing']}")
+    return shown_bundle(world, expression, answers)
+
+
 def shown(names: list[str]) -> dict[str, object]:
     """``%spawn show [RUN-ID]``: the frozen view of the last run (or of this background run), to draw
-    again where a reload before JupyterLab's autosave lost it, as the kernel still holds the run."""
+    again where a reload before JupyterLab's autosave lost it, as the kernel still holds the run;
+    ``%spawn show WORLD NAME`` (or ``%spawn show NAME`` with one kept world): :func:`shown_on_world`."""
     from .executors._registry import background_runs, last_run
 
-    if len(names) > 1:
-        raise SpawnUsageError("%spawn show takes one run id at most (none: the last run)")
+    if len(names) > 2:
+        raise SpawnUsageError(
+            "%spawn show takes a run id (none: the last run), or a kept world and a name: %spawn show WORLD NAME"
+        )
     runs = background_runs()
     last = last_run()
     if last is not None:
         runs.setdefault(last.run_id, last)
+    if len(names) == 2:
+        return shown_on_world(names[0], names[1])
+    if names and names[0] not in runs:
+        worlds = [name for name, world in _kept_worlds().items() if not world.on_cluster]
+        if len(worlds) == 1:  # one kept world: %spawn show NAME is that world's NAME
+            return shown_on_world(worlds[0], names[0])
     if names and names[0] not in runs:
         known = ", ".join(runs) or "none"
         raise SpawnUsageError(f"no run {names[0]!r} to show (this kernel holds: {known})")

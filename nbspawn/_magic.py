@@ -46,6 +46,9 @@ FORMS = """\
                                         (all of them if none is named): ranks at the same line grouped
   %spawn show [RUN-ID]                  draw the last run's view again (or this background run's): a page reloaded
                                         before it was saved lost it, but the kernel still holds the run
+  %spawn show WORLD NAME                what NAME (or model.lin.weight) holds on each rank of a kept world: type,
+                                        shape, dtype, device; a DTensor's mesh, placements and each rank's shard
+                                        drawn on the global tensor (with one kept world: %spawn show NAME)
   %spawn debug [NAME|RUN-ID] [RANK]     pdb on a rank from this cell: the post-mortem of a kept world's last
                                         failure (its root cause's rank unless RANK is given), or attach to a
                                         background run's rank waiting at a breakpoint or input()"""

@@ -10,6 +10,7 @@ torch elastic's layout (``stdout.log``, ``stderr.log``, ``error.json``), plus wh
 * ``xray.json``: the bounded record of every collective of the run, when it is X-rayed (``ranks._xray``);
 * ``xray_values.json``: with ``--xray values``, its small tensors before and after each of its first
   collectives, written at the cell's end (``ranks._xray_values``);
+* ``described.json``: what a name holds on this rank, for ``%spawn show WORLD NAME`` (``ranks._describe``);
 * ``nccl_trace_<global rank>``: NCCL's flight-recorder dump when its watchdog times a collective out (torch
   writes it to ``TORCH_FR_DUMP_TEMP_FILE`` + the rank; ``nbspawn._cuda.dump_file_env``);
 * ``interrupt``: a kept world's rank only, made by the kernel just before it interrupts the rank's cell
@@ -38,6 +39,7 @@ OUT = "out.pickle"
 COLLECTIVES = "collectives.json"
 XRAY = "xray.json"
 XRAY_VALUES = "xray_values.json"
+DESCRIBED = "described.json"  # %spawn show WORLD NAME: what the name holds on this rank (ranks._describe)
 ANSWERS = "answers.fifo"
 NCCL_TRACE = "nccl_trace_"  # the prefix torch's NCCL dump is given: it adds the global rank
 PROMPTS = "prompts.fifo"  # in the run directory, one for all its ranks

@@ -19,7 +19,9 @@ def last_run() -> Run | None:
     return _last_run
 
 
-def began(run: Run) -> None:
+def began(run: Run | None) -> None:
+    """``run`` is the last run from now on (None, or the one before: a look at a world that is no run
+    of the user's, ``%spawn show WORLD NAME``, gives the place back)."""
     global _last_run
     _last_run = run
 

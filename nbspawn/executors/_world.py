@@ -233,8 +233,8 @@ class WorldCell(Executor):
     def start(self, run: Run) -> list[int]:
         self.run = run
         self.world.state = "running"
-        self.world.cells += self.job.debug is None
-        if self.job.debug is None:
+        self.world.cells += self.job.is_cell
+        if self.job.is_cell:
             bound = self.bound if self.bound is not None else names_bound(self.job.cell.tree)
             self.world.owned.update(bound)  # from now on, whatever the cell does
         run.ran_on_world(self.world.name, self.world.cells)
@@ -281,7 +281,7 @@ class WorldCell(Executor):
 
     def cleanup(self, lose: bool) -> None:
         world = self.world
-        if self.run is not None and self.job.debug is None:
+        if self.run is not None and self.job.is_cell:
             world.keep_failures(self.run, self.job.cell)
         if lose:
             world.lose(self.run.world_lost if self.run is not None else None)

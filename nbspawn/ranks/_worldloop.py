@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._rankdir import RankDir, prompts_path
+from .._rankdir import DESCRIBED, RankDir, prompts_path, write_json
 from .._source import CellSource
 from . import _cell as _rank
 from . import _children, _fds, _prompt, _stopped, _torchenv, _xray
@@ -55,11 +55,17 @@ class WorldJob:
     rank_offset: int = 0  # a cluster node's part of a world: its first global rank (directories are by global rank)
     on: frozenset[int] | None = None  # --on: the (global) ranks that run the cell; the others sit it out
     debug: int | None = None  # %spawn debug: this rank debugs the failure it kept (the others answer at once)
+    describe: str | None = None  # %spawn show WORLD NAME: each rank writes down what NAME holds (ranks._describe)
     xray: bool = False  # the cell's collectives are recorded (--xray; ranks._xray)
     xray_values: bool = False  # and their small tensors' values (--xray values; ranks._xray_values)
 
     def rank_dir(self, rank: int) -> str:
         return os.path.join(self.run_dir, str(self.rank_offset + rank))
+
+    @property
+    def is_cell(self) -> bool:
+        """A cell of the user's (not a look at the world: ``%spawn debug``'s post-mortem, ``%spawn show``)."""
+        return self.debug is None and self.describe is None
 
     def runs(self, rank: int) -> bool:
         """Whether the (global) rank runs this cell."""
@@ -279,6 +285,11 @@ def _serve(
             if job.debug == rank:
                 debug_kept(rank)
             return OK, 0
+        if job.describe is not None:
+            from ._describe import describe
+
+            write_json(os.path.join(rank_dir, DESCRIBED), describe(namespace, job.describe))
+            return OK, 0
         if not group:
             _join(group, spec.backend, rank)
         if job.xray:  # from the cell's first collective, in nbspawn's group or its own: earlier cells' are not its
@@ -298,7 +309,7 @@ def _serve(
     except BaseException as exc:
         signal.signal(signal.SIGINT, _ignore_interrupt)
         _rank.write_error(rank_dir, job.cell, exc)
-        if job.debug is None:
+        if job.is_cell:
             keep_failure(exc, job.cell, [namespace[name] for name in job.shared if name not in own and name in namespace])
         outcome = (INTERRUPTED if isinstance(exc, KeyboardInterrupt) else RAISED), 1
     finally:
