@@ -58,7 +58,7 @@ def describe_line(answer: dict[str, Any]) -> str:
     if answer.get("dtensor"):
         where = (
             f" at {span_text(answer['local_shape'], answer['offset'])}"
-            if "offset" in answer and answer["local_shape"] and any(answer["local_shape"])
+            if "offset" in answer and answer["local_shape"] and all(answer["local_shape"])
             else ""
         )
         mesh = _shape(answer["mesh_shape"]) + (f" ({', '.join(answer['mesh_dims'])})" if answer["mesh_dims"] else "")
