@@ -7,10 +7,13 @@ way to see what a user sees, so there are no mocks here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
+import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -137,6 +140,35 @@ def stop_kernel(kernel: Kernel) -> None:
         kernel.manager.cleanup_resources()
 
 
+def where_everything_is(limit: int = 16_000) -> str:
+    """Every process this test started (kernels, their ranks, the ranks' children), and where each
+    one's threads are, Python and native frames: what a cell that never replied was stuck on.  Read
+    with py-spy (the ``test`` extra; it needs ptrace, which root has) where it is installed."""
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+    if spy is None:
+        return "(py-spy is not installed: no stacks of the processes)"
+    dumps = []
+
+    def depth(process: psutil.Process) -> int:
+        with contextlib.suppress(psutil.Error):
+            return len(process.parents())
+        return 0
+
+    # the deepest first (a rank's children, then the ranks, then the kernels): what is cut is the kernels'
+    for process in sorted(psutil.Process().children(recursive=True), key=depth, reverse=True):
+        try:
+            command = " ".join(process.cmdline())[:160]
+            answer = subprocess.run(
+                [spy, "dump", "--native", "--pid", str(process.pid)], capture_output=True, text=True, timeout=20
+            )
+        except (psutil.Error, subprocess.SubprocessError, OSError) as err:
+            dumps.append(f"== pid {process.pid}: {err}")
+            continue
+        dumps.append(f"== pid {process.pid} (parent {process.ppid()}): {command}\n{answer.stdout or answer.stderr}")
+    text = "\n".join(dumps)
+    return "where every process of this test was:\n" + (text if len(text) <= limit else text[:limit] + "\n[...]")
+
+
 def execute(client: BlockingKernelClient, code: str, timeout: float = 60) -> ExecResult:
     """Run `code` and collect everything the kernel says about it, until it goes idle.
 
@@ -156,7 +188,7 @@ def execute(client: BlockingKernelClient, code: str, timeout: float = 60) -> Exe
         if left <= 0:
             raise TimeoutError(
                 f"no reply within {timeout} s to {code[:80]!r}; so far stdout={''.join(stdout)[-2000:]!r} "
-                f"stderr={''.join(stderr)[-2000:]!r}"
+                f"stderr={''.join(stderr)[-2000:]!r}\n{where_everything_is()}"
             )
         return left
 
