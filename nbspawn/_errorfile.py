@@ -17,11 +17,10 @@ without) importing torch or nbspawn.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
-from ._rankdir import write_json
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,10 @@ class ErrorRecord:
 
 
 def write(path: str, record: ErrorRecord) -> None:
-    write_json(path, record.to_json())
+    # its own whole-file write, not _rankdir.write_json: a program's rank loads this module by path, alone
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(record.to_json(), separators=(",", ":")))
+    os.replace(path + ".tmp", path)
 
 
 def read(path: str) -> ErrorRecord | None:
