@@ -107,6 +107,28 @@ def test_nccl_auto_ranks_all_reduce_on_their_local_gpu_without_a_barrier_warning
     assert "barrier" not in result.stderr
 
 
+def test_nccl_collectives_reach_the_x_ray_and_a_ranks_gpu_memory_is_named(fresh_kernel):
+    """The X-ray reads torch's generic flight recorder (``_dump_fr_trace``): NCCL's collectives must be
+    in it, not only in ``_dump_nccl_trace`` (#43, unverified on CPU).  And the saved view names each
+    rank's peak host memory (#44; GPU figures are not sampled yet: this says what the ranks held)."""
+    from nbspawn.views._bundle import MIME
+
+    code = (
+        "%%spawn -n auto --backend nccl --view widget\n"
+        "import torch, torch.distributed as dist\n"
+        "t = torch.ones(1024, device='cuda')\n"
+        "for _ in range(20):\n"
+        "    dist.all_reduce(t)\n"
+        "torch.cuda.synchronize()\n"
+    )
+    result = ok(fresh_kernel, code, timeout=CUDA_TIMEOUT)
+    frozen = [o["data"] for o in result.outputs if MIME in o.get("data", {})]
+    assert frozen, result.outputs
+    record = frozen[-1][MIME]
+    assert record["xray"] and record["xray"].startswith("20 collectives"), record["xray"]
+    assert all(rank["peak_rss"] for rank in record["ranks"]), record["ranks"]
+
+
 def test_a_kernel_that_ran_is_available_runs_cpu_and_cuda_cells(fresh_kernel):
     """The first line of most GPU notebooks, torch.cuda.is_available(), runs cuInit and registers
     torch's at-fork handler without marking CUDA initialized (defect 1): nbspawn must notice (its
