@@ -76,6 +76,7 @@ POLL_MIN = 0.02
 # under a 16-rank flood that took the kernel's main thread (and, with it, the GIL its message threads
 # need to hear the Stop button) for most of each second.
 POLL_FLOOD = 0.1
+LIVENESS_EVERY = 0.5  # seconds between looks for ranks that ended while their children hold their pipes
 STOPPING_READ_BUDGET = 4096  # bytes of each stream of each rank read per poll while a run is being stopped
 
 
@@ -191,6 +192,7 @@ class _Supervisor:
         self.hangs = HangWatch(run, view, executor)  # quiet ranks looked at; where they were when stopped
         self.desk = PromptDesk(run, view, self)  # the ranks' input(), breakpoint() and pdb, answered here
         self.costs = ResourceWatch(run, view, enabled=not self.policy.remote)  # each rank's CPU and memory
+        self._liveness_at = 0.0  # when to look next for a rank that ended without its sentinel saying so
 
     # -- starting ---------------------------------------------------------------------------------
 
@@ -259,6 +261,7 @@ class _Supervisor:
                 for waitable in news:
                     if waitable in self.alive:
                         self._reap(self.alive[waitable], waitable)
+                self._reap_the_silently_dead()
                 self.check_clocks()
                 self.costs.sample()
                 if self.desk.prompts is not None and (self.desk.pending or self.desk.prompts in ready):
@@ -267,6 +270,22 @@ class _Supervisor:
             except KeyboardInterrupt:
                 self._on_interrupt()
         self.forward_output(final=True)
+
+    def _reap_the_silently_dead(self) -> None:
+        """A rank whose process ended while a child of its lives on (a ``Pool`` worker it forked, which
+        holds a copy of the rank's end of its sentinel pipe and of its connection): neither says the
+        rank is gone, and the cell would wait forever.  So, every :data:`LIVENESS_EVERY`, each running
+        rank's process is looked at (``/proc``, ~20 µs), and one that ended is reaped as if its sentinel
+        had said so."""
+        now = time.monotonic()
+        if self.policy.remote or now < self._liveness_at:
+            return
+        self._liveness_at = now + LIVENESS_EVERY
+        for rank in self._running():
+            if self._exited(rank):
+                waitables = [w for w, r in self.alive.items() if r == rank]
+                if waitables:
+                    self._reap(rank, waitables[-1])  # its sentinel (a kept world's rank: after its connection)
 
     # -- prompts ----------------------------------------------------------------------------------
 

@@ -121,9 +121,12 @@ def _see_it_begin() -> None:
 
 
 def _forked() -> None:
-    """A process the rank forks (a DataLoader worker) is not the rank: SIGTERM ends it as before, and
-    it does not write to this module's watched pipe."""
+    """A process the rank forks (a DataLoader worker, a ``Pool``'s) is not the rank: SIGTERM ends it as
+    before, and the signals it takes are not written to the rank's wakeup pipe, which it shares (the
+    rank's reading thread would hear a child's SIGTERM as its own and stop the rank)."""
     global _drop, _listening, _own_fd
+    with contextlib.suppress(Exception):
+        signal.set_wakeup_fd(-1)
     if _drop is None:
         return
     _drop, _listening = None, False

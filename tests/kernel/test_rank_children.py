@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from kernel_harness import ok, rank_lines, run_processes
+from kernel_harness import ok, rank_lines, run, run_processes
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -142,3 +142,60 @@ def test_torch_compile_workers_of_a_forkserver_rank_compile_a_cells_module(kerne
     )
     assert [rank_lines(result.stdout, r) for r in range(2)] == [["2 True"], ["2 True"]], result.stdout
     nothing_left(kernel.pid)
+
+
+# a rank that dies while a child it forked lives on: the child holds copies of the rank's pipes to the
+# kernel (its sentinel, a kept world's connection), which therefore never say the rank is gone
+DIES_LEAVING_A_CHILD = """
+import os, time
+if int(os.environ["RANK"]) == 1:
+    if os.fork() == 0:
+        time.sleep(120)
+        os._exit(0)
+    os._exit(3)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("world", [False, True], ids=["fresh", "world"])
+def test_a_rank_that_dies_while_its_child_lives_is_reaped_not_waited_for(kernel, world):
+    """Before: the cell waited for the child (120 s here; forever for a Pool worker whose pool died with
+    its rank: the hang CI met).  Now the rank's end is seen from its process within a second."""
+    where = f"--world dies{int(time.time())} " if world else ""
+    began = time.monotonic()
+    result = run(kernel, f"%%spawn {where}-n 2 --start-method fork\n{DIES_LEAVING_A_CHILD}", timeout=90)
+    took = time.monotonic() - began
+    assert result.status == "error", result.stdout
+    text = result.error_text + result.stderr
+    assert "rank 1" in text and "code 3" in text, text  # "exited with code 3"; a world: "died (exit code 3)"
+    assert took < 60, took  # the others were stopped as after any failure, not after the child's 120 s
+    nothing_left(kernel.pid)
+
+
+# a child with a SIGTERM handler of its own (a library's worker that cleans up), terminated by its rank:
+# Python writes each signal it handles to the wakeup pipe the child shares with the rank, whose reading
+# thread took the child's SIGTERM for the rank's own and stopped the rank
+CHILD_HANDLES_SIGTERM = """
+import multiprocessing as mp, os, signal, sys, time
+
+def worker(ready):
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    ready.set()
+    time.sleep(60)
+
+ready = mp.Event()
+child = mp.Process(target=worker, args=(ready,))
+child.start()
+ready.wait(30)
+child.terminate()
+child.join()
+time.sleep(1.5)  # the rank was stopped 0.2 s after its child's SIGTERM
+print("rank lives on", child.exitcode)
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_childs_own_sigterm_is_not_taken_for_its_ranks(kernel, method):
+    result = ok(kernel, f"%%spawn -n 2 --start-method {method}\n{CHILD_HANDLES_SIGTERM}", timeout=120)
+    for rank in range(2):
+        assert rank_lines(result.stdout, rank) == ["rank lives on 0"], result.stdout
