@@ -125,14 +125,11 @@ def _forked() -> None:
     before, and the signals it takes are not written to the rank's wakeup pipe, which it shares (the
     rank's reading thread would hear a child's SIGTERM as its own and stop the rank)."""
     global _drop, _listening, _own_fd
-    with contextlib.suppress(Exception):
-        signal.set_wakeup_fd(-1)
-    if _drop is None:
+    if _drop is None:  # not a rank's child (a rank the kernel or a node's agent forks): left as it was
         return
     _drop, _listening = None, False
     with contextlib.suppress(Exception):
-        if _own_fd is not None:
-            signal.set_wakeup_fd(-1)
+        signal.set_wakeup_fd(-1)  # whoever's it is (this module's, or ranks._stackdump's): the rank's
         if signal.getsignal(signal.SIGTERM) is _on_term:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _own_fd = None
