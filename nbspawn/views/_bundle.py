@@ -249,7 +249,7 @@ def to_html(record: RunRecord, outputs: dict[int, list[Entry]], xray: str = "") 
         )
     memory = memory_line(record)
     if memory:
-        parts.append(f'<div data-memory style="color:#57606a">{e(memory)}</div>')
+        parts.append(f'<div style="color:#57606a">{e(memory)}</div>')  # no data-* of its own: its words are the text's
     for rank in record["ranks"]:
         colour = _STATUS_COLOURS.get(rank["status"], "#57606a")
         status = _rank_status(rank) + (f" ({rank['summary']})" if rank["summary"] else "")
