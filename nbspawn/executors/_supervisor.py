@@ -191,7 +191,9 @@ class _Supervisor:
         self.flooded = False  # the last read of output skipped some: the ranks write more than the view keeps
         self.hangs = HangWatch(run, view, executor)  # quiet ranks looked at; where they were when stopped
         self.desk = PromptDesk(run, view, self)  # the ranks' input(), breakpoint() and pdb, answered here
-        self.costs = ResourceWatch(run, view, enabled=not self.policy.remote)  # each rank's CPU and memory
+        # each rank's CPU and memory: this machine's ranks, shown by this kernel (a node's agent does not
+        # sample its ranks yet: a cluster run shows no figures)
+        self.costs = ResourceWatch(run, view, enabled=not self.policy.remote and self.policy.watches_hangs)
         self._liveness_at = 0.0  # when to look next for a rank that ended without its sentinel saying so
 
     # -- starting ---------------------------------------------------------------------------------
@@ -278,8 +280,8 @@ class _Supervisor:
         rank's process is looked at (``/proc``, ~20 µs), and one that ended is reaped as if its sentinel
         had said so."""
         now = time.monotonic()
-        if self.policy.remote or now < self._liveness_at:
-            return
+        if self.policy.remote or not self.policy.watches_hangs or now < self._liveness_at:
+            return  # a node's agent: its ranks are watched as before (the kernel's run ends if one goes silent)
         self._liveness_at = now + LIVENESS_EVERY
         for rank in self._running():
             if self._exited(rank):
