@@ -245,7 +245,9 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts, end
         view2.wait_for(timeout=90_000)
         wait_for_js(view2, "v => (v.textContent.match(/tick \\d+/g) || []).length >= 10", 20_000)
         shot(view2, artifacts, "reattach-lab-second-tab.png", unhover=True)
-        assert pg2.evaluate(KERNEL_STATUS_JS["lab"]) == "Busy"
+        # its status bar says Busy once it has heard a status: the live view can be drawn before that now (the
+        # ranks' figures come with a sync every second), and the page's own requests bring the cell's busy
+        pg2.wait_for_function(f"() => ({KERNEL_STATUS_JS['lab']})() === 'Busy'", timeout=15_000)
         assert pg.evaluate(KERNEL_STATUS_JS["lab"]) == "Busy"  # the second tab's subshell did not change it
 
         # ---- the end: the frozen run in the cell, and in the notebook --------------------------------
