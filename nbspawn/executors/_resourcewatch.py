@@ -34,7 +34,6 @@ class ResourceWatch:
         self.sampled_at = 0.0
         self.cpu_before: dict[int, tuple[float, float]] = {}  # rank -> (CPU seconds, when)
         self.oom_before = 0
-        self.limit: MemoryLimit | None = None
 
     def ranks_started(self) -> None:
         if not self.enabled:
@@ -63,13 +62,12 @@ class ResourceWatch:
             self.cpu_before[rank] = (cpu, now)
             state.rss = rss
             state.peak_rss = max(state.peak_rss or 0, rss)
-        self.limit = memory_limit()
-        self.run.memory = self.limit
+        self.run.memory = memory_limit()
         self._warn_if_near()
         self.view.resources_sampled(self.run)
 
     def _warn_if_near(self) -> None:
-        limit = self.limit
+        limit = self.run.memory
         if limit is None or self.run.memory_warning or limit.used < WARN_AT * limit.total:
             return
         biggest = max(self.run.ranks, key=lambda s: s.rss or 0)
@@ -85,7 +83,7 @@ class ResourceWatch:
         kernel count in both, so the ranks' figures can add up to more than there is."""
         if not self.enabled or state.exit_code != -signal.SIGKILL:
             return None
-        limit = self.limit
+        limit = self.run.memory
         near = limit is not None and limit.used >= NEAR_LIMIT * limit.total
         if oom_kills() <= self.oom_before and not near:
             return None
