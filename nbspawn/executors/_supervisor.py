@@ -195,6 +195,7 @@ class _Supervisor:
         # sample its ranks yet: a cluster run shows no figures)
         self.costs = ResourceWatch(run, view, enabled=not self.policy.remote and self.policy.watches_hangs)
         self._liveness_at = 0.0  # when to look next for a rank that ended without its sentinel saying so
+        self._ended_at_last_look: set[int] = set()  # ranks whose process had ended then, not yet reaped
 
     # -- starting ---------------------------------------------------------------------------------
 
@@ -277,17 +278,23 @@ class _Supervisor:
         """A rank whose process ended while a child of its lives on (a ``Pool`` worker it forked, which
         holds a copy of the rank's end of its sentinel pipe and of its connection): neither says the
         rank is gone, and the cell would wait forever.  So, every :data:`LIVENESS_EVERY`, each running
-        rank's process is looked at (``/proc``, ~20 µs), and one that ended is reaped as if its sentinel
-        had said so."""
+        rank's process is looked at (``/proc``, ~20 µs), and one found ended at two looks in a row is
+        reaped as if its sentinel had said so.  Not at the first look: a rank that has just ended as
+        usual is its sentinel's to report, after the loop has read all it wrote (reaped at once, a bar's
+        last states came after the rank's end and were printed as lines: the terminal test saw it)."""
         now = time.monotonic()
         if self.policy.remote or not self.policy.watches_hangs or now < self._liveness_at:
             return  # a node's agent: its ranks are watched as before (the kernel's run ends if one goes silent)
         self._liveness_at = now + LIVENESS_EVERY
-        for rank in self._running():
-            if self._exited(rank):
-                waitables = [w for w, r in self.alive.items() if r == rank]
-                if waitables:
-                    self._reap(rank, waitables[-1])  # its sentinel (a kept world's rank: after its connection)
+        ended = {rank for rank in self._running() if self._exited(rank)}
+        silent, self._ended_at_last_look = sorted(ended & self._ended_at_last_look), ended
+        if not silent:
+            return
+        self.forward_output()  # all it wrote before it ended, before its end is told
+        for rank in silent:
+            waitables = [w for w, r in self.alive.items() if r == rank]
+            if waitables:
+                self._reap(rank, waitables[-1])  # its sentinel (a kept world's rank: after its connection)
 
     # -- prompts ----------------------------------------------------------------------------------
 

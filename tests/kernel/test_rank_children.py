@@ -6,10 +6,15 @@ nothing is left running."""
 
 from __future__ import annotations
 
+import io
 import time
 
 import pytest
 from kernel_harness import ok, rank_lines, run, run_processes
+
+import nbspawn
+from nbspawn.executors import _supervisor
+from nbspawn.views._text import TextView
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -199,3 +204,35 @@ def test_a_childs_own_sigterm_is_not_taken_for_its_ranks(kernel, method):
     result = ok(kernel, f"%%spawn -n 2 --start-method {method}\n{CHILD_HANDLES_SIGTERM}", timeout=120)
     for rank in range(2):
         assert rank_lines(result.stdout, rank) == ["rank lives on 0"], result.stdout
+
+
+class _Ordered(TextView):
+    """A text view that notes when each rank's output and end reach it, and is slow to take output in
+    (as a view redrawing a terminal's footer can be): the window in which a rank can end unseen."""
+
+    def __init__(self):
+        super().__init__(io.StringIO(), io.StringIO(), live=False)
+        self.events: list[tuple[str, int]] = []
+
+    def output(self, rank, stream, text):
+        self.events.append(("output", rank))
+        time.sleep(0.02)
+        super().output(rank, stream, text)
+
+    def rank_ended(self, run, state):
+        self.events.append(("ended", state.rank))
+        super().rank_ended(run, state)
+
+
+def test_a_ranks_last_output_comes_before_its_end_when_its_process_is_looked_at_each_turn(monkeypatch, tmp_path):
+    """The look for silently dead ranks (every turn here) must not tell a rank's end before the loop has
+    read what it wrote last: reaped at its first look, a bar's last states came after the rank's end
+    and the terminal view printed a stale bar as a line (CI, Colab's stack)."""
+    monkeypatch.setattr(_supervisor, "LIVENESS_EVERY", 0.0)
+    cell = "import sys, time\nfor i in range(200):\n    print(i, flush=True)\n    time.sleep(0.002)\n"
+    for attempt in range(4):
+        view = _Ordered()
+        nbspawn.launch(cell, nprocs=2, start_method="fork", view=view, log_dir=str(tmp_path / str(attempt)))
+        for rank in range(2):
+            mine = [kind for kind, r in view.events if r == rank]
+            assert mine[-1] == "ended" and mine.count("ended") == 1, (attempt, rank, mine[-5:])
