@@ -411,9 +411,10 @@ OPTIONS: tuple[Option, ...] = (
         "on|off|values",
         "the collectives X-ray: each rank's collectives (op, group, sequence number, shapes, bytes) read from torch's "
         "flight recorder, lined up across ranks beside the rank tabs, with who arrived last, mismatched calls and "
-        "collectives a rank never entered, for a cell run with --backend (default on; off: no recorder thread in the ranks; "
-        "values: on, and each rank's input and output of its first 200 collectives, for tensors of 64 elements or fewer)",
-        "cell",
+        "collectives a rank never entered, for a cell run with --backend or a Python program that makes a process group "
+        "(default on; off: no recorder thread in the ranks; values, in cells: on, and each rank's input and output of its "
+        "first 200 collectives, for tensors of 64 elements or fewer)",
+        "common",
         default="on",
         read=parse_xray,
         doors=EVERY_DOOR,

@@ -101,16 +101,18 @@ class RunSpec:
 
     @property
     def xrayed(self) -> bool:
-        """Whether the ranks record this cell's collectives (``ranks._xray``): ``--xray`` (on by
-        default), in the group nbspawn makes (``--backend``) or the ones the cell makes itself; a
-        program's are its own."""
-        return self.xray != "off" and self.program is None
+        """Whether the ranks record their collectives (``ranks._xray``): ``--xray`` (on by default), in
+        the group nbspawn makes (``--backend``) or the ones the cell makes itself; a Python program's
+        from the first group it makes (an executable's process is its own: nothing runs in it)."""
+        return self.xray != "off" and (self.program is None or self.program.python)
 
     @property
     def xray_values(self) -> bool:
         """Whether the ranks also write down the values of this cell's small tensors before and after
-        each collective (``ranks._xray_values``): ``--xray values``, where the cell is X-rayed."""
-        return self.xray == "values" and self.xrayed
+        each collective (``ranks._xray_values``): ``--xray values``, where the cell is X-rayed (a
+        program's X-ray has none: values need torch.distributed's functions wrapped before the code takes
+        them, and a program's rank imports no torch before the program does)."""
+        return self.xray == "values" and self.xrayed and self.program is None
 
     def runs(self, rank: int) -> bool:
         """Whether the rank (its index on this node, as in ``rank_dir``) runs the cell (``--on``)."""
@@ -446,7 +448,7 @@ def cell_part(
         max_saved_bytes=settings.max_saved_kb * 1024,
         max_image_bytes=settings.max_image_kb * 1024,
         pdb=bool(settings.pdb) and debuggable,  # a program's failure is reported, not debugged
-        xray=settings.xray if debuggable else "off",  # a program's collectives are its own (not read)
+        xray=settings.xray,  # a Python program's too, from its first group (RunSpec.xrayed)
         rich=rich,
         cell_numbers=dict(cell_numbers or {}),
         out_names=out_names,

@@ -18,6 +18,8 @@ from .._program import Program
 from .._rankdir import RankDir
 from .._runstate import Run
 from .._spec import RunSpec
+from ..ranks._watch import recorder_env
+from ..ranks._xray import XRAY_FR_ENTRIES
 from . import _reaper
 from ._base import Executor, RankEnd
 from ._procs import end_popens
@@ -45,6 +47,9 @@ class ProgramRanks(Executor):
                 if self.program.python:
                     # made by the rank once faulthandler listens: only then may it be sent SIGUSR1
                     env["NBSPAWN_STACKS_FILE"] = files.stacks
+                if spec.xrayed:  # the rank drains its recorder into its xray.json (ranks._program)
+                    recorder_env(env, entries=str(XRAY_FR_ENTRIES))
+                    env["NBSPAWN_XRAY"] = spec.rank_dir(rank)
                 with (
                     open(files.stdout, "ab") as out,
                     open(files.stderr, "ab") as err,

@@ -79,7 +79,7 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
     code = 0
     namespace: dict = {}
     # stopped by SIGTERM (a peer failed, --timeout): what it received is dropped first, as when it leaves
-    _stopped.install(lambda: _stopped_now(namespace, spec.start_method))
+    _stopped.install(lambda: leave_gpu(namespace, spec.start_method, failed=True), last_words=_xray.end)
     try:
         namespace = _run_cell(spec, rank, inherited, namespace)
     except SystemExit as exc:  # sys.exit() in the cell: keep Python's meaning of the code
@@ -99,13 +99,6 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
             # (spawn's) whose CUDA and NCCL teardown could wait on work that never completes
             os._exit(code or EXIT_RAISED)
         sys.exit(code)
-
-
-def _stopped_now(namespace: dict, start_method: str) -> None:
-    """SIGTERM (a peer failed, --timeout, Stop): what the rank's collectives were is written down (a
-    hang's X-ray is the point), then what it received is dropped."""
-    _xray.end()
-    leave_gpu(namespace, start_method, failed=True)
 
 
 def cell_labels(cell: CellSource, cell_numbers: Mapping[str, int]) -> dict[str, str]:

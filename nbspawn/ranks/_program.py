@@ -41,22 +41,46 @@ def _write_error(exc: BaseException) -> None:
     while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, _runpy_file(), "<frozen runpy>"):
         tb = tb.tb_next  # start at the program, not at this launcher
     text = "".join(traceback.format_exception(type(exc), exc, tb))
-    errorfile = _load("_errorfile.py")
+    errorfile = _load("_errorfile")
     errorfile.write(path, errorfile.ErrorRecord.of(exc, text))
 
 
-def _load(name: str) -> types.ModuleType:
-    """A module of nbspawn (``_errorfile.py``, ``ranks/_prompt.py``), loaded by path: importing the
-    nbspawn package would import torch."""
-    import importlib.util
+PACKAGE = "_nbspawn_pkg"  # nbspawn's modules, in a program's rank: under this name, with no __init__ of nbspawn's run
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), name)
-    spec = importlib.util.spec_from_file_location("_nbspawn_" + os.path.basename(name)[1:-3], path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+
+def _load(name: str) -> types.ModuleType:
+    """A module of nbspawn (``_errorfile``, ``ranks._prompt``), imported under a stand-in for its
+    package: importing the nbspawn package itself would import torch (its ``__init__``), which a
+    program may never use.  The stand-in runs none of nbspawn's ``__init__`` (``ranks/__init__`` is a
+    docstring), and the modules' own relative imports work; each is imported once, so the modules that
+    share state (``ranks._stackdump`` and ``ranks._stopped``) share it."""
+    import importlib
+
+    if PACKAGE not in sys.modules:
+        package = types.ModuleType(PACKAGE)
+        package.__path__ = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+        sys.modules[PACKAGE] = package
+    return importlib.import_module(f"{PACKAGE}.{name}")
+
+
+def _record_collectives() -> None:
+    """``--xray``: the program's collectives are drained from torch's flight recorder into its rank's
+    ``xray.json`` from its first process group on (``ranks._xray``), and written down however it ends:
+    at its end, on an interrupt, and on SIGTERM (a peer failed, Stop: ``ranks._stopped``)."""
+    rank_dir = os.environ.pop("NBSPAWN_XRAY", "")  # the program's own children are not X-rayed
+    rank = os.environ.get("RANK", "")
+    if not rank_dir or not rank.isdigit():
+        return
+    xray = _load("ranks._xray")
+    xray.begin_once_grouped(int(rank), rank_dir)
+    _load("ranks._stopped").install(lambda: None, last_words=xray.end)
+
+
+def _collectives_written() -> None:
+    """The X-ray's last drain and write, when the program was X-rayed (a no-op otherwise)."""
+    xray = sys.modules.get(f"{PACKAGE}.ranks._xray")
+    if xray is not None:
+        xray.end()
 
 
 def _install_prompts() -> None:
@@ -65,8 +89,8 @@ def _install_prompts() -> None:
     if not error:
         return
     rank_dir = os.path.dirname(error)
-    rankdir = _load("_rankdir.py")
-    prompt = _load("ranks/_prompt.py")
+    rankdir = _load("_rankdir")
+    prompt = _load("ranks._prompt")
     local = os.environ.get("LOCAL_RANK", "0")
     prompt.install(
         int(local) if local.isdigit() else 0,
@@ -81,7 +105,7 @@ def _name_process(mode: str, target: str, args: list[str]) -> None:
     rank, size = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
     if not (rank.isdigit() and size.isdigit()):
         return
-    title = _load("ranks/_title.py")
+    title = _load("ranks._title")
     program = {"code": "python -c ...", "module": f"python -m {target}"}.get(mode, target)
     run_id = os.environ.get("TORCHELASTIC_RUN_ID") or None
     title.name_process(title.rank_title(int(rank), int(size), program=" ".join([program, *args]), run_id=run_id))
@@ -105,10 +129,11 @@ def main() -> None:
 
     stacks = os.environ.get("NBSPAWN_STACKS_FILE")
     if stacks:
-        stackdump = _load("ranks/_stackdump.py")
+        stackdump = _load("ranks._stackdump")
         handle = stackdump.open_stack_file(stacks, "w")
         faulthandler.enable(file=handle, all_threads=True)
         stackdump.answer_stack_requests(handle)
+    _record_collectives()  # after the stack answers: SIGTERM is heard by their thread (ranks._stopped)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _install_prompts()
     sys.argv = ["-c" if mode == "code" else target, *args]
@@ -140,6 +165,7 @@ def _leave(code: object) -> None:
     """
     import atexit
 
+    _collectives_written()  # before the program's exit handlers (they may end its process groups)
     try:
         atexit._run_exitfuncs()
     finally:

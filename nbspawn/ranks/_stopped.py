@@ -15,6 +15,10 @@ the main thread (the kernel may have handed it to another thread and left the ma
 handler has not begun within :data:`PATIENCE`, the rank dies of the signal at once, as with ``SIG_DFL``.  A
 handler put in place for a while (``ranks._cell.write_error`` holds SIGTERM until its record is on
 disk) is left to do its job.
+
+What needs no main thread is said at once, from whichever thread hears the signal first: the
+``last_words`` (the collectives X-ray written down: a rank stuck in the very collective that hung is the
+one whose record matters, and its main thread never comes back to say it).
 """
 
 from __future__ import annotations
@@ -38,12 +42,16 @@ _drop: Callable[[], object] | None = None
 _begun = threading.Event()
 _listening = False
 _own_fd: int | None = None  # the wakeup descriptor this module set, when no one else reads one
+_last_words: Callable[[], object] | None = None
+_saying = threading.Lock()  # the last words are said once: a second thread waits until they are
+_said = False
 
 
-def install(drop: Callable[[], object]) -> None:
-    """From now on SIGTERM runs ``drop`` (best effort) and then ends the process by that signal."""
-    global _drop, _listening, _own_fd
-    _drop = drop
+def install(drop: Callable[[], object], last_words: Callable[[], object] | None = None) -> None:
+    """From now on SIGTERM runs ``last_words`` (best effort, on any thread, at once) and ``drop`` (on
+    the main thread) and then ends the process by that signal."""
+    global _drop, _listening, _own_fd, _last_words, _said
+    _drop, _last_words, _said = drop, last_words, False
     signal.signal(signal.SIGTERM, _on_term)
     if _listening:
         return
@@ -68,6 +76,7 @@ def install(drop: Callable[[], object]) -> None:
 def _on_term(signum: int, frame: object) -> None:
     _begun.set()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # another SIGTERM (the watcher's, the kernel's) waits for the drop
+    say_last_words()
     if _drop is not None:
         with contextlib.suppress(BaseException):
             _drop()
@@ -75,6 +84,18 @@ def _on_term(signum: int, frame: object) -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     die()
+
+
+def say_last_words() -> None:
+    """The ``last_words``, once, whichever thread comes first; another that comes meanwhile waits
+    until they are said (the main thread dies only after them)."""
+    global _said
+    with _saying:
+        if _said or _last_words is None:
+            return
+        _said = True
+        with contextlib.suppress(BaseException):
+            _last_words()
 
 
 def die() -> None:
@@ -109,6 +130,7 @@ def _heard(data: bytes) -> None:
 
 def _see_it_begin() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, _stackdump.HELPER_THREAD_BLOCKS)
+    say_last_words()  # now: a main thread stuck in C would never say them
     if _begun.wait(_FIRST_LOOK):
         return  # the main thread began, as it does at once when the signal came to it
     # delivered to another thread (the main one had a signal pending, say a stack request), the main thread

@@ -219,7 +219,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
     _children.install(namespace)  # the cells' definitions reach the rank's children by value
     own: set[str] = set()  # names world cells assigned in this rank
     group: list[Any] = []  # the default process group, made by the first cell
-    _stopped.install(lambda: _stopped_now(namespace))
+    _stopped.install(lambda: let_go(namespace, _rank.SETTLE_AFTER_FAILURE, abort=True), last_words=_xray.end)
     while True:
         try:
             job = conn.recv()
@@ -258,13 +258,6 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _rank._flush()
-
-
-def _stopped_now(namespace: dict[str, Any]) -> None:
-    """SIGTERM (the world stopped, lost, a cell's --timeout): the cell's collectives written down, then
-    what the rank holds let go."""
-    _xray.end()
-    let_go(namespace, _rank.SETTLE_AFTER_FAILURE, abort=True)
 
 
 def _serve(

@@ -46,6 +46,7 @@ import json
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -310,16 +311,23 @@ class Drainer:
     """The thread that empties torch's ring into a :class:`CollectiveLog` and writes it down."""
 
     def __init__(
-        self, rank: int, path: str, c10d: Any = None, poll_every: float = POLL_EVERY, ring: int = XRAY_FR_ENTRIES
+        self,
+        rank: int,
+        path: str,
+        c10d: Any = None,
+        poll_every: float = POLL_EVERY,
+        ring: int = XRAY_FR_ENTRIES,
+        since: dict[str, int] | None = None,
     ) -> None:
         if c10d is None:
             import torch
 
             c10d = torch._C._distributed_c10d
         self.status, self.everything = status_and_entries(c10d)
-        before: dict[str, int] = {}  # a kept world's earlier cells: not this record's
-        with contextlib.suppress(Exception):
-            before = enqueued_by_group(self.status())
+        before: dict[str, int] = since if since is not None else {}  # a kept world's earlier cells: not this record's
+        if since is None:  # {}: everything in the ring is this record's (a program's, from its first group)
+            with contextlib.suppress(Exception):
+                before = enqueued_by_group(self.status())
         self.log = CollectiveLog(rank, since=before)
         self.path = path
         self.poll_every = poll_every
@@ -419,6 +427,9 @@ def record_path(rank_dir: str) -> str:
 
 
 _current: Drainer | None = None  # this rank's, while a cell runs X-rayed
+_starting = threading.Lock()  # a program's drainer is started, or the program ends: one at a time
+_ended = threading.Event()  # end() was called: a program's waiting thread (begin_once_grouped) stops
+_program_rank: tuple[int, str] | None = None  # a program's rank and its directory (begin_once_grouped)
 
 
 def ring_entries(environ: Mapping[str, str]) -> int:
@@ -444,12 +455,51 @@ def begin(rank: int, rank_dir: str, values: bool = False) -> None:
         _xray_values.begin(rank, rank_dir)
 
 
+def begin_once_grouped(rank: int, rank_dir: str, poll_every: float = 0.02) -> None:
+    """A program's collectives are recorded from its first process group on (``%spawn -- train.py``:
+    the program makes its group when it chooses).  A thread waits until the program's own
+    ``torch.distributed`` is initialized, a dictionary lookup every ``poll_every``; it never imports
+    torch itself, so a program that makes no group pays nothing else.  The drainer then takes the ring
+    from its start (a collective issued while the thread slept is still in it), and :func:`end`
+    writes it down as a cell's."""
+    global _program_rank
+    _program_rank = (rank, rank_dir)
+    _thread.start_new_thread(_wait_for_a_group, (rank, rank_dir, poll_every))
+
+
+def _wait_for_a_group(rank: int, rank_dir: str, poll_every: float) -> None:
+    global _current
+    signal.pthread_sigmask(signal.SIG_BLOCK, HELPER_THREAD_BLOCKS)  # the program's signals stay its main thread's
+    while not _ended.wait(poll_every):
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        try:
+            grouped = c10d is not None and bool(c10d.is_initialized())
+        except Exception:  # noqa: S112 - a module still being imported: the next look
+            continue
+        if not grouped:
+            continue
+        with _starting, contextlib.suppress(Exception):  # no recorder in this torch: no X-ray, never a failed rank
+            if not _ended.is_set():
+                drainer = Drainer(rank, record_path(rank_dir), ring=ring_entries(os.environ), since={})
+                drainer.start()
+                _current = drainer
+        return
+
+
 def end() -> None:
     """The cell is over, however (returned, raised, stopped by SIGTERM): the last drain, the record
     written, torch's functions given back.  Once; a no-op when nothing was recorded."""
     global _current
-    drainer, _current = _current, None
+    _ended.set()  # a program's waiting thread starts no drainer from now on
+    with _starting:
+        drainer, _current = _current, None
     if drainer is not None:
         with contextlib.suppress(Exception):
             drainer.stop()
+    elif _program_rank is not None and "torch.distributed.distributed_c10d" in sys.modules:
+        with contextlib.suppress(Exception):  # a program quicker than the wait for its group: its ring read once
+            rank, rank_dir = _program_rank
+            once = Drainer(rank, record_path(rank_dir), ring=ring_entries(os.environ), since={})
+            once.drain()
+            once.write()
     _xray_values.end()

@@ -102,7 +102,7 @@ import signal, sys, threading, time
 from nbspawn.ranks import _stackdump, _stopped
 if sys.argv[1] == "answering":  # as a rank sets itself up: the stack answers read the wakeup descriptor first
     _stackdump.answer_stack_requests(open(sys.argv[2], "w"))
-_stopped.install(lambda: print("dropped", threading.current_thread().name, flush=True))
+_stopped.install(lambda: print("dropped", threading.current_thread().name, flush=True), last_words=lambda: print("last words", flush=True))
 if sys.argv[1] == "stuck":
     # the main thread stays in C (as in a gloo or NCCL wait): SIGTERM lands on another thread, and Python's
     # handler would run only once the main thread came back.  A rank has such threads (torch's, gloo's);
@@ -125,7 +125,9 @@ time.sleep(30)
 def test_a_rank_told_to_stop_drops_its_names_or_dies_at_once(where, tmp_path):
     """SIGTERM: the rank drops what it received (in its main thread, wherever the signal landed) and
     dies of the signal; one stuck in C dies of it within PATIENCE, not after the grace period's SIGKILL.
-    A rank answering stack requests still answers them (one reader of the wakeup descriptor)."""
+    Its last words (the X-ray written down) are said first, once, stuck in C or not: from the thread
+    that heard the signal.  A rank answering stack requests still answers them (one reader of the
+    wakeup descriptor)."""
     stacks = tmp_path / "stacks.log"
     proc = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(_RANK), where, str(stacks)], stdout=subprocess.PIPE, text=True, env=os.environ
@@ -145,7 +147,7 @@ def test_a_rank_told_to_stop_drops_its_names_or_dies_at_once(where, tmp_path):
     rest = proc.communicate(timeout=20)[0]
     assert proc.returncode == -signal.SIGTERM
     assert time.monotonic() - began < 4
-    assert rest == ("" if where == "stuck" else "dropped MainThread\n")
+    assert rest == "last words\n" + ("" if where == "stuck" else "dropped MainThread\n")
 
 
 # -- the pinned-memory probe (L1, M12) -------------------------------------------------------------
