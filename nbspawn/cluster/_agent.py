@@ -27,6 +27,7 @@ from typing import Any
 from .. import _listen
 from .._options import StartMethod
 from .._program import ProgramLine
+from .._rankdir import XRAY
 from .._request import Settings
 from .._runstate import RankState, Run
 from .._spec import Placement
@@ -42,6 +43,7 @@ LOOK_WAIT = 1.5  # the longest an agent waits for its ranks' dumps when asked wh
 READ_BUDGET = 32 * 1024  # bytes of each stream of each rank read per poll, as the live widget reads
 BATCH_CHARS = 64 * 1024  # most text of one rank in one batch; older lines are counted, not sent
 STACKS_SENT = 64 * 1024
+XRAY_SENT = 4 * 1024 * 1024  # a rank's X-ray record is bounded (ranks._xray: a few hundred KB); past this it stays
 
 _store: Any = None  # node 0's TCPStore of the last run
 
@@ -237,7 +239,19 @@ def _end_record(state: RankState, died: bool) -> _wire.EndRecord:
         "tail": failure.traceback if failure and not failure.exc_type and not failure.stopped else None,
         "ended_at": state.ended_at,
         "died": died,
+        "xray": _read_whole(os.path.join(state.dir, XRAY), XRAY_SENT),
     }
+
+
+def _read_whole(path: str, limit: int) -> str | None:
+    """A file the rank wrote whole (``_rankdir.write_whole``), if there is one and it is not over ``limit``."""
+    try:
+        if os.path.getsize(path) > limit:
+            return None
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError:
+        return None
 
 
 def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:

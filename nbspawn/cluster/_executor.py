@@ -7,8 +7,8 @@ errors are the ones a local run has.  What differs is how ranks are seen and rea
 * each node's agent (``nbspawn.cluster._agent.run_node``, an ipyparallel ``apply``) runs the node's
   ranks with the local launcher and sends what they report as data messages; :meth:`read_output`
   turns them back into the events a local run reads from its log files, and a rank's end (exit code,
-  error record, stack dump) is written to the kernel's copy of its directory, where the supervisor
-  reads it as it reads a local rank's;
+  error record, stack dump, collectives record for the X-ray) is written to the kernel's copy of its
+  directory, where the supervisor (and ``Run.read_xray``) reads it as it reads a local rank's;
 * stopping is asked per node with a signal through ipyparallel's nanny (:meth:`signal_ranks`): the
   agent stops its ranks as the local policy does;
 * a node whose engine dies fails the run at once, naming the node; a heartbeat tells agents the
@@ -26,6 +26,7 @@ from typing import Any
 
 from .. import _errorfile
 from .._errorfile import ErrorRecord
+from .._rankdir import XRAY, write_whole
 from .._runstate import Run
 from .._spec import RunSpec
 from ..events._streams import Event
@@ -299,6 +300,8 @@ class ClusterRanks(Executor):
         if record["stacks"]:
             with open(state.stacks_path, "w", encoding="utf-8") as fh:
                 fh.write(record["stacks"])
+        if record.get("xray"):  # its collectives, where Run.read_xray reads a local rank's
+            write_whole(os.path.join(state.dir, XRAY), record["xray"] or "")
         self.reported.add(rank)
         self.ends[rank] = RankEnd(int(record["exit_code"] or 0), died=bool(record.get("died", True)))
         os.write(self.pipes[rank][1], b"x")
@@ -345,5 +348,6 @@ class ClusterRanks(Executor):
                 "tail": None,
                 "ended_at": time.time(),
                 "died": True,
+                "xray": None,
             }
             self._ended(rank, record)

@@ -79,10 +79,12 @@ def run_world_cell(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> 
                 rich=job["rich"],
                 notes=(),
                 on_ranks=frozenset(job["on"]) if job["on"] is not None else None,
+                xray=job["settings"].xray,  # the cell's own, as on a world here
             )
             cell = WorldJob(
                 job["cell"], spec.run_dir, run_id, Payload(names), out_names, spec.shm_prefix,
                 grace=spec.grace_period, rank_offset=node["offset"], on=spec.on_ranks,
+                xray=spec.xrayed, xray_values=spec.xray_values,
             )  # fmt: skip
             with _agent.working_directory(job["cwd"]):
                 run = execute(spec, view, _NodeWorldCell(world, cell))

@@ -57,6 +57,7 @@ class EndRecord(TypedDict):
     error: dict[str, Any] | None  # error.json's contents (nbspawn._errorfile)
     stacks: str  # its stacks.log, cut to what is sent
     tail: str | None  # a program's last words when it left no error record
+    xray: str | None  # its collectives record (xray.json, ranks._xray) as it wrote it: the kernel lines the nodes' up
     ended_at: float | None
     died: bool  # the process ended (a fresh rank always; a kept world's rank only when the world is lost)
 

@@ -135,8 +135,28 @@ def test_a_hang_across_nodes_gets_its_verdict_at_the_timeout(kernel, nodes):
         text,
         re.M,
     ), text
+    # the X-ray draws it too: each node's agent sent its ranks' records with their ends
+    xray = ok(kernel, "import nbspawn\nprint(nbspawn.last_run().xray.summary)").stdout
+    assert "ranks 0, 1, 3 entered barrier #1; rank 2 never did" in xray, xray
     assert_nothing_left(nodes)
     engines_idle(nodes)
+
+
+def test_the_x_ray_lines_up_the_collectives_of_every_node(kernel, nodes):
+    """Rank 3 (node 1) comes late to each all_reduce: the kernel's X-ray, made of the records the
+    nodes' agents sent with their ranks' ends, names it, as a run on one machine does."""
+    code = (
+        "%%spawn --cluster rc -n 2 --backend gloo\n"
+        "import time, torch, torch.distributed as dist\n"
+        "t = torch.ones(4)\n"
+        "for _ in range(5):\n"
+        "    if dist.get_rank() == 3:\n"
+        "        time.sleep(0.2)\n"
+        "    dist.all_reduce(t)\n"
+    )
+    ok(kernel, code)
+    xray = ok(kernel, "import nbspawn\nprint(nbspawn.last_run().xray.summary)").stdout.strip()
+    assert xray.startswith("5 collectives, ") and xray.endswith("rank 3 is the straggler"), xray
 
 
 def test_interrupt_reaches_every_node(kernel, nodes):
@@ -190,6 +210,9 @@ def test_program_runs_ddp_over_two_nodes(kernel, nodes, tmp_path):
     result = ok(kernel, f"%spawn --cluster rc -n 2 -- {script} --steps 3")
     for rank in range(4):
         assert f"[rank{rank}]: ddp ok {rank} of 4 after 3 steps" in result.stdout
+    # the program's collectives, every node's: DDP's own (its broadcast of the parameters, the buckets' all_reduces), the all_gather
+    xray = ok(kernel, "import nbspawn\nprint(nbspawn.last_run().xray.summary)").stdout.strip()
+    assert re.match(r"\d+ collectives, ", xray), xray
     assert_nothing_left(nodes)
 
 

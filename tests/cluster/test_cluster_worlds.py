@@ -360,3 +360,14 @@ def test_netns_world_survives_a_failed_cell(netns_kernel, netns_nodes):
 
 def test_netns_background_run_is_waited_for(netns_kernel, netns_nodes):
     check_background_run_waited(netns_kernel, netns_nodes)
+
+
+def test_a_cluster_worlds_cell_has_its_own_x_ray(kernel, nodes):
+    """Each cell of a world on two nodes: the collectives it ran, not the world's earlier ones, read from
+    the records the nodes' agents send as each rank ends the cell."""
+    ok(kernel, "%%spawn --cluster rc --world xw -n 2 --backend gloo\nimport torch, torch.distributed as dist\ndist.barrier()")
+    ok(kernel, "%%spawn --world xw\nt = torch.ones(3)\nfor _ in range(3):\n    dist.all_reduce(t)\ndist.broadcast(t, 0)")
+    xray = ok(kernel, "import nbspawn\nprint(nbspawn.last_run().xray.summary)").stdout.strip()
+    assert xray.startswith("4 collectives, "), xray  # three all_reduces and a broadcast; not the first cell's barrier
+    assert ok(kernel, "%spawn stop xw").stdout.strip()
+    assert_nothing_left(nodes)
