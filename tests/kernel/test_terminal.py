@@ -354,14 +354,16 @@ def test_a_run_stopped_with_its_stop_button_says_so(tmp_path):
     """A view's Stop (``wants_stop``) is not an interrupt: the error says the user stopped the run."""
 
     class StopAfterOutput(TextView):
-        asked = False
+        shown: dict[int, float] = {}
 
         def output(self, rank, stream, text):
             super().output(rank, stream, text)
-            self.asked = True  # as a user would: Stop once the run has shown something
+            self.shown.setdefault(rank, time.monotonic())
 
         def wants_stop(self):
-            return self.asked
+            # as a user would: Stop once every rank has shown something, and is asleep (not when the first
+            # line came: a rank still returning from its print was where it was, and read apart from the other)
+            return len(self.shown) == 2 and time.monotonic() - max(self.shown.values()) > 0.5
 
     cell = "import time\nprint('going', flush=True)\ntime.sleep(60)"
     started = time.monotonic()
