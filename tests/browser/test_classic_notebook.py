@@ -27,22 +27,42 @@ CELLS = [
 ]
 
 
+# rank 1 late to each all_reduce: the collectives X-ray names it, live (its tab) and saved (static HTML)
+XRAY_CELLS = [
+    "%load_ext nbspawn",
+    "%%spawn -n 2 --backend gloo --view widget\n"
+    "import time, torch, torch.distributed as dist\n"
+    "t = torch.ones(4)\n"
+    "for _ in range(25):\n"
+    "    if dist.get_rank() == 1:\n"
+    "        time.sleep(0.2)\n"
+    "    dist.all_reduce(t)",
+]
+
+
+def _notebooks(root) -> None:
+    write_notebook(root, "colab.ipynb", CELLS)
+    write_notebook(root, "xray.ipynb", XRAY_CELLS)
+
+
 @pytest.fixture(scope="module")
 def classic(tmp_path_factory):
-    with serving(
-        "classic", tmp_path_factory.mktemp("classic"), lambda root: write_notebook(root, "colab.ipynb", CELLS)
-    ) as server:
+    with serving("classic", tmp_path_factory.mktemp("classic"), _notebooks) as server:
         yield server
 
 
-def test_the_live_view_and_the_snapshot_draw_in_the_classic_notebook_with_ipywidgets_7(classic, page, artifacts):
-    pg = page.page
-    pg.goto(classic.url("/notebooks/colab.ipynb"))
+def _open_and_run_all(pg, classic, name: str) -> None:
+    pg.goto(classic.url(f"/notebooks/{name}"))
     pg.wait_for_function(
         "() => window.Jupyter && Jupyter.notebook && Jupyter.notebook.kernel && Jupyter.notebook.kernel.is_connected()",
         timeout=90_000,
     )
     pg.evaluate("() => Jupyter.notebook.execute_all_cells()")
+
+
+def test_the_live_view_and_the_snapshot_draw_in_the_classic_notebook_with_ipywidgets_7(classic, page, artifacts):
+    pg = page.page
+    _open_and_run_all(pg, classic, "colab.ipynb")
     cell = pg.locator(".cell.code_cell").nth(1)
 
     live = cell.locator(".nbs-Widget .nbs-Run.nbs-mod-live")
@@ -72,3 +92,30 @@ def test_the_live_view_and_the_snapshot_draw_in_the_classic_notebook_with_ipywid
     shot(cell, artifacts, "classic-notebook-frozen.png", unhover=True)
     assert not page.nbspawn_errors(), page.nbspawn_errors()
     assert not page.dialogs, page.dialogs
+
+
+def test_the_collectives_x_ray_live_and_saved_in_the_classic_notebook(classic, page, artifacts):
+    """Colab's widget stack: the live view's collectives tab draws the run's X-ray in its frame, and the
+    snapshot that replaces it carries the drawing as static HTML and SVG (no renderer here)."""
+    pg = page.page
+    _open_and_run_all(pg, classic, "xray.ipynb")
+    cell = pg.locator(".cell.code_cell").nth(1)
+    live = cell.locator(".nbs-Widget .nbs-Run.nbs-mod-live")
+    live.wait_for(timeout=90_000)
+    live.locator(".nbs-Tab-xray").wait_for(timeout=60_000)  # once the ranks' first records are read (2 s)
+    live.locator(".nbs-Tab-xray").click()
+    frame = live.locator("iframe.nbs-XRay-frame")
+    frame.wait_for(timeout=10_000)
+    pg.wait_for_function(
+        "f => f.contentDocument && f.contentDocument.querySelector('svg') !== null", arg=frame.element_handle(), timeout=30_000
+    )
+    shot(live, artifacts, "classic-notebook-xray-live.png", unhover=True)
+    frozen = cell.locator(".nbspawn-run")
+    frozen.wait_for(timeout=90_000)
+    xray = frozen.locator(".nbspawn-xray")
+    sync_api.expect(xray).to_have_count(1)
+    assert xray.locator("svg").count() >= 1
+    assert "rank 1 is the straggler" in xray.inner_text(), xray.inner_text()[:1000]
+    assert frozen.locator("script").count() == 0
+    shot(xray, artifacts, "classic-notebook-xray-saved.png", unhover=True)
+    assert not page.nbspawn_errors(), page.nbspawn_errors()

@@ -354,7 +354,9 @@ def test_a_run_stopped_with_its_stop_button_says_so(tmp_path):
     """A view's Stop (``wants_stop``) is not an interrupt: the error says the user stopped the run."""
 
     class StopAfterOutput(TextView):
-        shown: dict[int, float] = {}
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.shown: dict[int, float] = {}
 
         def output(self, rank, stream, text):
             super().output(rank, stream, text)

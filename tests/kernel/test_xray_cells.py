@@ -115,3 +115,16 @@ def test_a_cell_that_makes_its_own_group_has_its_x_ray_too(kernel):
     result, run = spawn_widget(kernel, body, options="-n 4")
     assert result.status == "ok", result.error_text
     assert run.frozen is not None and run.frozen[MIME]["xray"].startswith("1 collective, 16 B moved"), run.frozen[MIME]
+
+
+def test_a_background_run_keeps_its_x_ray_for_when_the_user_asks(kernel):
+    """``--bg``: the cell returns at once and another runs meanwhile; the run's X-ray is on it when it
+    ends (``run.xray``), and nothing about it is said in the cell that happens to run then."""
+    ok(
+        kernel,
+        "%%spawn --bg -n 2 --backend gloo --view text\nimport time, torch, torch.distributed as dist\ntime.sleep(1)\nfor _ in range(3):\n    dist.all_reduce(torch.ones(2))",
+    )
+    meanwhile = ok(kernel, "import nbspawn\nbg = nbspawn.last_run()\nbg.wait()\nprint(bg.status)")
+    assert meanwhile.stdout.split() == ["succeeded"] and "collectives:" not in meanwhile.stdout, meanwhile.stdout
+    words = ok(kernel, "print(bg.xray.summary)").stdout.strip()
+    assert words.startswith("3 collectives, "), words
