@@ -112,8 +112,11 @@ export function sandboxedFrame(
     if (!body) {
       return;
     }
+    const root = body.ownerDocument.documentElement;
     const fit = () => {
-      const height = `${Math.min(options.maxHeight, Math.ceil(body.getBoundingClientRect().height) + 2)}px`;
+      // the document's box, not the body's: a first or last child's margins collapse through the body and
+      // are outside its box (the X-ray's 4 px: its legend's last line was cut in Notebook 7)
+      const height = `${Math.min(options.maxHeight, Math.ceil(root.getBoundingClientRect().height) + 2)}px`;
       if (frame.style.height !== height) {
         frame.style.height = height;
       }

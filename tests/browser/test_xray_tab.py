@@ -52,6 +52,7 @@ DRAWN = """tab => {
     marks: svg.querySelectorAll('rect, line, path').length,
     scripts: doc.querySelectorAll('script').length, sandbox: frame.getAttribute('sandbox'),
     colour: drawing.color, dark: getComputedStyle(doc.documentElement).colorScheme,
+    cut: doc.documentElement.scrollHeight - doc.documentElement.clientHeight,  // px of the drawing the frame hides
   };
 }"""
 
@@ -100,7 +101,7 @@ def test_the_collectives_tab_draws_the_straggler_live_and_saved(lab, browser, ar
             drawn = _collectives(saved, pg)
             shot(saved, artifacts, f"xray-{theme}-saved.png", unhover=True)
             assert "rank 3 is the straggler" in drawn["text"], drawn["text"]
-            assert drawn["scripts"] == 0 and drawn["marks"] > 30, drawn
+            assert drawn["scripts"] == 0 and drawn["marks"] > 30 and drawn["cut"] <= 0, drawn
             # the drawing's text in the page's theme: dark on light, light on dark
             red, green, blue = (int(c) for c in re.findall(r"\d+", drawn["colour"])[:3])
             assert (red + green + blue > 3 * 128) == (theme == "dark"), drawn["colour"]
@@ -111,3 +112,27 @@ def test_the_collectives_tab_draws_the_straggler_live_and_saved(lab, browser, ar
             assert saved.locator(".nbs-XRay").is_hidden()
     finally:
         write_settings(settings)
+
+
+@pytest.fixture(scope="module")
+def nb7(tmp_path_factory):
+    yield from serve("notebook", tmp_path_factory.mktemp("xray-nb7"), _write)
+
+
+def test_the_collectives_tab_in_notebook_7(nb7, browser, artifacts):
+    """Notebook 7 has the same extension: the tab, live and saved, as in JupyterLab."""
+    with Page(browser, width=1200, height=1100) as p:
+        pg = p.page
+        cells = open_with_nbspawn(pg, nb7, "xray-light.ipynb")
+        cell = cells.nth(1)
+        run_cell(pg, cell)
+        view = live_view(cell, widget=True)
+        view.locator(".nbs-Tab-xray").wait_for(timeout=60_000)
+        live = _collectives(view, pg)
+        assert live["scripts"] == 0 and live["marks"] > 10, live
+        saved = frozen_run(cell, timeout=120_000)
+        drawn = _collectives(saved, pg)
+        shot(saved, artifacts, "xray-nb7-saved.png", unhover=True)
+        assert "rank 3 is the straggler" in drawn["text"], drawn["text"]
+        assert drawn["scripts"] == 0 and drawn["marks"] > 30, drawn
+        assert drawn["cut"] <= 0, drawn  # the frame as tall as its drawing (its legend's last line was cut by 4 px)
