@@ -111,7 +111,7 @@ def post_mortem(world: _world.World, rank: int | None, view: RunView) -> Run:
         notes=(),
         pdb=False,
     )
-    job = WorldJob(kept.cell, spec.run_dir, run_id, debug=rank)
+    job = WorldJob(kept.cell, spec.run_dir, run_id, grace=spec.grace_period, debug=rank)
     print(f"post-mortem of world {name!r} rank {rank}: {kept.summary} ({kept.cell.label})")
     return execute(spec, view, _world.WorldCell(world, job))
 

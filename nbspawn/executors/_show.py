@@ -52,7 +52,7 @@ def describe_on_world(world_name: str, expression: str) -> list[dict[str, Any]]:
         notes=(),
         pdb=False,
     )
-    job = WorldJob(world.spec.cell, spec.run_dir, run_id, describe=expression)
+    job = WorldJob(world.spec.cell, spec.run_dir, run_id, grace=spec.grace_period, describe=expression)
     before = _registry.last_run()
     try:
         run = execute(spec, RunView(), _world.WorldCell(world, job))
