@@ -324,3 +324,33 @@ def test_a_cell_on_a_world_is_the_worlds_spec_with_the_cells_part(tmp_path):
     )
     assert (spec.shown_ranks, spec.on_ranks, spec.cell.body) == ({1}, {1}, "x = 1")
     assert {f.name for f in fields(CellPart)} <= {f.name for f in fields(RunSpec)}
+
+
+def test_a_job_that_brings_no_options_keeps_the_worlds_own(tmp_path):
+    """``%spawn show``'s look, ``%spawn debug``'s post-mortem and a cluster node's part of a cell are the
+    world's spec with a job of their own (``RunSpec.with_job``): the world's grace period, budgets, X-ray,
+    drawing and shown ranks stay; no time limit, --out, notes or --pdb, unless the caller says."""
+    from dataclasses import asdict
+
+    from nbspawn._spec import RunSpec
+
+    world = RunSpec(
+        "w", 2, "fork", "gloo", CellSource("pass"), str(tmp_path), env={"A": "1"}, timeout=3.0, grace_period=0.5,
+        shown_ranks=frozenset({1}), max_saved_bytes=10, max_image_bytes=20, pdb=True, xray="values", rich=True,
+        cell_numbers={"f": 1}, out_names=("y",), shm_prefix="p", notes=("n",), on_ranks=frozenset({1}), master_port=1234,
+    )  # fmt: skip
+    look = world.with_job("c", str(tmp_path / "c"))
+    reset = {
+        "run_id": "c",
+        "run_dir": str(tmp_path / "c"),
+        "timeout": None,
+        "pdb": False,
+        "out_names": (),
+        "shm_prefix": None,
+        "notes": (),
+    }
+    assert asdict(look) == {**asdict(world), **reset}
+    debugged = world.with_job("d", str(tmp_path / "d"), cell=CellSource("x = 1"), shown_ranks=frozenset({0}))
+    assert (debugged.cell.body, debugged.shown_ranks, debugged.timeout, debugged.grace_period) == ("x = 1", {0}, None, 0.5)
+    with pytest.raises(TypeError):
+        world.with_job("e", str(tmp_path / "e"), nprocs=4)  # the world's ranks are not a job's to change
