@@ -20,8 +20,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
 
 from . import _capacity, _cuda, _listen, _tpu
 from ._options import ROW, Backend, StartMethod, XrayMode, ranks_within
@@ -98,6 +98,16 @@ class RunSpec:
         """This (a kept world's) spec, running the cell ``part`` brings: the world's ranks, backend,
         placement and environment, the cell's own options."""
         return replace(self, **vars(part))
+
+    def with_job(self, run_id: str, run_dir: str, **own: Any) -> RunSpec:
+        """This (a kept world's) spec, for a job that brings no options of the user's to its ranks:
+        ``%spawn show``'s look, ``%spawn debug``'s post-mortem, a cluster node's part of a cell (whose
+        options the kernel keeps).  The world's own choices stay (its grace period, output budgets, X-ray,
+        how its ranks draw, the ranks it shows, its cell); the job has its own id and directory, and no time
+        limit, ``--out``, notes or ``--pdb``, unless ``own`` (fields of :class:`CellPart`) says otherwise."""
+        kept = {f.name: getattr(self, f.name) for f in fields(CellPart)}
+        quiet = {"timeout": None, "pdb": False, "out_names": (), "shm_prefix": None, "notes": ()}
+        return self.with_cell(CellPart(**{**kept, **quiet, "run_id": run_id, "run_dir": run_dir, **own}))
 
     @property
     def xrayed(self) -> bool:

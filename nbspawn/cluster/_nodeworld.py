@@ -19,7 +19,6 @@ worlds are stopped, leaving nothing running.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 import time
 from dataclasses import replace
@@ -68,16 +67,13 @@ def run_world_cell(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> 
             out_names = tuple(job["out_names"])
             names = cloudpickle.loads(job["names"]) if job["names"] else {}
             run_id = job["run_id"]
-            spec = dataclasses.replace(
-                world.spec,
-                run_id=run_id,
-                run_dir=f"{world.base_dir}/{run_id}",
+            spec = world.spec.with_job(  # the kernel keeps the time, and stops every node at once
+                run_id,
+                f"{world.base_dir}/{run_id}",
                 cell=job["cell"],
-                timeout=None,  # the kernel keeps the time, and stops every node at once
                 out_names=out_names,
                 shm_prefix=new_run_prefix() if out_names else None,
                 rich=job["rich"],
-                notes=(),
                 on_ranks=frozenset(job["on"]) if job["on"] is not None else None,
                 xray=job["settings"].xray,  # the cell's own, as on a world here
             )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import replace
 from typing import Any
 
 from .._rankdir import DESCRIBED
@@ -42,17 +41,8 @@ def describe_on_world(world_name: str, expression: str) -> list[dict[str, Any]]:
         raise SpawnUsageError(f"world {world_name!r} is {world.state}: nothing of it is left to show")
     _world.lose_if_a_rank_died(world)
     run_id = new_run_id()
-    spec = replace(
-        world.spec,
-        run_id=run_id,
-        run_dir=os.path.join(world.base_dir, run_id),
-        timeout=None,
-        out_names=(),
-        shm_prefix=None,
-        notes=(),
-        pdb=False,
-    )
-    job = WorldJob(world.spec.cell, spec.run_dir, run_id, describe=expression)
+    spec = world.spec.with_job(run_id, os.path.join(world.base_dir, run_id))
+    job = WorldJob(world.spec.cell, spec.run_dir, run_id, grace=spec.grace_period, describe=expression)
     before = _registry.last_run()
     try:
         run = execute(spec, RunView(), _world.WorldCell(world, job))

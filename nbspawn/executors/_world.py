@@ -34,7 +34,7 @@ from typing import Any, cast
 from .. import _cuda
 from .._clash import Settled
 from .._listen import host_store
-from .._options import Backend, StartMethod
+from .._options import ROW, Backend, StartMethod
 from .._rankdir import RankDir
 from .._request import Settings
 from .._runstate import Run
@@ -80,7 +80,7 @@ class World(KeptWorld):
     kept: dict[int, KeptFailure] = field(default_factory=dict)  # rank -> the last failure it keeps
     # --start-method as the user gave it (auto unless given): a lost world started again resolves it
     # again, for the kernel as it is then (CUDA touched since, say), instead of insisting on spec's
-    asked_start_method: StartMethod = "auto"
+    asked_start_method: StartMethod = ROW["start_method"].typed_default
     store: Any = None  # the world's TCPStore, on loopback, for its life (a world on one machine)
     # the CUDA IPC references its cells sent: what a rank still holds when the world ends (a DDP model over
     # --share parameters, a rank killed) is released for it once it is reaped (handoff._ipc)
@@ -314,7 +314,7 @@ def _exit_text(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def start_world(name: str, spec: RunSpec, asked_start_method: StartMethod = "auto") -> World:
+def start_world(name: str, spec: RunSpec, asked_start_method: StartMethod = ROW["start_method"].typed_default) -> World:
     """A new world, started with the settings of ``spec`` (its first cell's); its ranks print
     between cells to ``<log-dir>/<run-id>-world-<name>/``."""
     base = os.path.dirname(spec.run_dir)

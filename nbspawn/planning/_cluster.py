@@ -5,9 +5,10 @@ node's settled settings: it reads nothing again), a ``planning._plans.ClusterRun
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import cast
 
-from .._options import Backend, ranks_within
+from .._options import Backend, StartMethod, ranks_within
 from .._program import ProgramLine
 from .._request import Cell, OnCluster, RunRequest, Settings, Work
 from .._source import CellSource
@@ -69,15 +70,12 @@ def plan_cluster(request: RunRequest, work: Work, target: OnCluster, rich: bool)
         world_size=world,
         nnodes=len(found.nodes),
     )
-    node_settings = Settings(  # checked and settled: the node reads nothing again
-        nprocs=found.ranks_per_node,
+    node_settings = settled_for_nodes(
+        settings,
+        ranks_per_node=found.ranks_per_node,
         start_method="spawn" if program is not None else method or "auto",
         backend=cast(Backend, chosen_backend),
-        env=env,
-        grace_period=spec.grace_period,
-        log_dir=settings.log_dir,
-        max_saved_kb=settings.max_saved_kb,
-        max_image_kb=settings.max_image_kb // len(found.nodes),  # the run's image budget, shared by its nodes
+        nodes=len(found.nodes),
     )
     job = _wire.Job(
         run_id=run_id,
@@ -92,3 +90,24 @@ def plan_cluster(request: RunRequest, work: Work, target: OnCluster, rich: bool)
         on=None,
     )
     return ClusterRunPlan(spec, found, job, background=request.background)
+
+
+def settled_for_nodes(
+    settings: Settings, *, ranks_per_node: int, start_method: StartMethod, backend: Backend, nodes: int
+) -> Settings:
+    """What each node's ranks are started with: the kernel's settings, checked and settled, so the node
+    reads nothing again, and every option (``--xray``, ``--grace-period``, ``--log-dir``, the next one)
+    reaches the nodes as it was given.  Only what the kernel decided for the nodes, or keeps for itself,
+    differs: the ranks per node, the start method and backend chosen over the nodes, each node's share of
+    the image budget, and no time limit, ``--ranks`` or ``--pdb`` there (the kernel keeps the time and
+    stops every node at once, shows the ranks, and a node's ranks cannot reach this kernel's stdin)."""
+    return replace(
+        settings,
+        nprocs=ranks_per_node,
+        start_method=start_method,
+        backend=backend,
+        max_image_kb=settings.max_image_kb // nodes,  # the run's image budget, shared by its nodes
+        timeout=None,
+        ranks=None,
+        pdb=False,
+    )

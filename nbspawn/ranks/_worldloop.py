@@ -51,7 +51,9 @@ class WorldJob:
     shm_prefix: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     shared: tuple[str, ...] = ()  # the --share names: released after the cell (CUDA IPC reference counts)
-    grace: float = 5.0  # how long a rank may take to bring its GPU in step once the cell failed or was interrupted
+    # how long a rank may take to bring its GPU in step once the cell failed or was interrupted: the
+    # run's --grace-period (RunSpec.grace_period), given by whoever sends the job
+    grace: float = field(kw_only=True)
     rank_offset: int = 0  # a cluster node's part of a world: its first global rank (directories are by global rank)
     on: frozenset[int] | None = None  # --on: the (global) ranks that run the cell; the others sit it out
     debug: int | None = None  # %spawn debug: this rank debugs the failure it kept (the others answer at once)

@@ -75,6 +75,19 @@ def test_two_nodes_all_reduce_with_torchrun_environment_and_out(kernel, nodes):
     assert_nothing_left(nodes)
 
 
+def test_the_kernels_settings_reach_every_node(kernel, nodes):
+    """Each node's ranks start with the kernel's settings, all but what the kernel settles for the nodes
+    (``planning._cluster.settled_for_nodes``): ``--xray off`` reaches them, where the nodes' settings,
+    once written field by field, left it out and every node X-rayed (its ranks' flight recorder is
+    then the small ring, not the X-ray's long one)."""
+    body = "import os\nring = os.environ.get('TORCH_FR_BUFFER_SIZE') or os.environ.get('TORCH_NCCL_TRACE_BUFFER_SIZE')\n"
+    ok(kernel, f"%%spawn --cluster rc -n 1 --backend gloo --xray off --out ring\n{body}")
+    assert json.loads(ok(kernel, "import json\nprint(json.dumps(ring))").stdout) == ["256", "256"]
+    ok(kernel, f"%%spawn --cluster rc -n 1 --backend gloo --out ring\n{body}")
+    assert json.loads(ok(kernel, "import json\nprint(json.dumps(ring))").stdout) == ["4096", "4096"]
+    assert_nothing_left(nodes)
+
+
 def test_failure_on_node_1_stops_node_0_at_once_and_names_the_node(kernel, nodes):
     code = (
         "%%spawn --cluster rc -n 2\n"

@@ -185,38 +185,61 @@ def test_a_configured_world_is_for_cells_on_this_machine(magics):
 
 
 def test_no_door_writes_a_default_of_its_own():
-    """A row's default is written once, in its row: no parameter, field or traitlet elsewhere repeats it
-    (a `grace_period: float = 5.0` beside the row's 5.0 once drifted apart unseen)."""
-    defaults = {option.param: option.default for option in ROWS if option.default not in (None, False)}
+    """A row's default is written once, in its row: no parameter, field or traitlet elsewhere repeats it,
+    under the row's name or one of its own (a `grace_period: float = 5.0` beside the row's 5.0 once
+    drifted apart unseen; a `WorldJob.grace = 5.0` stood beside it under another name)."""
     repeated = []
     for path in PACKAGE.rglob("*.py"):
-        if path.name == "_options.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            pairs: list[tuple[str, ast.AST | None]] = []
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                args = node.args
-                positional = args.posonlyargs + args.args
-                pairs += list(
-                    zip([a.arg for a in positional[len(positional) - len(args.defaults) :]], args.defaults, strict=True)
-                )
-                pairs += [(a.arg, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)]
-            elif isinstance(node, ast.ClassDef):  # a field's or a traitlet's default
-                for item in node.body:
-                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                        pairs.append((item.target.id, item.value))
-                    elif isinstance(item, ast.Assign) and len(item.targets) == 1 and isinstance(item.targets[0], ast.Name):
-                        value = item.value
-                        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
-                            value = value.func.value  # Float(5.0, help=...).tag(config=True)
-                        if isinstance(value, ast.Call):
-                            keywords = {k.arg: k.value for k in value.keywords}
-                            value = value.args[0] if value.args else keywords.get("default_value")
-                        pairs.append((item.targets[0].id, value))
-            for name, value in pairs:
-                if name in defaults and isinstance(value, ast.Constant) and value.value == defaults[name]:
-                    repeated.append(f"{path.relative_to(PACKAGE)}:{value.lineno} {name} = {value.value!r}")
+        if path.name != "_options.py":
+            repeated += repeated_defaults(path.read_text(), str(path.relative_to(PACKAGE)))
     assert not repeated, repeated
+
+
+def test_the_check_sees_a_default_copied_under_another_name():
+    """The check above can fail: a field named like a row (a word of its name) with the row's default is
+    found; an unrelated name with the same value is not."""
+    source = "class Job:\n    grace: float = 5.0\n    wait: float = 5.0\n\ndef look(*, saved_kb=256, n=256): ...\n"
+    assert repeated_defaults(source, "job.py") == [
+        "job.py:2 grace = 5.0 (grace_period's row)",
+        "job.py:5 saved_kb = 256 (max_saved_kb's row)",
+    ]
+
+
+_GENERIC_WORDS = {"max", "kb"}  # shared by rows and by too many names to say which row a name stands for
+
+
+def repeated_defaults(source: str, where: str) -> list[str]:
+    """Each parameter, field or traitlet in ``source`` whose literal default is a row's default, and whose
+    name is the row's or shares a word with it (``grace`` for ``grace_period``)."""
+    defaults = {option.param: option.default for option in ROWS if option.default not in (None, False)}
+    repeated = []
+    for node in ast.walk(ast.parse(source)):
+        pairs: list[tuple[str, ast.AST | None]] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            positional = args.posonlyargs + args.args
+            pairs += list(zip([a.arg for a in positional[len(positional) - len(args.defaults) :]], args.defaults, strict=True))
+            pairs += [(a.arg, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)]
+        elif isinstance(node, ast.ClassDef):  # a field's or a traitlet's default
+            for item in node.body:
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    pairs.append((item.target.id, item.value))
+                elif isinstance(item, ast.Assign) and len(item.targets) == 1 and isinstance(item.targets[0], ast.Name):
+                    value = item.value
+                    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+                        value = value.func.value  # Float(5.0, help=...).tag(config=True)
+                    if isinstance(value, ast.Call):
+                        keywords = {k.arg: k.value for k in value.keywords}
+                        value = value.args[0] if value.args else keywords.get("default_value")
+                    pairs.append((item.targets[0].id, value))
+        for name, value in pairs:
+            if not isinstance(value, ast.Constant) or isinstance(value.value, bool):
+                continue
+            words = set(name.lower().strip("_").split("_")) - _GENERIC_WORDS
+            for param, default in defaults.items():
+                if value.value == default and (name == param or words & (set(param.split("_")) - _GENERIC_WORDS)):
+                    repeated.append(f"{where}:{value.lineno} {name} = {value.value!r} ({param}'s row)")
+    return repeated
 
 
 def test_settings_defaults_are_the_rows():
@@ -301,3 +324,33 @@ def test_a_cell_on_a_world_is_the_worlds_spec_with_the_cells_part(tmp_path):
     )
     assert (spec.shown_ranks, spec.on_ranks, spec.cell.body) == ({1}, {1}, "x = 1")
     assert {f.name for f in fields(CellPart)} <= {f.name for f in fields(RunSpec)}
+
+
+def test_a_job_that_brings_no_options_keeps_the_worlds_own(tmp_path):
+    """``%spawn show``'s look, ``%spawn debug``'s post-mortem and a cluster node's part of a cell are the
+    world's spec with a job of their own (``RunSpec.with_job``): the world's grace period, budgets, X-ray,
+    drawing and shown ranks stay; no time limit, --out, notes or --pdb, unless the caller says."""
+    from dataclasses import asdict
+
+    from nbspawn._spec import RunSpec
+
+    world = RunSpec(
+        "w", 2, "fork", "gloo", CellSource("pass"), str(tmp_path), env={"A": "1"}, timeout=3.0, grace_period=0.5,
+        shown_ranks=frozenset({1}), max_saved_bytes=10, max_image_bytes=20, pdb=True, xray="values", rich=True,
+        cell_numbers={"f": 1}, out_names=("y",), shm_prefix="p", notes=("n",), on_ranks=frozenset({1}), master_port=1234,
+    )  # fmt: skip
+    look = world.with_job("c", str(tmp_path / "c"))
+    reset = {
+        "run_id": "c",
+        "run_dir": str(tmp_path / "c"),
+        "timeout": None,
+        "pdb": False,
+        "out_names": (),
+        "shm_prefix": None,
+        "notes": (),
+    }
+    assert asdict(look) == {**asdict(world), **reset}
+    debugged = world.with_job("d", str(tmp_path / "d"), cell=CellSource("x = 1"), shown_ranks=frozenset({0}))
+    assert (debugged.cell.body, debugged.shown_ranks, debugged.timeout, debugged.grace_period) == ("x = 1", {0}, None, 0.5)
+    with pytest.raises(TypeError):
+        world.with_job("e", str(tmp_path / "e"), nprocs=4)  # the world's ranks are not a job's to change

@@ -6,6 +6,7 @@ made as data (their processes and engines are the end-to-end tests' business).""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from types import SimpleNamespace
 
 import pytest
@@ -24,6 +25,7 @@ from nbspawn.executors._fresh import FreshRanks
 from nbspawn.executors._program import ProgramRanks
 from nbspawn.executors._world import World
 from nbspawn.planning import _world
+from nbspawn.planning._cluster import settled_for_nodes
 from nbspawn.planning._fresh import plan_fresh_cell, plan_program
 from nbspawn.planning._kept_cell import check_settings
 
@@ -117,6 +119,42 @@ def test_a_cluster_worlds_auto_is_what_its_nodes_come_to(tmp_path):
     check_settings(cworld, RunRequest.of(CellSource("pass"), settings=auto))
     with pytest.raises(SpawnUsageError, match=r"this cell asks for --nodes 1\. Leave"):
         check_settings(cworld, RunRequest(Cell(CellSource("pass")), OnClusterWorld("w", nodes=1)))
+
+
+def test_every_setting_given_in_the_kernel_reaches_a_clusters_nodes():
+    """A cluster run's nodes start their ranks with the kernel's settings: every one reaches them as it
+    was given (--xray once did not: the nodes' settings were written field by field), but what the kernel
+    settles for the nodes or keeps for itself."""
+    kernel = Settings(
+        nprocs=3,
+        start_method="forkserver",
+        backend="gloo",
+        accelerator="none",
+        env={"A": "1"},
+        timeout=9.0,
+        grace_period=0.5,
+        log_dir="/tmp/logs",
+        ranks=frozenset({1}),
+        max_saved_kb=7,
+        max_image_kb=100,
+        pdb=True,
+        xray="values",
+        given=Given(nprocs=True, env=True),
+    )
+    unset = [f.name for f in fields(Settings) if getattr(kernel, f.name) == getattr(Settings(), f.name)]
+    assert not unset, f"give {unset} a value of their own here, so the test sees them reach the nodes"
+    node = settled_for_nodes(kernel, ranks_per_node=2, start_method="spawn", backend="nccl", nodes=4)
+    settled = {
+        "nprocs": 2,
+        "start_method": "spawn",
+        "backend": "nccl",
+        "max_image_kb": 25,
+        "timeout": None,
+        "ranks": None,
+        "pdb": False,
+    }
+    reached = {f.name: getattr(node, f.name) for f in fields(Settings)}
+    assert reached == {f.name: settled.get(f.name, getattr(kernel, f.name)) for f in fields(Settings)}
 
 
 def test_run_ids_are_never_the_same_twice_even_when_chance_repeats_itself(monkeypatch):
