@@ -324,8 +324,10 @@ class Drainer:
 
             c10d = torch._C._distributed_c10d
         self.status, self.everything = status_and_entries(c10d)
-        before: dict[str, int] = since if since is not None else {}  # a kept world's earlier cells: not this record's
-        if since is None:  # {}: everything in the ring is this record's (a program's, from its first group)
+        # what the ring held before is not this record's (a kept world's earlier cells), unless ``since`` says
+        # what to leave out ({}: everything in it is this record's, a program's from its first group)
+        before: dict[str, int] = {} if since is None else since
+        if since is None:
             with contextlib.suppress(Exception):
                 before = enqueued_by_group(self.status())
         self.log = CollectiveLog(rank, since=before)
