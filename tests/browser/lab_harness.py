@@ -5,7 +5,8 @@ what the tests do in them: open a notebook in either front end and wait for its 
 notebook_url, notebook_root, wait_until_ready; Front, for a test run in both, FRONTS), run a cell
 (run_cell), find a run's views (live_view, frozen_run, chip_statuses, select_pane), wait on the page
 (wait_for_js), read the kernel's status over a run (status_spells), save (save_until), switch the theme
-(use_theme, dark_theme) and take screenshots (shot, page_shot).  tests/browser/conftest.py
+(use_theme, dark_theme), take screenshots (shot, page_shot) and tell the page's own work from time its
+renderer waited for a core (RendererCpu).  tests/browser/conftest.py
 holds the fixtures (artifacts, browser, page).
 
 Importing this module skips the importing test module when playwright or jupyterlab is missing.
@@ -20,6 +21,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -563,3 +565,64 @@ def shot(locator: Locator, artifacts: Path, name: str, *, unhover: bool = False)
 def page_shot(pg: PwPage, artifacts: Path, name: str) -> None:
     """A screenshot of the whole page."""
     pg.screenshot(path=str(artifacts / name))
+
+
+# -- the page's own work, apart from time its renderer waited for a core -------------------------
+
+
+class RendererCpu:
+    """The CPU time each renderer's main thread gets, sampled from ``/proc`` every ``every_s``.
+
+    A long task's duration is wall time: on 2 cores with 16 flooding ranks the renderer's main thread
+    can wait for a core for most of a second, in the middle of a 50 ms script. What the page itself
+    did in a task is the time its main thread ran in it, which Linux counts per thread
+    (``/proc/PID/task/PID/schedstat``, nanoseconds). Renderers are found through Chromium's own
+    process list (CDP ``SystemInfo.getProcessInfo``), so the page's renderer is among them whatever
+    Chromium's process model; the page's figure is the largest among them.
+    """
+
+    def __init__(self, browser: Browser, every_s: float = 0.02) -> None:
+        session = browser.new_browser_cdp_session()
+        try:
+            infos = session.send("SystemInfo.getProcessInfo")["processInfo"]
+        finally:
+            session.detach()
+        self.pids = [p["id"] for p in infos if p["type"] == "renderer"]
+        self._every = every_s
+        self._samples: list[tuple[float, dict[int, int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="renderer-cpu", daemon=True)
+
+    def _read(self) -> dict[int, int]:
+        ran = {}
+        for pid in self.pids:
+            try:
+                with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+                    ran[pid] = int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+        return ran
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self._samples.append((time.time(), self._read()))
+            self._stop.wait(self._every)
+
+    def __enter__(self) -> RendererCpu:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def ran_ms(self, start: float, end: float) -> float:
+        """The most any renderer's main thread ran between two moments (epoch seconds), in ms: from
+        the last sample at or before ``start`` to the first at or after ``end`` (so at most two sample
+        periods more than the truth, never less). ``nan`` when the samples do not cover the span."""
+        before = [s for s in self._samples if s[0] <= start]
+        after = [s for s in self._samples if s[0] >= end]
+        if not before or not after:
+            return float("nan")
+        (_, a), (_, b) = before[-1], after[0]
+        return max((b[p] - a[p] for p in a.keys() & b.keys()), default=0) / 1e6

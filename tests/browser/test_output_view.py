@@ -4,7 +4,8 @@ Each test runs one `%%spawn` cell of one notebook for real, in both front ends (
 and one kernel per front end, shared by the tests):
 
 - a 16-rank flood for 10 s: no main-thread task over 100 ms (a `PerformanceObserver` for long tasks,
-  installed before the page loads), and another cell stays editable meanwhile;
+  installed before the page loads), and another cell stays editable meanwhile; the suite fails a task
+  in which the page's main thread itself ran over 1 s (its CPU time, from /proc: RendererCpu);
 - Stop during a flood: the cell's execution ends within 1 s of the click;
 - the kernel shows Busy for the whole of a run (JupyterLab's status bar text; Notebook 7's tab icon,
   its only kernel-status indicator that follows the kernel's status messages);
@@ -31,6 +32,7 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
     NEEDS_WIDGET,
     Front,
     Page,
+    RendererCpu,
     live_view,
     open_notebook,
     page_shot,
@@ -192,11 +194,7 @@ try {
       const scripts = (e.scripts || []).filter(s => s.duration > 20).map(s =>
         `${Math.round(s.duration)} ms ${s.invoker || s.invokerType} ${(s.sourceFunctionName || '')} ` +
         `${(s.sourceURL || '').split('/').pop()}:${s.sourceCharPosition}`);
-      // what the page itself did in the frame: its scripts, and its rendering (rAF callbacks, style, layout);
-      // the rest of a long frame is time the renderer waited for a core (2 cores, 16 flooding ranks)
-      const scripted = (e.scripts || []).reduce((sum, s) => sum + s.duration, 0);
-      const rendering = e.renderStart ? e.startTime + e.duration - e.renderStart : 0;
-      window.__nbsLongFrames.push([e.startTime, e.duration, Math.round(e.styleAndLayoutStart ? e.startTime + e.duration - e.styleAndLayoutStart : 0), scripts, Math.round(scripted + rendering)]);
+      window.__nbsLongFrames.push([e.startTime, e.duration, Math.round(e.styleAndLayoutStart ? e.startTime + e.duration - e.styleAndLayoutStart : 0), scripts]);
     }
   }).observe({type: 'long-animation-frame', buffered: true});
 } catch (err) {}
@@ -229,22 +227,21 @@ class OutputFront(Front):
         return [d for start, d in tasks if start + d >= since and start <= until]
 
     def long_frames(self, since: float, until: float, top: int = 5) -> str:
-        """The longest animation frames over 100 ms in a window: duration, style+layout, scripts."""
+        """The longest animation frames over 100 ms in a window: duration, style+layout, scripts (wall time)."""
         frames = [f for f in self.pg.evaluate("window.__nbsLongFrames || []") if f[0] + f[1] >= since and f[0] <= until]
         frames.sort(key=lambda f: -f[1])
         return "\n".join(
-            f"  frame {d:.0f} ms (style+layout {sl} ms, the page's own work {work} ms): {'; '.join(sc) or '-'}"
-            for _, d, sl, sc, work in frames[:top]
+            f"  frame {d:.0f} ms (style+layout {sl} ms): {'; '.join(sc) or '-'}" for _, d, sl, sc in frames[:top]
         )
 
-    def frozen_by_the_page(self, since: float, until: float) -> float:
-        """The longest the page's own work (scripts and rendering) held one frame, where Chromium
-        reports long animation frames; else the longest task (which also counts time the renderer
-        waited for a core)."""
-        frames = [f for f in self.pg.evaluate("window.__nbsLongFrames || []") if f[0] + f[1] >= since and f[0] <= until]
-        if not self.pg.evaluate("PerformanceObserver.supportedEntryTypes.includes('long-animation-frame')"):
-            return max(self.long_tasks(since, until), default=0.0)
-        return max((work for *_, work in frames), default=0.0)
+    def frozen_by_the_page(self, cpu: RendererCpu, since: float, until: float) -> list[tuple[float, float]]:
+        """Each long task in a window as (its duration, the time the page's main thread ran in it), in
+        ms, longest-running first: a 1.8 s task in which the renderer ran 60 ms waited for a core
+        (2 cores, 16 flooding ranks); one in which it ran 1.5 s is the page's own freeze."""
+        origin = self.pg.evaluate("performance.timeOrigin") / 1000
+        tasks = [t for t in self.pg.evaluate("window.__nbsLongTasks") if t[0] + t[1] >= since and t[0] <= until]
+        ran = [(d, cpu.ran_ms(origin + start / 1000, origin + (start + d) / 1000)) for start, d in tasks]
+        return sorted(ran, key=lambda t: -t[1])
 
 
 @pytest.fixture(scope="module", params=list(FRONTS))
@@ -271,49 +268,71 @@ def front(request, browser, artifacts, tmp_path_factory):
 
 def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(front, artifacts):
     pg = front.pg
-    t0 = front.start(C_FLOOD)
-    view = front.live(C_FLOOD)
-    wait_for_js(view, "v => v.querySelectorAll('.nbs-Chip[data-status=\"running\"]').length === 16", 60_000)
-    pg.wait_for_timeout(2500)  # the flood is on
+    with RendererCpu(pg.context.browser) as cpu:
+        t0 = front.start(C_FLOOD)
+        view = front.live(C_FLOOD)
+        wait_for_js(view, "v => v.querySelectorAll('.nbs-Chip[data-status=\"running\"]').length === 16", 60_000)
+        pg.wait_for_timeout(2500)  # the flood is on
 
-    # another cell, edited meanwhile: every typed character arrives
-    scratch = front.cell(C_SCRATCH)
-    editor = scratch.locator(".jp-InputArea-editor")
-    typed_at = time.monotonic()
-    editor.click()
-    pg.keyboard.press("End")
-    pg.keyboard.press("Enter")
-    pg.keyboard.type(TYPED, delay=20)
-    sync_api.expect(editor).to_contain_text(TYPED, timeout=5_000)
-    typing_s = time.monotonic() - typed_at
-    pg.keyboard.press("Escape")
-    pg.mouse.move(0, 0)
-    page_shot(pg, artifacts, f"{front.name}-flood-page.png")
-    shot(view, artifacts, f"{front.name}-flood-live.png")
-    still_live = front.cell(C_FLOOD).locator(".nbs-mod-live").count() == 1
+        # another cell, edited meanwhile: every typed character arrives
+        scratch = front.cell(C_SCRATCH)
+        editor = scratch.locator(".jp-InputArea-editor")
+        typed_at = time.monotonic()
+        editor.click()
+        pg.keyboard.press("End")
+        pg.keyboard.press("Enter")
+        pg.keyboard.type(TYPED, delay=20)
+        sync_api.expect(editor).to_contain_text(TYPED, timeout=5_000)
+        typing_s = time.monotonic() - typed_at
+        pg.keyboard.press("Escape")
+        pg.mouse.move(0, 0)
+        page_shot(pg, artifacts, f"{front.name}-flood-page.png")
+        shot(view, artifacts, f"{front.name}-flood-live.png")
+        still_live = front.cell(C_FLOOD).locator(".nbs-mod-live").count() == 1
 
-    frozen = front.frozen(C_FLOOD)
-    t1 = front.now()
+        frozen = front.frozen(C_FLOOD)
+        t1 = front.now()
     text = frozen.inner_text()
     shot(frozen, artifacts, f"{front.name}-flood-frozen.png")
     tasks = front.long_tasks(t0, t1)
     worst = max(tasks, default=0.0)
     over50 = sum(d > 50 for d in tasks)
+    ran = front.frozen_by_the_page(cpu, t0, t1)
     figures = (
         f"{front.name}: 16-rank flood, {(t1 - t0) / 1000:.1f} s: {len(tasks)} long tasks, max {worst:.0f} ms, "
         f"{over50} over 50 ms, {sum(d > LONG_TASK_MAX_MS for d in tasks)} over {LONG_TASK_MAX_MS} ms "
-        f"(all: {sorted(round(d) for d in tasks)[-12:]}); typing {len(TYPED)} characters took {typing_s:.2f} s"
+        f"(all: {sorted(round(d) for d in tasks)[-12:]}); the page's main thread ran at most "
+        f"{max((r for _, r in ran), default=0.0):.0f} ms in one "
+        f"(task ms, ran ms: {[(round(d), round(r)) for d, r in ran[:5]]}); "
+        f"typing {len(TYPED)} characters took {typing_s:.2f} s"
     )
     print(figures)
     print(front.long_frames(t0, t1))
     assert still_live, f"the flood ended before the typing was done: {figures}"
     if STRICT:  # the bench's target: every task, whatever held it
         assert worst <= LONG_TASK_MAX_MS, figures
-    else:  # the suite: the page's own work froze it (a 1.8 s frame of 1 ms work, the renderer starved of a core, is not)
-        assert front.frozen_by_the_page(t0, t1) <= LONG_TASK_MAX_MS, f"{figures}\n{front.long_frames(t0, t1)}"
+    else:  # the suite: the page's own work froze it (a 1.8 s task in which it ran 60 ms, the renderer starved of a core, is not)
+        assert all(r <= LONG_TASK_MAX_MS for _, r in ran), f"{figures}\n{front.long_frames(t0, t1)}"
     assert typing_s < 5, figures
     assert all(s == "done" for s in (frozen.locator(".nbs-Chip").nth(r).get_attribute("data-status") for r in range(16)))
     assert "flooded" in text, text[-2000:]
+
+
+def test_a_page_frozen_by_its_own_script_is_told_from_one_waiting_for_a_core(front):
+    """The flood test's measure, checked: a 2 s script is a 2 s task in which the page's main thread
+    ran well over the suite's 1 s (it would fail the flood test)."""
+    pg = front.pg
+    with RendererCpu(pg.context.browser) as cpu:
+        t0 = front.now()
+        pg.wait_for_timeout(1000)
+        # a task of the page's own (a script evaluated by the test itself is not one of its tasks)
+        pg.evaluate("() => setTimeout(() => { const t = performance.now(); while (performance.now() - t < 2000) {} })")
+        pg.wait_for_timeout(2500)
+        t1 = front.now()
+    ran = front.frozen_by_the_page(cpu, t0, t1)
+    assert ran, "no long task recorded for a 2 s script"
+    duration, ran_ms = ran[0]
+    assert duration >= 2000 and ran_ms > LONG_TASK_MAX_MS, ran
 
 
 def test_stop_within_a_second_during_a_flood(front, artifacts):
