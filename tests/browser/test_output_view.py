@@ -230,9 +230,7 @@ class OutputFront(Front):
         """The longest animation frames over 100 ms in a window: duration, style+layout, scripts (wall time)."""
         frames = [f for f in self.pg.evaluate("window.__nbsLongFrames || []") if f[0] + f[1] >= since and f[0] <= until]
         frames.sort(key=lambda f: -f[1])
-        return "\n".join(
-            f"  frame {d:.0f} ms (style+layout {sl} ms): {'; '.join(sc) or '-'}" for _, d, sl, sc in frames[:top]
-        )
+        return "\n".join(f"  frame {d:.0f} ms (style+layout {sl} ms): {'; '.join(sc) or '-'}" for _, d, sl, sc in frames[:top])
 
     def frozen_by_the_page(self, cpu: RendererCpu, since: float, until: float) -> list[tuple[float, float]]:
         """Each long task in a window as (its duration, the time the page's main thread ran in it), in
