@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from ._api import launch, stop, worlds
     from ._runstate import RankState, Run
+    from ._torchcall import SpawnContext, spawn, start_processes
     from .errors import RankExitedError, RankRaisedError
     from .executors._registry import last_run
 
@@ -42,6 +43,7 @@ __all__ = [
     "RankRaisedError",
     "RankState",
     "Run",
+    "SpawnContext",
     "SpawnError",
     "SpawnInterrupted",
     "SpawnOutputError",
@@ -50,6 +52,8 @@ __all__ = [
     "last_run",
     "launch",
     "load_ipython_extension",
+    "spawn",
+    "start_processes",
     "stop",
     "worlds",
 ]
@@ -66,6 +70,9 @@ _LAZY = {
     "RankRaisedError": ".errors",
     "RankExitedError": ".errors",
     "last_run": ".executors._registry",
+    "spawn": "._torchcall",
+    "start_processes": "._torchcall",
+    "SpawnContext": "._torchcall",
 }
 
 

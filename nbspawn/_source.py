@@ -13,6 +13,7 @@ import ast
 import linecache
 import re
 import traceback
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from types import CodeType
@@ -91,6 +92,10 @@ class CellSource:
     body: str
     line_offset: int = 0  # lines above the body in the cell as the user sees it
     label: str = "Cell"  # "Cell In[5]" in a notebook
+    written_by_nbspawn: bool = False  # nbspawn.spawn's call (_torchcall): its frames are not the user's
+    # the kernel's cells whose functions the ranks run, by IPython's file name: a spawned rank puts them
+    # in its linecache, so its tracebacks show their lines as a forked one's do (kernel_cell_sources)
+    kernel_cells: tuple[tuple[str, str], ...] = ()
 
     @property
     def padded(self) -> str:
@@ -126,12 +131,40 @@ class CellSource:
         if tree is None:
             tree = self.tree
         linecache.cache[CELL_FILENAME] = (len(self.padded), None, self.padded.splitlines(True), CELL_FILENAME)
+        for filename, source in self.kernel_cells:
+            linecache.cache.setdefault(filename, (len(source), None, source.splitlines(True), filename))
         last = None
         body = tree.body
         if body and isinstance(final := body[-1], ast.Expr):
             body = body[:-1]
             last = compile(ast.Expression(final.value), CELL_FILENAME, "eval")
         return compile(ast.Module(body=body, type_ignores=tree.type_ignores), CELL_FILENAME, "exec"), last
+
+
+def kernel_cell_sources(values: Iterable[Any], cell_numbers: Mapping[str, int]) -> tuple[tuple[str, str], ...]:
+    """The sources of the kernel's cells (``cell_numbers``' files, in the kernel's linecache) where the
+    functions and classes of ``values`` are defined, and those they call by global name: what a spawned
+    rank needs to show their lines in a traceback.  Only objects of ``__main__`` are followed."""
+    files: set[str] = set()
+    seen: set[int] = set()
+    todo = list(values)
+    while todo:
+        value = todo.pop()
+        if id(value) in seen or getattr(value, "__module__", None) != "__main__":
+            continue
+        seen.add(id(value))
+        if isinstance(value, type):
+            todo.extend(getattr(v, "__func__", v) for v in vars(value).values())
+            continue
+        code, names = getattr(value, "__code__", None), getattr(value, "__globals__", {})
+        codes = [code] if isinstance(code, CodeType) else []
+        while codes:
+            c = codes.pop()
+            files.add(c.co_filename)
+            codes.extend(k for k in c.co_consts if isinstance(k, CodeType))
+            todo.extend(names[n] for n in c.co_names if n in names)
+    cached = {f: linecache.cache[f] for f in sorted(files) if f in cell_numbers and f in linecache.cache}
+    return tuple((f, "".join(entry[2])) for f, entry in cached.items() if len(entry) == 4)  # not a lazy entry
 
 
 def rewrite_cell_frames(text: str, cell: CellSource) -> str:

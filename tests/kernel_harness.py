@@ -411,11 +411,13 @@ def stop_spare_kernel() -> None:
 
 
 def run_processes(pid: int) -> list[psutil.Process]:
-    """Live descendants of `pid`, forkserver excluded: it is multiprocessing's, shared by every run."""
+    """Live descendants of `pid`, the fork server and the resource tracker excluded: they are
+    multiprocessing's, started once and shared by every run."""
     found = []
     for kid in descendants(pid):
         try:
-            if "forkserver" not in " ".join(kid.cmdline()):
+            line = " ".join(kid.cmdline())
+            if "forkserver" not in line and "multiprocessing.resource_tracker" not in line:
                 found.append(kid)
         except psutil.NoSuchProcess:
             pass

@@ -28,7 +28,12 @@ class SpawnUsageError(Exception):
 
     The magic raises it again as IPython's own ``UsageError``, which IPython prints as one line, no
     traceback: IPython does that for exactly that class (``etype is UsageError``), not for a subclass,
-    so this one need not be one, and importing it does not import IPython."""
+    so this one need not be one, and importing it does not import IPython.  Raised by a call
+    (``nbspawn.launch``, ``nbspawn.spawn``), IPython shows it as one line too (``_render_traceback_``):
+    the frames would be nbspawn's checks, not the user's code."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
 
 
 @dataclass

@@ -72,6 +72,12 @@ def _unpicklable(values: dict[str, Any], check: Callable[[Any], None] = _by_valu
     return None
 
 
+def first_unsendable(values: Mapping[str, Any]) -> tuple[str, str, Exception] | None:
+    """The first of ``values`` that cannot reach a spawned rank (tensor data aside): its name, its type,
+    and why; None when all can."""
+    return _unpicklable(dict(values), _shm.check_travels)
+
+
 def _refuse(bad: tuple[str, str, Exception], sent: Collection[str], where: str, instead: str) -> SpawnUsageError:
     """A name that cannot travel, said with the kernel names the cell is sent (so a name the user did
     not expect to be sent shows), and what to do instead: the hint fits the cell."""

@@ -487,6 +487,10 @@ def _write_error(rank_dir: str, cell: CellSource, exc: BaseException) -> None:
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
         tb = tb.tb_next  # start at the cell, not at nbspawn
+    while (
+        cell.written_by_nbspawn and tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename == CELL_FILENAME
+    ):
+        tb = tb.tb_next  # nbspawn.spawn's own call: start at the user's function
     if isinstance(exc, _prompt.DebuggerQuit):
         tb = _prompt.cut_debugger_frames(tb)  # end at the line where the debugger was quit
     report = traceback.TracebackException(type(exc), exc, tb)

@@ -1,0 +1,199 @@
+"""torch's own call in a notebook (issue #46): ``nbspawn.spawn(fn, args, nprocs)`` through a real kernel.
+
+PyTorch's DDP tutorial (its basic and checkpoint examples, on CPU with gloo) pasted into cells with
+one line changed (``import nbspawn as mp``) runs under fork, spawn and forkserver, with a function
+defined in a cell; the ranks' return values come back; ``join=False`` gives a context to join; a
+failure raises torch's own exception class, starting at the user's function, with its source line
+under every start method; bad input is one line, before any process starts.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from kernel_harness import ok, run, run_processes
+
+pytestmark = pytest.mark.timeout(300)
+METHODS = ["fork", "spawn", "forkserver"]
+
+# https://pytorch.org/tutorials/intermediate/ddp_tutorial.html, on CPU: gloo, no device_ids; the one
+# change is its import (torch.multiprocessing -> nbspawn)
+TUTORIAL = """
+import os
+import sys
+import tempfile
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.optim as optim
+import nbspawn as mp
+
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def setup(rank, world_size):
+    os.environ['MASTER_ADDR'] = 'localhost'
+    os.environ['MASTER_PORT'] = '{port}'
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+def cleanup():
+    dist.destroy_process_group()
+
+class ToyModel(nn.Module):
+    def __init__(self):
+        super(ToyModel, self).__init__()
+        self.net1 = nn.Linear(10, 10)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 5)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+def demo_basic(rank, world_size):
+    print(f"Running basic DDP example on rank {{rank}}.")
+    setup(rank, world_size)
+    model = ToyModel()
+    ddp_model = DDP(model)
+    loss_fn = nn.MSELoss()
+    optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
+    optimizer.zero_grad()
+    outputs = ddp_model(torch.randn(20, 10))
+    labels = torch.randn(20, 5)
+    loss_fn(outputs, labels).backward()
+    optimizer.step()
+    cleanup()
+    print(f"Finished running basic DDP example on rank {{rank}}.")
+
+def demo_checkpoint(rank, world_size):
+    print(f"Running DDP checkpoint example on rank {{rank}}.")
+    setup(rank, world_size)
+    model = ToyModel()
+    ddp_model = DDP(model)
+    CHECKPOINT_PATH = tempfile.gettempdir() + "/model-{port}.checkpoint"
+    if rank == 0:
+        torch.save(ddp_model.state_dict(), CHECKPOINT_PATH)
+    dist.barrier()
+    ddp_model.load_state_dict(torch.load(CHECKPOINT_PATH, weights_only=True))
+    loss_fn = nn.MSELoss()
+    optimizer = optim.SGD(ddp_model.parameters(), lr=0.001)
+    optimizer.zero_grad()
+    outputs = ddp_model(torch.randn(20, 10))
+    labels = torch.randn(20, 5)
+    loss_fn(outputs, labels).backward()
+    optimizer.step()
+    dist.barrier()
+    if rank == 0:
+        os.remove(CHECKPOINT_PATH)
+    cleanup()
+    print(f"Finished running DDP checkpoint example on rank {{rank}}.")
+
+def run_demo(demo_fn, world_size, start_method):
+    mp.spawn(demo_fn, args=(world_size,), nprocs=world_size, join=True, start_method=start_method)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_output(kernel, rank: int) -> str:
+    return ok(kernel, f"print(open(nbspawn.last_run().ranks[{rank}].stdout_path).read())").stdout
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_ddp_tutorial_pasted_runs_with_one_import_changed(kernel, method):
+    ok(kernel, "import nbspawn")
+    ok(kernel, TUTORIAL.format(port=_free_port()))
+    ok(kernel, f"run_demo(demo_basic, 2, {method!r})")
+    for rank in range(2):
+        text = _rank_output(kernel, rank)
+        assert (
+            f"Running basic DDP example on rank {rank}." in text and f"Finished running basic DDP example on rank {rank}." in text
+        ), text
+    ok(kernel, f"run_demo(demo_checkpoint, 2, {method!r})")
+    assert "Finished running DDP checkpoint example on rank 1." in _rank_output(kernel, 1)
+    assert run_processes(kernel.pid) == []
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_return_values_come_back_and_a_failure_is_torchs_exception_at_the_users_line(kernel, method):
+    ok(kernel, "import nbspawn, torch, torch.multiprocessing as tmp")
+    ok(kernel, "def square(i, base):\n    return torch.full((2,), base + i) ** 2\n")
+    out = ok(kernel, f"print(nbspawn.spawn(square, args=(3,), nprocs=3, start_method={method!r}))").stdout
+    assert "[tensor([9, 9]), tensor([16, 16]), tensor([25, 25])]" in out, out
+
+    ok(kernel, "def load(i, path):\n    if i == 1:\n        raise FileNotFoundError(path)\n    return i\n")
+    failed = run(kernel, f"nbspawn.spawn(load, args=('data.bin',), nprocs=2, start_method={method!r})")
+    assert failed.error is not None and failed.error.ename == "RankRaisedError", failed.error_text
+    text = failed.error_text
+    assert "rank 1" in text and "FileNotFoundError: data.bin" in text, text
+    # the traceback starts at the user's function, with its line, not at nbspawn's call
+    assert "in load\n    raise FileNotFoundError(path)" in text, text
+    assert "fn(int(os.environ" not in text and "nbspawn.spawn" not in text.split("Traceback")[1], text
+    caught = ok(
+        kernel,
+        "try:\n"
+        f"    nbspawn.spawn(load, args=('x',), nprocs=2, start_method={method!r})\n"
+        "except tmp.ProcessRaisedException as e:\n"
+        "    print('caught as torch does', e.error_index)\n",
+    ).stdout
+    assert "caught as torch does 1" in caught, caught
+    assert run_processes(kernel.pid) == []
+
+
+def test_join_false_gives_a_context_to_join(kernel):
+    ok(kernel, "import nbspawn, time")
+    ok(kernel, "def slow(i):\n    time.sleep(1.5)\n    return i * 10\n")
+    out = ok(
+        kernel,
+        "ctx = nbspawn.spawn(slow, nprocs=2, join=False, start_method='fork')\n"
+        "print('first join', ctx.join(timeout=0.1), len(ctx.pids()))\n"
+        "while not ctx.join(timeout=5): pass\n"
+        "print('joined', ctx.returned)\n",
+    ).stdout
+    assert "first join False 2" in out and "joined [0, 10]" in out, out
+
+
+@pytest.mark.parametrize(
+    "call, said",
+    [
+        ("nbspawn.spawn(f, nprocs=0)", "nprocs as a whole number of processes, 1 or more, not 0"),
+        ("nbspawn.spawn(f, args=5, nprocs=2)", "args as a tuple (fn(i, *args)), not int: write args=(5,)"),
+        ("nbspawn.spawn(f, args=(1, 2), nprocs=2)", "f(i, *args) with i the process index and 2 arguments"),
+        ("nbspawn.spawn(lambda: 0, nprocs=2)", "cannot take them"),
+        ("nbspawn.spawn(f, args=(1,), nprocs=2, start_method='thread')", "start_method fork, spawn, forkserver"),
+        ("nbspawn.spawn(f, args=(1,), nprocs=2, tiemout=3)", "unexpected keyword argument tiemout"),
+        (
+            "nbspawn.spawn(f, args=((x for x in 'ab'),), nprocs=2)",
+            "cannot send args[0] (a builtins.generator) to ranks started with 'spawn'",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_before_any_process_starts(kernel, call, said):
+    ok(kernel, "import nbspawn\ndef f(i, n):\n    return n\n")
+    result = run(kernel, call)
+    assert result.error is not None and result.error.ename == "SpawnUsageError", result.error_text
+    assert said in result.error_text, result.error_text
+    assert len(result.error.traceback) == 1 and "Traceback" not in result.error_text, result.error_text
+    assert run_processes(kernel.pid) == []
+
+
+def test_torchrun_env_when_asked_and_as_torch_without_it(kernel):
+    ok(kernel, "import nbspawn, torch, torch.distributed as dist")
+    ok(
+        kernel,
+        "def summed(i):\n"
+        "    dist.init_process_group('gloo')  # torchrun style: everything from the environment\n"
+        "    t = torch.tensor([i + 1])\n"
+        "    dist.all_reduce(t)\n"
+        "    dist.destroy_process_group()\n"
+        "    return int(t)\n",
+    )
+    out = ok(kernel, "print(nbspawn.spawn(summed, nprocs=3, start_method='fork', torchrun_env=True))").stdout
+    assert "[6, 6, 6]" in out, out
+    # as under torch's own spawn, a call without it has no rendezvous set for it: torch says what is missing
+    failed = run(kernel, "nbspawn.spawn(summed, nprocs=2, start_method='fork', timeout=60)")
+    assert failed.error is not None and "MASTER_ADDR" in failed.error_text, failed.error_text
+    assert run_processes(kernel.pid) == []
