@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from ._api import launch, stop, worlds
     from ._runstate import RankState, Run
-    from ._torchcall import SpawnContext, spawn, start_processes
+    from ._torchcall import SpawnContext, route_torch_spawn, spawn, start_processes
     from .errors import RankExitedError, RankRaisedError
     from .executors._registry import last_run
 
@@ -52,6 +52,7 @@ __all__ = [
     "last_run",
     "launch",
     "load_ipython_extension",
+    "route_torch_spawn",
     "spawn",
     "start_processes",
     "stop",
@@ -71,6 +72,7 @@ _LAZY = {
     "RankExitedError": ".errors",
     "last_run": ".executors._registry",
     "spawn": "._torchcall",
+    "route_torch_spawn": "._torchcall",
     "start_processes": "._torchcall",
     "SpawnContext": "._torchcall",
 }

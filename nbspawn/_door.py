@@ -16,14 +16,15 @@ where it runs) they check without reading anything again.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 from ._options import ROW, ROWS, Option, with_debug_collectives
 from ._program import ProgramLine, read_program_line
 from ._request import Given, RunRequest, Settings
-from ._source import CellSource
+from ._source import CellSource, kernel_cell_sources
 from .errors import SpawnUsageError
+from .handoff._flow import names_needed
 
 SETTINGS = tuple(f.name for f in fields(Settings) if f.name != "given")
 _DOOR_ONLY = ("fresh", "debug_collectives")  # read into others here: --world set aside, --env added to
@@ -106,7 +107,7 @@ def read_request(
     unknown = set(raw) - set(REQUESTED)
     assert not unknown, f"not options of a request: {sorted(unknown)}"
     if cell is not None:
-        cell.tree  # noqa: B018  # parsed here, once: a syntax error is the door's
+        cell = _with_kernel_cells(cell, namespace, cell_numbers or {})
     line = program if isinstance(program, ProgramLine) or program is None else read_program_line(program)
     work = line if line is not None else cell
     assert work is not None, "a request runs a cell or a program"
@@ -118,6 +119,22 @@ def read_request(
         cell_numbers=cell_numbers or {},
         **{name: _read(ROW[name], raw.get(name)) for name in REQUESTED},
     )
+
+
+def _with_kernel_cells(cell: CellSource, namespace: Mapping[str, Any], cell_numbers: Mapping[str, int]) -> CellSource:
+    """``cell``, parsed here, once (a syntax error is the door's), with the sources of the kernel cells
+    that define the functions it calls: a rank in a fresh interpreter (spawn, forkserver, a cluster
+    node) shows their lines in its tracebacks, as a forked one does."""
+    tree = cell.tree
+    if cell.kernel_cells or not cell_numbers:
+        return cell
+    used = (namespace[name] for name in sorted(names_needed(tree)) if name in namespace)
+    found = kernel_cell_sources(used, cell_numbers)
+    if not found:
+        return cell
+    with_them = replace(cell, kernel_cells=found)
+    vars(with_them)["tree"] = tree  # the parse is kept (a cached_property: only read, never changed)
+    return with_them
 
 
 def _read(option: Option, value: Any) -> Any:

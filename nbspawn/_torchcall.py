@@ -11,13 +11,16 @@ magic's, the view is the cell's, the error names the root-cause rank in the cell
 
 What torch lacks, they add: each rank's return value (``spawn`` returns them, a list by rank, where
 torch returns None), and the other ``%%spawn`` options as keywords (``timeout``, ``share``,
-``backend``, ``env``...: the rows of the same table).  The call is a two-line cell nbspawn writes
-(``CALL``); its frame is nbspawn's, not the user's, so tracebacks start at ``fn``.
+``backend``, ``env``...: the rows of the same table).  The call is a short cell nbspawn writes
+(``CALL_SOURCE``); its frame is nbspawn's, not the user's, so tracebacks start at ``fn``, whose cell's
+lines a spawned rank has as every cell's callees (``_door``: ``CellSource.kernel_cells``).
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +30,7 @@ from ._door import read_door
 from ._options import CALL, at_door
 from ._runstate import Run
 from ._shell import kernel_of
-from ._source import CellSource, cell_files, kernel_cell_sources
+from ._source import CellSource, cell_files
 from .errors import SpawnUsageError
 from .handoff._names import first_unsendable
 from .views._protocol import RunView
@@ -131,10 +134,7 @@ def start_processes(
     request = read_door(
         given,
         cell=CellSource(
-            CALL_SOURCE if torchrun_env else WITHOUT_RENDEZVOUS + CALL_SOURCE,
-            label=CALL_LABEL,
-            written_by_nbspawn=True,
-            kernel_cells=kernel_cell_sources([fn, *args], numbers) if start_method != "fork" else (),
+            CALL_SOURCE if torchrun_env else WITHOUT_RENDEZVOUS + CALL_SOURCE, label=CALL_LABEL, written_by_nbspawn=True
         ),
         namespace={"fn": fn, "args": args},
         hidden=getattr(shell, "user_ns_hidden", None),
@@ -145,6 +145,36 @@ def start_processes(
         return SpawnContext(run)
     run.wait()
     return run.outputs[RETURNED]
+
+
+def route_torch_spawn(on: bool = True) -> None:
+    """Route ``torch.multiprocessing.spawn`` and ``start_processes`` through nbspawn in this kernel
+    (``on=False``: back to torch's), so pasted code that calls them runs unchanged.  Only calls from
+    the notebook's own code (``__main__``) in the kernel are routed: a library's (Lightning's
+    ``ddp_spawn``, nbspawn's own executors) and a rank's get torch's."""
+    import torch.multiprocessing as tmp
+
+    if not on:
+        for name, original in _TORCHS.items():
+            setattr(tmp, name, original)
+        return
+    kernel = os.getpid()
+    for name, ours in (("spawn", spawn), ("start_processes", start_processes)):
+        original = _TORCHS.setdefault(name, getattr(tmp, name))
+        setattr(tmp, name, _routed(ours, original, kernel))
+
+
+_TORCHS: dict[str, Callable[..., Any]] = {}  # torch's own, while routed
+
+
+def _routed(ours: Callable[..., Any], original: Callable[..., Any], kernel: int) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        from_the_notebook = sys._getframe(1).f_globals.get("__name__") == "__main__"
+        return (ours if from_the_notebook and os.getpid() == kernel else original)(*args, **kwargs)
+
+    call.__nbspawn_routed__ = True  # type: ignore[attr-defined]
+    return call
 
 
 def _checked_call(fn: Any, args: Any, nprocs: Any, start_method: Any, daemon: Any) -> tuple[Any, ...]:

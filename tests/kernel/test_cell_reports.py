@@ -183,3 +183,15 @@ def test_a_failed_runs_report_has_no_colour_codes_under_no_color_or_nocolor(kern
         assert plain.error.traceback and not any("\x1b[" in line for line in plain.error.traceback), plain.error.traceback
     finally:
         ok(kernel, f"%colors {before}")
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_function_from_an_earlier_cell_shows_its_line_in_a_spawned_ranks_traceback(kernel, method):
+    """A spawned rank has none of the kernel's cells in its linecache: the door sends the sources of
+    those that define what the cell calls, so the traceback reads as a forked rank's does."""
+    ok(kernel, "def helper_of_a_spawned_cell(x):\n    y = x + 1\n    raise ValueError(f'bad {y}')\n")
+    ok(kernel, "def step_of_a_spawned_cell(x):\n    return helper_of_a_spawned_cell(x * 2)\n")
+    failed = run(kernel, f"%%spawn -n 2 --start-method {method}\nimport os\nstep_of_a_spawned_cell(int(os.environ['RANK']))\n")
+    text = failed.error_text
+    assert "in step_of_a_spawned_cell\n    return helper_of_a_spawned_cell(x * 2)" in text, text
+    assert "in helper_of_a_spawned_cell\n    raise ValueError(f'bad {y}')" in text, text

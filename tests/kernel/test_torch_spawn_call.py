@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.optim as optim
-import nbspawn as mp
+{import_line}
 
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -105,7 +105,7 @@ def _rank_output(kernel, rank: int) -> str:
 @pytest.mark.parametrize("method", METHODS)
 def test_the_ddp_tutorial_pasted_runs_with_one_import_changed(kernel, method):
     ok(kernel, "import nbspawn")
-    ok(kernel, TUTORIAL.format(port=_free_port()))
+    ok(kernel, TUTORIAL.format(port=_free_port(), import_line="import nbspawn as mp"))
     ok(kernel, f"run_demo(demo_basic, 2, {method!r})")
     for rank in range(2):
         text = _rank_output(kernel, rank)
@@ -114,6 +114,27 @@ def test_the_ddp_tutorial_pasted_runs_with_one_import_changed(kernel, method):
         ), text
     ok(kernel, f"run_demo(demo_checkpoint, 2, {method!r})")
     assert "Finished running DDP checkpoint example on rank 1." in _rank_output(kernel, 1)
+    assert run_processes(kernel.pid) == []
+
+
+def test_the_tutorial_unchanged_runs_through_nbspawn_once_routed(kernel):
+    """The opt-in for code pasted as it is: torch's own ``mp.spawn`` (its default, spawn) goes through
+    nbspawn, in the kernel only, until routed back."""
+    ok(kernel, "import nbspawn")
+    ok(kernel, TUTORIAL.format(port=_free_port(), import_line="import torch.multiprocessing as mp"))
+    ok(kernel, "nbspawn.route_torch_spawn()")
+    try:
+        ok(kernel, "world_size = 2\nmp.spawn(demo_basic, args=(world_size,), nprocs=world_size, join=True)")
+        assert "Finished running basic DDP example on rank 1." in _rank_output(kernel, 1)
+        ran = ok(kernel, "print(nbspawn.last_run().run_id)").stdout
+        assert ok(kernel, "print(mp.spawn.__nbspawn_routed__)").stdout.strip() == "True"
+    finally:
+        ok(kernel, "nbspawn.route_torch_spawn(False)")
+    assert ok(kernel, "print(hasattr(mp.spawn, '__nbspawn_routed__'), mp.spawn.__module__)").stdout.split() == [
+        "False",
+        "torch.multiprocessing.spawn",
+    ]
+    assert ok(kernel, "print(nbspawn.last_run().run_id)").stdout == ran
     assert run_processes(kernel.pid) == []
 
 
