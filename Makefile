@@ -58,8 +58,10 @@ KERNEL_TESTS := tests --ignore=tests/cluster/test_cluster_nodes.py --ignore=test
 # what those touch: the live view and rank widgets on ipywidgets 8 over ipykernel 6's comms, rank output
 # (rich, tqdm's notebook bars), the hosted-runtime notice, fresh cells and kept worlds, and the pure functions.
 KAGGLE_TESTS := tests/unit tests/runtimes/test_hosted_runtime.py tests/kernel/test_view_widget.py \
-	tests/kernel/test_rank_widgets.py tests/kernel/test_rank_output.py tests/kernel/test_active_runs.py tests/kernel/test_spawn_core.py tests/kernel/test_worlds.py
-TORCH_RANGE_TESTS := tests/kernel/test_spawn_core.py tests/kernel/test_worlds.py tests/kernel/test_debugger.py tests/kernel/test_handoff.py tests/kernel/test_rank_output.py
+	tests/kernel/test_rank_widgets.py tests/kernel/test_rank_output.py tests/kernel/test_active_runs.py tests/kernel/test_spawn_core.py tests/kernel/test_worlds.py \
+	tests/kernel/test_torch_spawn_call.py
+TORCH_RANGE_TESTS := tests/kernel/test_spawn_core.py tests/kernel/test_worlds.py tests/kernel/test_debugger.py tests/kernel/test_handoff.py tests/kernel/test_rank_output.py \
+	tests/kernel/test_torch_spawn_call.py
 runtimes: runtime-colab-gpu runtime-kaggle-gpu runtime-floor runtime-newest runtime-tpu-cpu
 runtime-colab-gpu:
 	bash .ci/runtime colab-gpu $(KERNEL_TESTS) $(NO_CLUSTERS) $(HOSTED) -q

@@ -14,6 +14,7 @@ from ._door import read_door
 from ._options import CALL, OPTIONS, ROW, at_door
 from ._runstate import Run
 from ._source import CellSource
+from .views._marimo import MarimoView, in_marimo
 from .views._protocol import RunView
 from .views._text import TextView
 
@@ -64,7 +65,7 @@ def launch(
         names, given["cluster"] = {**names, "<cluster>": cluster}, "<cluster>"
     program = cell if isinstance(cell, list) else None
     request = read_door(given, cell=None if program is not None else CellSource(str(cell)), program=program, namespace=names)
-    run = start(request, view or (TextView() if echo else None))
+    run = start(request, view or (TextView() if echo else MarimoView() if in_marimo() else None))
     if check and not background:
         run.raise_for_status()
     return run

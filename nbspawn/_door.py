@@ -126,7 +126,7 @@ def _with_kernel_cells(cell: CellSource, namespace: Mapping[str, Any], cell_numb
     that define the functions it calls: a rank in a fresh interpreter (spawn, forkserver, a cluster
     node) shows their lines in its tracebacks, as a forked one does."""
     tree = cell.tree
-    if cell.kernel_cells or not cell_numbers:
+    if cell.kernel_cells:
         return cell
     used = (namespace[name] for name in sorted(names_needed(tree)) if name in namespace)
     found = kernel_cell_sources(used, cell_numbers)

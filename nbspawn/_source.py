@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import linecache
+import os
 import re
 import traceback
 from collections.abc import Iterable, Mapping
@@ -142,9 +143,10 @@ class CellSource:
 
 
 def kernel_cell_sources(values: Iterable[Any], cell_numbers: Mapping[str, int]) -> tuple[tuple[str, str], ...]:
-    """The sources of the kernel's cells (``cell_numbers``' files, in the kernel's linecache) where the
-    functions and classes of ``values`` are defined, and those they call by global name: what a spawned
-    rank needs to show their lines in a traceback.  Only objects of ``__main__`` are followed."""
+    """The sources of the kernel's cells where the functions and classes of ``values`` are defined,
+    and those they call by global name: what a spawned rank needs to show their lines in a traceback.
+    A kernel's cell is a file only its linecache has: IPython's (``cell_numbers``), or any other that
+    is not on disk (marimo's cells).  Only objects of ``__main__`` are followed."""
     files: set[str] = set()
     seen: set[int] = set()
     todo = list(values)
@@ -163,7 +165,11 @@ def kernel_cell_sources(values: Iterable[Any], cell_numbers: Mapping[str, int]) 
             files.add(c.co_filename)
             codes.extend(k for k in c.co_consts if isinstance(k, CodeType))
             todo.extend(names[n] for n in c.co_names if n in names)
-    cached = {f: linecache.cache[f] for f in sorted(files) if f in cell_numbers and f in linecache.cache}
+    cached = {
+        f: linecache.cache[f]
+        for f in sorted(files)
+        if f in linecache.cache and (f in cell_numbers or not (f.startswith("<") or os.path.exists(f)))
+    }
     return tuple((f, "".join(entry[2])) for f, entry in cached.items() if len(entry) == 4)  # not a lazy entry
 
 
@@ -210,6 +216,8 @@ def main_thread_stack(dump: str, cell: CellSource) -> str:
         return STILL_STARTING if frames else ""
     frames = [f.strip() for f in frames[: cut + 1] if _IMPORTLIB not in f]
     frames.reverse()
+    while cell.written_by_nbspawn and len(frames) > 1 and CELL_FILENAME in frames[0]:
+        frames.pop(0)  # nbspawn.spawn's own call: the user's function is where the rank is
     while len(frames) > 1 and _OWN.search(frames[-1]):
         frames.pop()
     return rewrite_cell_frames("\n".join("  " + f for f in _trim_library(frames)), cell)

@@ -33,6 +33,7 @@ from ._shell import kernel_of
 from ._source import CellSource, cell_files
 from .errors import SpawnUsageError
 from .handoff._names import first_unsendable
+from .views._marimo import MarimoView, in_marimo
 from .views._protocol import RunView
 from .views._text import TextView
 
@@ -143,7 +144,10 @@ def start_processes(
     run = start(request, _view(view, shell))
     if not join:
         return SpawnContext(run)
-    run.wait()
+    run.ended_within(None)
+    if run.error is not None:  # raised from here: the frames below (the run's own) are nbspawn's, not the user's
+        raise run.error.with_traceback(None)
+    run.wait()  # what a waited run does (it has ended: returns at once)
     return run.outputs[RETURNED]
 
 
@@ -213,9 +217,12 @@ def _shell() -> Any:
 
 
 def _view(view: RunView | None, shell: Any) -> RunView:
-    """The cell's view: the live widget in a Jupyter kernel, ``[rank{r}]:`` lines elsewhere."""
+    """The cell's view: the live widget in a Jupyter kernel, the run's panes in a marimo notebook,
+    ``[rank{r}]:`` lines elsewhere (a script, ``python notebook.py``)."""
     if view is not None:
         return view
+    if in_marimo():
+        return MarimoView()
     if kernel_of(shell) is not None:
         from .views._widget import WidgetView, widget_available
 

@@ -5,9 +5,10 @@
 #   NBSPAWN_TORCH_SPEC  what to install when the venv has no torch (default: torch==2.13.0, a CPU
 #                       wheel). Torch goes in first, on its own, because letting pip resolve the bare
 #                       `torch>=2.4` of pyproject.toml would pull a multi-GB CUDA build.
-#   NBSPAWN_EXTRAS      the project's extras to install (default: test,lab,frameworks; CI runs them
-#                       all). test,lab leaves out lightning, transformers and accelerate (~280 MB):
-#                       tests/kernel/test_frameworks.py then skips, saying so.
+#   NBSPAWN_EXTRAS      the project's extras to install (default: test,lab,frameworks,marimo; CI runs
+#                       them all). test,lab leaves out lightning, transformers and accelerate (~280 MB)
+#                       and marimo: tests/kernel/test_frameworks.py and the marimo tests then skip,
+#                       saying so.
 #   PYTHON              interpreter that creates the venv (default: python3)
 #
 # Idempotent: a stamp file newer than pyproject.toml means nothing changed, and pip is not run.
@@ -16,7 +17,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${NBSPAWN_VENV:-$root/.venv}"
 torch_spec="${NBSPAWN_TORCH_SPEC:-torch==2.13.0}"
-extras="${NBSPAWN_EXTRAS:-test,lab,frameworks}"
+extras="${NBSPAWN_EXTRAS:-test,lab,frameworks,marimo}"
 stamp="$venv/.nbspawn-setup-stamp"
 py="$venv/bin/python"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1

@@ -43,7 +43,11 @@ def test_what_torch_takes_is_taken():
 
 
 def test_a_spawned_rank_gets_the_cells_of_the_function_and_of_what_it_calls():
-    helper_file, main_file, other_file = "/tmp/ipykernel_1/11.py", "/tmp/ipykernel_1/22.py", "/tmp/ipykernel_1/33.py"
+    helper_file, main_file, other_file = (
+        "/nonexistent/ipykernel_1/11.py",
+        "/nonexistent/ipykernel_1/22.py",
+        "/nonexistent/ipykernel_1/33.py",
+    )
     namespace: dict = {"__name__": "__main__"}
     for filename, source in [
         (helper_file, "def helper(x):\n    return x + 1\n"),
@@ -56,5 +60,15 @@ def test_a_spawned_rank_gets_the_cells_of_the_function_and_of_what_it_calls():
     sent = dict(kernel_cell_sources([namespace["main"]], numbers))
     assert sorted(sent) == [helper_file, main_file]  # inner() calls helper: followed through the nested code
     assert sent[main_file].startswith("def main(i):")
-    assert kernel_cell_sources([namespace["main"]], {}) == ()  # not a kernel cell: nothing to send
+    # a cell only the kernel's linecache has is sent without IPython's numbers too (marimo's cells)
+    assert sorted(dict(kernel_cell_sources([namespace["main"]], {}))) == [helper_file, main_file]
     assert kernel_cell_sources([_f, 3, "x"], numbers) == ()  # not __main__'s
+
+
+def test_a_function_from_a_file_on_disk_is_read_there(tmp_path):
+    on_disk = tmp_path / "helpers.py"
+    on_disk.write_text("def f(i):\n    return i\n")
+    namespace: dict = {"__name__": "__main__"}
+    exec(compile(on_disk.read_text(), str(on_disk), "exec"), namespace)
+    linecache.getlines(str(on_disk))  # in the linecache too: the rank reads it from the disk all the same
+    assert kernel_cell_sources([namespace["f"]], {}) == ()
