@@ -225,3 +225,23 @@ def test_marimos_stop_button_stops_the_ranks(browser, artifacts, tmp_path):
             assert _ranks_of(server) == []
         finally:
             context.close()
+
+
+def test_launch_draws_its_run_in_a_marimo_cell_too(browser, artifacts, tmp_path):
+    """``nbspawn.launch`` (a cell's source on every rank) takes marimo's view by itself."""
+    path = _write(
+        tmp_path,
+        "launched.py",
+        "run = nbspawn.launch(\"import os, time\\nfor i in range(3):\\n    print('launched on', os.environ['RANK'], i)\\n    time.sleep(0.5)\", nprocs=2, start_method='fork')",
+        "work = None",
+    )
+    with marimo_edit(path) as (url, server):
+        context, pg = _open_and_run_all(browser, url)
+        try:
+            run = pg.locator(RUN_VIEW)
+            sync_api.expect(run).to_contain_text("succeeded", timeout=60_000)
+            text = run.inner_text()
+            assert "launched on 1 2" in text and "launched on 0 2" in text, text
+            pg.screenshot(path=str(artifacts / "marimo-launch.png"))
+        finally:
+            context.close()
