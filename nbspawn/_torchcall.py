@@ -97,21 +97,6 @@ def spawn(
     store hosted by the kernel), as ``%%spawn`` cells have.  Other keywords are
     ``%%spawn``'s options as :func:`nbspawn.launch` takes them (``timeout``, ``share``, ``backend``,
     ``env``, ``view``...)."""
-    return start_processes(fn, args, nprocs, join, daemon, start_method, torchrun_env=torchrun_env, **options)
-
-
-def start_processes(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...] = (),
-    nprocs: int = 1,
-    join: bool = True,
-    daemon: bool = False,
-    start_method: str = "spawn",
-    *,
-    torchrun_env: bool = False,
-    **options: Any,
-) -> list[Any] | SpawnContext:
-    """torch's ``start_processes``: :func:`spawn` with the start method first-class (the same call)."""
     view = options.pop("view", None)
     args = _checked_call(fn, args, nprocs, start_method, daemon)
     allowed = {option.param for option in at_door(CALL)} - _OWN
@@ -149,6 +134,15 @@ def start_processes(
         raise run.error.with_traceback(None)
     run.wait()  # what a waited run does (it has ended: returns at once)
     return run.outputs[RETURNED]
+
+
+def start_processes(*args: Any, **kwargs: Any) -> list[Any] | SpawnContext:
+    """torch's ``start_processes``: the same call as :func:`spawn` (as in torch, where ``spawn``
+    calls it), under its own name."""
+    return spawn(*args, **kwargs)
+
+
+start_processes.__signature__ = inspect.signature(spawn)  # type: ignore[attr-defined]  # help() shows torch's parameters
 
 
 def route_torch_spawn(on: bool = True) -> None:

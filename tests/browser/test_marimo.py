@@ -243,5 +243,6 @@ def test_launch_draws_its_run_in_a_marimo_cell_too(browser, artifacts, tmp_path)
             text = run.inner_text()
             assert "launched on 1 2" in text and "launched on 0 2" in text, text
             pg.screenshot(path=str(artifacts / "marimo-launch.png"))
+            assert _ranks_of(server) == []
         finally:
             context.close()
