@@ -709,12 +709,12 @@ class NetnsNodes(_Nodes):
 
         `ip netns exec` and `unshare` (without --fork) both exec, so the pid of the command started
         is that of `argv` itself: engine pids are those of the Popen objects."""
-        script = 'hostname "$0" && exec "$@"'
-        extra = []
-        if self.private_shm:
-            # ip netns exec runs in a fresh mount namespace (recursively slave): the bind stays there
-            script = 'hostname "$0" && mount --bind "$1" /dev/shm && shift && exec "$@"'
-            extra = [str(self.shm_dirs[node])]
+        # ip netns exec runs in a fresh mount namespace (recursively slave): a bind stays there
+        binds = self.private_dirs(node)
+        script = 'hostname "$0"'
+        script += "".join(f' && mount --bind "${2 * k + 1}" "${2 * k + 2}"' for k in range(len(binds)))
+        script += f' && shift {2 * len(binds)} && exec "$@"'
+        extra = [path for pair in binds for path in pair]
         return [
             "ip",
             "netns",
@@ -729,6 +729,11 @@ class NetnsNodes(_Nodes):
             *extra,
             *argv,
         ]
+
+    def private_dirs(self, node: int) -> list[tuple[str, str]]:
+        """(a directory of this machine, the path it is mounted over on node ``node``): what the node
+        has of its own, as a separate machine would (its /dev/shm, if private)."""
+        return [(str(self.shm_dirs[node]), "/dev/shm")] if self.private_shm else []
 
     def run_in_node(self, node: int, argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
         """Run a command on node `node` and wait for it (`subprocess.run`), e.g. to probe the node."""

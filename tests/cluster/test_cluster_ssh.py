@@ -1,0 +1,119 @@
+"""The guide's SSH recipe, run for real (issue #45): a kernel on this machine starts an ipyparallel
+cluster whose engines it launches over SSH on two nodes (network namespaces with their own address,
+hostname, sshd, ~/.ipython and /tmp: tests/cluster/ssh_nodes.py), and ``%%spawn --cluster`` runs
+cells, a kept world, a program and a background run across them, with gloo between the nodes.
+
+Needs root (namespaces) and OpenSSH's server: in CI the fixture installs Debian's
+``openssh-server`` when it is missing; elsewhere the module is skipped, saying why.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+from cluster_nodes import netns_skip_reason
+from kernel_harness import load_nbspawn, ok, run, start_kernel, stop_kernel
+from ssh_nodes import SshNodes, ssh_skip_reason
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _install_openssh() -> None:
+    """CI (root, Debian) installs what the recipe needs, as it installs Chromium; nowhere else."""
+    if os.environ.get("CI") and os.geteuid() == 0 and shutil.which("apt-get") and ssh_skip_reason():
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, check=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "openssh-server"], env=env, capture_output=True, check=True)
+
+
+@pytest.fixture(scope="module")
+def ssh_nodes():
+    reason = netns_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    _install_openssh()
+    reason = ssh_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    with SshNodes(nodes=2) as nodes:
+        yield nodes
+
+
+@pytest.fixture(scope="module")
+def kernel(ssh_nodes):
+    """A kernel in this machine's own namespace that ran the guide's SSH recipe: ``rc``, ``cluster``."""
+    ipython_dir = tempfile.mkdtemp(prefix="nbspawn-ipython-")  # the cluster's files, not ~/.ipython's
+    k = load_nbspawn(start_kernel(env={"IPYTHONDIR": ipython_dir}))
+    try:
+        a, b = ssh_nodes.addresses
+        # the guide's recipe; the node's addresses are their names, and the ssh options are those a
+        # user's ~/.ssh/config has for their cluster (ssh_nodes.py)
+        ok(
+            k,
+            f"""
+import ipyparallel as ipp, sys
+cluster = ipp.Cluster(engines="ssh", controller_ip={ssh_nodes.root_address!r})
+cluster.config.SSHEngineSetLauncher.engines = {{{a!r}: 1, {b!r}: 1}}
+cluster.config.SSHLauncher.remote_python = sys.executable
+cluster.config.SSHLauncher.ssh_args = cluster.config.SSHLauncher.scp_args = ["-F", {ssh_nodes.ssh_config!r}]
+rc = cluster.start_and_connect_sync()
+print(sorted(rc[:].apply_sync(__import__("socket").gethostname)))
+""",
+            timeout=180,
+        )
+        yield k
+        ok(k, "cluster.stop_cluster_sync()", timeout=60)
+        left = [" ".join(p.cmdline()) for p in ssh_nodes.processes() if p.name() != "sshd"]
+        assert left == [], f"left on the nodes after the cluster stopped: {left}"
+    finally:
+        stop_kernel(k)
+        shutil.rmtree(ipython_dir, ignore_errors=True)
+
+
+def test_a_cell_runs_across_the_ssh_nodes_with_gloo_between_them(kernel):
+    out = ok(
+        kernel,
+        "%%spawn --cluster rc -n 1\nimport socket, torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+        "t = torch.tensor([1.0]); dist.all_reduce(t)\nprint(socket.gethostname(), 'rank', dist.get_rank(), 'sum', t.item())",
+        timeout=120,
+    ).stdout
+    assert "[rank0]: node0 rank 0 sum 2.0" in out and "[rank1]: node1 rank 1 sum 2.0" in out, out
+    assert "node 0 (node0)" in out and "node 1 (node1)" in out, out  # the node line names the hosts
+
+
+def test_a_failing_rank_is_named_with_its_node(kernel):
+    failed = run(
+        kernel,
+        "%%spawn --cluster rc -n 1\nimport os\nif os.environ['RANK'] == '1':\n    raise ValueError('bad shard')",
+        timeout=120,
+    )
+    text = failed.error_text
+    assert "rank 1 on node 1 (node1)" in text and "ValueError: bad shard" in text, text
+
+
+def test_a_kept_world_lives_across_cells_on_the_ssh_nodes(kernel):
+    ok(
+        kernel,
+        "%%spawn --cluster rc -n 1 --world sshw\nimport torch.distributed as dist\ndist.init_process_group('gloo')\nseen = dist.get_rank() * 10",
+        timeout=120,
+    )
+    out = ok(kernel, "%%spawn --world sshw\nimport socket\nprint(socket.gethostname(), seen)", timeout=120).stdout
+    assert "[rank0]: node0 0" in out and "[rank1]: node1 10" in out, out
+    ok(kernel, "%spawn stop sshw", timeout=60)
+
+
+def test_a_program_and_a_stopped_background_run_on_the_ssh_nodes(kernel, ssh_nodes):
+    # where every node sees it: a node's own /tmp is not this machine's
+    program = ssh_nodes.tmpdir / "train.py"
+    program.write_text("import os, socket\nprint('program on', socket.gethostname(), 'rank', os.environ['RANK'])\n")
+    out = ok(kernel, f"%spawn --cluster rc -n 1 -- {program}", timeout=120).stdout
+    assert "[rank0]: program on node0 rank 0" in out and "[rank1]: program on node1 rank 1" in out, out
+    ok(kernel, "%%spawn --cluster rc -n 1 --bg\nimport time\nprint('started', flush=True)\ntime.sleep(300)", timeout=120)
+    said = ok(kernel, "import time; time.sleep(2)\n%spawn stop", timeout=120).stdout
+    assert "stopped" in said, said
+    left = [" ".join(p.cmdline()) for p in ssh_nodes.processes() if "nbspawn rank" in " ".join(p.cmdline())]
+    assert left == [], left  # (each engine keeps nbspawn's watcher, as a kernel does)
