@@ -52,7 +52,7 @@ test:
 HOSTED := --start-methods fork,forkserver
 # Nor do they run clusters (ipyparallel engines on other machines): no other machine can reach a hosted VM.
 NO_CLUSTERS := --ignore=tests/cluster/test_cluster.py --deselect "tests/kernel/test_notebooks.py::test_notebook_runs[cluster.ipynb]"
-KERNEL_TESTS := tests --ignore=tests/cluster/test_cluster_nodes.py --ignore=tests/cluster/test_cluster_worlds.py --ignore=tests/cluster/test_cluster_ssh.py \
+KERNEL_TESTS := tests --ignore=tests/cluster/test_cluster_nodes.py --ignore=tests/cluster/test_cluster_worlds.py --ignore=tests/cluster/test_cluster_recipes.py \
 	--ignore=tests/kernel/test_frameworks.py
 # Kaggle's kernel packages are Colab's (IPython 7.34, ipykernel 6.17.1, jupyter_client 7.4.9), which the Colab
 # job runs every kernel test on; what differs is Python 3.12, torch 2.10 and ipywidgets 8.1.5. Its job runs

@@ -1,10 +1,11 @@
-"""The guide's SSH recipe, run for real (issue #45): a kernel on this machine starts an ipyparallel
-cluster whose engines it launches over SSH on two nodes (network namespaces with their own address,
-hostname, sshd, ~/.ipython and /tmp: tests/cluster/ssh_nodes.py), and ``%%spawn --cluster`` runs
-cells, a kept world, a program and a background run across them, with gloo between the nodes.
+"""The guide's SSH and MPI recipes, run for real (issue #45): a kernel on this machine starts an
+ipyparallel cluster whose engines it launches on two nodes (network namespaces with their own
+address, hostname, sshd, ~/.ipython and /tmp: tests/cluster/ssh_nodes.py), over SSH or with Open
+MPI's ``mpiexec`` (which reaches the nodes over that SSH), and ``%%spawn --cluster`` runs cells, a
+kept world, a program and a background run across them, with gloo between the nodes.
 
-Needs root (namespaces) and OpenSSH's server: in CI the fixture installs Debian's
-``openssh-server`` when it is missing; elsewhere the module is skipped, saying why.
+Needs root (namespaces), OpenSSH's server and Open MPI: in CI the fixtures install Debian's
+``openssh-server`` and ``openmpi-bin`` when they are missing; elsewhere a test is skipped, saying why.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from ssh_nodes import SshNodes, ssh_skip_reason
 pytestmark = pytest.mark.timeout(300)
 
 
-def _install_openssh() -> None:
-    """CI (root, Debian) installs what the recipe needs, as it installs Chromium; nowhere else."""
-    if os.environ.get("CI") and os.geteuid() == 0 and shutil.which("apt-get") and ssh_skip_reason():
+def _install(package: str, missing: bool) -> None:
+    """CI (root, Debian) installs what a recipe needs, as it installs Chromium; nowhere else."""
+    if missing and os.environ.get("CI") and os.geteuid() == 0 and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, check=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "openssh-server"], env=env, capture_output=True, check=True)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package], env=env, capture_output=True, check=True
+        )
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +38,7 @@ def ssh_nodes():
     reason = netns_skip_reason()
     if reason:
         pytest.skip(reason)
-    _install_openssh()
+    _install("openssh-server", ssh_skip_reason() is not None)
     reason = ssh_skip_reason()
     if reason:
         pytest.skip(reason)
@@ -117,3 +120,65 @@ def test_a_program_and_a_stopped_background_run_on_the_ssh_nodes(kernel, ssh_nod
     assert "stopped" in said, said
     left = [" ".join(p.cmdline()) for p in ssh_nodes.processes() if "nbspawn rank" in " ".join(p.cmdline())]
     assert left == [], left  # (each engine keeps nbspawn's watcher, as a kernel does)
+
+
+# -- MPI ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mpi_kernel(ssh_nodes):
+    """A kernel that ran the guide's MPI recipe over the nodes' SSH: ``rc``, ``mpi_cluster``."""
+    _install("openmpi-bin", shutil.which("mpiexec") is None)
+    if shutil.which("mpiexec") is None:
+        pytest.skip("no Open MPI (apt-get install openmpi-bin)")
+    pytest.importorskip("mpi4py", reason="ipyparallel's MPI engines need mpi4py (pip install -e '.[test]')")
+    # MPI clusters share home directories: the connection files are where every node reads them
+    ipython_dir = tempfile.mkdtemp(prefix="nbspawn-ipython-", dir="/var/tmp")
+    hosts = ssh_nodes.tmpdir / "hosts"
+    hosts.write_text("".join(f"{address} slots=1\n" for address in ssh_nodes.addresses))
+    k = load_nbspawn(start_kernel(env={"IPYTHONDIR": ipython_dir}))
+    try:
+        # the guide's recipe; besides it, what this machine needs: root may run mpiexec, its ssh takes
+        # the nodes' config, and its daemons talk over the nodes' network (not this machine's others)
+        mpi_args = ["--map-by", "ppr:1:node", "--hostfile", str(hosts)]
+        here = [
+            "--allow-run-as-root",
+            "--mca",
+            "plm_rsh_args",
+            f"-F {ssh_nodes.ssh_config}",
+            "--mca",
+            "oob_tcp_if_include",
+            str(ssh_nodes.network),
+        ]
+        ok(
+            k,
+            f"""
+import ipyparallel as ipp
+mpi_cluster = ipp.Cluster(n=2, engines="mpi", controller_ip={ssh_nodes.root_address!r})
+mpi_cluster.config.MPIEngineSetLauncher.mpi_args = {mpi_args + here + ["-x", "IPP_CONNECTION_INFO"]!r}
+rc = mpi_cluster.start_and_connect_sync()
+print(sorted(rc[:].apply_sync(__import__("socket").gethostname)))
+""",
+            timeout=180,
+        )
+        yield k
+        ok(k, "mpi_cluster.stop_cluster_sync()", timeout=60)
+    finally:
+        stop_kernel(k)
+        shutil.rmtree(ipython_dir, ignore_errors=True)
+
+
+def test_the_mpi_recipe_runs_a_cell_across_the_nodes_and_names_a_failing_ones_node(mpi_kernel):
+    out = ok(
+        mpi_kernel,
+        "%%spawn --cluster rc -n 1\nimport socket, torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+        "t = torch.tensor([1.0]); dist.all_reduce(t)\nprint(socket.gethostname(), 'rank', dist.get_rank(), 'sum', t.item())",
+        timeout=120,
+    ).stdout
+    assert "[rank0]: node0 rank 0 sum 2.0" in out and "[rank1]: node1 rank 1 sum 2.0" in out, out
+    failed = run(
+        mpi_kernel,
+        "%%spawn --cluster rc -n 1\nimport os\nif os.environ['RANK'] == '0':\n    raise ValueError('bad shard')",
+        timeout=120,
+    )
+    assert "rank 0 on node 0 (node0)" in failed.error_text and "ValueError: bad shard" in failed.error_text, failed.error_text
