@@ -9,6 +9,7 @@ under every start method; bad input is one line, before any process starts.
 
 from __future__ import annotations
 
+import random
 import socket
 
 import pytest
@@ -93,9 +94,16 @@ def run_demo(demo_fn, world_size, start_method):
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now and below the ephemeral range (32768 on): the tutorial's rank 0 binds it
+    seconds later, and a port the system hands out for outgoing connections could be taken by then."""
+    while True:
+        port = random.randrange(20_000, 32_000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def _rank_output(kernel, rank: int) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -39,17 +38,17 @@ def _rank(rank: int, port: int, out: str, destroyed_by_the_cell: bool, local: in
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _store(distributed):
+    """A store on a port the system picks as it binds (a port found free and bound later can be taken
+    meanwhile by another test's process: the Kaggle job once failed on EADDRINUSE); its port."""
+    store = distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    return store, store.port
 
 
 @pytest.mark.parametrize("destroyed_by_the_cell", [False, True])
 def test_a_rank_leaves_only_once_every_peer_said_it_joined(tmp_path: Path, destroyed_by_the_cell: bool) -> None:
     distributed = pytest.importorskip("torch.distributed")
-    port = _free_port()
-    store = distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    store, port = _store(distributed)
     context = multiprocessing.get_context("spawn")
     ranks = [context.Process(target=_rank, args=(rank, port, str(tmp_path), destroyed_by_the_cell)) for rank in range(2)]
     for process in ranks:
@@ -71,8 +70,7 @@ def test_ranks_on_two_nodes_say_their_rank_in_the_world_not_on_their_node(tmp_pa
     """A cluster's nodes each have a local rank 0: each must say it joined as the world knows it, or
     every rank waits for a rank 1 that never says so."""
     distributed = pytest.importorskip("torch.distributed")
-    port = _free_port()
-    store = distributed.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    store, port = _store(distributed)
     context = multiprocessing.get_context("spawn")
     ranks = [context.Process(target=_rank, args=(rank, port, str(tmp_path), False, 0)) for rank in range(2)]
     for process in ranks:
