@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("marimo", reason="marimo is not installed (pip install -e '.[marimo]')")
-pytestmark = pytest.mark.timeout(300)
+# alone: marimo scripts start their own interpreters and ranks, beside the timed cluster tests on 2 cores
+pytestmark = [pytest.mark.timeout(300), pytest.mark.alone]
 REPO = Path(__file__).resolve().parents[2]
 
 FAILING = """

@@ -15,7 +15,8 @@ import socket
 import pytest
 from kernel_harness import ok, run, run_processes
 
-pytestmark = pytest.mark.timeout(300)
+# alone: 3 start methods x 2-rank DDP runs, beside the timed cluster tests on 2 cores, would add to their load
+pytestmark = [pytest.mark.timeout(300), pytest.mark.alone]
 METHODS = ["fork", "spawn", "forkserver"]
 
 # https://pytorch.org/tutorials/intermediate/ddp_tutorial.html, on CPU: gloo, no device_ids; the one
