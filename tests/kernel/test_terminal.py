@@ -395,6 +395,7 @@ def test_a_ranks_breakpoint_is_answered_at_the_terminal(terminal):
     its rank in the prompt; `p` shows the rank's value, `c` lets the run end."""
     prompt = f"In [{terminal.raw.count(b'In [') + 1}]:".encode()
     asked = terminal.raw.count(b"(Pdb rank 1)")
+    ended = terminal.raw.count(b"[rank0]: after 7")
     terminal.run_cell(
         "%%spawn -n 2 --start-method fork --view text\n"
         "import os\n"
@@ -404,6 +405,9 @@ def test_a_ranks_breakpoint_is_answered_at_the_terminal(terminal):
         "print('after', x)"
     )
     terminal.wait_raw(b"(Pdb rank 1)", asked + 1)
+    # rank 0 runs on meanwhile: its line may come at any moment before it ends (after the typed
+    # command too, as the Colab job once had it), so the user types once it has
+    terminal.wait_raw(b"[rank0]: after 7", ended + 1)
     terminal.child.sendline("p x")
     terminal.wait_raw(b"17\r\n")
     terminal.wait_raw(b"(Pdb rank 1)", asked + 2)
