@@ -26,11 +26,10 @@ from ._door import read_door
 from ._options import CONFIG, ROW, Option, ViewChoice, at_door, options_in
 from ._request import RunRequest
 from ._runstate import Run
-from ._shell import kernel_of
 from ._source import CellSource, CellSyntaxError, cell_files
 from .errors import SpawnUsageError
+from .views._choice import view_for
 from .views._protocol import RunView
-from .views._text import TextView
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
@@ -272,15 +271,7 @@ class SpawnMagics(Magics):
         return {option.param: getattr(self, option.param) for option in at_door(CONFIG)}
 
     def _view(self, choice: ViewChoice) -> RunView:
-        in_jupyter = kernel_of(self.shell) is not None
-        if choice == "widget" or (choice == "auto" and in_jupyter):
-            from .views._widget import WidgetView, widget_available
-
-            if widget_available():
-                return WidgetView(live_after=self.live_after)
-            if choice == "widget":
-                raise SpawnUsageError("--view widget: the widget's front end was not built (run `make lab` or `pip install .`)")
-        return TextView()
+        return view_for(self.shell, choice, self.live_after)
 
     def _cell_number(self) -> int:
         """The ``In[N]`` of the running cell, the number IPython's own tracebacks give it.

@@ -27,17 +27,13 @@ from typing import Any
 
 from ._dispatch import start
 from ._door import read_door
-from ._options import CALL, at_door
+from ._options import CALL, START_METHODS, at_door
 from ._runstate import Run
-from ._shell import kernel_of
 from ._source import CellSource, cell_files
 from .errors import SpawnUsageError
 from .handoff._names import first_unsendable
-from .views._marimo import MarimoView, in_marimo
-from .views._protocol import RunView
-from .views._text import TextView
+from .views._choice import view_for
 
-START_METHODS = ("fork", "spawn", "forkserver")
 RETURNED = "returned"  # the --out name each rank's return value comes back under
 # the cell every rank runs: its process index, as torch passes it (LOCAL_RANK: nbspawn's env for it)
 CALL_SOURCE = f"import os\n{RETURNED} = fn(int(os.environ['LOCAL_RANK']), *args)\n"
@@ -126,7 +122,7 @@ def spawn(
         hidden=getattr(shell, "user_ns_hidden", None),
         cell_numbers=numbers,
     )
-    run = start(request, _view(view, shell))
+    run = start(request, view or view_for(shell))
     if not join:
         return SpawnContext(run)
     run.ended_within(None)
@@ -208,18 +204,3 @@ def _shell() -> Any:
     """The IPython shell this call runs in, if any (a script, marimo: none)."""
     ipython = sys.modules.get("IPython")
     return ipython.get_ipython() if ipython is not None else None
-
-
-def _view(view: RunView | None, shell: Any) -> RunView:
-    """The cell's view: the live widget in a Jupyter kernel, the run's panes in a marimo notebook,
-    ``[rank{r}]:`` lines elsewhere (a script, ``python notebook.py``)."""
-    if view is not None:
-        return view
-    if in_marimo():
-        return MarimoView()
-    if kernel_of(shell) is not None:
-        from .views._widget import WidgetView, widget_available
-
-        if widget_available():
-            return WidgetView()
-    return TextView()

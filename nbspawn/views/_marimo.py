@@ -19,9 +19,8 @@ from typing import Any
 
 from .._runstate import RankState, Run
 from ._bundle import FrozenRun
-from ._protocol import RunView
+from ._protocol import READ_BUDGET, RunView
 from ._tail import OutputTail, run_tails
-from ._widget import READ_BUDGET
 
 log = logging.getLogger("nbspawn")
 EVERY = 0.5  # seconds between two drawings of a running run: each sends the whole bundle to the page

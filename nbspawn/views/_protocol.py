@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from .._runstate import RankState, Run
 
 
+READ_BUDGET = 32 * 1024  # bytes of each text stream of each rank a page's view reads per poll; the rest is skipped
+
+
 class RunView:
     """A view that shows nothing: the Python API's default; output is only in the logs."""
 

@@ -36,7 +36,7 @@ from ._bundle import FrozenRun, json_size, run_record, tail_within
 from ._busy import kept_busy
 from ._flushes import streams_flushed_in_one_round_trip
 from ._messages import LiveHeader, LiveInfo, OutputMessage, ReplayMessage, WhereMessage, WidgetState, widget_request
-from ._protocol import RunView
+from ._protocol import READ_BUDGET, RunView
 from ._status import StatusComm
 from ._tail import OutputTail, merged_chunks, order_runs, run_tails
 from ._xray_html import xray_html
@@ -54,7 +54,6 @@ MAX_BYTES_PER_MESSAGE = 64 * 1024  # the chunks' JSON in one output message
 # the ranks write as they stop is in the logs and the frozen view's tails all the same
 STOPPING_BYTES_PER_MESSAGE = 8 * 1024
 MAX_REPLAY_BYTES = 1024 * 1024  # the tails' JSON in one replay message
-READ_BUDGET = 32 * 1024  # bytes of each text stream of each rank read per poll; the rest is skipped
 LIVE_MIME = "application/vnd.nbspawn.live+json"
 log = logging.getLogger(__name__)
 
