@@ -36,6 +36,13 @@ def _install(package: str, missing: bool) -> None:
         )
 
 
+# a cell on one rank per node, gloo between them: each rank says where it ran and what the sum came to
+GLOO_ACROSS_THE_NODES = (
+    "%%spawn --cluster rc -n 1\nimport socket, torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+    "t = torch.tensor([1.0]); dist.all_reduce(t)\nprint(socket.gethostname(), 'rank', dist.get_rank(), 'sum', t.item())"
+)
+
+
 def _left_on(nodes: SshNodes, within: float = 10) -> list[str]:
     """What runs on the nodes besides sshd, once it has had ``within`` seconds to go: an engine's
     nanny outlives its engine by up to 3 s (its last word to the controller)."""
@@ -93,8 +100,7 @@ print(sorted(rc[:].apply_sync(__import__("socket").gethostname)))
 def test_a_cell_runs_across_the_ssh_nodes_with_gloo_between_them(kernel):
     out = ok(
         kernel,
-        "%%spawn --cluster rc -n 1\nimport socket, torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
-        "t = torch.tensor([1.0]); dist.all_reduce(t)\nprint(socket.gethostname(), 'rank', dist.get_rank(), 'sum', t.item())",
+        GLOO_ACROSS_THE_NODES,
         timeout=120,
     ).stdout
     assert "[rank0]: node0 rank 0 sum 2.0" in out and "[rank1]: node1 rank 1 sum 2.0" in out, out
@@ -184,8 +190,7 @@ print(sorted(rc[:].apply_sync(__import__("socket").gethostname)))
 def test_the_mpi_recipe_runs_a_cell_across_the_nodes_and_names_a_failing_ones_node(mpi_kernel):
     out = ok(
         mpi_kernel,
-        "%%spawn --cluster rc -n 1\nimport socket, torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
-        "t = torch.tensor([1.0]); dist.all_reduce(t)\nprint(socket.gethostname(), 'rank', dist.get_rank(), 'sum', t.item())",
+        GLOO_ACROSS_THE_NODES,
         timeout=120,
     ).stdout
     assert "[rank0]: node0 rank 0 sum 2.0" in out and "[rank1]: node1 rank 1 sum 2.0" in out, out
