@@ -86,6 +86,10 @@ class SlurmNodes(SshNodes):
             "SlurmdParameters=config_overrides\nInactiveLimit=0\nKillWait=5\n"
             f"{nodes}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n"
         )
+        # Slurm 22.05 loads a cgroup plugin whatever proctrack and task say; "autodetect" (the default)
+        # fails in a node's namespace, which has no /sys/fs/cgroup. cgroup/v1 loads without touching
+        # any group, and nothing configured here asks it for one.
+        (slurm / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nIgnoreSystemd=yes\n")
         self.env = {"SLURM_CONF": str(conf)}
         deadline = time.monotonic() + self.timeout
         while not munge_socket.exists():

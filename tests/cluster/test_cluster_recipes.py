@@ -26,13 +26,13 @@ from ssh_nodes import SshNodes, ssh_skip_reason
 pytestmark = [pytest.mark.timeout(300), pytest.mark.alone]
 
 
-def _install(package: str, missing: bool) -> None:
+def _install(packages: str, missing: bool) -> None:
     """CI (root, Debian) installs what a recipe needs, as it installs Chromium; nowhere else."""
     if missing and os.environ.get("CI") and os.geteuid() == 0 and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, check=True)
         subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", package], env=env, capture_output=True, check=True
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages.split()], env=env, capture_output=True, check=True
         )
 
 
@@ -43,12 +43,12 @@ GLOO_ACROSS_THE_NODES = (
 )
 
 
-def _left_on(nodes: SshNodes, within: float = 10) -> list[str]:
-    """What runs on the nodes besides sshd, once it has had ``within`` seconds to go: an engine's
-    nanny outlives its engine by up to 3 s (its last word to the controller)."""
+def _left_on(nodes: SshNodes, within: float = 10, exclude: tuple[str, ...] = ("sshd",)) -> list[str]:
+    """What runs on the nodes besides their daemons (``exclude``), once it has had ``within`` seconds
+    to go: an engine's nanny outlives its engine by up to 3 s (its last word to the controller)."""
     deadline = time.monotonic() + within
     while True:
-        left = [" ".join(p.cmdline()) for p in nodes.processes() if p.name() != "sshd"]
+        left = [" ".join(p.cmdline()) for p in nodes.processes() if p.name() not in exclude]
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
