@@ -37,7 +37,7 @@ from ..executors._base import NODE_AGENT
 from ..executors._fresh import FreshRanks
 from ..executors._program import ProgramRanks
 from ..views._protocol import RunView
-from . import _contact, _net, _wire
+from . import _batch, _contact, _net, _wire
 
 LOOK_WAIT = 1.5  # the longest an agent waits for its ranks' dumps when asked where they are
 READ_BUDGET = 32 * 1024  # bytes of each stream of each rank read per poll, as the live widget reads
@@ -103,6 +103,7 @@ def probe(kernel_cwd: str, program: ProgramLine | None, start_method: StartMetho
         "cwd": cwd,
         "start_method": method,
         "problem": problem,
+        "batch_job": _batch.job_here(),  # the Slurm job holding this engine, asked of Slurm if its ranks are killed
     }
 
 

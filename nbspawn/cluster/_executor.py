@@ -34,7 +34,7 @@ from ..events._where import RankToAsk, Where, describe
 from ..executors._base import CLUSTER_POLL_MAX, Executor, RankEnd, Supervision
 from ..executors._supervisor import supervises_here
 from ..handoff._names import Outputs
-from . import _agent, _contact, _wire
+from . import _agent, _batch, _contact, _wire
 from ._plan import ClusterPlan, hold, release, remember_port
 
 FINAL_WAIT = 10.0  # after its ranks ended, how long a node's agent may take to clean up and answer
@@ -56,6 +56,7 @@ class ClusterRanks(Executor):
         self.results: dict[int, Any] = {}  # node index -> its agent's AsyncResult
         self.inboxes: dict[int, dict] = {}  # node index -> the data dict ipyparallel fills
         self.next_seq: dict[int, int] = {}
+        self.jobs = _batch.JobLook()  # the nodes' batch jobs, asked once if their ranks are killed
         self.answered: dict[int, _wire.Answer | None] = {}  # node index -> run_node's result (None: lost), once handled
         self.asked: set[int] = set()  # nodes told to stop
         self.ends: dict[int, RankEnd] = {}  # reported by its node, not yet reaped
@@ -295,6 +296,8 @@ class ClusterRanks(Executor):
         error = ErrorRecord.from_json(record["error"])
         if error is None and record["tail"]:
             error = ErrorRecord(exc_type=None, message=None, traceback=record["tail"])
+        if (error is None or error.exc_type is None) and int(record["exit_code"] or 0) < 0:
+            error = self._killed_with_its_job(rank) or error
         if error is not None:
             _errorfile.write(state.error_path, error)
         if record["stacks"]:
@@ -305,6 +308,13 @@ class ClusterRanks(Executor):
         self.reported.add(rank)
         self.ends[rank] = RankEnd(int(record["exit_code"] or 0), died=bool(record.get("died", True)))
         os.write(self.pipes[rank][1], b"x")
+
+    def _killed_with_its_job(self, rank: int) -> ErrorRecord | None:
+        """A rank killed by a signal on a node whose batch job has ended (``scancel``, its time
+        limit): the node was lost, as Slurm says, not stopped by a peer (the ranks alone cannot tell)."""
+        node = self.cluster.node_of(rank)
+        ended = self.jobs.ended(node.facts.get("batch_job"))
+        return ErrorRecord("NodeLost", f"{node.label} was lost: {_batch.lost_words(ended)}", None) if ended else None
 
     def _answered(self, index: int, events: list[Event]) -> None:
         """The node's agent returned: its last batches, its ``--out`` values; or it was lost."""

@@ -19,7 +19,7 @@ from .. import _cuda
 from .._program import ProgramLine
 from .._spec import auto_nprocs
 from ..errors import SpawnUsageError
-from . import _agent, _net
+from . import _agent, _batch, _net
 
 PROBE_TIMEOUT = 15.0
 
@@ -101,6 +101,7 @@ def resolve_client(name: str, namespace: dict[str, Any]) -> tuple[Any, list[int]
             except Exception as err:
                 raise SpawnUsageError(f"--cluster {name}: cannot connect to its controller ({err}); is it started?") from None
             _cluster_clients[value] = client
+        _batch.wait_for_engines(name, value, client)  # a batch job may still be queued: say so, wait
     elif isinstance(value, ipp.Client):
         client = value
     elif isinstance(value, ipp.DirectView):

@@ -128,6 +128,17 @@ class SlurmNodes(SshNodes):
     def scancel(self, job: str) -> None:
         self._client("scancel", job)
 
+    def sbatch(self, *args: str) -> str:
+        """Submit a job (its output nowhere, its directory the fixture's); returns its id."""
+        assert self.tmpdir is not None
+        done = self._client("sbatch", "--parsable", "--output=/dev/null", f"--chdir={self.tmpdir}", *args)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip().split(";")[0]
+
+    def job_state(self, job: str) -> str:
+        """``STATE REASON`` of ``job`` as squeue says it ("" once it has left the queue)."""
+        return self._client("squeue", "-h", "-j", job, "-o", "%T %r").stdout.strip()
+
 
 def _free_port(address: str) -> int:
     with socket.socket() as s:

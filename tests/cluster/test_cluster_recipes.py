@@ -32,7 +32,10 @@ def _install(packages: str, missing: bool) -> None:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, check=True)
         subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages.split()], env=env, capture_output=True, check=True
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages.split()],
+            env=env,
+            capture_output=True,
+            check=True,
         )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+import threading
 import time
 
 import pytest
@@ -42,8 +43,8 @@ def slurm_nodes():
 # the guide's recipe, with the address the nodes reach this machine at
 RECIPE = """
 import ipyparallel as ipp
-cluster = ipp.Cluster(n=2, engines="slurm", controller_ip={address!r})
-cluster.config.SlurmEngineSetLauncher.batch_template = '''#!/bin/sh
+{name} = ipp.Cluster(n=2, engines="slurm", controller_ip={address!r})
+{name}.config.SlurmEngineSetLauncher.batch_template = '''#!/bin/sh
 #SBATCH --export=ALL --job-name=ipengine-{{cluster_id}}
 #SBATCH --nodes={{n}} --ntasks-per-node=1
 srun {{program_and_args}}
@@ -57,11 +58,12 @@ def kernel(slurm_nodes):
     Slurm recipe: ``rc``, ``cluster``."""
     # Slurm clusters share home directories: the connection files are where every node reads them
     ipython_dir = tempfile.mkdtemp(prefix="nbspawn-ipython-", dir="/var/tmp")
-    k = load_nbspawn(start_kernel(env={"IPYTHONDIR": ipython_dir, **slurm_nodes.env}))
+    # its working directory is where ipyparallel writes the batch script, and Slurm the job's output
+    k = load_nbspawn(start_kernel(cwd=ipython_dir, env={"IPYTHONDIR": ipython_dir, **slurm_nodes.env}))
     try:
         out = ok(
             k,
-            RECIPE.format(address=slurm_nodes.root_address)
+            RECIPE.format(name="cluster", address=slurm_nodes.root_address)
             + "rc = cluster.start_and_connect_sync()\nprint(sorted(rc[:].apply_sync(__import__('socket').gethostname)))",
             timeout=180,
         ).stdout
@@ -93,7 +95,9 @@ def test_a_failing_rank_is_named_with_its_slurm_node(kernel):
         "%%spawn --cluster rc -n 1\nimport os\nif os.environ['RANK'] == '1':\n    raise ValueError('bad shard')",
         timeout=120,
     )
-    assert re.search(r"rank 1 on node 1 \(node\d\)", failed.error_text) and "ValueError: bad shard" in failed.error_text, failed.error_text
+    assert re.search(r"rank 1 on node 1 \(node\d\)", failed.error_text) and "ValueError: bad shard" in failed.error_text, (
+        failed.error_text
+    )
 
 
 def test_a_kept_world_a_program_and_a_stopped_background_run_on_the_slurm_nodes(kernel, slurm_nodes):
@@ -116,3 +120,71 @@ def test_a_kept_world_a_program_and_a_stopped_background_run_on_the_slurm_nodes(
     assert "stopped" in said, said
     left = [" ".join(p.cmdline()) for p in slurm_nodes.processes() if "nbspawn rank" in " ".join(p.cmdline())]
     assert left == [], left
+
+
+def _in_background(kernel, cell: str) -> tuple[threading.Thread, dict]:
+    """Run ``cell`` in a thread of the test's: its result lands in the dict's ``"result"``."""
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.setdefault("result", run(kernel, cell, timeout=180)), daemon=True)
+    thread.start()
+    return thread, box
+
+
+def _until(what, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while not (seen := what()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+    return seen
+
+
+def test_a_queued_job_is_shown_pending_with_slurms_reason_and_the_cell_can_be_stopped_or_wait(kernel, slurm_nodes):
+    # the module's cluster holds a core of each node's two, another job the other: a second cluster's
+    # engines wait in the queue
+    blocker = slurm_nodes.sbatch("-N2", "--ntasks-per-node=1", "--wrap", "sleep 600")
+    try:
+        _until(lambda: slurm_nodes.job_state(blocker).startswith("RUNNING"))
+        ok(kernel, RECIPE.format(name="queued", address=slurm_nodes.root_address) + "queued.start_cluster_sync()", timeout=120)
+        job = ok(kernel, "print(next(iter(queued.engines.values())).job_id)").stdout.strip()
+        _until(lambda: slurm_nodes.job_state(job).startswith("PENDING"))
+        cell = "%%spawn --cluster queued -n 1\nimport socket\nprint('ran on', socket.gethostname())"
+        # interrupted while it waits: one line, nothing started
+        thread, box = _in_background(kernel, cell)
+        time.sleep(4)
+        kernel.manager.interrupt_kernel()
+        thread.join(60)
+        waited = box["result"]
+        pending = rf"Slurm job {job} is PENDING \((Resources|Priority)\)"
+        assert re.search(rf"nbspawn: waiting for the engines of queued \(0 of 2 registered\): {pending}", waited.stdout), (
+            waited.stdout
+        )
+        said = waited.stderr + waited.error.evalue + waited.error_text
+        assert re.search(
+            rf"interrupted while waiting for its engines \(0 of 2 registered; {pending}\); nothing was started", said
+        ), said
+        assert "Traceback" not in said and len(waited.error_text.strip().splitlines()) <= 1, said  # one line
+        # waiting until the nodes are free, then running
+        thread, box = _in_background(kernel, cell)
+        time.sleep(3)
+        slurm_nodes.scancel(blocker)
+        thread.join(120)
+        ran = box["result"]
+        assert ran.status == "ok", ran.error_text
+        assert re.search(pending, ran.stdout), ran.stdout
+        assert sorted(re.findall(r"ran on (node\d)", ran.stdout)) == ["node0", "node1"], ran.stdout
+    finally:
+        slurm_nodes.scancel(blocker)
+        run(kernel, "queued.stop_cluster_sync()", timeout=60)
+
+
+def test_scancel_mid_cell_ends_the_run_naming_the_lost_node_and_leaves_nothing(kernel, slurm_nodes):
+    """(last: it ends the module's cluster)"""
+    job = ok(kernel, "print(next(iter(cluster.engines.values())).job_id)").stdout.strip()
+    thread, box = _in_background(kernel, "%%spawn --cluster rc -n 1\nimport time\nprint('started', flush=True)\ntime.sleep(120)")
+    _until(lambda: len([p for p in slurm_nodes.processes() if "nbspawn rank" in " ".join(p.cmdline())]) == 2)
+    slurm_nodes.scancel(job)
+    thread.join(60)
+    text = box["result"].error_text
+    assert re.search(rf"node \d \(node\d\) was lost: its Slurm job {job} was CANCELLED", text), text
+    assert "killed by SIGTERM" not in text, text  # Slurm's signal, told as Slurm's, not as a peer's stop
+    assert _left_on(slurm_nodes, exclude=("sshd", "slurmd")) == [], _left_on(slurm_nodes, exclude=("sshd", "slurmd"))
