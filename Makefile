@@ -3,7 +3,9 @@
 #               it serves is LAB_DIR (default work/, git-ignored), seeded from notebooks/ by
 #               scripts/lab-folder.sh; the tests run only the tracked notebooks/
 #   make test   set everything up, lint and type-check, then run the whole test suite (extra pytest args: PYTEST_ARGS=...),
-#               on pytest-xdist's workers, then the tests that run alone (scripts/pytest.sh; NBSPAWN_TEST_WORKERS)
+#               on pytest-xdist's workers, then the tests that run alone (scripts/pytest.sh; NBSPAWN_TEST_WORKERS);
+#               all but the cluster recipes:
+#   make cluster-recipes  the guide's SSH, MPI and Slurm recipes on network-namespace nodes (root; after make test)
 #   make runtimes  the test suite again on the stacks users are on (.ci/runtime, .ci/runtimes/*.txt): Colab's
 #               and Kaggle's runtimes as they ship (installing nbspawn must change none of their versions) and
 #               the ends of the torch range (2.4 on Python 3.10, 2.14.1), and TPU ranks on CPU (torch_xla 2.9);
@@ -21,7 +23,7 @@ LAB_DIR ?= $(CURDIR)/work
 # jupyter server refuses to start as root without this (containers, CI images)
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test lint runtimes runtime-colab-gpu runtime-kaggle-gpu runtime-floor runtime-newest runtime-tpu-cpu
+.PHONY: lab test lint cluster-recipes runtimes runtime-colab-gpu runtime-kaggle-gpu runtime-floor runtime-newest runtime-tpu-cpu
 
 lab:
 	bash scripts/setup.sh
@@ -40,9 +42,17 @@ lint:
 test:
 	bash scripts/setup.sh
 	$(MAKE) --no-print-directory lint
-	bash scripts/pytest.sh "$(NBSPAWN_VENV)/bin/python" $(PYTEST_ARGS); rc=$$?; \
+	bash scripts/pytest.sh "$(NBSPAWN_VENV)/bin/python" $(NOT_RECIPES) $(PYTEST_ARGS); rc=$$?; \
 	if [[ $$rc -eq 5 ]]; then echo "make test: no tests were collected" >&2; fi; \
 	exit $$rc
+
+# The guide's cluster recipes (SSH, MPI, Slurm), run for real: two network-namespace nodes per module, whose
+# daemons (sshd, mpiexec's, slurmctld and slurmd) each fixture starts, and under CI as root first installs
+# from Debian. A CI job of their own (`.ci/run`), after `make test`, which leaves them out; they need root.
+RECIPE_TESTS := tests/cluster/test_cluster_recipes.py tests/cluster/test_cluster_slurm.py
+NOT_RECIPES := $(foreach t,$(RECIPE_TESTS),--ignore=$(t))
+cluster-recipes:
+	"$(NBSPAWN_VENV)/bin/python" -m pytest $(RECIPE_TESTS) -q -rs -p no:cacheprovider
 
 # Each job: `.ci/runtime NAME PYTEST-ARGS`; which tests each runs is chosen for CI's time budget (the whole
 # .ci/run under 60 min on 2 cores). `make -k runtimes` runs them all whatever fails. Each needs `make test`'s
@@ -52,7 +62,7 @@ test:
 HOSTED := --start-methods fork,forkserver
 # Nor do they run clusters (ipyparallel engines on other machines): no other machine can reach a hosted VM.
 NO_CLUSTERS := --ignore=tests/cluster/test_cluster.py --deselect "tests/kernel/test_notebooks.py::test_notebook_runs[cluster.ipynb]"
-KERNEL_TESTS := tests --ignore=tests/cluster/test_cluster_nodes.py --ignore=tests/cluster/test_cluster_worlds.py --ignore=tests/cluster/test_cluster_recipes.py \
+KERNEL_TESTS := tests --ignore=tests/cluster/test_cluster_nodes.py --ignore=tests/cluster/test_cluster_worlds.py $(NOT_RECIPES) \
 	--ignore=tests/kernel/test_frameworks.py
 # Kaggle's kernel packages are Colab's (IPython 7.34, ipykernel 6.17.1, jupyter_client 7.4.9), which the Colab
 # job runs every kernel test on; what differs is Python 3.12, torch 2.10 and ipywidgets 8.1.5. Its job runs
