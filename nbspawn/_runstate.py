@@ -277,6 +277,10 @@ class Run:
         found = (RankDir(state.dir).nccl_trace(offset + state.rank) for state in self.ranks if not state.node)
         return tuple(path for path in found if os.path.exists(path))
 
+    def nodes(self) -> dict[int, str]:
+        """A cluster run's node of each rank ("node 1 (b)"); empty on one machine."""
+        return {state.rank: state.node for state in self.ranks if state.node}
+
     def node_log_dirs(self) -> dict[str, str]:
         """A cluster run's log directories, ``host:path`` by node, as far as its agents told them."""
         return {state.node: state.remote_dir.rsplit("/", 1)[0] for state in self.ranks if state.node and state.remote_dir}

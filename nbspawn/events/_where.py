@@ -380,6 +380,7 @@ def hang_verdict(
     sitting_out: str = "",
     run_timeout: float | None = None,
     at_stop: bool = False,
+    nodes: dict[int, str] | None = None,
 ) -> str | None:
     """One line saying why ranks that were stopped were stuck, from where each one was, or None.
 
@@ -391,16 +392,28 @@ def hang_verdict(
     to run the cell at all: a collective that waits for them waits for ranks that will never come.
     While the run goes on, a collective is a hang suspect once it is old (:func:`suspect_after`, with
     the run's ``run_timeout``); ``at_stop``: the run was stopped, and its ranks' places are the verdict's.
+    ``nodes``: a cluster run's node of each rank ("node 13 (b13)"), named beside the ranks that never
+    entered (on 16 nodes, which machine to look at is half the answer).
     """
     now = time.time() if now is None else now
     verdict = _verdict(
-        stacks, collectives or {}, _seen(stacks, collectives or {}, now, run_timeout, at_stop), now, bool(sitting_out)
+        stacks,
+        collectives or {},
+        _seen(stacks, collectives or {}, now, run_timeout, at_stop),
+        now,
+        bool(sitting_out),
+        nodes or {},
     )
     return f"{verdict}; {sitting_out}" if verdict and sitting_out else verdict
 
 
 def _verdict(
-    stacks: dict[int, str], collectives: dict[int, list[dict[str, Any]]], seen: _Seen, now: float, others_out: bool
+    stacks: dict[int, str],
+    collectives: dict[int, list[dict[str, Any]]],
+    seen: _Seen,
+    now: float,
+    others_out: bool,
+    nodes: dict[int, str],
 ) -> str | None:
     waiting, elsewhere, entry = seen.waiting, seen.elsewhere, seen.entry
     if not waiting:
@@ -431,7 +444,9 @@ def _verdict(
         where_they_are = f"{subject} at {next(iter(groups))}{after[one] if len(set(after.values())) == 1 else ''}"
     else:
         where_they_are = "; ".join(f"{_ranks(ranks)} at {place}{after[ranks[0]]}" for place, ranks in groups.items())
-    return f"{_ranks(list(elsewhere))} never entered {named[first]} ({where_they_are}); {_ranks(list(waiting))} waited in it{at}"
+    on = sorted({nodes[r] for r in elsewhere if r in nodes})
+    on_nodes = f" on {on[0]}" if len(on) == 1 else f" (on {', '.join(on)})" if on else ""
+    return f"{_ranks(list(elsewhere))}{on_nodes} never entered {named[first]} ({where_they_are}); {_ranks(list(waiting))} waited in it{at}"
 
 
 def _world_wide(entries: dict[int, dict[str, Any] | None]) -> bool:

@@ -80,7 +80,11 @@ class HangWatch:
         sitting_out = self.spec.sitting_out()  # --on: ranks a collective may wait for, which do not run the cell
         timeout = self.spec.timeout  # a collective is a hang suspect once old: sooner under a short --timeout
         notes = live_notes(stacks, collectives, sitting_out=sitting_out, run_timeout=timeout)
-        verdict = hang_verdict(stacks, collectives, sitting_out=sitting_out, run_timeout=timeout) if notes else None
+        verdict = (
+            hang_verdict(stacks, collectives, sitting_out=sitting_out, run_timeout=timeout, nodes=self.run.nodes())
+            if notes
+            else None
+        )
         for state in self.run.ranks:
             state.note = notes.get(state.rank)
         self.view.hang_noticed(self.run, verdict)
@@ -108,7 +112,8 @@ class HangWatch:
             return
         for state in self.run.ranks:
             state.note = notes.get(state.rank)
-        self.view.hang_noticed(self.run, hang_verdict(stacks, collectives, sitting_out=sitting_out, run_timeout=timeout))
+        verdict = hang_verdict(stacks, collectives, sitting_out=sitting_out, run_timeout=timeout, nodes=self.run.nodes())
+        self.view.hang_noticed(self.run, verdict)
 
     def look_before_stopping(self, running: list[int]) -> None:
         """Where each running rank is, asked before it is interrupted (an interrupt unwinds it, and

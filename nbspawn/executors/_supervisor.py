@@ -576,7 +576,9 @@ class _Supervisor:
         # stacks each agent sent with its ranks' ends are what there is
         seen = self.hangs.seen_at_stop or {f.rank: f.stack for f in stopped if f.stack and self.policy.remote}
         now = time.time()  # the verdict and the chips' notes count the same seconds
-        verdict = hang_verdict(seen, self.hangs.collectives_at_stop, now=now, sitting_out=self.spec.sitting_out(), at_stop=True)
+        verdict = hang_verdict(
+            seen, self.hangs.collectives_at_stop, now=now, sitting_out=self.spec.sitting_out(), at_stop=True, nodes=run.nodes()
+        )
         self.hangs.mark_where_stopped(seen, now)
         if self.stop_reason == "timeout":
             run.status = "timeout"

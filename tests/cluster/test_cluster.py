@@ -143,7 +143,7 @@ def test_a_hang_across_nodes_gets_its_verdict_at_the_timeout(kernel, nodes):
     assert result.status == "error" and result.error.ename == "SpawnTimeoutError", result.error_text
     text = result.error.traceback_text
     assert re.search(
-        r"^Hang: rank 2 never entered barrier #1 \(it is at Cell In\[\d+\], line 6: time\.sleep\(60\)\); "
+        r"^Hang: rank 2 on node 1 \(\S+\) never entered barrier #1 \(it is at Cell In\[\d+\], line 6: time\.sleep\(60\)\); "
         r"ranks 0-1,3 waited in it for \d+ s at Cell In\[\d+\], line 4: dist\.barrier\(\)$",
         text,
         re.M,

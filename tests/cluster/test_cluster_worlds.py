@@ -302,7 +302,7 @@ def test_the_live_hang_signal_across_nodes(kernel, nodes):
     assert result.error.ename == "SpawnTimeoutError", result.error_text
     said = [ln for ln in result.stderr.splitlines() if ln.startswith("nbspawn: looks hung: ")]
     assert len(said) == 1, result.stderr
-    assert "rank 3 never entered barrier #1" in said[0], said
+    assert re.search(r"rank 3 on node 1 \(\S+\) never entered barrier #1", said[0]), said
     assert_nothing_left(nodes)
 
 

@@ -28,6 +28,16 @@ def test_a_rank_that_never_entered_the_collective():
     )
 
 
+def test_on_a_cluster_the_verdict_names_the_node_of_the_ranks_that_never_entered():
+    nodes = {r: f"node {r // 2} (b{r // 2})" for r in range(4)}
+    assert hang_verdict({0: BARRIER, 1: BARRIER, 2: SLEEP, 3: BARRIER}, nodes=nodes) == (
+        "rank 2 on node 1 (b1) never entered barrier (it is at Cell In[3], line 6: time.sleep(300)); "
+        "ranks 0-1,3 waited in it at Cell In[3], line 4: dist.barrier()"
+    )
+    verdict = hang_verdict({0: SLEEP, 1: BARRIER, 2: SLEEP, 3: BARRIER}, nodes=nodes)
+    assert verdict is not None and verdict.startswith("ranks 0,2 (on node 0 (b0), node 1 (b1)) never entered barrier")
+
+
 def test_ranks_elsewhere_in_several_places_are_each_named():
     other = "  Cell In[3], line 9\n      load()"
     verdict = hang_verdict({0: BARRIER, 1: SLEEP, 2: other, 3: SLEEP})
@@ -481,7 +491,7 @@ def test_the_hang_watch_looks_again_when_a_young_wait_is_old_enough():
         look=lambda run, running, wait: ({0: dump(5), 1: dump(6)}, collectives),
     )
     watch = HangWatch(
-        types.SimpleNamespace(spec=spec, ranks=ranks),  # type: ignore[arg-type]
+        types.SimpleNamespace(spec=spec, ranks=ranks, nodes=dict),  # type: ignore[arg-type]
         types.SimpleNamespace(hang_noticed=lambda run, verdict: told.append(verdict)),  # type: ignore[arg-type]
         executor,  # type: ignore[arg-type]
     )
