@@ -45,13 +45,18 @@ def _kept_worlds() -> dict:
 def shown_on_world(world: str, expression: str) -> dict[str, object]:
     """``%spawn show WORLD NAME``: what NAME holds on each rank of the kept world, drawn (a DTensor's
     shards as pictures of the global tensor, rank by rank)."""
-    from .executors._show import describe_on_world
+    from .executors._show import check_expression, describe_on_world
     from .views._shards_html import shown_bundle
 
     found = _kept_worlds().get(world)
     if found is not None and found.on_cluster:
-        raise SpawnUsageError(f"world {world!r} runs on a cluster: %spawn show of its names is not there yet")
-    answers = describe_on_world(world, expression)
+        from .cluster._clusterworld import ClusterWorld
+
+        assert isinstance(found, ClusterWorld)
+        check_expression(expression)
+        answers = found.describe(expression)
+    else:
+        answers = describe_on_world(world, expression)
     if all("missing" in answer for answer in answers):
         raise SpawnUsageError(f"world {world!r} has no {expression} on any rank: {answers[0]['missing']}")
     return shown_bundle(world, expression, answers)

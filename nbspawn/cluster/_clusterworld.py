@@ -126,6 +126,32 @@ class ClusterWorld(KeptWorld):
         text += f"\n({', '.join(silent)} did not answer)" if silent else ""
         return f"world {self.name!r} ({self.state}, {self.cells} cells, on a cluster):\n{text}"
 
+    def describe(self, expression: str) -> list[dict[str, Any]]:
+        """``%spawn show WORLD NAME``: each node's agent asks its own ranks (as a world here is asked),
+        the answers in global rank order; a node that cannot answer is one line naming it."""
+        from ..errors import SpawnUsageError
+
+        if self.state in ("running", "lost", "stopped"):
+            busy = f"is running a cell now: show {expression} once it is over"
+            raise SpawnUsageError(
+                f"world {self.name!r} " + (busy if self.state == "running" else f"is {self.state}: nothing of it is left to show")
+            )
+        client = self.cluster.client
+        pending = {
+            node.index: client[node.agent].apply_async(_nodeworld.describe_here, self.name, expression)
+            for node in self.cluster.nodes
+        }
+        answers: list[dict[str, Any]] = []
+        for index, result in pending.items():
+            try:
+                answers.extend(result.get(timeout=STOP_TIMEOUT))
+            except Exception as err:
+                why = (getattr(err, "evalue", "") or str(err)).strip().splitlines()
+                raise SpawnUsageError(
+                    f"{self.cluster.nodes[index].label} could not show {expression}: {why[0] if why else type(err).__name__}"
+                ) from None
+        return sorted(answers, key=lambda answer: answer["rank"])
+
     def end(self) -> None:
         self.leave(self.stop_wait)  # a node's agent ends its ranks when asked: as a stop does
 

@@ -8,6 +8,7 @@ node's agent:
 * :func:`run_world_cell` for every cell: the first one starts the node's ranks (and node 0's agent
   hosts the world's TCPStore, which lives as long as the world); every one hands the cell to them
   and relays what they report, as :func:`nbspawn.cluster._agent.run_node` does for a fresh run;
+* :func:`where_here` and :func:`describe_here` between cells (``%spawn where``, ``%spawn show WORLD NAME``);
 * :func:`stop_world` when the world is stopped or lost.
 
 Engines outlive kernels.  Between cells no ``apply`` runs, so a thread of the agent (started with
@@ -121,6 +122,16 @@ def where_here(name: str) -> _wire.Where:
     offset = world.spec.rank_offset
     ranks = [RankToAsk(offset + r, pid, RankDir(world.spec.rank_dir(r)).stacks) for r, pid in enumerate(world.pids)]
     return _agent.look(ranks, program=False)
+
+
+def describe_here(name: str, expression: str) -> list[dict]:
+    """What ``expression`` holds on this node's ranks of world ``name`` (``%spawn show``), each answer
+    numbered by its global rank; a world that is not here, busy or lost is the usage error it is locally."""
+    from ..executors._show import describe_on_world
+
+    with _lock:
+        offset = _kept.worlds(_world.World)[name].spec.rank_offset if name in _kept.worlds(_world.World) else 0
+        return [{**answer, "rank": answer["rank"] + offset} for answer in describe_on_world(name, expression)]
 
 
 def stop_world(name: str) -> bool:

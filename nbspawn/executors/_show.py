@@ -25,11 +25,16 @@ USAGE = "%spawn show WORLD NAME"
 EXPRESSION = re.compile(r"^[A-Za-z_]\w*(\.\w+)*$")  # model.lin.weight, seq.0.weight (a Sequential's layer)
 
 
+def check_expression(expression: str) -> None:
+    """A name or a dotted path (``model.lin.weight``), else one line saying so."""
+    if not EXPRESSION.match(expression):
+        raise SpawnUsageError(f"{USAGE}: {expression!r} is not a name (a name, or a dotted path such as model.lin.weight)")
+
+
 def describe_on_world(world_name: str, expression: str) -> list[dict[str, Any]]:
     """Each rank's description of ``expression`` (a name or a dotted path) on the world named: a
     usage error, said in one line, for a world that is not here, busy or lost, or a malformed name."""
-    if not EXPRESSION.match(expression):
-        raise SpawnUsageError(f"{USAGE}: {expression!r} is not a name (a name, or a dotted path such as model.lin.weight)")
+    check_expression(expression)
     worlds = _kept.worlds(_world.World)
     world = worlds.get(world_name)
     if world is None:
@@ -42,7 +47,9 @@ def describe_on_world(world_name: str, expression: str) -> list[dict[str, Any]]:
     _world.lose_if_a_rank_died(world)
     run_id = new_run_id()
     spec = world.spec.with_job(run_id, os.path.join(world.base_dir, run_id))
-    job = WorldJob(world.spec.cell, spec.run_dir, run_id, grace=spec.grace_period, describe=expression)
+    job = WorldJob(  # (a cluster node's part of a world: its ranks' directories are by global rank)
+        world.spec.cell, spec.run_dir, run_id, grace=spec.grace_period, describe=expression, rank_offset=spec.rank_offset
+    )
     before = _registry.last_run()
     try:
         run = execute(spec, RunView(), _world.WorldCell(world, job))

@@ -255,6 +255,38 @@ def test_where_on_a_cluster_world_between_cells_and_a_hung_background_run(kernel
     assert_nothing_left(nodes)
 
 
+def test_show_on_a_cluster_world_draws_each_ranks_shard_across_the_nodes(kernel, nodes):
+    """``%spawn show WORLD NAME`` on a world whose ranks are on two nodes: each node's agent asks its
+    own ranks, the answers come back in global rank order (issue #43, item 4, on a cluster)."""
+    ok(
+        kernel,
+        "%%spawn --cluster rc --world sw -n 2 --backend gloo\nimport torch\n"
+        "from torch.distributed.device_mesh import init_device_mesh\n"
+        "from torch.distributed.tensor import Shard, distribute_tensor\n"
+        "rows = distribute_tensor(torch.arange(32.).reshape(8, 4), init_device_mesh('cpu', (4,)), [Shard(0)])\n"
+        "plain = torch.zeros(5, 2)",
+        timeout=180,
+    )
+    try:
+        result = execute(kernel.client, "%spawn show sw rows", timeout=120)
+        assert result.status == "ok", result.error_text + result.stderr
+        (data,) = [o["data"] for o in result.outputs if o.get("msg_type") == "display_data"]
+        lines = data["text/plain"].splitlines()
+        assert lines[0] == "rows on world 'sw', rank by rank:", lines
+        for rank in range(4):
+            assert lines[1 + rank].startswith(f"rank {rank}: ") and lines[1 + rank].endswith(
+                f"holds [2, 4] at [{2 * rank}:{2 * rank + 2}, 0:4] on cpu (32 B)"
+            ), lines
+        assert data["text/html"].count("<rect data-shard") == 4
+        missing = run(kernel, "%spawn show sw nosuch")
+        said = missing.stderr + (missing.error.evalue if missing.error else "")
+        assert "world 'sw' has no nosuch on any rank" in said and "Traceback" not in said, said
+        assert "[rank0]: 1" in ok(kernel, "%%spawn --world sw\nprint(plain.dim() - 1)").stdout  # the world goes on
+    finally:
+        ok(kernel, "%spawn stop sw")
+    assert_nothing_left(nodes)
+
+
 def test_the_where_button_asks_a_foreground_cluster_runs_agents(kernel, nodes):
     client = kernel.client
     subshell = create_subshell(client)
