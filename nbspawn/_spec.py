@@ -35,38 +35,53 @@ if TYPE_CHECKING:
     from .handoff._shm import Payload
 
 
-@dataclass(frozen=True)
-class RunSpec:
+@dataclass(frozen=True, kw_only=True)
+class CellPart:
+    """What one cell brings to the ranks that run it, whatever they are (fresh or a kept world's, here or
+    on a cluster), built once (:func:`cell_part`).  A :class:`RunSpec` is one of these and what its ranks
+    are; a cell on a world is the world's spec with the cell's part (:meth:`RunSpec.with_cell`).  So an
+    option of the cell is one field here and one line in :func:`cell_part`, not a field copied by every
+    planner, nor a twin in the spec."""
+
     run_id: str
+    run_dir: str  # <log-dir>/<run-id>
+    cell: CellSource
+    timeout: float | None = None  # seconds
+    grace_period: float = ROW["grace_period"].typed_default
+    shown_ranks: frozenset[int] | None = None  # None: all
+    max_saved_bytes: int = ROW["max_saved_kb"].typed_default * 1024  # a saved run's size, images aside
+    max_image_bytes: int = ROW["max_image_kb"].typed_default * 1024  # images kept per run, live and saved
+    pdb: bool = False  # --pdb, %pdb on: the first rank whose cell raises stops in post-mortem (the kernel tells it)
+    # --xray: each rank drains torch's flight recorder into its xray.json (ranks._xray); values: it also
+    # writes its small tensors before and after each collective to xray_values.json (ranks._xray_values)
+    xray: XrayMode = "off"
+    rich: bool = False  # the view draws rich output: ranks look like a notebook (nbspawn.ranks._capture)
+    # IPython's compiled cell files -> In[N], so frames in functions from earlier cells read
+    # "Cell In[3], line 2, in f" wherever a rank's traceback is shown
+    cell_numbers: dict[str, int] = field(default_factory=dict)
+    out_names: tuple[str, ...] = ()  # --out
+    shm_prefix: str | None = None  # /dev/shm names of this run's --out tensors, swept after the run
+    # --on: the (global) ranks of a kept world that run this cell; None: every rank.  The others are
+    # sent the cell only to be told to sit it out (nbspawn.ranks._worldloop), and are not supervised.
+    on_ranks: frozenset[int] | None = None
+    notes: tuple[str, ...] = ()  # said to the user before the run
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec(CellPart):
+    """A run: the cell's part (:class:`CellPart`: its id, source and options) and what its ranks are."""
+
     nprocs: int  # ranks on this machine (a cluster run's kernel: every node's)
     start_method: str
     backend: str  # resolved: none | gloo | nccl
-    cell: CellSource
-    run_dir: str  # <log-dir>/<run-id>
     env: dict[str, str] = field(default_factory=dict)  # user's --env
-    timeout: float | None = None
-    grace_period: float = ROW["grace_period"].typed_default
-    shown_ranks: frozenset[int] | None = None  # None: all
     parent_pid: int = 0  # the kernel; a rank whose parent is gone exits at once
     omp_threads: int | None = None  # None: the user set OMP_NUM_THREADS
     # fork: the kernel's namespace itself (the child gets a copy-on-write copy); spawn/forkserver:
     # the names the cell uses, pickled by value.
     namespace: dict[str, object] | None = None
     namespace_payload: Payload | None = None  # pickled into each rank as it starts
-    out_names: tuple[str, ...] = ()  # --out
-    shm_prefix: str | None = None  # /dev/shm names of this run's --out tensors, swept after the run
-    notes: tuple[str, ...] = ()  # said to the user before the run
-    # IPython's compiled cell files -> In[N], so frames in functions from earlier cells read
-    # "Cell In[3], line 2, in f" wherever a rank's traceback is shown
-    cell_numbers: dict[str, int] = field(default_factory=dict)
-    rich: bool = False  # the view draws rich output: ranks look like a notebook (nbspawn.ranks._capture)
-    max_image_bytes: int = ROW["max_image_kb"].typed_default * 1024  # images kept per run, live and saved
-    max_saved_bytes: int = ROW["max_saved_kb"].typed_default * 1024  # a saved run's size, images aside
     program: Program | None = None  # the ranks run it instead of a cell
-    pdb: bool = False  # --pdb, %pdb on: the first rank whose cell raises stops in post-mortem (the kernel tells it)
-    # --xray: each rank drains torch's flight recorder into its xray.json (ranks._xray); values: it also
-    # writes its small tensors before and after each collective to xray_values.json (ranks._xray_values)
-    xray: XrayMode = "off"
     # Where these ranks sit in the world.  The ranks never host the TCPStore: they join it as clients
     # (TORCHELASTIC_USE_AGENT_STORE), at master_addr:master_port, where their launcher hosts it bound
     # to that address only (nbspawn._listen).  One node of a cluster run (nbspawn.cluster): this
@@ -80,9 +95,6 @@ class RunSpec:
     # the executor here hosts the store, once every rank is started (a forked rank would inherit the
     # connections it accepted): a run on this machine alone, or node 0 of a cluster
     hosts_store: bool = False
-    # --on: the (global) ranks of a kept world that run this cell; None: every rank.  The others are
-    # sent the cell only to be told to sit it out (nbspawn.ranks._worldloop), and are not supervised.
-    on_ranks: frozenset[int] | None = None
     # forkserver: the kernel's environment when the run was planned.  The fork server keeps the one the
     # kernel had when it started, so a later os.environ["NCCL_P2P_DISABLE"] = "1" (or CUDA_VISIBLE_DEVICES,
     # PYTORCH_CUDA_ALLOC_CONF) would never reach a rank, while -n auto and the device mapping read the
@@ -404,31 +416,6 @@ class _GpuCount:
         if self.value is None:
             self.value = cuda_device_count(self.user_env)
         return self.value
-
-
-@dataclass(frozen=True)
-class CellPart:
-    """What one cell brings to the ranks that run it, whatever they are (fresh or a kept world's, here or
-    on a cluster), built once (:func:`cell_part`).  A fresh run's spec is made with it; a cell on a
-    world is the world's spec with it (:meth:`RunSpec.with_cell`).  So an option of the cell is one
-    field here and one line in :func:`cell_part`, not a field copied by every planner."""
-
-    run_id: str
-    run_dir: str
-    cell: CellSource
-    timeout: float | None
-    grace_period: float
-    shown_ranks: frozenset[int] | None
-    max_saved_bytes: int
-    max_image_bytes: int
-    pdb: bool
-    xray: XrayMode
-    rich: bool
-    cell_numbers: dict[str, int]
-    out_names: tuple[str, ...] = ()
-    shm_prefix: str | None = None
-    on_ranks: frozenset[int] | None = None
-    notes: tuple[str, ...] = ()
 
 
 def cell_part(

@@ -67,13 +67,39 @@ def test_ranks_on_one_machine_use_loopback_unless_the_user_chose(monkeypatch):
     monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
     lo = _listen.loopback_interface()
     assert lo  # Linux: lo
-    spec = RunSpec("r", 2, "fork", "gloo", CellSource("pass"), "/tmp/x", master_port=1234, hosts_store=True)
+    spec = RunSpec(
+        run_id="r",
+        nprocs=2,
+        start_method="fork",
+        backend="gloo",
+        cell=CellSource("pass"),
+        run_dir="/tmp/x",
+        master_port=1234,
+        hosts_store=True,
+    )
     env = spec.rank_env(0)
     assert env["GLOO_SOCKET_IFNAME"] == lo and env["NCCL_SOCKET_IFNAME"] == f"={lo}"
     assert env["MASTER_ADDR"] == "127.0.0.1" and env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
-    mine = RunSpec("r", 2, "fork", "gloo", CellSource("pass"), "/tmp/x", env={"GLOO_SOCKET_IFNAME": "eth9"}, hosts_store=True)
+    mine = RunSpec(
+        run_id="r",
+        nprocs=2,
+        start_method="fork",
+        backend="gloo",
+        cell=CellSource("pass"),
+        run_dir="/tmp/x",
+        env={"GLOO_SOCKET_IFNAME": "eth9"},
+        hosts_store=True,
+    )
     assert mine.rank_env(0)["GLOO_SOCKET_IFNAME"] == "eth9"
-    node = RunSpec("r", 2, "fork", "gloo", CellSource("pass"), "/tmp/x", master_addr="10.0.0.1")  # a cluster node's
+    node = RunSpec(
+        run_id="r",
+        nprocs=2,
+        start_method="fork",
+        backend="gloo",
+        cell=CellSource("pass"),
+        run_dir="/tmp/x",
+        master_addr="10.0.0.1",
+    )  # a cluster node's
     assert "GLOO_SOCKET_IFNAME" not in node.rank_env(0)  # its agent sets the node's interface (cluster._agent)
 
 

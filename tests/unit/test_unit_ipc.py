@@ -270,7 +270,16 @@ def test_a_cuda_error_after_the_cell_is_told_as_itself_not_as_an_out_value(monke
     monkeypatch.setattr(_names, "send_outputs", send_outputs)
     monkeypatch.setattr(_cell._children, "install", lambda namespace=None: None)
     cell = CellSource("x = 1\nbroken['gpu'] = True")
-    spec = RunSpec("r", 1, "spawn", "none", cell, str(tmp_path), out_names=("x",), shm_prefix="nbspawn.1.abc.")
+    spec = RunSpec(
+        run_id="r",
+        nprocs=1,
+        start_method="spawn",
+        backend="none",
+        cell=cell,
+        run_dir=str(tmp_path),
+        out_names=("x",),
+        shm_prefix="nbspawn.1.abc.",
+    )
     with pytest.raises(RuntimeError) as raised:
         _cell._run_cell(spec, 0, None, {"broken": broken})
     assert raised.value is assert_error

@@ -24,7 +24,9 @@ from nbspawn.planning._kept_cell import as_before, check_settings
 
 
 def here(tmp_path, name: str = "w") -> World:
-    spec = RunSpec(name, 2, "fork", "gloo", CellSource("pass"), str(tmp_path), env={"A": "1"})
+    spec = RunSpec(
+        run_id=name, nprocs=2, start_method="fork", backend="gloo", cell=CellSource("pass"), run_dir=str(tmp_path), env={"A": "1"}
+    )
     return World(name=name, spec=spec, base_dir=str(tmp_path), asked_start_method="auto")
 
 
@@ -33,7 +35,9 @@ def on_nodes(tmp_path, name: str = "cw") -> ClusterWorld:
     plan = ClusterPlan(
         client=SimpleNamespace(), nodes=nodes, ranks_per_node=2, master_addr="127.0.0.1", master_port=1, start_method="fork"
     )
-    spec = RunSpec(name, 4, "fork", "gloo", CellSource("pass"), str(tmp_path), env={"A": "1"})
+    spec = RunSpec(
+        run_id=name, nprocs=4, start_method="fork", backend="gloo", cell=CellSource("pass"), run_dir=str(tmp_path), env={"A": "1"}
+    )
     asked = RunRequest.of(CellSource("pass"), cluster="rc", nodes=2, settings=Settings(nprocs="auto", given=Given(nprocs=True)))
     return ClusterWorld(name, spec, plan, asked, Settings())
 

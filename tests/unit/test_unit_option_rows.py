@@ -300,7 +300,16 @@ def test_a_cell_on_a_world_is_the_worlds_spec_with_the_cells_part(tmp_path):
 
     from nbspawn._spec import CellPart, RunSpec, cell_part
 
-    world = RunSpec("w", 2, "fork", "gloo", CellSource("pass"), str(tmp_path), env={"A": "1"}, master_port=1234)
+    world = RunSpec(
+        run_id="w",
+        nprocs=2,
+        start_method="fork",
+        backend="gloo",
+        cell=CellSource("pass"),
+        run_dir=str(tmp_path),
+        env={"A": "1"},
+        master_port=1234,
+    )
     settings = Settings(timeout=3.0, grace_period=1.0, pdb=True, max_saved_kb=1, max_image_kb=2)
     part = cell_part(
         settings,
@@ -335,7 +344,8 @@ def test_a_job_that_brings_no_options_keeps_the_worlds_own(tmp_path):
     from nbspawn._spec import RunSpec
 
     world = RunSpec(
-        "w", 2, "fork", "gloo", CellSource("pass"), str(tmp_path), env={"A": "1"}, timeout=3.0, grace_period=0.5,
+        run_id="w", nprocs=2, start_method="fork", backend="gloo", cell=CellSource("pass"), run_dir=str(tmp_path),
+        env={"A": "1"}, timeout=3.0, grace_period=0.5,
         shown_ranks=frozenset({1}), max_saved_bytes=10, max_image_bytes=20, pdb=True, xray="values", rich=True,
         cell_numbers={"f": 1}, out_names=("y",), shm_prefix="p", notes=("n",), on_ranks=frozenset({1}), master_port=1234,
     )  # fmt: skip

@@ -86,7 +86,9 @@ def test_ranks_shown_must_run_the_cell_and_exist_in_the_world():
 
 
 def local_world(tmp_path) -> World:
-    spec = RunSpec("w", 2, "fork", "gloo", CellSource("pass"), str(tmp_path), env={"A": "1"})
+    spec = RunSpec(
+        run_id="w", nprocs=2, start_method="fork", backend="gloo", cell=CellSource("pass"), run_dir=str(tmp_path), env={"A": "1"}
+    )
     return World(name="w", spec=spec, base_dir=str(tmp_path))
 
 
@@ -95,7 +97,9 @@ def cluster_world(tmp_path) -> ClusterWorld:
     plan = ClusterPlan(
         client=SimpleNamespace(), nodes=nodes, ranks_per_node=2, master_addr="127.0.0.1", master_port=1, start_method="fork"
     )
-    spec = RunSpec("w", 4, "fork", "gloo", CellSource("pass"), str(tmp_path), env={"A": "1"})
+    spec = RunSpec(
+        run_id="w", nprocs=4, start_method="fork", backend="gloo", cell=CellSource("pass"), run_dir=str(tmp_path), env={"A": "1"}
+    )
     return ClusterWorld("w", spec, plan, RunRequest.of(CellSource("pass"), cluster="rc"), Settings())
 
 

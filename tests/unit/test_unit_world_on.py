@@ -22,7 +22,16 @@ from nbspawn.ranks._worldloop import WorldJob
 
 
 def spec(on: frozenset[int] | None, nprocs: int = 4, **more: object) -> RunSpec:
-    return RunSpec("r", nprocs, "fork", "gloo", CellSource("pass"), "/tmp/x", on_ranks=on, **more)  # type: ignore[arg-type]
+    return RunSpec(
+        run_id="r",
+        nprocs=nprocs,
+        start_method="fork",
+        backend="gloo",
+        cell=CellSource("pass"),
+        run_dir="/tmp/x",
+        on_ranks=on,
+        **more,
+    )  # type: ignore[arg-type]
 
 
 def test_the_spec_says_which_ranks_run_the_cell():
