@@ -2,8 +2,8 @@
 
 torch's flight recorder keeps a ring of the last ``TORCH_FR_BUFFER_SIZE`` collectives of the rank (all
 its process groups together); a collective that falls off the ring is gone.  :class:`Drainer` is a daemon
-thread that empties the ring before it wraps.  Every :data:`POLL_EVERY` it asks the recorder only for
-its groups' status (how many collectives were enqueued: ~5 µs), and it dumps the whole ring (torch
+thread that empties the ring before it wraps.  Every :data:`POLL_EVERY` it counts the collectives its
+groups have enqueued (each group's sequence number, :func:`sequence_counter`: ~1 µs), and it dumps the whole ring (torch
 gives its entries no other way: ~15 µs an entry read back, measured unloaded) when it is nearly
 full (and, for the live view, every :data:`LIVE_EVERY` at the most, never so often that those drains
 take over :data:`LIVE_SHARE` of the rank's time): :data:`XRAY_FR_ENTRIES` less a headroom of :data:`HEADROOM_SECONDS` of collectives at the rate
@@ -35,6 +35,16 @@ issue bounds when it left.  NCCL's entries also carry started and completed time
 
 The record is written to the rank's ``xray.json`` (``_rankdir.XRAY``), atomically, every
 :data:`WRITE_EVERY` while it changes and at :meth:`Drainer.stop`.
+
+Why the count is not asked of the recorder: torch's dump (``_dump_fr_trace``, either kind) walks the
+recorder's maps of its groups' status and configuration without its lock, while the main thread adds
+to them (a group's first collective, a new group: ``FlightRecorder::recordWithResetEnabled``,
+``record_pg_ranks``, which take the lock the reader does not).  A rank crashed so once (SIGSEGV in this
+thread's dump while the main thread ran DTensor's first ``scatter`` on a new mesh's group).  Polling
+the dump 100 times a second was nearly all of the exposure; now only a drain dumps (for the live view
+every :data:`LIVE_EVERY` at the most, a nearly full ring, the cell's start and end), a few hundred
+times fewer.  Only dumping from the main thread would close it, and that thread is the one a hang
+blocks.
 """
 
 from __future__ import annotations
@@ -291,6 +301,25 @@ def status_and_entries(c10d: Any) -> tuple[Callable[[], dict[str, Any]], Callabl
     return status, everything
 
 
+def sequence_counter() -> Callable[[], int]:
+    """How to count the collectives (and point-to-point ops) this rank's groups have enqueued, without
+    torch's dump (see the module's docstring): the sum of each group's sequence number, which gloo
+    advances with each op as its recorder's ``last_enqueued_collective`` (checked: equal after
+    collectives, a new group and sends).  Over-counting (a group of another backend) only drains sooner."""
+    import torch.distributed.distributed_c10d as c10d_py
+
+    world = c10d_py._world
+
+    def count() -> int:
+        total = 0
+        for pg in list(world.pg_map):  # list(): one C call, under the GIL, whatever the main thread adds
+            total += int(pg._get_sequence_number_for_group())  # type: ignore[attr-defined]  # (not in torch's stubs)
+        return total
+
+    count()  # this torch has what it needs, or the caller falls back to the recorder's status
+    return count
+
+
 def enqueued_by_group(status: dict[str, Any]) -> dict[str, int]:
     """Each group's op number (``op_id``, collectives and point-to-point ops) enqueued so far."""
     found = {}
@@ -318,12 +347,19 @@ class Drainer:
         poll_every: float = POLL_EVERY,
         ring: int = XRAY_FR_ENTRIES,
         since: dict[str, int] | None = None,
+        counter: Callable[[], int] | None = None,
     ) -> None:
         if c10d is None:
             import torch
 
             c10d = torch._C._distributed_c10d
         self.status, self.everything = status_and_entries(c10d)
+        if counter is None:
+            try:
+                counter = sequence_counter()
+            except Exception:  # no such call in this torch: the recorder's status, as before
+                counter = lambda: enqueued(self.status())  # noqa: E731
+        self.count_now = counter
         # what the ring held before is not this record's (a kept world's earlier cells), unless ``since`` says
         # what to leave out ({}: everything in it is this record's, a program's from its first group)
         before: dict[str, int] = {} if since is None else since
@@ -335,7 +371,9 @@ class Drainer:
         self.poll_every = poll_every
         self.ring = ring
         self.rate = 0.0  # collectives a second, smoothed
-        self.drained_at = sum(before.values())  # enqueued count at the last drain
+        self.drained_at = 0  # enqueued count at the last drain
+        with contextlib.suppress(Exception):
+            self.drained_at = self.count_now()
         self.written_count = -1
         self.written_at = 0.0
         self.drains = 0
@@ -363,7 +401,7 @@ class Drainer:
             self._done.set()
 
     def _tick(self) -> None:
-        now, count = time.monotonic(), enqueued(self.status())
+        now, count = time.monotonic(), self.count_now()
         seen, seen_at = self._seen
         if now > seen_at:
             self.rate = 0.7 * self.rate + 0.3 * max(0, count - seen) / (now - seen_at)
@@ -389,8 +427,9 @@ class Drainer:
         """Reads the ring; how many entries were new."""
         with self._lock:
             began = time.perf_counter()
+            counted = self.count_now()  # before the dump: what comes meanwhile is the next drain's
             dump = self.everything()
-            self.drained_at = enqueued(dump)
+            self.drained_at = counted
             self.log.note_config(dump.get("pg_config") or {})
             fresh = self.log.add_entries(dump.get("entries") or [])
             self.drains += 1

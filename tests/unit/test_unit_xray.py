@@ -205,3 +205,28 @@ def test_a_rank_that_recorded_nothing_never_entered_the_default_groups_first_col
     xray = analyse({0: rank0, 1: rank1})
     assert [(n.entered, n.absent, n.seq) for n in xray.never_entered] == [((0,), (1,), 1)]
     assert xray.summary == "1 collective, 0 B moved. rank 0 entered a collective #1; rank 1 never did"
+
+
+def test_the_drainers_poll_never_asks_torchs_dump_only_its_drains_do(tmp_path):
+    """torch's dump walks the recorder's maps without its lock while the main thread adds to them (a
+    rank crashed so once, in the drain thread's dump): the poll counts the groups' sequence numbers
+    instead, and only a drain dumps."""
+    from nbspawn.ranks._xray import Drainer
+
+    dumps: list[bool] = []
+    enqueued = {"n": 0}
+
+    def dump(includeCollectives: bool, includeStackTraces: bool) -> bytes:
+        import pickle
+
+        dumps.append(includeCollectives)
+        return pickle.dumps({"pg_status": {"0": {"last_enqueued_collective": enqueued["n"]}}, "entries": []})
+
+    fake = type("C10d", (), {"_dump_fr_trace": staticmethod(dump)})
+    drainer = Drainer(0, str(tmp_path / "xray.json"), c10d=fake, ring=4096, since={}, counter=lambda: enqueued["n"])
+    for _ in range(500):  # 5 s of polls with nothing new
+        drainer._tick()
+    assert dumps == []
+    enqueued["n"] = 4000  # nearly a ring's worth: a drain
+    drainer._tick()
+    assert dumps == [True] and drainer.drained_at == 4000
