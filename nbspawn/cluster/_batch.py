@@ -52,8 +52,22 @@ def job_here() -> str | None:
     return os.environ.get(JOB_ENV) or None
 
 
-def job_state(job: str) -> JobState | None:
-    """Slurm's state of ``job`` (None: no ``scontrol``, no answer, or a job it no longer knows)."""
+SETTLE = 3.0  # how long a job seen COMPLETING (scancel's signals under way) is asked again for how it ended
+
+
+def job_state(job: str, settle: float = SETTLE) -> JobState | None:
+    """Slurm's state of ``job`` (None: no ``scontrol``, no answer, or a job it no longer knows).  A job
+    COMPLETING (its processes being signalled: the moment its ranks die) is asked again, up to
+    ``settle`` seconds, for the state it ends in (CANCELLED, TIMEOUT, ...)."""
+    state = _ask_scontrol(job)
+    deadline = time.monotonic() + settle
+    while state is not None and state.state == "COMPLETING" and time.monotonic() < deadline:
+        time.sleep(0.2)
+        state = _ask_scontrol(job) or state
+    return state
+
+
+def _ask_scontrol(job: str) -> JobState | None:
     try:
         done = subprocess.run(
             ["scontrol", "show", "job", "-o", str(job)], check=False, capture_output=True, text=True, timeout=SCONTROL_TIMEOUT

@@ -119,3 +119,14 @@ def test_an_ended_job_or_an_interrupt_is_one_line_saying_what_slurm_said():
         "--cluster c: interrupted while waiting for its engines (0 of 2 registered; Slurm job 5 is PENDING (Resources)); "
         "nothing was started. c.stop_engines_sync() takes them out of the queue"
     )
+
+
+def test_a_job_seen_completing_is_asked_again_for_how_it_ended(monkeypatch):
+    """scancel: the ranks die while Slurm still says COMPLETING (seen in CI); the state it ends in is
+    what the user is told."""
+    from nbspawn.cluster import _batch
+
+    answers = iter(["JobState=COMPLETING Reason=None", "JobState=COMPLETING Reason=None", "JobState=CANCELLED Reason=None"])
+    monkeypatch.setattr(_batch, "_ask_scontrol", lambda job: parse_job(job, next(answers)))
+    monkeypatch.setattr(_batch.time, "sleep", lambda s: None)
+    assert _batch.job_state("1") == JobState("1", "CANCELLED", "")
