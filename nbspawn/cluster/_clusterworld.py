@@ -130,12 +130,9 @@ class ClusterWorld(KeptWorld):
         """``%spawn show WORLD NAME``: each node's agent asks its own ranks (as a world here is asked),
         the answers in global rank order; a node that cannot answer is one line naming it."""
         from ..errors import SpawnUsageError
+        from ..executors._show import check_showable
 
-        if self.state in ("running", "lost", "stopped"):
-            busy = f"is running a cell now: show {expression} once it is over"
-            raise SpawnUsageError(
-                f"world {self.name!r} " + (busy if self.state == "running" else f"is {self.state}: nothing of it is left to show")
-            )
+        check_showable(self.name, self.state, expression)
         client = self.cluster.client
         pending = {
             node.index: client[node.agent].apply_async(_nodeworld.describe_here, self.name, expression)

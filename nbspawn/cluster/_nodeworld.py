@@ -130,7 +130,8 @@ def describe_here(name: str, expression: str) -> list[dict]:
     from ..executors._show import describe_on_world
 
     with _lock:
-        offset = _kept.worlds(_world.World)[name].spec.rank_offset if name in _kept.worlds(_world.World) else 0
+        world = _kept.worlds(_world.World).get(name)
+        offset = world.spec.rank_offset if world is not None else 0
         return [{**answer, "rank": answer["rank"] + offset} for answer in describe_on_world(name, expression)]
 
 

@@ -31,6 +31,14 @@ def check_expression(expression: str) -> None:
         raise SpawnUsageError(f"{USAGE}: {expression!r} is not a name (a name, or a dotted path such as model.lin.weight)")
 
 
+def check_showable(world_name: str, state: str, expression: str) -> None:
+    """A world here or on a cluster can be shown between cells only: one line saying why not."""
+    if state == "running":
+        raise SpawnUsageError(f"world {world_name!r} is running a cell now: show {expression} once it is over")
+    if state in ("lost", "stopped"):
+        raise SpawnUsageError(f"world {world_name!r} is {state}: nothing of it is left to show")
+
+
 def describe_on_world(world_name: str, expression: str) -> list[dict[str, Any]]:
     """Each rank's description of ``expression`` (a name or a dotted path) on the world named: a
     usage error, said in one line, for a world that is not here, busy or lost, or a malformed name."""
@@ -40,10 +48,7 @@ def describe_on_world(world_name: str, expression: str) -> list[dict[str, Any]]:
     if world is None:
         known = ", ".join(sorted(worlds)) or "none"
         raise SpawnUsageError(f"no kept world named {world_name!r} on this machine (kept worlds: {known})")
-    if world.state == "running":
-        raise SpawnUsageError(f"world {world_name!r} is running a cell now: show {expression} once it is over")
-    if world.state in ("lost", "stopped"):
-        raise SpawnUsageError(f"world {world_name!r} is {world.state}: nothing of it is left to show")
+    check_showable(world_name, world.state, expression)
     _world.lose_if_a_rank_died(world)
     run_id = new_run_id()
     spec = world.spec.with_job(run_id, os.path.join(world.base_dir, run_id))
