@@ -3,7 +3,7 @@
 #               it serves is LAB_DIR (default work/, git-ignored), seeded from notebooks/ by
 #               scripts/lab-folder.sh; the tests run only the tracked notebooks/
 #   make test   set everything up, lint and type-check, then run the whole test suite (extra pytest args: PYTEST_ARGS=...),
-#               on pytest-xdist's workers, then the tests that run alone (scripts/pytest.sh; NBSPAWN_TEST_WORKERS);
+#               on pytest-xdist's workers, then the browser tests two at a time, then the tests that run alone (scripts/pytest.sh);
 #               all but the cluster recipes:
 #   make cluster-recipes  the guide's SSH, MPI and Slurm recipes on network-namespace nodes (root; after make test)
 #   make runtimes  the test suite again on the stacks users are on (.ci/runtime, .ci/runtimes/*.txt): Colab's

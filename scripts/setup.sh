@@ -47,8 +47,20 @@ constraints="$(mktemp)"
 trap 'rm -f "$constraints"' EXIT
 echo "torch==$torch_version" >"$constraints"
 
+# The extras (about 170 packages: JupyterLab, Lightning, transformers, marimo, playwright, ...) go in with
+# uv, the same versions as pip's in about 20 s instead of 75 (measured on a fresh clone); byte-compiled
+# as pip does (where PYTHONDONTWRITEBYTECODE is set a module without its .pyc is compiled at every import).
+# Torch stays pip's: it is installed and pinned by now, and pip's configuration (a local wheel, an index)
+# is what chose it. --system-certs: the system's CA store, where a TLS-intercepting proxy's CA is installed.
+# If uv cannot be had or fails, pip does it.
 say "installing nbspawn (editable) with [$extras] next to torch $torch_version"
-"$py" -m pip install --constraint "$constraints" --editable "$root[$extras]"
+uv="$venv/bin/uv"
+[[ -x "$uv" ]] || "$py" -m pip install -q uv || true
+if ! { [[ -x "$uv" ]] && "$uv" pip install -q --compile-bytecode --system-certs --python "$py" \
+    --constraint "$constraints" --editable "$root[$extras]"; }; then
+    say "uv could not install them; pip instead"
+    "$py" -m pip install --constraint "$constraints" --editable "$root[$extras]"
+fi
 
 echo "$extras" >"$stamp"
 say "ready: $venv"

@@ -27,25 +27,28 @@ def pytest_addoption(parser):
         "hosted runtimes' jobs run fork and forkserver, what a CPU and a GPU runtime start ranks with",
     )
     parser.addoption(
-        "--alone",
-        choices=("include", "skip", "only"),
-        default="include",
-        help="the tests that must run with no other test beside them (marked `alone`, and every browser "
-        "test): `skip` leaves them out, `only` runs nothing else; scripts/pytest.sh runs the others on "
-        "pytest-xdist's workers with `skip`, then these with `only`",
+        "--phase",
+        choices=("all", "parallel", "browser", "alone"),
+        default="all",
+        help="which tests to run by how much of the machine they need (scripts/pytest.sh runs the three in turn): "
+        "`parallel`, the kernel and unit tests, on pytest-xdist's workers; `browser`, the browser tests, two "
+        "at a time; `alone`, the tests marked `alone` (they time a page or a Stop, or compare what the whole "
+        "machine holds), one at a time with nothing beside them",
     )
 
 
-def runs_alone(item: pytest.Item) -> bool:
-    """A browser test measures what a page does on the machine's cores (long tasks, Stop's seconds)."""
-    return item.get_closest_marker("alone") is not None or item.get_closest_marker("browser") is not None
+def phase_of(item: pytest.Item) -> str:
+    """The phase (``--phase``) a test runs in: ``alone`` wins over ``browser``."""
+    if item.get_closest_marker("alone") is not None:
+        return "alone"
+    return "browser" if item.get_closest_marker("browser") is not None else "parallel"
 
 
 def pytest_collection_modifyitems(config, items):
     wanted = set(config.getoption("--start-methods").split(","))
     if unknown := wanted - set(START_METHODS):
         raise pytest.UsageError(f"--start-methods: {', '.join(sorted(unknown))} is not one of {', '.join(START_METHODS)}")
-    alone = config.getoption("--alone")
+    phase = config.getoption("--phase")
     left_out = [
         item
         for item in items
@@ -54,8 +57,7 @@ def pytest_collection_modifyitems(config, items):
             and callspec.params.get("method") in START_METHODS
             and callspec.params["method"] not in wanted
         )
-        or (alone == "skip" and runs_alone(item))
-        or (alone == "only" and not runs_alone(item))
+        or (phase != "all" and phase_of(item) != phase)
     ]
     if left_out:
         config.hook.pytest_deselected(items=left_out)

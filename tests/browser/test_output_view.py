@@ -264,6 +264,7 @@ def front(request, browser, artifacts, tmp_path_factory):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.alone  # it times the page, or the frames it draws
 def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(front, artifacts):
     pg = front.pg
     with RendererCpu(pg.context.browser) as cpu:
@@ -320,6 +321,7 @@ def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(fron
     assert "flooded" in text, text[-2000:]
 
 
+@pytest.mark.alone  # it times the page, or the frames it draws
 def test_a_page_frozen_by_its_own_script_is_told_from_one_waiting_for_a_core(front):
     """The flood test's measure, checked: a 2 s script is a 2 s task in which the page's main thread
     ran well over the suite's 1 s (it would fail the flood test)."""
@@ -337,6 +339,7 @@ def test_a_page_frozen_by_its_own_script_is_told_from_one_waiting_for_a_core(fro
     assert duration >= 2000 and ran_ms > LONG_TASK_MAX_MS, ran
 
 
+@pytest.mark.alone  # it times the page, or the frames it draws
 def test_stop_within_a_second_during_a_flood(front, artifacts):
     pg = front.pg
     cell = front.cell(C_FOREVER)
@@ -382,6 +385,7 @@ def test_stop_within_a_second_during_a_flood(front, artifacts):
     assert frozen.locator(".nbs-Badge").inner_text().strip().lower() == "stopped", figures
 
 
+@pytest.mark.alone  # it times the page, or the frames it draws
 def test_busy_for_the_whole_run(front, artifacts):
     """The kernel's status reads Busy from the run's start to its end (it once read Idle for the rest
     of a run after one comm message of the page).  Every change of the status and of the cell's
