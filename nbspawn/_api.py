@@ -7,15 +7,17 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from ._dispatch import start
 from ._door import read_door
-from ._options import CALL, OPTIONS, ROW, at_door
+from ._options import CALL, OPTIONS, at_door
 from ._runstate import Run
 from ._source import CellSource
 from .views._marimo import MarimoView, in_marimo
 from .views._protocol import RunView
+from .errors import SpawnUsageError
 from .views._text import TextView
 
 # launch()'s own parameters, beside those of OPTIONS (its Args: section is made from both)
@@ -34,48 +36,55 @@ _API_ONLY = {
 def launch(
     cell: str | list[str],
     *,
-    nprocs: int | str | None = None,
-    start_method: str | None = None,
-    backend: str | None = None,
-    accelerator: str | None = None,
-    env: dict[str, str] | list[str] | None = None,
-    timeout: float | None = None,
-    grace_period: float = ROW["grace_period"].default,
-    log_dir: str | None = None,
-    ranks: str | list[int] | None = None,
     namespace: dict[str, Any] | None = None,
-    share: str | list[str] | None = None,
-    out: str | list[str] | None = None,
-    world: str | None = None,
-    on: str | int | list[int] | None = None,
-    cluster: Any = None,
-    nodes: int | None = None,
-    background: bool = False,
-    debug_collectives: bool = False,
-    pdb: bool = False,
-    xray: bool | str = ROW["xray"].default,  # True/False, or "on", "off", "values"
     echo: bool = False,
     view: RunView | None = None,
     check: bool = True,
+    **options: Any,
 ) -> Run:
-    passed = locals()
-    given = {option.param: passed[option.param] for option in at_door(CALL)}
+    unknown = sorted(set(options) - set(_CALL_ROWS))
+    if unknown:
+        raise SpawnUsageError(
+            f"launch() got unexpected keyword argument{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: "
+            f"its options are {', '.join(_CALL_ROWS)}"
+        )
+    given = {param: options.get(param) for param in _CALL_ROWS}
     names = {} if namespace is None else namespace
+    cluster = given["cluster"]
     if cluster is not None and not isinstance(cluster, str):
         names, given["cluster"] = {**names, "<cluster>": cluster}, "<cluster>"
     program = cell if isinstance(cell, list) else None
     request = read_door(given, cell=None if program is not None else CellSource(str(cell)), program=program, namespace=names)
     run = start(request, view or (TextView() if echo else MarimoView() if in_marimo() else None))
-    if check and not background:
+    if check and not given["background"]:
         run.raise_for_status()
     return run
+
+
+# launch()'s options are the table's rows of the call door, in its order: its signature (help(), the
+# notebook's Shift-Tab and completion) and its Args: are made from them, so a new row is a keyword of it
+_CALL_ROWS = tuple(option.param for option in at_door(CALL))
+
+
+def _signature() -> inspect.Signature:
+    """Each row's keyword with the default a user would write (its type is what its reader returns, not all a
+    call may give: ``ranks="0-3"``, ``env=["A=1"]``, ``xray=False``; its ``Args:`` line says what it takes)."""
+    own = inspect.signature(launch).parameters
+    rows = [inspect.Parameter(option.param, inspect.Parameter.KEYWORD_ONLY, default=option.default) for option in at_door(CALL)]
+    return inspect.Signature(
+        [own["cell"], *rows, *(own[name] for name in ("namespace", "echo", "view", "check"))],
+        return_annotation="Run",
+    )
+
+
+launch.__signature__ = _signature()  # type: ignore[attr-defined]
 
 
 def _args_doc() -> str:
     """launch()'s ``Args:``, from the same table as ``%%spawn``'s help."""
     described = {option.param: option.help for option in OPTIONS}
     lines = ["Args:"]
-    for param in launch.__code__.co_varnames[: launch.__code__.co_argcount + launch.__code__.co_kwonlyargcount]:
+    for param in inspect.signature(launch).parameters:
         text = _API_ONLY.get(param) or described.get(param)
         assert text is not None, f"launch({param}=) is not described"
         lines.append(f"    {param}: {text}")

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from dataclasses import fields, replace
 from typing import Any
 
-from ._options import ROW, ROWS, Option, with_debug_collectives
+from ._options import ROW, ROWS, Given, Option, Settings, with_debug_collectives
 from ._program import ProgramLine, read_program_line
-from ._request import Given, RunRequest, Settings
+from ._request import RunRequest
 from ._source import CellSource, kernel_cell_sources
 from .errors import SpawnUsageError
 from .handoff._flow import names_needed

@@ -21,9 +21,10 @@ with a one-line message; they are pure, cheap, and run before anything starts.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from typing import Any, Literal, cast
 
@@ -46,7 +47,10 @@ FLAG_OR_CALL = frozenset({FLAG, CALL})
 
 @dataclass(frozen=True)
 class Option:
-    param: str  # launch()'s keyword, the magic's dest, the traitlet, the field of Settings or RunRequest
+    """One row: declared as a field of :class:`Settings` or :class:`RequestOptions` (:func:`row`), whose
+    name is its ``param`` and whose annotation its ``type``."""
+
+    param: str  # launch()'s keyword, the magic's dest, the traitlet, the field of Settings or RequestOptions
     flags: tuple[str, ...]  # the magic's spelling (none: set by %config only)
     metavar: str | None  # None: a switch
     help: str
@@ -60,6 +64,7 @@ class Option:
     doors: frozenset[str] = FLAG_OR_CALL
     trait: str = ""  # with the config door: the SpawnMagics traitlet's kind (nbspawn._magic)
     trait_help: str = ""  # with the config door: %config SpawnMagics' line for it
+    type: str = ""  # what its reader returns: the field's annotation
 
     @property
     def spelled(self) -> str:
@@ -70,6 +75,31 @@ class Option:
     def typed_default(self) -> Any:
         """Its value when nobody gives one, read as a given one is."""
         return self.read(self.default)
+
+
+_ROW = "nbspawn.option"  # where a field keeps its row
+
+
+def row(
+    flags: tuple[str, ...],
+    metavar: str | None,
+    help: str,
+    group: str,
+    not_for_programs: str = "",
+    *,
+    default: Any = None,
+    read: Callable[[Any], Any] = bool,
+    doors: frozenset[str] = FLAG_OR_CALL,
+    trait: str = "",
+    trait_help: str = "",
+) -> Any:
+    """A row of the table, as the field of :class:`Settings` (or :class:`RequestOptions`) it fills: the
+    field's default is the row's, read (a dict's made anew each time)."""
+    option = Option("", flags, metavar, help, group, not_for_programs, default, read, doors, trait, trait_help)
+    typed = read(default)
+    if isinstance(typed, (dict, list, set)):
+        return field(default_factory=partial(copy.deepcopy, typed), metadata={_ROW: option})
+    return field(default=typed, metadata={_ROW: option})
 
 
 def options_in(*groups: str) -> tuple[Option, ...]:
@@ -303,9 +333,26 @@ def parse_view(choice: str | None) -> ViewChoice:
     return cast(ViewChoice, name)
 
 
-OPTIONS: tuple[Option, ...] = (
-    Option(
-        "nprocs",
+@dataclass(frozen=True)
+class Given:
+    """Which of the options that say how a world runs the user wrote for this run (not a default): a
+    kept world is checked against these, and only these, and a lost world started again keeps its own
+    for the others."""
+
+    nprocs: bool = False
+    start_method: bool = False
+    backend: bool = False
+    env: bool = False
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The run's options, read and typed at the door (``nbspawn._door``): each field is a row of the
+    table (:func:`row`), its annotation the type its reader returns, its default the row's read.  A
+    planner passes them to the spec (``RunSpec.asked``) whole, so an option that reaches the ranks is its
+    row here and the code that reads it there."""
+
+    nprocs: int | Literal["auto"] = row(
         ("-n", "--nprocs"),
         "N|auto",
         "number of ranks (per node with a cluster); auto: one per TPU chip (--accelerator) or GPU the ranks see, else up to 4 CPU ranks (default: SpawnMagics.nprocs)",
@@ -315,10 +362,9 @@ OPTIONS: tuple[Option, ...] = (
         doors=EVERY_DOOR,
         trait="count",
         trait_help="Ranks per cell: a number, or 'auto' (one per GPU, else up to 4 CPU ranks).",
-    ),
-    Option("env", ("--env",), "KEY=VALUE", "extra environment variables for every rank", "common", read=parse_env),
-    Option(
-        "accelerator",
+    )
+    env: Mapping[str, str] = row(("--env",), "KEY=VALUE", "extra environment variables for every rank", "common", read=parse_env)
+    accelerator: Accelerator = row(
         ("--accelerator",),
         "auto|tpu|none",
         "tpu: one rank per TPU chip, each with the environment torch_xla's launcher (xmp.spawn) gives it; auto: "
@@ -326,9 +372,8 @@ OPTIONS: tuple[Option, ...] = (
         "common",
         default="auto",
         read=parse_accelerator,
-    ),
-    Option(
-        "timeout",
+    )
+    timeout: float | None = row(
         ("--timeout",),
         "SECONDS",
         "stop every rank after this long, showing each one's stack",
@@ -337,9 +382,8 @@ OPTIONS: tuple[Option, ...] = (
         doors=EVERY_DOOR,
         trait="seconds",
         trait_help="Seconds before every rank is stopped (None: no limit).",
-    ),
-    Option(
-        "grace_period",
+    )
+    grace_period: float = row(
         ("--grace-period",),
         "SECONDS",
         "time between SIGTERM and SIGKILL when ranks are stopped (default 5)",
@@ -349,9 +393,8 @@ OPTIONS: tuple[Option, ...] = (
         doors=EVERY_DOOR,
         trait="seconds",
         trait_help="Seconds between SIGTERM and SIGKILL when ranks are stopped.",
-    ),
-    Option(
-        "log_dir",
+    )
+    log_dir: str | None = row(
         ("--log-dir",),
         "DIR",
         "keep logs in DIR/<run-id>/<rank>/ (default: a new temporary directory)",
@@ -360,53 +403,15 @@ OPTIONS: tuple[Option, ...] = (
         doors=EVERY_DOOR,
         trait="path",
         trait_help="Where <run-id>/<rank>/{stdout,stderr}.log go (None: a new temporary directory).",
-    ),
-    Option(
-        "ranks",
+    )
+    ranks: frozenset[int] | None = row(
         ("--ranks",),
         "LIST",
         "show only these ranks' output, e.g. 0 or 0,2 or 0-3 (all are logged)",
         "common",
         read=parse_ranks,
-    ),
-    Option(
-        "cluster",
-        ("--cluster",),
-        "NAME",
-        "run on several nodes: NAME is a kernel variable holding a connected ipyparallel Client, Cluster or DirectView; one engine per node starts that node's ranks (-n is then ranks per node)",
-        "common",
-        read=parse_cluster_name,
-        doors=EVERY_DOOR,
-        trait="name",
-        trait_help="Run every %%spawn cell on this kernel variable's ipyparallel Client or Cluster ('' : this machine).",
-    ),
-    Option(
-        "nodes",
-        ("--nodes",),
-        "N",
-        "with --cluster: use the first N nodes (default: all)",
-        "common",
-        read=parse_nodes,
-    ),
-    Option(
-        "background",
-        ("--bg",),
-        None,
-        "run in the background: the kernel is free at once; the run is returned (also nbspawn.last_run()), run.wait() joins it and raises its error, run.stop() stops it",
-        "common",
-        default=False,
-    ),
-    Option(
-        "debug_collectives",
-        ("--debug-collectives",),
-        None,
-        "check every collective across ranks before it runs (torch's TORCH_DISTRIBUTED_DEBUG=DETAIL): a mismatched "
-        "op or shape fails at once, on the rank that found it, with torch's message, instead of hanging",
-        "common",
-        default=False,
-    ),
-    Option(
-        "xray",
+    )
+    xray: XrayMode = row(
         ("--xray",),
         "on|off|values",
         "the collectives X-ray: each rank's collectives (op, group, sequence number, shapes, bytes) read from torch's "
@@ -420,9 +425,8 @@ OPTIONS: tuple[Option, ...] = (
         doors=EVERY_DOOR,
         trait="choice",
         trait_help="The collectives X-ray of every run with a process group: on, off or values.",
-    ),
-    Option(
-        "start_method",
+    )
+    start_method: StartMethod = row(
         ("--start-method",),
         "fork|spawn|forkserver",
         "how ranks start; fork sees the kernel's names as they are, spawn and forkserver get the names the cell uses pickled by value (default: fork, unless a forked rank could not use CUDA: then forkserver)",
@@ -433,9 +437,8 @@ OPTIONS: tuple[Option, ...] = (
         doors=EVERY_DOOR,
         trait="choice",
         trait_help="fork, spawn, forkserver, or auto (fork unless CUDA is initialized in the kernel).",
-    ),
-    Option(
-        "backend",
+    )
+    backend: Backend = row(
         ("--backend",),
         "none|gloo|nccl|auto",
         "initialize the default process group before the cell and destroy it after",
@@ -446,27 +449,95 @@ OPTIONS: tuple[Option, ...] = (
         doors=EVERY_DOOR,
         trait="choice",
         trait_help="Process group set up around the cell: none, gloo, nccl, or auto (nccl with GPUs).",
-    ),
-    Option(
-        "share",
+    )
+    pdb: bool = row(
+        ("--pdb",),
+        None,
+        "the first rank whose cell raises stops in post-mortem pdb at its exception, before anything is torn down, "
+        "prompting through this cell's input box; leaving it ends the run as it would have (also on when IPython's automatic pdb is: the pdb magic)",
+        "cell",
+        "a program's failure is reported, not debugged; use breakpoint() in the program",
+        default=False,
+    )
+    max_saved_kb: int = row(
+        (),
+        "KB",
+        "most KB a finished run's saved output takes in the notebook, images aside (the logs keep all)",
+        "magic",
+        default=256,
+        read=partial(parse_kb, option="SpawnMagics.max_saved_kb"),
+        doors=frozenset({CONFIG}),
+        trait="kb",
+        trait_help="Most KB a finished run's saved output takes in the notebook, images aside (the logs keep all).",
+    )
+    max_image_kb: int = row(
+        (),
+        "KB",
+        "most KB of images a run shows and saves; past it an image is named, not shown",
+        "magic",
+        default=2048,
+        read=partial(parse_kb, option="SpawnMagics.max_image_kb"),
+        doors=frozenset({CONFIG}),
+        trait="kb",
+        trait_help="Most KB of images a run shows and saves; past it an image is named, not shown (its rank's display.jsonl has it).",
+    )
+    given: Given = Given()  # not a row: which world-defining options the user wrote
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """The options that say what runs where, and how it is shown: rows as :class:`Settings`' are, read
+    at the door, which makes them the request's work and target (``nbspawn._request.RunRequest.of``)."""
+
+    cluster: str | None = row(
+        ("--cluster",),
+        "NAME",
+        "run on several nodes: NAME is a kernel variable holding a connected ipyparallel Client, Cluster or DirectView; one engine per node starts that node's ranks (-n is then ranks per node)",
+        "common",
+        read=parse_cluster_name,
+        doors=EVERY_DOOR,
+        trait="name",
+        trait_help="Run every %%spawn cell on this kernel variable's ipyparallel Client or Cluster ('' : this machine).",
+    )
+    nodes: int | None = row(
+        ("--nodes",),
+        "N",
+        "with --cluster: use the first N nodes (default: all)",
+        "common",
+        read=parse_nodes,
+    )
+    background: bool = row(
+        ("--bg",),
+        None,
+        "run in the background: the kernel is free at once; the run is returned (also nbspawn.last_run()), run.wait() joins it and raises its error, run.stop() stops it",
+        "common",
+        default=False,
+    )
+    debug_collectives: bool = row(
+        ("--debug-collectives",),
+        None,
+        "check every collective across ranks before it runs (torch's TORCH_DISTRIBUTED_DEBUG=DETAIL): a mismatched "
+        "op or shape fails at once, on the rank that found it, with torch's message, instead of hanging",
+        "common",
+        default=False,
+    )
+    share: tuple[str, ...] = row(
         ("--share",),
         "NAMES",
         "comma-separated kernel tensors, nn.Modules or dicts/lists/tuples of tensors that every rank sees in the same (shared) memory; in-place writes by ranks are seen by the kernel",
         "cell",
         "a program's ranks cannot map the kernel's tensors; pass it files, or run a cell",
         read=partial(parse_names, option="--share"),
-    ),
-    Option(
-        "out",
+    )
+    out: tuple[str, ...] = row(
         ("--out",),
         "NAMES",
         "comma-separated names each rank defines; after the cell each is bound in the kernel as a list indexed by rank (tensors come back through shared memory)",
         "cell",
         "a program has no names to bring back; have it write files, or run a cell",
         read=partial(parse_names, option="--out"),
-    ),
-    Option(
-        "world",
+    )
+    world: str | None = row(
         ("--world",),
         "NAME",
         "run on the kept world NAME (ranks that live across cells), started with this cell's options if new",
@@ -476,9 +547,8 @@ OPTIONS: tuple[Option, ...] = (
         doors=EVERY_DOOR,
         trait="name",
         trait_help="Run every %%spawn cell on the kept world of this name ('' : fresh ranks per cell; --fresh for one cell).",
-    ),
-    Option(
-        "on",
+    )
+    on: frozenset[int] | None = row(
         ("--on",),
         "RANKS",
         "with --world: only these ranks run the cell, e.g. 0 or 0,2-3; the others are untouched (their names "
@@ -486,9 +556,8 @@ OPTIONS: tuple[Option, ...] = (
         "cell",
         "a program runs on every rank it starts",
         read=parse_on,
-    ),
-    Option(
-        "fresh",
+    )
+    fresh: bool = row(
         ("--fresh",),
         None,
         "fresh ranks for this cell, even if SpawnMagics.world names a world",
@@ -496,19 +565,8 @@ OPTIONS: tuple[Option, ...] = (
         "a program always gets fresh ranks",
         default=False,
         doors=frozenset({FLAG}),  # it overrides SpawnMagics.world, which launch() does not read
-    ),
-    Option(
-        "pdb",
-        ("--pdb",),
-        None,
-        "the first rank whose cell raises stops in post-mortem pdb at its exception, before anything is torn down, "
-        "prompting through this cell's input box; leaving it ends the run as it would have (also on when IPython's automatic pdb is: the pdb magic)",
-        "cell",
-        "a program's failure is reported, not debugged; use breakpoint() in the program",
-        default=False,
-    ),
-    Option(
-        "view",
+    )
+    view: ViewChoice = row(
         ("--view",),
         "auto|widget|text",
         "live widget or [rank{r}]: text lines (default: SpawnMagics.view)",
@@ -519,38 +577,17 @@ OPTIONS: tuple[Option, ...] = (
         trait="choice",
         trait_help="How a run is shown: widget (live panes, frozen into a static view at the end), text "
         "([rank{r}]: lines), or auto (widget in a Jupyter kernel, text in a terminal).",
-    ),
-)
+    )
 
-# what only %config sets: the notebook's budgets, not a cell's
-CONFIGURED: tuple[Option, ...] = (
-    Option(
-        "max_saved_kb",
-        (),
-        "KB",
-        "most KB a finished run's saved output takes in the notebook, images aside (the logs keep all)",
-        "magic",
-        default=256,
-        read=partial(parse_kb, option="SpawnMagics.max_saved_kb"),
-        doors=frozenset({CONFIG}),
-        trait="kb",
-        trait_help="Most KB a finished run's saved output takes in the notebook, images aside (the logs keep all).",
-    ),
-    Option(
-        "max_image_kb",
-        (),
-        "KB",
-        "most KB of images a run shows and saves; past it an image is named, not shown",
-        "magic",
-        default=2048,
-        read=partial(parse_kb, option="SpawnMagics.max_image_kb"),
-        doors=frozenset({CONFIG}),
-        trait="kb",
-        trait_help="Most KB of images a run shows and saves; past it an image is named, not shown (its rank's display.jsonl has it).",
-    ),
-)
 
-ROWS: tuple[Option, ...] = (*OPTIONS, *CONFIGURED)
+def _rows(table: type) -> tuple[Option, ...]:
+    """The rows declared as ``table``'s fields, each named by its field and typed by its annotation."""
+    return tuple(replace(f.metadata[_ROW], param=f.name, type=str(f.type)) for f in fields(table) if _ROW in f.metadata)
+
+
+ROWS: tuple[Option, ...] = (*_rows(Settings), *_rows(RequestOptions))
+OPTIONS: tuple[Option, ...] = tuple(option for option in ROWS if option.flags)  # the magic's, %%spawn? lists them
+CONFIGURED: tuple[Option, ...] = tuple(option for option in ROWS if not option.flags)  # %config only: the notebook's budgets
 ROW = {option.param: option for option in ROWS}
 
 

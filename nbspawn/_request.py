@@ -13,49 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
-from ._options import OPTIONS, ROW, Accelerator, Backend, StartMethod, ViewChoice, XrayMode
+from ._options import OPTIONS, ROW, Settings, ViewChoice
 from ._program import ProgramLine
 from ._source import CellSource
 from .errors import SpawnUsageError
-
-# each option's default, as its row (``nbspawn._options``) says and reads it: written once, there
-_DEFAULT: Mapping[str, Any] = {param: option.typed_default for param, option in ROW.items()}
-
-
-@dataclass(frozen=True)
-class Given:
-    """Which of the options that say how a world runs the user wrote for this run (not a default): a
-    kept world is checked against these, and only these, and a lost world started again keeps its own
-    for the others."""
-
-    nprocs: bool = False
-    start_method: bool = False
-    backend: bool = False
-    env: bool = False
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The run's options, read and typed at the door (``nbspawn._options`` describes and reads each)."""
-
-    nprocs: int | Literal["auto"] = _DEFAULT["nprocs"]
-    start_method: StartMethod = _DEFAULT["start_method"]
-    backend: Backend = _DEFAULT["backend"]
-    accelerator: Accelerator = _DEFAULT["accelerator"]  # tpu: a rank per chip (nbspawn._tpu)
-    env: Mapping[str, str] = field(default_factory=dict)
-    timeout: float | None = _DEFAULT["timeout"]  # seconds
-    grace_period: float = _DEFAULT["grace_period"]  # seconds
-    log_dir: str | None = _DEFAULT["log_dir"]
-    ranks: frozenset[int] | None = _DEFAULT["ranks"]  # --ranks, read (checked against the run's size by its planner)
-    max_saved_kb: int = _DEFAULT["max_saved_kb"]
-    max_image_kb: int = _DEFAULT["max_image_kb"]
-    pdb: bool = _DEFAULT["pdb"]  # --pdb (or %pdb on): the first failing rank stops in post-mortem
-    xray: XrayMode = _DEFAULT[
-        "xray"
-    ]  # --xray: the ranks' collectives read from torch's flight recorder (values: and small tensors' values)
-    given: Given = Given()
 
 
 @dataclass(frozen=True)
@@ -121,7 +84,7 @@ class RunRequest:
     namespace: dict[str, Any] = field(default_factory=dict)  # the kernel's names (fork: the ranks get a copy of this very dict)
     hidden: Mapping[str, Any] | None = None  # IPython's own names, never sent to ranks
     background: bool = False
-    view: ViewChoice = _DEFAULT["view"]  # the magic's --view (launch() is given a RunView instead)
+    view: ViewChoice = ROW["view"].typed_default  # the magic's --view (launch() is given a RunView instead)
     cell_numbers: Mapping[str, int] = field(default_factory=dict)  # IPython's compiled cell files -> In[N]
 
     @classmethod

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from nbspawn._request import Given, RunRequest, Settings
+from nbspawn._options import Given
+from nbspawn._request import RunRequest, Settings
 from nbspawn._source import CellSource
 from nbspawn.cluster import _plan
 from nbspawn.errors import SpawnUsageError

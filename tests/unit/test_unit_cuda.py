@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from nbspawn import _cuda
-from nbspawn._options import StartMethod
-from nbspawn._request import Given, Settings
+from nbspawn._options import Given, StartMethod
+from nbspawn._request import Settings
 from nbspawn._source import CellSource
 from nbspawn.cluster._plan import backend_on_nodes, gpus_of
 from nbspawn.errors import SpawnUsageError

@@ -17,7 +17,8 @@ from nbspawn import _listen, _options
 from nbspawn._dispatch import plan_run
 from nbspawn._door import read_request, read_settings
 from nbspawn._effects import carry_out
-from nbspawn._request import Given, Settings
+from nbspawn._options import Given
+from nbspawn._request import Settings
 from nbspawn._source import CellSource
 from nbspawn.errors import SpawnUsageError
 

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from nbspawn import _cuda
-from nbspawn._request import Given, RunRequest, Settings
+from nbspawn._options import Given
+from nbspawn._request import RunRequest, Settings
 from nbspawn._source import CellSource
 from nbspawn._spec import RunSpec
 from nbspawn.cluster._clusterworld import ClusterWorld

@@ -16,9 +16,9 @@ from nbspawn._dispatch import plan_run, refuse_combinations
 from nbspawn._door import read_request, read_settings
 from nbspawn._effects import carry_out
 from nbspawn._magic import FORMS, SpawnMagics, _parsed
-from nbspawn._options import OPTIONS
+from nbspawn._options import OPTIONS, Given
 from nbspawn._program import read_program_line
-from nbspawn._request import Given, RunRequest, Settings
+from nbspawn._request import RunRequest, Settings
 from nbspawn._source import CellSource
 from nbspawn.errors import SpawnUsageError
 

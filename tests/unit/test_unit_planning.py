@@ -13,8 +13,9 @@ import pytest
 
 from nbspawn import _listen
 from nbspawn._effects import carry_out
+from nbspawn._options import Given
 from nbspawn._program import read_program_line
-from nbspawn._request import Cell, Given, OnClusterWorld, RunRequest, Settings
+from nbspawn._request import Cell, OnClusterWorld, RunRequest, Settings
 from nbspawn._source import CellSource
 from nbspawn._spec import RunSpec
 from nbspawn.cluster._clusterworld import ClusterWorld
