@@ -15,9 +15,9 @@ from ._door import read_door
 from ._options import CALL, OPTIONS, at_door
 from ._runstate import Run
 from ._source import CellSource
+from .errors import SpawnUsageError
 from .views._marimo import MarimoView, in_marimo
 from .views._protocol import RunView
-from .errors import SpawnUsageError
 from .views._text import TextView
 
 # launch()'s own parameters, beside those of OPTIONS (its Args: section is made from both)

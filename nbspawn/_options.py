@@ -1,8 +1,10 @@
 """Every option a run takes, described once: one row each in :data:`OPTIONS` (and, for those only
 ``%config`` sets, :data:`CONFIGURED`).  A row says how the option is spelled, its help, which shapes
 of work take it, where it can be given (its *doors*), its default and the function that reads it.
-``%%spawn``'s arguments and ``%%spawn?``, ``SpawnMagics``' traitlets, ``launch()``'s ``Args:`` and
-:class:`~nbspawn._request.Settings`' defaults are all made from the rows, and the door
+The rows are declared as the fields of :class:`Settings` (how a run runs) and :class:`RequestOptions`
+(where it goes), so a row's type is its field's annotation and its default the field's.  ``%%spawn``'s
+arguments and ``%%spawn?``, ``SpawnMagics``' traitlets, ``launch()``'s keywords and ``Args:`` are all
+made from the rows, and the door
 (``nbspawn._door``) reads every value through its row, so no door can miss one.
 
 An option belongs to a *group*, as ipyparallel's magics share argument groups:

@@ -139,7 +139,7 @@ class Run:
     _ask_elsewhere: Callable[[float], str] | None = field(default=None, init=False, repr=False)  # where_asked_by's
 
     def __post_init__(self) -> None:
-        self.display_items = DisplayItems(self.spec.max_image_bytes, {})
+        self.display_items = DisplayItems(self.spec.asked.max_image_kb * 1024, {})
 
     def read_xray(self, live: bool = False) -> XRay | None:
         """What the ranks did together so far, from the records they write (``ranks._xray``): kept in

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from . import _capacity, _cuda, _listen, _tpu
-from ._options import ROW, Backend, StartMethod, XrayMode, ranks_within
+from ._options import Backend, StartMethod, ranks_within
 from ._program import Program
 from ._rankdir import RankDir
 from ._request import Settings
@@ -39,22 +39,20 @@ if TYPE_CHECKING:
 class CellPart:
     """What one cell brings to the ranks that run it, whatever they are (fresh or a kept world's, here or
     on a cluster), built once (:func:`cell_part`).  A :class:`RunSpec` is one of these and what its ranks
-    are; a cell on a world is the world's spec with the cell's part (:meth:`RunSpec.with_cell`).  So an
-    option of the cell is one field here and one line in :func:`cell_part`, not a field copied by every
-    planner, nor a twin in the spec."""
+    are; a cell on a world is the world's spec with the cell's part (:meth:`RunSpec.with_cell`).  The
+    cell's options travel whole (``asked``), so a new option needs no field here, nor a line in
+    :func:`cell_part`, nor a twin in the spec."""
 
     run_id: str
     run_dir: str  # <log-dir>/<run-id>
     cell: CellSource
-    timeout: float | None = None  # seconds
-    grace_period: float = ROW["grace_period"].typed_default
+    # the cell's options as the door read them (a row each: nbspawn._options.Settings), whole: what a rank,
+    # the supervisor or a view reads of them (spec.asked.timeout, .grace_period, .xray, .pdb, the budgets)
+    # it reads here, so an option that reaches the ranks is its row and the code that reads it.  What
+    # the ranks themselves are (nprocs, start method, backend, environment) is the planner's, settled in
+    # RunSpec's own fields below; a world's cell brings its asked, not the world's.
+    asked: Settings = field(default_factory=Settings)
     shown_ranks: frozenset[int] | None = None  # None: all
-    max_saved_bytes: int = ROW["max_saved_kb"].typed_default * 1024  # a saved run's size, images aside
-    max_image_bytes: int = ROW["max_image_kb"].typed_default * 1024  # images kept per run, live and saved
-    pdb: bool = False  # --pdb, %pdb on: the first rank whose cell raises stops in post-mortem (the kernel tells it)
-    # --xray: each rank drains torch's flight recorder into its xray.json (ranks._xray); values: it also
-    # writes its small tensors before and after each collective to xray_values.json (ranks._xray_values)
-    xray: XrayMode = "off"
     rich: bool = False  # the view draws rich output: ranks look like a notebook (nbspawn.ranks._capture)
     # IPython's compiled cell files -> In[N], so frames in functions from earlier cells read
     # "Cell In[3], line 2, in f" wherever a rank's traceback is shown
@@ -118,7 +116,7 @@ class RunSpec(CellPart):
         how its ranks draw, the ranks it shows, its cell); the job has its own id and directory, and no time
         limit, ``--out``, notes or ``--pdb``, unless ``own`` (fields of :class:`CellPart`) says otherwise."""
         kept = {f.name: getattr(self, f.name) for f in fields(CellPart)}
-        quiet = {"timeout": None, "pdb": False, "out_names": (), "shm_prefix": None, "notes": ()}
+        quiet = {"asked": replace(self.asked, timeout=None, pdb=False), "out_names": (), "shm_prefix": None, "notes": ()}
         return self.with_cell(CellPart(**{**kept, **quiet, "run_id": run_id, "run_dir": run_dir, **own}))
 
     @property
@@ -126,7 +124,7 @@ class RunSpec(CellPart):
         """Whether the ranks record their collectives (``ranks._xray``): ``--xray`` (on by default), in
         the group nbspawn makes (``--backend``) or the ones the cell makes itself; a Python program's
         from the first group it makes (an executable's process is its own: nothing runs in it)."""
-        return self.xray != "off" and (self.program is None or self.program.python)
+        return self.asked.xray != "off" and (self.program is None or self.program.python)
 
     @property
     def xray_values(self) -> bool:
@@ -134,7 +132,7 @@ class RunSpec(CellPart):
         each collective (``ranks._xray_values``): ``--xray values``, where the cell is X-rayed (a
         program's X-ray has none: values need torch.distributed's functions wrapped before the code takes
         them, and a program's rank imports no torch before the program does)."""
-        return self.xray == "values" and self.xrayed and self.program is None
+        return self.asked.xray == "values" and self.xrayed and self.program is None
 
     def runs(self, rank: int) -> bool:
         """Whether the rank (its index on this node, as in ``rank_dir``) runs the cell (``--on``)."""
@@ -439,13 +437,8 @@ def cell_part(
         run_id=run_id,
         run_dir=run_dir,
         cell=cell,
-        timeout=settings.timeout,
-        grace_period=settings.grace_period,
+        asked=settings if debuggable else replace(settings, pdb=False),  # a program's failure is reported, not debugged
         shown_ranks=shown,
-        max_saved_bytes=settings.max_saved_kb * 1024,
-        max_image_bytes=settings.max_image_kb * 1024,
-        pdb=bool(settings.pdb) and debuggable,  # a program's failure is reported, not debugged
-        xray=settings.xray,  # a Python program's too, from its first group (RunSpec.xrayed)
         rich=rich,
         cell_numbers=dict(cell_numbers or {}),
         out_names=out_names,

@@ -76,12 +76,12 @@ def run_world_cell(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> 
                 shm_prefix=new_run_prefix() if out_names else None,
                 rich=job["rich"],
                 on_ranks=frozenset(job["on"]) if job["on"] is not None else None,
-                xray=job["settings"].xray,  # the cell's own, as on a world here
+                # the world's options, as sent with the job (its X-ray too); no time limit or --pdb on a node
+                asked=replace(world.spec.asked, timeout=None, pdb=False, xray=job["settings"].xray),
             )
             cell = WorldJob(
                 job["cell"], spec.run_dir, run_id, Payload(names), out_names, spec.shm_prefix,
-                grace=spec.grace_period, rank_offset=node["offset"], on=spec.on_ranks,
-                xray=spec.xrayed, xray_values=spec.xray_values,
+                asked=spec.asked, rank_offset=node["offset"], on=spec.on_ranks,
             )  # fmt: skip
             with _agent.working_directory(job["cwd"]):
                 run = execute(spec, view, _NodeWorldCell(world, cell))

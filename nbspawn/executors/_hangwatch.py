@@ -78,7 +78,7 @@ class HangWatch:
         dumps, collectives = self.executor.look(self.run, running, STACK_DUMP_WAIT)
         stacks = {r: main_thread_stack(d, self.spec.cell) for r, d in dumps.items() if d} if self.spec.program is None else {}
         sitting_out = self.spec.sitting_out()  # --on: ranks a collective may wait for, which do not run the cell
-        timeout = self.spec.timeout  # a collective is a hang suspect once old: sooner under a short --timeout
+        timeout = self.spec.asked.timeout  # a collective is a hang suspect once old: sooner under a short --timeout
         notes = live_notes(stacks, collectives, sitting_out=sitting_out, run_timeout=timeout)
         verdict = (
             hang_verdict(stacks, collectives, sitting_out=sitting_out, run_timeout=timeout, nodes=self.run.nodes())
@@ -106,7 +106,7 @@ class HangWatch:
             return
         self.notes_counted_at = now
         stacks, collectives, sitting_out = self.last_look
-        timeout = self.spec.timeout
+        timeout = self.spec.asked.timeout
         notes = live_notes(stacks, collectives, sitting_out=sitting_out, run_timeout=timeout)
         if not notes or all(state.note == notes.get(state.rank) for state in self.run.ranks):
             return

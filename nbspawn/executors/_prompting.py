@@ -175,7 +175,7 @@ class PromptDesk:
             if self.loop.stop_reason is None and self.post_mortem in alive:
                 continue  # asked again once the post-mortem under way ends (its rank is the root cause)
             self.pending.remove(asked)
-            stop = self.spec.pdb and self.loop.stop_reason is None and self.post_mortem is None
+            stop = self.spec.asked.pdb and self.loop.stop_reason is None and self.post_mortem is None
             if stop:
                 self.post_mortem = asked.rank
             self.prompts.answer(asked, value="post-mortem" if stop else "")

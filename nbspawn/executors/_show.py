@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import replace
 from typing import Any
 
 from .._rankdir import DESCRIBED
@@ -53,7 +54,12 @@ def describe_on_world(world_name: str, expression: str) -> list[dict[str, Any]]:
     run_id = new_run_id()
     spec = world.spec.with_job(run_id, os.path.join(world.base_dir, run_id))
     job = WorldJob(  # (a cluster node's part of a world: its ranks' directories are by global rank)
-        world.spec.cell, spec.run_dir, run_id, grace=spec.grace_period, describe=expression, rank_offset=spec.rank_offset
+        world.spec.cell,
+        spec.run_dir,
+        run_id,
+        asked=replace(spec.asked, xray="off"),
+        describe=expression,
+        rank_offset=spec.rank_offset,
     )
     before = _registry.last_run()
     try:

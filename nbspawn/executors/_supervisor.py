@@ -217,8 +217,8 @@ class _Supervisor:
                 self.alive[waitable] = rank
         self.run.status = "running"
         self.costs.ranks_started()
-        if self.spec.timeout is not None:
-            self.deadline = time.monotonic() + self.spec.timeout
+        if self.spec.asked.timeout is not None:
+            self.deadline = time.monotonic() + self.spec.asked.timeout
         if interrupted:
             self._begin_stop("interrupt")
 
@@ -486,7 +486,7 @@ class _Supervisor:
         if reason in ("interrupt", "stop") or self._world_goes_on:
             self._send(signal.SIGINT)
             self.stage = "sigint"
-            self.escalate_at = time.monotonic() + self.spec.grace_period
+            self.escalate_at = time.monotonic() + self.spec.asked.grace_period
         else:
             self._terminate()
 
@@ -495,7 +495,7 @@ class _Supervisor:
             if self._world_goes_on:
                 stuck = ", ".join(map(str, sorted(set(self.alive.values()))))
                 self.lost = (
-                    f"rank {stuck} did not come back within {self.spec.grace_period:g} s of the interrupt "
+                    f"rank {stuck} did not come back within {self.spec.asked.grace_period:g} s of the interrupt "
                     "(stuck where Python cannot be interrupted, such as a collective)"
                 )
             self._terminate()
@@ -519,7 +519,7 @@ class _Supervisor:
             await_dumps(asked, STACK_DUMP_WAIT)
         self._send(signal.SIGTERM)
         self.stage = "sigterm"
-        self.escalate_at = time.monotonic() + self.spec.grace_period
+        self.escalate_at = time.monotonic() + self.spec.asked.grace_period
 
     def _send(self, sig: int) -> None:
         ranks = sorted(set(self.alive.values()))
@@ -582,7 +582,7 @@ class _Supervisor:
         self.hangs.mark_where_stopped(seen, now)
         if self.stop_reason == "timeout":
             run.status = "timeout"
-            return SpawnTimeoutError(self.spec.timeout or 0, stopped, run, run.facts(), verdict=verdict)
+            return SpawnTimeoutError(self.spec.asked.timeout or 0, stopped, run, run.facts(), verdict=verdict)
         # interrupt, Stop, or (a node agent's run) stopped for the kernel's reasons
         run.status = "interrupted" if self.stop_reason == "interrupt" else "stopped"
         return SpawnInterrupted(stopped, run, stopped_by=self.stopped_by, facts=run.facts(), verdict=verdict)

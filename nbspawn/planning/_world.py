@@ -81,7 +81,6 @@ def plan_world_cell(request: RunRequest, work: Cell, target: OnWorld, rich: bool
         on=on,
         notes=notes,
     )
-    cell_spec = spec.with_cell(part)  # what the ranks record: --xray is the cell's own
     job = WorldJob(
         cell,
         part.run_dir,
@@ -90,10 +89,8 @@ def plan_world_cell(request: RunRequest, work: Cell, target: OnWorld, rich: bool
         out_names,
         part.shm_prefix,
         shared=tuple(shared),
-        grace=part.grace_period,
+        asked=part.asked,
         on=on,
-        xray=cell_spec.xrayed,
-        xray_values=cell_spec.xray_values,
     )
     return WorldCellPlan(place, part, job, names_bound(cell.tree), share=tuple(shared.values()))
 

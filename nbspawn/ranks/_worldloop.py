@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._options import Settings
 from .._rankdir import DESCRIBED, RankDir, prompts_path, write_json
 from .._source import CellSource
 from . import _cell as _rank
@@ -51,18 +52,22 @@ class WorldJob:
     shm_prefix: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     shared: tuple[str, ...] = ()  # the --share names: released after the cell (CUDA IPC reference counts)
-    # how long a rank may take to bring its GPU in step once the cell failed or was interrupted: the
-    # run's --grace-period (RunSpec.grace_period), given by whoever sends the job
-    grace: float = field(kw_only=True)
+    # the cell's options as the door read them (RunSpec.asked), what the ranks read of them themselves:
+    # --grace-period, how long a rank may take to bring its GPU in step once the cell failed or was
+    # interrupted; --xray.  A look at the world (%spawn show, %spawn debug) records nothing: xray off.
+    asked: Settings = field(kw_only=True)
     rank_offset: int = 0  # a cluster node's part of a world: its first global rank (directories are by global rank)
     on: frozenset[int] | None = None  # --on: the (global) ranks that run the cell; the others sit it out
     debug: int | None = None  # %spawn debug: this rank debugs the failure it kept (the others answer at once)
     describe: str | None = None  # %spawn show WORLD NAME: each rank writes down what NAME holds (ranks._describe)
-    xray: bool = False  # the cell's collectives are recorded (--xray; ranks._xray)
-    xray_values: bool = False  # and their small tensors' values (--xray values; ranks._xray_values)
 
     def rank_dir(self, rank: int) -> str:
         return os.path.join(self.run_dir, str(self.rank_offset + rank))
+
+    @property
+    def xray(self) -> bool:
+        """The cell's collectives are recorded (``--xray``; ``ranks._xray``): a world runs cells only."""
+        return self.asked.xray != "off"
 
     @property
     def is_cell(self) -> bool:
@@ -255,7 +260,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
             conn.send(outcome)
         except (BrokenPipeError, OSError):
             break
-    let_go(namespace, spec.grace_period)  # before the group goes: a DDP's hooks, an optimizer's state, freed in step
+    let_go(namespace, spec.asked.grace_period)  # before the group goes: a DDP's hooks, an optimizer's state, freed in step
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
@@ -288,7 +293,7 @@ def _serve(
         if not group:
             _join(group, spec.backend, rank)
         if job.xray:  # from the cell's first collective, in nbspawn's group or its own: earlier cells' are not its
-            _xray.begin(spec.rank_offset + rank, rank_dir, values=job.xray_values)
+            _xray.begin(spec.rank_offset + rank, rank_dir, values=job.asked.xray == "values")
         _run(job, rank, namespace, own)
         # in step: every collective this rank queued has completed (an interrupt meanwhile is the cell's);
         # a CUDA error raised here is the cell's own, not an --out value's that could not be sent
@@ -370,7 +375,7 @@ def _in_step(rank: int, job: WorldJob) -> None:
     """Leave (the world is lost) unless this rank's GPU work is done and its GPU is sound."""
     broken: Exception | None = None
     try:
-        settled = _rank.settle_devices(job.grace)
+        settled = _rank.settle_devices(job.asked.grace_period)
     except Exception as exc:
         settled, broken = False, exc
     if not settled:
@@ -382,7 +387,7 @@ def _in_step(rank: int, job: WorldJob) -> None:
             )
         else:
             why = (
-                f"rank {rank}'s GPU work did not finish within {job.grace:g} s of the cell's end: its NCCL "
+                f"rank {rank}'s GPU work did not finish within {job.asked.grace_period:g} s of the cell's end: its NCCL "
                 "collectives are out of step with the other ranks'"
             )
         print(f"nbspawn: {why}, so this world cannot go on; start it again.", file=sys.stderr)

@@ -12,7 +12,7 @@ shows the run on GitHub, nbviewer, nbconvert and VS Code, not "model not found"
   printed by the outer ``<div data-order>`` (``_tail.order_runs``: whose entry comes next);
 * ``text/plain``: a short summary.
 
-A saved run is at most ``RunSpec.max_saved_bytes`` (256 KB by default), images aside: each rank's
+A saved run is at most ``RunSpec.asked.max_saved_kb`` (256 KB by default), images aside: each rank's
 tail is cut to its share, newest entries kept, the rest counted as elided; the logs are complete.
 """
 
@@ -361,7 +361,7 @@ class FrozenRun:
     """
 
     def __init__(self, run: Run, tails: dict[int, OutputTail], max_bytes: int | None = None) -> None:
-        max_bytes = run.spec.max_saved_bytes if max_bytes is None else max_bytes
+        max_bytes = run.spec.asked.max_saved_kb * 1024 if max_bytes is None else max_bytes
         elided = {rank: tail.elided_lines for rank, tail in tails.items()}
         record = run_record(run, elided)
         xray = xray_html(run.xray) if run.xray is not None else ""

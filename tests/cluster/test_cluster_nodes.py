@@ -43,8 +43,10 @@ def _busy(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def _wait_busy(ar, timeout: float = 15.0) -> None:
-    """Wait until the engine runs `_busy` (a signal sent before would hit an idle engine)."""
+def _wait_busy(ar, timeout: float = 25.0) -> None:
+    """Wait until the engine runs `_busy` (a signal sent before would hit an idle engine).  Its stdout
+    comes back through the hub's iopub every 0.1 s or so; on 2 loaded cores (ci59, with other work beside
+    the parallel phase) it took over 15 s once, so the task has 25 s of its 30 to be seen."""
     deadline = time.monotonic() + timeout
     while "busy" not in (ar.stdout or ""):
         assert time.monotonic() < deadline, "the task never started"

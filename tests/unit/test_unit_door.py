@@ -65,7 +65,7 @@ def door_and_plan(tmp_path: Path) -> None:
     request = read_request(cell=CellSource("y = 1"), program=None, settings=settings, namespace={}, out="y")
     spec, _executor = carry_out(plan_run(request, rich=False))
     _listen.release(spec.master_port)
-    assert (spec.nprocs, spec.backend, spec.env, spec.timeout, spec.shown_ranks) == (2, "gloo", {"A": "1"}, 30.0, {0})
+    assert (spec.nprocs, spec.backend, spec.env, spec.asked.timeout, spec.shown_ranks) == (2, "gloo", {"A": "1"}, 30.0, {0})
 
 
 def test_on_one_launch_each_parser_is_entered_once_per_option_and_only_from_the_door(tmp_path):

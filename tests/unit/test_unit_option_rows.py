@@ -122,6 +122,20 @@ def test_launch_takes_every_row_of_the_call_door_and_nothing_else():
     assert keywords - set(_API_ONLY) == params(CALL)
 
 
+def test_launch_refuses_a_keyword_no_row_has_in_one_line_naming_its_options(monkeypatch):
+    monkeypatch.setattr(nbspawn._api, "start", catch)
+    with pytest.raises(SpawnUsageError) as info:
+        launch("pass", nprocess=2)
+    said = str(info.value)
+    assert "\n" not in said and "nprocess" in said
+    assert all(param in said for param in params(CALL)), said
+
+
+def test_launchs_signature_shows_each_rows_default():
+    shown = inspect.signature(launch).parameters
+    assert all(shown[param].default == ROW[param].default for param in params(CALL))
+
+
 def test_the_magic_parses_every_row_of_the_flag_door():
     dests = {action.dest for action in SpawnMagics.spawn.parser._actions} - {"help"}  # type: ignore[attr-defined]
     assert dests == params(FLAG)
@@ -323,13 +337,14 @@ def test_a_cell_on_a_world_is_the_worlds_spec_with_the_cells_part(tmp_path):
     )
     spec = world.with_cell(part)
     assert (spec.nprocs, spec.start_method, spec.backend, spec.env, spec.master_port) == (2, "fork", "gloo", {"A": "1"}, 1234)
-    assert (spec.run_id, spec.timeout, spec.grace_period, spec.pdb, spec.max_saved_bytes, spec.max_image_bytes) == (
+    asked = spec.asked
+    assert (spec.run_id, asked.timeout, asked.grace_period, asked.pdb, asked.max_saved_kb, asked.max_image_kb) == (
         "c",
         3.0,
         1.0,
         True,
-        1024,
-        2048,
+        1,
+        2,
     )
     assert (spec.shown_ranks, spec.on_ranks, spec.cell.body) == ({1}, {1}, "x = 1")
     assert {f.name for f in fields(CellPart)} <= {f.name for f in fields(RunSpec)}
@@ -339,28 +354,32 @@ def test_a_job_that_brings_no_options_keeps_the_worlds_own(tmp_path):
     """``%spawn show``'s look, ``%spawn debug``'s post-mortem and a cluster node's part of a cell are the
     world's spec with a job of their own (``RunSpec.with_job``): the world's grace period, budgets, X-ray,
     drawing and shown ranks stay; no time limit, --out, notes or --pdb, unless the caller says."""
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
 
     from nbspawn._spec import RunSpec
 
     world = RunSpec(
         run_id="w", nprocs=2, start_method="fork", backend="gloo", cell=CellSource("pass"), run_dir=str(tmp_path),
-        env={"A": "1"}, timeout=3.0, grace_period=0.5,
-        shown_ranks=frozenset({1}), max_saved_bytes=10, max_image_bytes=20, pdb=True, xray="values", rich=True,
+        env={"A": "1"}, asked=Settings(timeout=3.0, grace_period=0.5, max_saved_kb=10, max_image_kb=20, pdb=True, xray="values"),
+        shown_ranks=frozenset({1}), rich=True,
         cell_numbers={"f": 1}, out_names=("y",), shm_prefix="p", notes=("n",), on_ranks=frozenset({1}), master_port=1234,
     )  # fmt: skip
     look = world.with_job("c", str(tmp_path / "c"))
     reset = {
         "run_id": "c",
         "run_dir": str(tmp_path / "c"),
-        "timeout": None,
-        "pdb": False,
+        "asked": asdict(replace(world.asked, timeout=None, pdb=False)),
         "out_names": (),
         "shm_prefix": None,
         "notes": (),
     }
     assert asdict(look) == {**asdict(world), **reset}
     debugged = world.with_job("d", str(tmp_path / "d"), cell=CellSource("x = 1"), shown_ranks=frozenset({0}))
-    assert (debugged.cell.body, debugged.shown_ranks, debugged.timeout, debugged.grace_period) == ("x = 1", {0}, None, 0.5)
+    assert (debugged.cell.body, debugged.shown_ranks, debugged.asked.timeout, debugged.asked.grace_period) == (
+        "x = 1",
+        {0},
+        None,
+        0.5,
+    )
     with pytest.raises(TypeError):
         world.with_job("e", str(tmp_path / "e"), nprocs=4)  # the world's ranks are not a job's to change

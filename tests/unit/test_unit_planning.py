@@ -38,7 +38,7 @@ def test_a_fresh_cell_is_planned_from_typed_settings(tmp_path):
     spec, executor = carry_out(plan_fresh_cell(request, request.work, rich=False))
     _listen.release(spec.master_port)
     assert isinstance(executor, FreshRanks) and executor.spec is spec
-    assert (spec.nprocs, spec.start_method, spec.backend, spec.env, spec.timeout) == (2, "fork", "gloo", {"A": "1"}, 3.0)
+    assert (spec.nprocs, spec.start_method, spec.backend, spec.env, spec.asked.timeout) == (2, "fork", "gloo", {"A": "1"}, 3.0)
     assert spec.namespace is names and spec.namespace_payload is None  # fork: the kernel's own names
     assert spec.out_names == ("y",) and spec.shm_prefix  # --out: a place for the values to come back
     assert spec.run_dir.startswith(str(tmp_path))
@@ -67,7 +67,7 @@ def test_a_program_is_planned_as_a_new_process_per_rank(tmp_path, monkeypatch):
     spec, executor = carry_out(plan_program(RunRequest.of(line, settings=settings), line, rich=False))
     _listen.release(spec.master_port)
     assert isinstance(executor, ProgramRanks)
-    assert (spec.nprocs, spec.start_method, spec.backend, spec.pdb) == (2, "spawn", "none", False)
+    assert (spec.nprocs, spec.start_method, spec.backend, spec.asked.pdb) == (2, "spawn", "none", False)
     assert spec.program is not None and "train.py" in str(spec.program)
 
 

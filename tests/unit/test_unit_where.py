@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+from nbspawn._options import Settings
 from nbspawn._source import STILL_STARTING
 from nbspawn.events._where import SETTLED, RankToAsk, await_dumps, describe, hang_verdict, live_notes
 
@@ -483,7 +484,9 @@ def test_the_hang_watch_looks_again_when_a_young_wait_is_old_enough():
         return f'Current thread 0x1 (most recent call first):\n  File "{CELL_FILENAME}", line {line} in <module>\n'
 
     collectives = {0: [_nccl(7, "scheduled", time.time() - 8.0)], 1: [_nccl(6, "completed", time.time() - 9.0)]}
-    spec = types.SimpleNamespace(cell=CellSource("x = 1\n" * 6), program=None, sitting_out=lambda: "", timeout=None)
+    spec = types.SimpleNamespace(
+        cell=CellSource("x = 1\n" * 6), program=None, sitting_out=lambda: "", asked=Settings(timeout=None)
+    )
     ranks = [types.SimpleNamespace(rank=r, note=None) for r in (0, 1)]
     told: list[str | None] = []
     executor = types.SimpleNamespace(

@@ -13,6 +13,7 @@ from IPython.core.error import UsageError
 from nbspawn._api import launch
 from nbspawn._dispatch import refuse_combinations
 from nbspawn._magic import SpawnMagics, _parsed
+from nbspawn._options import Settings
 from nbspawn._rankdir import OUT
 from nbspawn._request import RunRequest
 from nbspawn._source import CellSource
@@ -56,10 +57,10 @@ def test_the_ranks_sitting_a_cell_out_are_named(on, nprocs, said):
 
 
 def test_a_job_knows_its_ranks_and_travels_whole():
-    job = WorldJob(CellSource("pass"), "/tmp/x", "r", grace=1.0, on=frozenset({1}))
+    job = WorldJob(CellSource("pass"), "/tmp/x", "r", asked=Settings(grace_period=1.0), on=frozenset({1}))
     assert [job.runs(r) for r in range(3)] == [False, True, False]
     assert pickle.loads(pickle.dumps(job)).on == frozenset({1})
-    assert WorldJob(CellSource("pass"), "/tmp/x", "r", grace=1.0).runs(7)
+    assert WorldJob(CellSource("pass"), "/tmp/x", "r", asked=Settings(grace_period=1.0)).runs(7)
 
 
 def test_out_gives_none_for_ranks_that_did_not_run(tmp_path):
