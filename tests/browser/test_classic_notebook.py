@@ -40,9 +40,70 @@ XRAY_CELLS = [
 ]
 
 
+# what a learner runs on Colab (issue #43's scenes, 2 ranks each): a DDP step, an FSDP2 step, a
+# reduce_scatter with its values, a hang and a mismatched collective; each cell's saved X-ray says it
+SCENES = {
+    "ddp": (
+        "%%spawn -n 2 --backend gloo\n"
+        "import torch\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "torch.manual_seed(0)\n"
+        "model = DDP(torch.nn.Linear(4, 1))\n"
+        "model(torch.randn(8, 4)).pow(2).mean().backward()\n"
+        "print('ddp step done')",
+        ("broadcast", "all_reduce"),
+    ),
+    "fsdp2": (
+        "%%spawn -n 2 --backend gloo\n"
+        "import torch\n"
+        "from torch.distributed.device_mesh import init_device_mesh\n"
+        "from torch.distributed.fsdp import fully_shard\n"
+        "mesh = init_device_mesh('cpu', (2,))\n"
+        "torch.manual_seed(0)\n"
+        "net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))\n"
+        "for layer in (net[0], net[2]):\n"
+        "    fully_shard(layer, mesh=mesh)\n"
+        "fully_shard(net, mesh=mesh)\n"
+        "net(torch.randn(4, 8)).sum().backward()\n"
+        "print('fsdp step done')",
+        ("all_gather", "reduce_scatter"),
+    ),
+    "values": (
+        "%%spawn -n 2 --backend gloo --xray values\n"
+        "import torch, torch.distributed as dist\n"
+        "rank = dist.get_rank()\n"
+        "chunks = [torch.tensor([float(10 * rank + i)]) for i in range(2)]\n"
+        "mine = torch.zeros(1)\n"
+        "dist.reduce_scatter(mine, chunks)\n"
+        "print('got', mine.tolist())",
+        ("reduce_scatter", "before (its input)"),
+    ),
+    "hang": (
+        "%%spawn -n 2 --backend gloo --timeout 5 --grace-period 2\n"
+        "import time, torch.distributed as dist\n"
+        "if dist.get_rank() == 0:\n"
+        "    dist.barrier()\n"
+        "else:\n"
+        "    time.sleep(60)",
+        ("rank 0 entered barrier #1; rank 1 never did",),
+    ),
+    "mismatch": (
+        "%%spawn -n 2 --backend gloo --timeout 5 --grace-period 2\n"
+        "import torch, torch.distributed as dist\n"
+        "t = torch.ones(4)\n"
+        "if dist.get_rank() == 0:\n"
+        "    dist.all_reduce(t)\n"
+        "else:\n"
+        "    dist.broadcast(t, src=0)",
+        ("mismatch: ",),
+    ),
+}
+
+
 def _notebooks(root) -> None:
     write_notebook(root, "colab.ipynb", CELLS)
     write_notebook(root, "xray.ipynb", XRAY_CELLS)
+    write_notebook(root, "scenes.ipynb", ["%load_ext nbspawn", *(source for source, _said in SCENES.values())])
 
 
 @pytest.fixture(scope="module")
@@ -118,4 +179,31 @@ def test_the_collectives_x_ray_live_and_saved_in_the_classic_notebook(classic, p
     assert "rank 1 is the straggler" in xray.inner_text(), xray.inner_text()[:1000]
     assert frozen.locator("script").count() == 0
     shot(xray, artifacts, "classic-notebook-xray-saved.png", unhover=True)
+    assert not page.nbspawn_errors(), page.nbspawn_errors()
+
+
+def test_each_scene_of_the_collectives_is_saved_with_its_x_ray_in_the_classic_notebook(classic, page, artifacts):
+    """A DDP step, an FSDP2 step, a reduce_scatter with its values, a hang and a mismatched collective,
+    each cell run in its turn (a failing cell would stop "run all"): the snapshot that replaces each live
+    view carries its X-ray as static HTML and SVG, saying what happened in words."""
+    pg = page.page
+    pg.goto(classic.url("/notebooks/scenes.ipynb"))
+    pg.wait_for_function(
+        "() => window.Jupyter && Jupyter.notebook && Jupyter.notebook.kernel && Jupyter.notebook.kernel.is_connected()",
+        timeout=90_000,
+    )
+    pg.evaluate("() => Jupyter.notebook.get_cell(0).execute()")
+    for index, (name, (_source, said)) in enumerate(SCENES.items(), start=1):
+        pg.evaluate("i => Jupyter.notebook.get_cell(i).execute()", index)
+        cell = pg.locator(".cell.code_cell").nth(index)
+        frozen = cell.locator(".nbspawn-run")
+        frozen.wait_for(timeout=120_000)
+        xray = frozen.locator(".nbspawn-xray")
+        sync_api.expect(xray).to_have_count(1)
+        assert xray.locator("svg").count() >= 1, name
+        text = xray.inner_text()
+        for words in said:
+            assert words in text, (name, words, text[:1500])
+        assert frozen.locator("script").count() == 0
+        shot(cell, artifacts, f"classic-notebook-xray-{name}.png", unhover=True)
     assert not page.nbspawn_errors(), page.nbspawn_errors()
