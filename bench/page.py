@@ -1,8 +1,9 @@
 """The page under a flood, in a real browser: long tasks and Stop latency against the issue's targets.
 
-Runs the flood and Stop tests of tests/browser/test_output_view.py (JupyterLab 4 and Notebook 7 in
-Debian's Chromium, 16 ranks printing as fast as they can) with NBSPAWN_PAGE_TARGETS=1, so they assert
-the targets (no main-thread task over 100 ms; Stop ends the run within 1 s of the click), and prints
+Runs the flood, Stop and collectives tests of tests/browser/test_output_view.py (JupyterLab 4 and
+Notebook 7 in Debian's Chromium; 16 ranks printing as fast as they can, or running 10,000 all_reduces
+with the live X-ray open) with NBSPAWN_PAGE_TARGETS=1, so they assert the targets (no main-thread task
+over 100 ms; Stop ends the run within 1 s of the click), and prints
 what each measured, with the machine's load beside it: on 2 cores the flood itself takes both.
 
     .venv/bin/python bench/page.py [--reps 2]
@@ -29,12 +30,12 @@ def main() -> int:
     for rep in range(args.reps):
         load = Path("/proc/loadavg").read_text().split()[0]
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "tests/browser/test_output_view.py", "-k", "flood or stop", "-s", "-q", "-p", "no:cacheprovider"],
+            [sys.executable, "-m", "pytest", "tests/browser/test_output_view.py", "-k", "flood or stop or collectives", "-s", "-q", "-p", "no:cacheprovider"],
             cwd=REPO, env={**os.environ, "NBSPAWN_PAGE_TARGETS": "1"}, capture_output=True, text=True,
         )  # fmt: skip
         status = status or done.returncode
         for line in done.stdout.splitlines():
-            if re.match(r"(lab|nb7): (16-rank flood|Stop during)", line):
+            if re.match(r"(lab|nb7): (16-rank flood|Stop during|16 ranks x 10,000 collectives)", line):
                 front, _, what = line.partition(": ")
                 rows.append((f"{rep + 1}", front, f"{what}  (load {load})"))
         for line in done.stdout.splitlines()[-3:]:

@@ -66,7 +66,7 @@ SCENES = {
         "fully_shard(net, mesh=mesh)\n"
         "net(torch.randn(4, 8)).sum().backward()\n"
         "print('fsdp step done')",
-        ("all_gather", "reduce_scatter"),
+        ("all_gather", "all_reduce"),  # gloo has no reduce_scatter_tensor: FSDP2 reduces its gradients so
     ),
     "values": (
         "%%spawn -n 2 --backend gloo --xray values\n"

@@ -172,8 +172,17 @@ IN_TURN_LINES = [
     "[rank1] rank 1 last",
 ]
 
-CELLS = [LOAD, FLOOD, SCRATCH, FLOOD_FOREVER, SIX_SECONDS, RICH, BAR, IN_TURN]
-C_FLOOD, C_SCRATCH, C_FOREVER, C_SIX, C_RICH, C_BAR, C_IN_TURN = range(1, 8)
+# 16 ranks run 10,000 all_reduces (issue #43's page row: the collectives tab open, live, all along)
+COLLECTIVES = """\
+%%spawn -n 16 --backend gloo
+import torch, torch.distributed as dist
+t = torch.ones(8)
+for _ in range(10_000):
+    dist.all_reduce(t)
+"""
+
+CELLS = [LOAD, FLOOD, SCRATCH, FLOOD_FOREVER, SIX_SECONDS, RICH, BAR, IN_TURN, COLLECTIVES]
+C_FLOOD, C_SCRATCH, C_FOREVER, C_SIX, C_RICH, C_BAR, C_IN_TURN, C_COLLECTIVES = range(1, 9)
 
 # Every long task of the page, from its first moment: [startTime, duration] in ms.
 LONGTASK_OBSERVER = """
@@ -319,6 +328,39 @@ def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(fron
     assert (typing_s if STRICT else typing_s - starved_s) < 5, figures
     assert all(s == "done" for s in (frozen.locator(".nbs-Chip").nth(r).get_attribute("data-status") for r in range(16)))
     assert "flooded" in text, text[-2000:]
+
+
+@pytest.mark.alone  # it times the page
+@pytest.mark.skipif(not STRICT, reason="a bench row (about 2 min a front): bench/page.py runs it")
+def test_the_collectives_tab_stays_responsive_while_16_ranks_run_10000_collectives(front, artifacts):
+    """Issue #43's page row: no main-thread task over 100 ms while a 16-rank cell runs 10,000
+    collectives with its live X-ray open, redrawn as the ranks' records come in."""
+    pg = front.pg
+    with RendererCpu(pg.context.browser) as cpu:
+        t0 = front.start(C_COLLECTIVES)
+        view = front.live(C_COLLECTIVES)
+        tab = view.locator(".nbs-Tab-xray")
+        tab.wait_for(timeout=120_000)  # once the ranks' first records are read
+        opened = front.now()
+        tab.click()
+        view.locator("iframe.nbs-XRay-frame").wait_for(timeout=30_000)
+        shot(view, artifacts, f"{front.name}-collectives-live.png", unhover=True)
+        frozen = front.frozen(C_COLLECTIVES, timeout=600_000)
+        t1 = front.now()
+    tasks = front.long_tasks(opened, t1)
+    worst = max(tasks, default=0.0)
+    ran = front.frozen_by_the_page(cpu, opened, t1)
+    said = re.search(r"[\d,]+ collectives[^\n]*", frozen.inner_text())
+    summary = said.group(0) if said else "(no summary on the frozen view's face)"
+    figures = (
+        f"{front.name}: 16 ranks x 10,000 collectives, {(t1 - t0) / 1000:.1f} s, the X-ray open for "
+        f"{(t1 - opened) / 1000:.1f} s: {len(tasks)} long tasks, max {worst:.0f} ms, "
+        f"{sum(d > LONG_TASK_MAX_MS for d in tasks)} over {LONG_TASK_MAX_MS} ms (all: {sorted(round(d) for d in tasks)[-12:]}); "
+        f"the page's main thread ran at most {max((r for _, r in ran), default=0.0):.0f} ms in one; saved: {summary!r}"
+    )
+    print(figures)
+    print(front.long_frames(opened, t1))
+    assert worst <= LONG_TASK_MAX_MS, figures
 
 
 @pytest.mark.alone  # it times the page, or the frames it draws
