@@ -76,8 +76,8 @@ def run_world_cell(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> 
                 shm_prefix=new_run_prefix() if out_names else None,
                 rich=job["rich"],
                 on_ranks=frozenset(job["on"]) if job["on"] is not None else None,
-                # the world's options, as sent with the job (its X-ray too); no time limit or --pdb on a node
-                asked=replace(world.spec.asked, timeout=None, pdb=False, xray=job["settings"].xray),
+                # the cell's options, settled for the nodes in the kernel (no time limit or --pdb on a node)
+                asked=job["settings"],
             )
             cell = WorldJob(
                 job["cell"], spec.run_dir, run_id, Payload(names), out_names, spec.shm_prefix,

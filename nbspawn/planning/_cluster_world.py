@@ -14,7 +14,7 @@ from .._spec import cell_part, new_run_id, run_directory
 from ..cluster import _wire
 from ..errors import SpawnUsageError
 from ..executors import _kept
-from ._cluster import plan_cluster
+from ._cluster import plan_cluster, settled_for_nodes
 from ._kept_cell import as_before, check_settings
 from ._plans import ClusterWorldCellPlan, NewClusterWorld
 
@@ -78,7 +78,15 @@ def plan_cluster_world_cell(request: RunRequest, work: Cell, target: OnClusterWo
         program=None,
         names=names,
         out_names=list(out_names),
-        settings=world.node_settings,
+        # the cell's own options (its X-ray, grace period, budgets), settled as the world's nodes run, as
+        # a cell on a world here brings its own
+        settings=settled_for_nodes(
+            settings,
+            ranks_per_node=cast(int, world.node_settings.nprocs),
+            start_method=world.node_settings.start_method,
+            backend=world.node_settings.backend,
+            nodes=len(world.cluster.nodes),
+        ),
         rich=rich,
         cwd=os.getcwd(),
         publish_every=_wire.PUBLISH_EVERY * len(world.cluster.nodes),

@@ -401,5 +401,14 @@ def test_a_cluster_worlds_cell_has_its_own_x_ray(kernel, nodes):
     ok(kernel, "%%spawn --world xw\nt = torch.ones(3)\nfor _ in range(3):\n    dist.all_reduce(t)\ndist.broadcast(t, 0)")
     xray = ok(kernel, "import nbspawn\nprint(nbspawn.last_run().xray.summary)").stdout.strip()
     assert xray.startswith("4 collectives, "), xray  # three all_reduces and a broadcast; not the first cell's barrier
+    # a later cell's own --xray, as on a world here (the nodes took the world's first cell's, so a world
+    # started with --xray off never recorded a later cell's)
+    ok(kernel, "%%spawn --world xw --xray off\ndist.all_reduce(t)")
+    assert ok(kernel, "import nbspawn\nprint(nbspawn.last_run().xray)").stdout.strip() == "None"
     assert ok(kernel, "%spawn stop xw").stdout.strip()
+    ok(kernel, "%%spawn --cluster rc --world xo -n 2 --backend gloo --xray off\nimport torch, torch.distributed as dist")
+    ok(kernel, "%%spawn --world xo\ndist.all_reduce(torch.ones(2))")
+    xray = ok(kernel, "import nbspawn\nprint(nbspawn.last_run().xray.summary)").stdout.strip()
+    assert xray.startswith("1 collective, "), xray
+    assert ok(kernel, "%spawn stop xo").stdout.strip()
     assert_nothing_left(nodes)
