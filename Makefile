@@ -55,7 +55,7 @@ cluster-recipes:
 	"$(NBSPAWN_VENV)/bin/python" -m pytest $(RECIPE_TESTS) -q -rs -p no:cacheprovider
 
 # Each job: `.ci/runtime NAME PYTEST-ARGS`; which tests each runs is chosen for CI's time budget (the whole
-# .ci/run under 40 min on 2 cores). `make runtimes` runs them all whatever fails. Each needs `make test`'s
+# .ci/run under 40 min on 2 cores). `make -k runtimes` runs them all whatever fails. Each needs `make test`'s
 # build of the extension (it installs the clone).
 # The hosted runtimes run ranks as their users get them: fork (a CPU runtime's default) and forkserver (a GPU
 # runtime's); spawn, asked for by name only, runs on the development stack and at both ends of the torch range.
@@ -73,19 +73,17 @@ KAGGLE_TESTS := tests/unit tests/runtimes/test_hosted_runtime.py tests/kernel/te
 	tests/kernel/test_torch_spawn_call.py
 TORCH_RANGE_TESTS := tests/kernel/test_spawn_core.py tests/kernel/test_worlds.py tests/kernel/test_debugger.py tests/kernel/test_handoff.py tests/kernel/test_rank_output.py \
 	tests/kernel/test_torch_spawn_call.py
-# all of them, each whatever the others did, the next one's venv built while a job's tests run (.ci/runtime-jobs)
-runtimes:
-	bash .ci/runtime-jobs colab-gpu kaggle-gpu floor newest tpu-cpu
+runtimes: runtime-colab-gpu runtime-kaggle-gpu runtime-floor runtime-newest runtime-tpu-cpu
 runtime-colab-gpu:
 	bash .ci/runtime colab-gpu $(KERNEL_TESTS) $(NO_CLUSTERS) $(HOSTED) -q
 runtime-kaggle-gpu:
-	bash .ci/runtime kaggle-gpu -m "not browser" $(KAGGLE_TESTS) $(HOSTED) -q
+	NBSPAWN_BROWSER_WORKERS=0 bash .ci/runtime kaggle-gpu -m "not browser" $(KAGGLE_TESTS) $(HOSTED) -q
 runtime-floor:
-	bash .ci/runtime floor -m "not browser" $(TORCH_RANGE_TESTS) -q
+	NBSPAWN_BROWSER_WORKERS=0 bash .ci/runtime floor -m "not browser" $(TORCH_RANGE_TESTS) -q
 runtime-newest:
-	bash .ci/runtime newest -m "not browser" $(TORCH_RANGE_TESTS) -q
+	NBSPAWN_BROWSER_WORKERS=0 bash .ci/runtime newest -m "not browser" $(TORCH_RANGE_TESTS) -q
 # TPU ranks on CPU (torch 2.9.1 + torch_xla 2.9.0, pinned: the tests touch torch_xla internals): torch_xla's
 # topology code with faked chips, and 4 real ranks on XLA CPU devices; about 5 min, most of it the build
 TPU_TESTS := tests/unit/test_unit_tpu.py tests/runtimes/test_tpu.py
 runtime-tpu-cpu:
-	bash .ci/runtime tpu-cpu -m "not browser" $(TPU_TESTS) -q -rs
+	NBSPAWN_BROWSER_WORKERS=0 bash .ci/runtime tpu-cpu -m "not browser" $(TPU_TESTS) -q -rs

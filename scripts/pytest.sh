@@ -6,7 +6,7 @@
 #      (default 3), a test module to a worker (--dist loadfile: its kernel and cluster fixtures are started
 #      once, its tests run in their order, as in one process). They mostly wait on ranks, kernels and
 #      timeouts, so more workers than cores can pay (measured: docs/development.md, "Test time");
-#   2. `browser`: the browser tests, on NBSPAWN_BROWSER_WORKERS workers (default 2), a module to a worker:
+#   2. `browser`: the browser tests, on NBSPAWN_BROWSER_WORKERS workers (default 2; 0 skips the phase), a module to a worker:
 #      each drives its own Chromium, server, kernel and ranks, and waits on them most of the time;
 #   3. `alone`: the tests marked `alone` (they time a page under a flood or a Stop, or compare what the
 #      whole machine holds), one at a time in this process, with nothing beside them.
@@ -23,9 +23,12 @@ if [[ "$workers" == 0 ]]; then
 fi
 "$python" -m pytest -n "$workers" --dist loadfile --phase parallel "$@"
 parallel=$?
-echo "pytest.sh: now the browser tests, $browser_workers at a time" >&2
-"$python" -m pytest -n "$browser_workers" --dist loadfile --phase browser "$@"
-browser=$?
+browser=5
+if [[ "$browser_workers" != 0 ]]; then  # 0: a job that runs no browser test (-m "not browser") skips the phase
+    echo "pytest.sh: now the browser tests, $browser_workers at a time" >&2
+    "$python" -m pytest -n "$browser_workers" --dist loadfile --phase browser "$@"
+    browser=$?
+fi
 echo "pytest.sh: now the tests that run alone" >&2
 "$python" -m pytest --phase alone "$@"
 alone=$?
