@@ -1,7 +1,7 @@
 """What runs in the background of this kernel, and the last run: what ``%spawn status`` and
 ``%spawn stop`` list, ``nbspawn.last_run()`` returns, and the kernel's shutdown stops.
 
-(Kept worlds have their own registry, in ``_world``.)
+(Kept worlds, here and on clusters, have their own registry, in ``_kept``.)
 """
 
 from __future__ import annotations

@@ -209,7 +209,7 @@ class WorldCell(Executor):
     def __init__(self, world: World, job: WorldJob, bound: set[str] | None = None) -> None:
         self.world = world
         self.job = job
-        self.bound = bound  # the names the cell binds, if its plan has them (else the cell is parsed again)
+        self.bound = bound  # the names the cell binds, from its plan (show, debug jobs: parsed here)
         self.started: set[int] = set()  # ranks that said they run the cell (and can be interrupted)
         self.held: dict[int, int] = {}  # rank -> SIGINT held until it has started the cell
         self.run: Run | None = None
