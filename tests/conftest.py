@@ -37,11 +37,22 @@ def pytest_addoption(parser):
     )
 
 
-def phase_of(item: pytest.Item) -> str:
-    """The phase (``--phase``) a test runs in: ``alone`` wins over ``browser``."""
-    if item.get_closest_marker("alone") is not None:
+def phase_of(item: pytest.Item, clusters_run: bool = True) -> str:
+    """The phase (``--phase``) a test runs in: ``alone`` wins over ``browser``.
+
+    ``@pytest.mark.alone(beside_clusters=True)`` is a test that is only too heavy for the cluster tests'
+    timed waits (an engine's first task, a world's interrupt grace): it runs alone in a session that runs
+    them (``clusters_run``, ``make test``) and in the parallel phase in one that does not (the runtime jobs).
+    """
+    alone = item.get_closest_marker("alone")
+    if alone is not None and (clusters_run or not alone.kwargs.get("beside_clusters", False)):
         return "alone"
     return "browser" if item.get_closest_marker("browser") is not None else "parallel"
+
+
+def runs_cluster_tests(items: list[pytest.Item]) -> bool:
+    """Whether the session holds a cluster test that runs beside others (tests/cluster, not marked alone)."""
+    return any(item.path.parent.name == "cluster" and item.get_closest_marker("alone") is None for item in items)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -49,6 +60,7 @@ def pytest_collection_modifyitems(config, items):
     if unknown := wanted - set(START_METHODS):
         raise pytest.UsageError(f"--start-methods: {', '.join(sorted(unknown))} is not one of {', '.join(START_METHODS)}")
     phase = config.getoption("--phase")
+    clusters_run = runs_cluster_tests(items)
     left_out = [
         item
         for item in items
@@ -57,7 +69,7 @@ def pytest_collection_modifyitems(config, items):
             and callspec.params.get("method") in START_METHODS
             and callspec.params["method"] not in wanted
         )
-        or (phase != "all" and phase_of(item) != phase)
+        or (phase != "all" and phase_of(item, clusters_run) != phase)
     ]
     if left_out:
         config.hook.pytest_deselected(items=left_out)

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("marimo", reason="marimo is not installed (pip install -e '.[marimo]')")
-# alone: marimo scripts start their own interpreters and ranks, beside the timed cluster tests on 2 cores
-pytestmark = [pytest.mark.timeout(300), pytest.mark.alone]
+# alone beside the cluster tests: marimo scripts start their own interpreters and ranks, too much beside
+# their timed waits on 2 cores; the runtime jobs run no cluster test, and run these in the parallel phase
+pytestmark = [pytest.mark.timeout(300), pytest.mark.alone(beside_clusters=True)]
 REPO = Path(__file__).resolve().parents[2]
 
 FAILING = """
