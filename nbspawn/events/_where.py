@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .. import _pids
 from .._program import Program
 from .._rankdir import COLLECTIVES
 from .._source import STILL_STARTING, CellSource, main_thread_stack, program_stack, rewrite_notebook_frames
@@ -54,6 +55,8 @@ def rank_stacks(ranks: list[RankToAsk], wait: float = ANSWER_WAIT) -> dict[int, 
     for asked in ranks:
         if asked.pid is None or not os.path.exists(asked.stacks_path):
             continue  # still starting: SIGUSR1 would kill it
+        if _pids.recycled(asked.pid):
+            continue  # reaped, its pid another process's now: SIGUSR1 would kill that one
         try:
             sizes[asked.rank] = os.path.getsize(asked.stacks_path)
             os.kill(asked.pid, signal.SIGUSR1)

@@ -21,9 +21,17 @@ from ..handoff._ipc import Ledger
 from ..ranks._capture import ready_to_fork_display, stdio_streams
 from ..ranks._cell import Inherited, run_rank
 from ..ranks._fds import kernel_descriptors
-from . import _reaper
 from ._base import Executor, RankEnd
-from ._procs import end_processes, environment, inherited_heap_frozen, one_flush, pid_of, prepare_forkserver
+from ._procs import (
+    end_processes,
+    environment,
+    inherited_heap_frozen,
+    one_flush,
+    pid_of,
+    prepare_forkserver,
+    ranks_reaped,
+    ranks_started,
+)
 
 
 class FreshRanks(Executor):
@@ -76,7 +84,7 @@ class FreshRanks(Executor):
                     spec.namespace_payload.release()
         self.processes = list(context.processes)
         pids = [pid_of(p) for p in self.processes]
-        _reaper.watch(pids)
+        ranks_started(pids)
         return pids
 
     def _take_counters(self) -> None:
@@ -105,7 +113,7 @@ class FreshRanks(Executor):
         pids = [pid_of(p) for p in self.processes]
         end_processes(self.processes)
         self.store = None  # every rank has left the group: it stops
-        _reaper.forget(pids)
+        ranks_reaped(pids)
         # every rank is reaped: what one still held (stopped by a signal, stuck, never opened) is released
         # for it, so the GPU memory of --share tensors is the kernel's to free on `del`, however the run ended
         self.ipc.release()

@@ -2,7 +2,8 @@
 
 Every rank leads its own process group (``ranks._cell`` calls ``setpgid``), so signalling the group
 also reaches what the rank started (DataLoader workers, ``subprocess`` children).  Once a rank is
-reaped its pid may belong to someone else: only its *group* is signalled after that, never the pid.
+reaped its pid may belong to someone else: its group is signalled only while the pid is not another
+process's (``nbspawn._pids``: the kernel notes each rank's start time in :func:`ranks_started`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,27 @@ import threading
 from collections.abc import Iterator, Sequence
 from multiprocessing.process import BaseProcess
 
+from .. import _pids
+from . import _reaper
+
+
+def ranks_started(pids: list[int]) -> None:
+    """Ranks just started: their pids are theirs (start times noted), and the kernel's watcher kills
+    their groups if the kernel dies (``_reaper``)."""
+    _pids.remember(pids)
+    _reaper.watch(pids)
+
+
+def ranks_reaped(pids: list[int]) -> None:
+    """Ranks reaped, and what they left killed: neither the kernel nor its watcher signals them again."""
+    _reaper.forget(pids)
+    _pids.forget(pids)
+
 
 def signal_group(pid: int | None, sig: int) -> None:
-    """Signal a rank and every process it started (each rank leads its own process group)."""
-    if pid is None:
+    """Signal a rank and every process it started (each rank leads its own process group); nothing
+    when its pid is another process's now (the rank was reaped by the forkserver, and the number reused)."""
+    if pid is None or _pids.recycled(pid):
         return
     try:
         os.killpg(pid, sig)
@@ -30,8 +48,8 @@ def signal_group(pid: int | None, sig: int) -> None:
 
 
 def kill_leftovers(pid: int | None) -> None:
-    """SIGKILL whatever a reaped rank left running in its group."""
-    if pid is not None:
+    """SIGKILL whatever a reaped rank left running in its group (none when its pid is another's now)."""
+    if pid is not None and not _pids.recycled(pid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
 

@@ -20,9 +20,8 @@ from .._runstate import Run
 from .._spec import RunSpec
 from ..ranks._watch import recorder_env
 from ..ranks._xray import XRAY_FR_ENTRIES
-from . import _reaper
 from ._base import Executor, RankEnd
-from ._procs import end_popens
+from ._procs import end_popens, ranks_reaped, ranks_started
 
 
 class ProgramRanks(Executor):
@@ -63,7 +62,7 @@ class ProgramRanks(Executor):
             self.cleanup(lose=True)
             raise
         pids = [p.pid for p in self.procs]
-        _reaper.watch(pids)
+        ranks_started(pids)
         return pids
 
     def waitables(self, rank: int) -> list[Any]:
@@ -75,7 +74,7 @@ class ProgramRanks(Executor):
     def cleanup(self, lose: bool) -> None:
         end_popens(self.procs)
         self.store = None
-        _reaper.forget([p.pid for p in self.procs])
+        ranks_reaped([p.pid for p in self.procs])
         for fd in self.pidfds:
             os.close(fd)
         self.pidfds = []

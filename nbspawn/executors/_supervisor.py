@@ -32,6 +32,7 @@ import threading
 import time
 from typing import Any
 
+from .. import _pids
 from .._rankdir import remove_if_empty, remove_partial_writes
 from .._runstate import RankState, Run
 from .._source import (
@@ -531,6 +532,8 @@ class _Supervisor:
         rank failed), so a signal now stops nothing, and it is told as a rank that failed, not one stopped."""
         if self.policy.remote or not self.pids[rank]:
             return False
+        if _pids.recycled(self.pids[rank]):
+            return True  # reaped (by the forkserver), and its pid another process's since
         state = _proc_state(self.pids[rank])
         if state is not None:
             return state in "ZX"  # a zombie until its parent reaps it (or reaped already: gone)

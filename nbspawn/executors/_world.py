@@ -48,10 +48,19 @@ from ..ranks._capture import ready_to_fork_display
 from ..ranks._cell import EXIT_INTERRUPTED, EXIT_RAISED
 from ..ranks._fds import kernel_descriptors
 from ..ranks._worldloop import EXITED, INTERRUPTED, OK, RAISED, STARTED, WorldJob, run_world_rank
-from . import _kept, _reaper
+from . import _kept
 from ._base import Executor, RankEnd, Supervision
 from ._kept import KeptWorld, Lost
-from ._procs import end_processes, inherited_heap_frozen, interrupts_deferred, pid_of, prepare_forkserver, signal_group
+from ._procs import (
+    end_processes,
+    inherited_heap_frozen,
+    interrupts_deferred,
+    pid_of,
+    prepare_forkserver,
+    ranks_reaped,
+    ranks_started,
+    signal_group,
+)
 
 
 @dataclass(frozen=True)
@@ -163,7 +172,7 @@ class World(KeptWorld):
         self.processes = list(context.processes)
         self.conns = [parent for parent, _child in pipes]
         self.state = "idle"
-        _reaper.watch(self.pids)
+        ranks_started(self.pids)
 
     def leave(self, wait: float) -> None:
         """Ask every rank to leave (its process group is destroyed), then make sure nothing is left."""
@@ -189,7 +198,7 @@ class World(KeptWorld):
         for conn in self.conns:
             conn.close()
         self.conns = []
-        _reaper.forget(pids)
+        ranks_reaped(pids)
         self.ipc.release()  # every rank is reaped: the kernel's --share GPU memory is its own to free on `del`
 
     def where(self) -> str:

@@ -14,7 +14,15 @@ PACKAGE = Path(__file__).resolve().parents[2] / "nbspawn"
 
 # lowest first; a module's floor is that of its first matching prefix
 FLOORS = [
-    ["nbspawn._rankdir", "nbspawn._errorfile", "nbspawn._version", "nbspawn._shell", "nbspawn._comms", "nbspawn._hosted"],
+    [
+        "nbspawn._rankdir",
+        "nbspawn._errorfile",
+        "nbspawn._version",
+        "nbspawn._shell",
+        "nbspawn._comms",
+        "nbspawn._hosted",
+        "nbspawn._pids",
+    ],
     ["nbspawn.errors"],
     [
         "nbspawn._source",

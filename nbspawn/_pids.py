@@ -1,0 +1,58 @@
+"""Whether a rank's pid still names the rank: a reaped rank's pid is soon someone else's.
+
+Linux hands pid numbers out again once the counter wraps (``pid_max``: 32768 on many machines, a
+few minutes of a busy test run), and a rank started by the forkserver is reaped by it, not by the
+kernel, the moment it ends.  A kernel that keeps such a pid (a kept world's, a run's after a rank
+ended) and signals it later could reach another kernel's rank, which, leading its own process group
+as every rank does, ``killpg`` would reach too.  So each rank's start time (``/proc/PID/stat``) is
+noted when it starts, and a pid whose process started at another time is never signalled.
+
+A process group's number stays taken while any member lives, so a leader's pid that now names
+another process means the leader's group is empty too: nothing of the rank is left to signal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+_started: dict[int, int | None] = {}  # pid -> its process's start time (clock ticks after boot), None: gone then
+
+
+def remember(pids: Iterable[int | None]) -> None:
+    """Note these ranks' start times, as they start."""
+    for pid in pids:
+        if pid is not None:
+            _started[pid] = start_time(pid)
+
+
+def forget(pids: Iterable[int | None]) -> None:
+    """These ranks were reaped and whatever they left was killed: their pids are no longer ours."""
+    for pid in pids:
+        if pid is not None:
+            _started.pop(pid, None)
+
+
+def recycled(pid: int) -> bool:
+    """Whether ``pid`` now names another process than the rank it was noted for.
+
+    False for a pid never noted (nothing to compare), for one with no process now (a signal to it
+    fails harmlessly, or reaches what the rank left in its group), and where there is no ``/proc``."""
+    if pid not in _started:
+        return False
+    now = start_time(pid)
+    return now is not None and now != _started[pid]
+
+
+def start_time(pid: int) -> int | None:
+    """When the process started, from Linux's ``/proc/PID/stat`` (its 22nd field); None: no such
+    process, or no ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()  # the command's name, in parentheses, may hold anything
+    try:
+        return int(fields[19])  # fields 3.. follow the name: the 22nd is the 20th of these
+    except (IndexError, ValueError):
+        return None

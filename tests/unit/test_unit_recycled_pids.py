@@ -1,0 +1,73 @@
+"""A rank's pid is signalled only while it still names the rank (``nbspawn._pids``, ``executors._procs``).
+
+Real processes: a pid cannot be made to wrap around in a unit test (32768 starts here), so a pid
+"reused" is a live process noted with another start time, which is what a reused pid reads as.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from nbspawn import _pids
+from nbspawn.executors._procs import kill_leftovers, ranks_reaped, ranks_started, signal_group
+
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+
+
+def test_a_start_time_is_read_from_proc_and_none_for_no_process():
+    assert _pids.start_time(os.getpid()) == _pids.start_time(os.getpid()) is not None
+    child = _sleeper()
+    started = _pids.start_time(child.pid)
+    assert started is not None and started >= _pids.start_time(os.getpid())  # type: ignore[operator]
+    child.kill()
+    assert _pids.start_time(child.pid) == started  # a zombie until reaped: still its pid
+    child.wait()
+    assert _pids.start_time(child.pid) is None
+
+
+def test_a_rank_is_signalled_while_its_pid_is_its_own():
+    child = _sleeper()
+    ranks_started([child.pid])
+    try:
+        assert not _pids.recycled(child.pid)
+        signal_group(child.pid, signal.SIGTERM)
+        assert child.wait(timeout=10) == -signal.SIGTERM
+        assert not _pids.recycled(child.pid)  # gone: a signal fails harmlessly or reaches what it left
+    finally:
+        ranks_reaped([child.pid])
+    assert child.pid not in _pids._started
+
+
+def test_a_pid_that_names_another_process_now_is_never_signalled():
+    other = _sleeper()  # the process the rank's old pid names now
+    started = _pids.start_time(other.pid)
+    assert started is not None
+    _pids._started[other.pid] = started - 1  # the rank, noted as it started, a tick before this one
+    try:
+        assert _pids.recycled(other.pid)
+        signal_group(other.pid, signal.SIGKILL)
+        kill_leftovers(other.pid)
+        time.sleep(0.2)
+        assert other.poll() is None, "a process that only shares a reaped rank's pid was killed"
+    finally:
+        ranks_reaped([other.pid])
+        other.kill()
+        other.wait()
+
+
+def test_a_pid_noted_gone_and_found_alive_later_is_another_process():
+    """A forkserver's rank can end, and be reaped by the forkserver, before the kernel notes it."""
+    other = _sleeper()
+    _pids._started[other.pid] = None
+    try:
+        assert _pids.recycled(other.pid)
+    finally:
+        ranks_reaped([other.pid])
+        other.kill()
+        other.wait()
