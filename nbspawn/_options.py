@@ -96,7 +96,9 @@ def row(
     trait_help: str = "",
 ) -> Any:
     """A row of the table, as the field of :class:`Settings` (or :class:`RequestOptions`) it fills: the
-    field's default is the row's, read (a dict's made anew each time)."""
+    field's default is the row's, read (a dict's made anew each time); ``{default}`` in ``help`` is the
+    default as a user writes it."""
+    help = help.replace("{default}", f"{default:g}" if isinstance(default, float) else str(default))
     option = Option("", flags, metavar, help, group, not_for_programs, default, read, doors, trait, trait_help)
     typed = read(default)
     if isinstance(typed, (dict, list, set)):
@@ -259,42 +261,38 @@ def parse_nodes(value: Any) -> int | None:
     return nodes
 
 
-def parse_start_method(requested: str | None) -> StartMethod:
+def _choice(value: Any, choices: tuple[str, ...], option: str, which: str) -> str:
+    """One of ``choices``, in any case and spacing.  No fallback: the door gives a reader its row's
+    default when nobody gave a value (``nbspawn._door``), so a default is written only in its row."""
+    if not isinstance(value, str) or (name := value.strip().lower()) not in choices:
+        raise SpawnUsageError(f"{option} must be {which}, not {value!r}")
+    return name
+
+
+def parse_start_method(requested: str) -> StartMethod:
     """The name checked: fork, spawn, forkserver or auto (what this machine offers is not asked)."""
-    method = (requested or "auto").strip().lower()
-    if method not in (*START_METHODS, "auto"):
-        raise SpawnUsageError(f"--start-method must be one of fork, spawn, forkserver, not {requested!r}")
-    return cast(StartMethod, method)
+    return cast(StartMethod, _choice(requested, (*START_METHODS, "auto"), "--start-method", "one of fork, spawn, forkserver"))
 
 
-def parse_accelerator(accelerator: str | None) -> Accelerator:
+def parse_accelerator(accelerator: str) -> Accelerator:
     """The name checked: auto, tpu or none (whether this host has a TPU is not asked)."""
-    name = (accelerator or "auto").strip().lower()
-    if name not in ACCELERATORS:
-        raise SpawnUsageError(f"--accelerator must be one of {', '.join(ACCELERATORS)}, not {accelerator!r}")
-    return cast(Accelerator, name)
+    return cast(Accelerator, _choice(accelerator, ACCELERATORS, "--accelerator", f"one of {', '.join(ACCELERATORS)}"))
 
 
-def parse_backend(backend: str | None) -> Backend:
+def parse_backend(backend: str) -> Backend:
     """The name checked: none, gloo, nccl or auto (whether GPUs are there is not asked)."""
-    name = (backend or "none").strip().lower()
-    if name not in BACKENDS:
-        raise SpawnUsageError(f"--backend must be one of none, gloo, nccl, auto, not {backend!r}")
-    return cast(Backend, name)
+    return cast(Backend, _choice(backend, BACKENDS, "--backend", "one of none, gloo, nccl, auto"))
 
 
 XRAY_CHOICES = ("on", "off", "values")
 
 
-def parse_xray(value: str | bool | None) -> XrayMode:
-    """``--xray``: on (the default), off, or values (on, and each rank's small tensors before and after
-    each collective, for teaching); ``launch(xray=True/False)`` too (on and off)."""
+def parse_xray(value: str | bool) -> XrayMode:
+    """``--xray``: on, off, or values (on, and each rank's small tensors before and after each
+    collective, for teaching); ``launch(xray=True/False)`` too (on and off)."""
     if isinstance(value, bool):
         return "on" if value else "off"
-    name = ("on" if value is None else str(value)).strip().lower()
-    if name not in XRAY_CHOICES:
-        raise SpawnUsageError(f"--xray must be on, off or values, not {value!r}")
-    return cast(XrayMode, name)
+    return cast(XrayMode, _choice(value, XRAY_CHOICES, "--xray", "on, off or values"))
 
 
 def parse_world_name(name: str | None) -> str | None:
@@ -327,12 +325,9 @@ def parse_names(value: str | list[str] | tuple[str, ...] | None, option: str) ->
     return tuple(dict.fromkeys(names))
 
 
-def parse_view(choice: str | None) -> ViewChoice:
+def parse_view(choice: str) -> ViewChoice:
     """How the magic shows a run: auto, widget or text."""
-    name = (choice or "auto").strip().lower()
-    if name not in VIEWS:
-        raise SpawnUsageError(f"--view must be auto, widget or text, not {choice!r}")
-    return cast(ViewChoice, name)
+    return cast(ViewChoice, _choice(choice, VIEWS, "--view", "auto, widget or text"))
 
 
 @dataclass(frozen=True)
@@ -388,7 +383,7 @@ class Settings:
     grace_period: float = row(
         ("--grace-period",),
         "SECONDS",
-        "time between SIGTERM and SIGKILL when ranks are stopped (default 5)",
+        "time between SIGTERM and SIGKILL when ranks are stopped (default {default})",
         "common",
         default=5.0,
         read=partial(parse_seconds, option="--grace-period", allow_zero=True),
@@ -419,7 +414,7 @@ class Settings:
         "the collectives X-ray: each rank's collectives (op, group, sequence number, shapes, bytes) read from torch's "
         "flight recorder, lined up across ranks beside the rank tabs, with who arrived last, mismatched calls and "
         "collectives a rank never entered, for a cell run with --backend or a Python program that makes a process group "
-        "(default on; off: no recorder thread in the ranks; values, in cells: on, and each rank's input and output of its "
+        "(default {default}; off: no recorder thread in the ranks; values, in cells: on, and each rank's input and output of its "
         "first 200 collectives, for tensors of 64 elements or fewer)",
         "common",
         default="on",

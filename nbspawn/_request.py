@@ -83,7 +83,7 @@ class RunRequest:
     settings: Settings = field(default_factory=Settings)
     namespace: dict[str, Any] = field(default_factory=dict)  # the kernel's names (fork: the ranks get a copy of this very dict)
     hidden: Mapping[str, Any] | None = None  # IPython's own names, never sent to ranks
-    background: bool = False
+    background: bool = ROW["background"].typed_default
     view: ViewChoice = ROW["view"].typed_default  # the magic's --view (launch() is given a RunView instead)
     cell_numbers: Mapping[str, int] = field(default_factory=dict)  # IPython's compiled cell files -> In[N]
 

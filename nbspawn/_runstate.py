@@ -15,6 +15,7 @@ from typing import Literal
 
 from . import _errorfile
 from ._errorfile import ErrorRecord
+from ._options import ROW
 from ._rankdir import RankDir
 from ._spec import RunSpec
 from .errors import RankFailure, RunFacts, SpawnError
@@ -116,7 +117,7 @@ class Run:
     ended_at: float | None = None
     error: BaseException | None = None
     outputs: dict[str, list] = field(default_factory=dict)  # --out: name -> one value per rank
-    background: bool = False  # supervised by a thread of its own (%%spawn --bg)
+    background: bool = ROW["background"].typed_default  # supervised by a thread of its own (%%spawn --bg)
     waited: bool = False  # run.wait() was called after it ended (its error, if any, was raised)
     reported: bool = False  # its failure was told at a later cell
     world: str | None = None  # the kept world this cell ran on

@@ -378,11 +378,11 @@ def cuda_initialized() -> bool:
     return bool(torch.cuda.is_initialized() or torch.cuda._is_in_bad_fork())
 
 
-def choose_start_method(requested: StartMethod | None, gpus: Callable[[], int] | None = None) -> tuple[str, list[str]]:
+def choose_start_method(requested: StartMethod, gpus: Callable[[], int] | None = None) -> tuple[str, list[str]]:
     """Fork where forked ranks could use everything this machine has (fast, and the cell sees the
     kernel's names), else forkserver; the facts are gathered only where fork is in question
     (``nbspawn._cuda.fork_facts``, ``decide_start_method``)."""
-    method = requested or "auto"
+    method = requested
     available = multiprocessing.get_all_start_methods()
     blocker = None
     if method in ("auto", "fork") and "fork" in available:

@@ -57,7 +57,7 @@ def versions() -> dict[str, str]:
     return {"python": platform.python_version(), "torch": torch.__version__, "nbspawn": __version__}
 
 
-def probe(kernel_cwd: str, program: ProgramLine | None, start_method: StartMethod | None, controller_hint: str | None) -> dict:
+def probe(kernel_cwd: str, program: ProgramLine | None, start_method: StartMethod, controller_hint: str | None) -> dict:
     """This engine's node and what the kernel must check before the run (one round trip)."""
     import torch
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _cuda
+from .._options import StartMethod
 from .._program import ProgramLine
 from .._spec import auto_nprocs
 from ..errors import SpawnUsageError
@@ -126,7 +127,7 @@ def controller_host(client: Any) -> str | None:
     return _net.url_host(str(getattr(client, "_config", {}).get("registration", "") or ""))
 
 
-def probe(client: Any, ids: list[int], program: ProgramLine | None, start_method: str | None) -> dict[int, dict]:
+def probe(client: Any, ids: list[int], program: ProgramLine | None, start_method: StartMethod) -> dict[int, dict]:
     """Every engine's facts, in one round trip; an engine that cannot answer is a short error."""
     cwd = os.getcwd()
     hint = controller_host(client)
@@ -150,7 +151,7 @@ def _probe_failure(engine: int, err: BaseException) -> str:
     return f"engine {engine} could not be asked about its node: {kind}: {value}"
 
 
-def known_facts(client: Any, ids: list[int], start_method: str | None) -> dict[int, dict]:
+def known_facts(client: Any, ids: list[int], start_method: StartMethod) -> dict[int, dict]:
     """The engines' facts from an earlier cell if nothing changed since, else asked again."""
     key = (tuple(ids), start_method, os.getcwd())
     known = _known.get(client)
@@ -249,7 +250,7 @@ def master_address(nodes: list[Node]) -> str:
 
 def plan_nodes(
     client: Any, ids: list[int], *, nodes: int | None, nprocs: int | str, backend: str,
-    start_method: str | None, program: ProgramLine | None,
+    start_method: StartMethod, program: ProgramLine | None,
 ) -> tuple[ClusterPlan, str]:  # fmt: skip
     """Ask the engines, choose the nodes and check them; returns the plan and the backend to use."""
     facts = probe(client, ids, program, start_method) if program is not None else known_facts(client, ids, start_method)

@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 from .. import _pids
+from .._options import ROW
 from .._rankdir import remove_if_empty, remove_partial_writes
 from .._runstate import RankState, Run
 from .._source import (
@@ -81,7 +82,7 @@ LIVENESS_EVERY = 0.5  # seconds between looks for ranks that ended while their c
 STOPPING_READ_BUDGET = 4096  # bytes of each stream of each rank read per poll while a run is being stopped
 
 
-def execute(spec: RunSpec, view: RunView, executor: Executor, background: bool = False) -> Run:
+def execute(spec: RunSpec, view: RunView, executor: Executor, background: bool = ROW["background"].typed_default) -> Run:
     """Run ``spec`` to completion; the returned run's ``error`` says how it failed, if it did.
 
     With ``background`` the ranks are started here and the run is supervised by a thread of its

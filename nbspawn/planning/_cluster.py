@@ -31,7 +31,6 @@ def plan_cluster(request: RunRequest, work: Work, target: OnCluster, rich: bool)
         )
     settings = request.settings
     out_names = work.out if isinstance(work, Cell) else ()
-    method = None if settings.start_method == "auto" else settings.start_method  # each node chooses, as on one machine
     env = dict(settings.env)
     program = work if isinstance(work, ProgramLine) else None  # read at the door; each node finds it where it runs
     cell = work.source if isinstance(work, Cell) else CellSource("", label=str(work))
@@ -41,7 +40,13 @@ def plan_cluster(request: RunRequest, work: Work, target: OnCluster, rich: bool)
     client, ids = resolve_client(target.cluster, request.namespace)
     refuse_if_busy(client)
     found, chosen_backend = plan_nodes(
-        client, ids, nodes=target.nodes, nprocs=settings.nprocs, backend=settings.backend, start_method=method, program=program
+        client,
+        ids,
+        nodes=target.nodes,
+        nprocs=settings.nprocs,
+        backend=settings.backend,
+        start_method=settings.start_method,
+        program=program,
     )
     world = found.world_size
     run_id = new_run_id()
@@ -73,7 +78,7 @@ def plan_cluster(request: RunRequest, work: Work, target: OnCluster, rich: bool)
     node_settings = settled_for_nodes(
         settings,
         ranks_per_node=found.ranks_per_node,
-        start_method="spawn" if program is not None else method or "auto",
+        start_method="spawn" if program is not None else settings.start_method,  # auto: each node chooses
         backend=cast(Backend, chosen_backend),
         nodes=len(found.nodes),
     )

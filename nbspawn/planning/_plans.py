@@ -62,7 +62,7 @@ class ClusterRunPlan:
     spec: RunSpec
     nodes: ClusterPlan
     job: _wire.Job
-    background: bool = False
+    background: bool
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class NewClusterWorld:
     nodes: ClusterPlan
     asked: RunRequest
     node_settings: Settings
-    background: bool = False
+    background: bool
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._options import ViewChoice
+from .._options import ROW, ViewChoice
 from .._shell import kernel_of
 from ..errors import SpawnUsageError
 from ._marimo import MarimoView, in_marimo
@@ -17,7 +17,7 @@ from ._protocol import RunView
 from ._text import TextView
 
 
-def view_for(shell: Any, choice: ViewChoice = "auto", live_after: float | None = None) -> RunView:
+def view_for(shell: Any, choice: ViewChoice = ROW["view"].typed_default, live_after: float | None = None) -> RunView:
     """The view for a run started from ``shell`` (IPython's, or None); ``live_after``: the widget's
     delay before it shows (None: its default)."""
     if choice == "auto" and in_marimo():

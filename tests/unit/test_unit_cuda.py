@@ -142,7 +142,7 @@ def test_the_start_method_asks_no_gpu_facts_on_a_cpu_build(monkeypatch):
 
     monkeypatch.setattr(_cuda, "torch_poisoned_fork", lambda: pytest.fail("forked a probe"))
     if not _cuda.compiled_with_cuda(torch):
-        assert _spec.choose_start_method(None) == ("fork", [])
+        assert _spec.choose_start_method("auto") == ("fork", [])
 
 
 def test_a_poisoned_kernel_fork_probe_is_what_the_facts_say(monkeypatch):

@@ -212,10 +212,15 @@ def test_no_door_writes_a_default_of_its_own():
 def test_the_check_sees_a_default_copied_under_another_name():
     """The check above can fail: a field named like a row (a word of its name) with the row's default is
     found; an unrelated name with the same value is not."""
-    source = "class Job:\n    grace: float = 5.0\n    wait: float = 5.0\n\ndef look(*, saved_kb=256, n=256): ...\n"
+    source = (
+        "class Job:\n    grace: float = 5.0\n    wait: float = 5.0\n    background: bool = False\n    seen: bool = False\n"
+        "\ndef look(*, saved_kb=256, n=256, start_method='auto', x='auto'): ...\n"
+    )
     assert repeated_defaults(source, "job.py") == [
         "job.py:2 grace = 5.0 (grace_period's row)",
-        "job.py:5 saved_kb = 256 (max_saved_kb's row)",
+        "job.py:4 background = False (background's row)",
+        "job.py:7 saved_kb = 256 (max_saved_kb's row)",
+        "job.py:7 start_method = 'auto' (start_method's row)",
     ]
 
 
@@ -225,7 +230,7 @@ _GENERIC_WORDS = {"max", "kb"}  # shared by rows and by too many names to say wh
 def repeated_defaults(source: str, where: str) -> list[str]:
     """Each parameter, field or traitlet in ``source`` whose literal default is a row's default, and whose
     name is the row's or shares a word with it (``grace`` for ``grace_period``)."""
-    defaults = {option.param: option.default for option in ROWS if option.default not in (None, False)}
+    defaults = {option.param: option.default for option in ROWS if option.default is not None}
     repeated = []
     for node in ast.walk(ast.parse(source)):
         pairs: list[tuple[str, ast.AST | None]] = []
@@ -247,13 +252,26 @@ def repeated_defaults(source: str, where: str) -> list[str]:
                         value = value.args[0] if value.args else keywords.get("default_value")
                     pairs.append((item.targets[0].id, value))
         for name, value in pairs:
-            if not isinstance(value, ast.Constant) or isinstance(value.value, bool):
+            if not isinstance(value, ast.Constant):
                 continue
             words = set(name.lower().strip("_").split("_")) - _GENERIC_WORDS
             for param, default in defaults.items():
-                if value.value == default and (name == param or words & (set(param.split("_")) - _GENERIC_WORDS)):
+                if (
+                    value.value == default
+                    and type(value.value) is type(default)
+                    and (name == param or words & (set(param.split("_")) - _GENERIC_WORDS))
+                ):
                     repeated.append(f"{where}:{value.lineno} {name} = {value.value!r} ({param}'s row)")
     return repeated
+
+
+def test_a_choices_reader_has_no_default_of_its_own():
+    """The door gives a reader its row's default when no value was given (``nbspawn._door``): a reader
+    that fell back to one for None (``(requested or "auto")``) would be a second place it is written."""
+    for option in ROWS:
+        if isinstance(option.default, str):
+            with pytest.raises(SpawnUsageError):
+                option.read(None)
 
 
 def test_settings_defaults_are_the_rows():
