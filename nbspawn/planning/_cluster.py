@@ -24,11 +24,7 @@ def plan_cluster(request: RunRequest, work: Work, target: OnCluster, rich: bool)
     from ..cluster._plan import plan_nodes, refuse_if_busy, resolve_client
     from ..handoff._names import pickle_names
 
-    if isinstance(work, Cell) and work.share:
-        raise SpawnUsageError(
-            "--share does not work on a cluster: memory cannot be shared across machines. "
-            "The names the cell uses are sent to every node by value; use --out to bring values back."
-        )
+    refuse_share(work)
     settings = request.settings
     out_names = work.out if isinstance(work, Cell) else ()
     env = dict(settings.env)
@@ -95,6 +91,15 @@ def plan_cluster(request: RunRequest, work: Work, target: OnCluster, rich: bool)
         on=None,
     )
     return ClusterRunPlan(spec, found, job, background=request.background)
+
+
+def refuse_share(work: Work) -> None:
+    """``--share`` on a cluster, refused in the same words for a run and for a world's cell."""
+    if isinstance(work, Cell) and work.share:
+        raise SpawnUsageError(
+            "--share does not work on a cluster: memory cannot be shared across machines. "
+            "The names the cell uses are sent to every node by value; use --out to bring values back."
+        )
 
 
 def settled_for_nodes(

@@ -14,8 +14,8 @@ from .._spec import cell_part, new_run_id, run_directory
 from ..cluster import _wire
 from ..errors import SpawnUsageError
 from ..executors import _kept
-from ._cluster import plan_cluster, settled_for_nodes
-from ._kept_cell import as_before, check_settings
+from ._cluster import plan_cluster, refuse_share, settled_for_nodes
+from ._kept_cell import as_before, check_settings, started_again
 from ._plans import ClusterWorldCellPlan, NewClusterWorld
 
 if TYPE_CHECKING:
@@ -35,10 +35,7 @@ def plan_cluster_world_cell(request: RunRequest, work: Cell, target: OnClusterWo
     lost = _kept.lost(name, on_cluster=True) if world is None else None
     if lost is not None:
         request = as_before(request, lost)
-        notes = (
-            f"nbspawn: world {name!r} was lost ({lost.why}); this cell starts a new one on --cluster {request.cluster} "
-            "with its settings, but none of the names its ranks had: run the cells that set them up again.",
-        )
+        notes = (started_again(name, lost, f"on --cluster {request.cluster} with its settings"),)
     if world is None:
         if request.cluster is None:  # the dispatch sends a world here only once it ran on a cluster, or with --cluster
             raise SpawnUsageError(f"world {name!r} is not running: give --cluster NAME to start it on a cluster")
@@ -52,8 +49,7 @@ def plan_cluster_world_cell(request: RunRequest, work: Cell, target: OnClusterWo
     check_settings(world, request)
     refuse_if_busy(world.cluster.client)
     settings = request.settings
-    if work.share:
-        raise SpawnUsageError("--share does not work on a cluster: memory cannot be shared across machines; use --out")
+    refuse_share(work)
     out_names = work.out
     shown = ranks_within(settings.ranks, world.spec.nprocs, "--ranks", f"a run of {world.spec.nprocs} ranks")
     on = on_within(target.on, world.spec.nprocs, name)

@@ -35,3 +35,12 @@ def as_before(request: RunRequest, lost: Lost) -> RunRequest:
     cluster = request.cluster or lost.cluster
     placed = request if cluster is None else request.placed(cluster, request.nodes if request.nodes is not None else lost.nodes)
     return dataclasses.replace(placed, settings=settings)
+
+
+def started_again(name: str, lost: Lost, how: str) -> str:
+    """The note of a lost world's next cell, which starts a new one (``how``: with which settings, where)."""
+    why = f" ({lost.why})" if lost.why else ""
+    return (
+        f"nbspawn: world {name!r} was lost{why}; this cell starts a new one {how}, but none of the names its ranks "
+        "had: run the cells that set them up again."
+    )

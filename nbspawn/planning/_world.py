@@ -20,7 +20,7 @@ from ..errors import SpawnUsageError, rank_spans
 from ..executors import _kept
 from ..executors._kept import KeptWorld
 from ..ranks._worldloop import WorldJob
-from ._kept_cell import as_before, check_settings
+from ._kept_cell import as_before, check_settings, started_again
 from ._plans import NewWorld, WorldCellPlan
 
 
@@ -47,11 +47,7 @@ def plan_world_cell(request: RunRequest, work: Cell, target: OnWorld, rich: bool
         spec = build_spec(cell, settings, rich=rich, cell_numbers=request.cell_numbers)
         notes = spec.notes
         if again is not None:
-            notes = (
-                *notes,
-                f"nbspawn: world {name!r} was lost{f' ({again.why})' if again.why else ''}; this cell starts a new one with its settings "
-                f"({_kept.settled_here(spec).text()}), but none of the names its ranks had: run the cells that set them up again.",
-            )
+            notes = (*notes, started_again(name, again, f"with its settings ({_kept.settled_here(spec).text()})"))
         place: KeptWorld | NewWorld = NewWorld(name, spec, settings.start_method)
         shown = spec.shown_ranks
     else:
