@@ -3,10 +3,16 @@ holds every helper the tests share: import them from there, never from this file
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
 from kernel_harness import loaded_kernel, run, settle_kernels, start_kernel, stop_kernel_later, stop_spare_kernel
+
+# pytest keeps its assertion-rewritten test modules only where bytecode may be written; these machines set
+# PYTHONDONTWRITEBYTECODE, so each of a CI job's pytest processes (a phase, an xdist worker) rewrote every
+# test module again: 3 of the 10 s a collection took. This process only (kernels and ranks keep the setting).
+sys.dont_write_bytecode = False
 
 # The fixtures that hold a kernel; a test with none of them may fork this very process (test_shm, the
 # fork tests), so it waits for the kernels starting or stopping in a thread (kernel_harness._Spare,
