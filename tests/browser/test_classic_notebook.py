@@ -139,10 +139,20 @@ def test_the_live_view_and_the_snapshot_draw_in_the_classic_notebook_with_ipywid
     frozen = cell.locator(".nbspawn-run")
     try:
         frozen.wait_for(timeout=90_000)
-    except sync_api.TimeoutError:  # what the live view said then: which rank had not ended, and where
+    except sync_api.TimeoutError:  # what the cell showed then: the live view (which rank had not ended, and
+        # where), or, once it is gone, what the notebook holds as the cell's outputs and what its page drew
         shot(cell, artifacts, "classic-notebook-no-snapshot.png")
-        chips = [chip.get_attribute("title") for chip in live.locator(".nbs-Chip").all()]
-        pytest.fail(f"no snapshot within 90 s; the live view's chips: {chips}\n{live.inner_text()[-3000:]}")
+        if live.count():
+            chips = [chip.get_attribute("title") for chip in live.locator(".nbs-Chip").all()]
+            pytest.fail(f"no snapshot within 90 s; the live view's chips: {chips}\n{live.inner_text()[-3000:]}")
+        outputs = pg.evaluate(
+            "() => Jupyter.notebook.get_cell(1).output_area.outputs.map(o => [o.output_type, Object.keys(o.data || {})])"
+        )
+        drawn = cell.locator(".output").inner_html()
+        pytest.fail(
+            f"no snapshot within 90 s, and no live view: the cell's outputs {outputs}, hidden snapshots "
+            f"{frozen.count()}, errors {page.nbspawn_errors()}; its output area: {drawn[:1500]}"
+        )
     sync_api.expect(live).to_have_count(0, timeout=30_000)
     text = frozen.inner_text().replace("\u2007", " ")  # tqdm pads its numbers with figure spaces
     for rank in (0, 1):
