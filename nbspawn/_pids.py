@@ -13,6 +13,7 @@ another process means the leader's group is empty too: nothing of the rank is le
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 _started: dict[int, int | None] = {}  # pid -> its process's start time (clock ticks after boot), None: gone then
@@ -47,12 +48,26 @@ def start_time(pid: int) -> int | None:
     """When the process started, from Linux's ``/proc/PID/stat`` (its 22nd field); None: no such
     process, or no ``/proc``."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
+        return int(_stat_fields(pid)[19])  # the 22nd field is the 20th after the name
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def state(pid: int) -> str | None:
+    """The process's state letter as ``/proc/PID/stat`` says it ("Z": a zombie; "X": gone); None where
+    there is no ``/proc`` to ask."""
+    try:
+        fields = _stat_fields(pid)
+    except FileNotFoundError:
+        return "X" if os.path.isdir("/proc/self") else None
     except OSError:
         return None
-    fields = stat[stat.rfind(b")") + 2 :].split()  # the command's name, in parentheses, may hold anything
-    try:
-        return int(fields[19])  # fields 3.. follow the name: the 22nd is the 20th of these
-    except (IndexError, ValueError):
-        return None
+    return fields[0].decode("ascii", "replace") if fields else None
+
+
+def _stat_fields(pid: int) -> list[bytes]:
+    """``/proc/PID/stat``'s fields from the 3rd on, those after the command's name (which, in
+    parentheses, may hold anything); OSError: no such process, or no ``/proc``."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        stat = fh.read()
+    return stat[stat.rfind(b")") + 2 :].split()

@@ -535,7 +535,7 @@ class _Supervisor:
             return False
         if _pids.recycled(self.pids[rank]):
             return True  # reaped (by the forkserver), and its pid another process's since
-        state = _proc_state(self.pids[rank])
+        state = _pids.state(self.pids[rank])
         if state is not None:
             return state in "ZX"  # a zombie until its parent reaps it (or reaped already: gone)
         import psutil  # no /proc (importing it took 36 ms of a Stop here, 0.2 s under a flood)
@@ -612,20 +612,6 @@ def _last_lines(path: str, count: int) -> str:
         return ""
     lines = data.decode("utf-8", "replace").rstrip("\n").splitlines()[-count:]
     return "\n".join("  " + line for line in lines)
-
-
-def _proc_state(pid: int) -> str | None:
-    """The process's state letter as Linux's ``/proc/PID/stat`` says it ("X": gone); None where
-    there is no ``/proc`` to ask."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except FileNotFoundError:
-        return "X" if os.path.isdir("/proc/self") else None
-    except OSError:
-        return None
-    after = stat.rfind(b")")  # the command's name, in parentheses, may hold anything
-    return stat[after + 2 : after + 3].decode("ascii", "replace") or None
 
 
 def _size(path: str) -> int:
