@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+import signal_trace
 from kernel_harness import loaded_kernel, run, settle_kernels, start_kernel, stop_kernel_later, stop_spare_kernel
 
 # pytest keeps its assertion-rewritten test modules only where bytecode may be written; these machines set
@@ -23,6 +24,20 @@ KERNEL_FIXTURES = {"kernel", "fresh_kernel", "plain_kernel", "netns_kernel"}
 # nbspawn._options.START_METHODS, written out: importing nbspawn here would import torch (2.7 s) for
 # every pytest run, a single unit-test file's too
 START_METHODS = ("fork", "spawn", "forkserver")
+
+
+def pytest_sessionstart(session):
+    """The session's controller records who sends SIGTERMs (``signal_trace``) where root can."""
+    if not hasattr(session.config, "workerinput"):
+        session.config.stash[_TRACING] = signal_trace.start()
+
+
+def pytest_sessionfinish(session):
+    if session.config.stash.get(_TRACING, False):
+        signal_trace.stop()
+
+
+_TRACING = pytest.StashKey[bool]()
 
 
 def pytest_addoption(parser):

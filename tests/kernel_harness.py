@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 import pytest
+import signal_trace
 from ipykernel.kernelspec import write_kernel_spec
 from jupyter_client import BlockingKernelClient, KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
@@ -273,6 +274,8 @@ def run(kernel: Kernel, code: str, timeout: float = 120) -> ExecResult:
 def ok(kernel: Kernel, code: str, timeout: float = 120) -> ExecResult:
     """`code` run in `kernel`, asserted to have succeeded (the failure shows its traceback and stderr)."""
     result = execute(kernel.client, code, timeout=timeout)
+    if result.status != "ok" and "SIGTERM" in result.error_text:  # who sent it (ci60, ci64: nbspawn did not)
+        raise AssertionError((result.error_text, result.stderr, signal_trace.sigterms_to()))
     assert result.status == "ok", (result.error_text, result.stderr)
     return result
 
