@@ -9,6 +9,9 @@ noted when it starts, and a pid whose process started at another time is never s
 
 A process group's number stays taken while any member lives, so a leader's pid that now names
 another process means the leader's group is empty too: nothing of the rank is left to signal.
+
+A reaped rank's pid stays noted, as reaped: a signal meant for it that comes late (from a list kept
+after the run) finds it not the rank's whatever the number names by then, with no start time to read.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import os
 from collections.abc import Iterable
 
 _started: dict[int, int | None] = {}  # pid -> its process's start time (clock ticks after boot), None: gone then
+_REAPED = -1  # noted for a pid whose rank was reaped: whatever has the number now is another process
 
 
 def remember(pids: Iterable[int | None]) -> None:
@@ -27,21 +31,26 @@ def remember(pids: Iterable[int | None]) -> None:
 
 
 def forget(pids: Iterable[int | None]) -> None:
-    """These ranks were reaped and whatever they left was killed: their pids are no longer ours."""
+    """These ranks were reaped and whatever they left was killed: their pids are no longer ours (noted
+    as reaped, one entry per pid number: at most ``pid_max`` of them)."""
     for pid in pids:
         if pid is not None:
-            _started.pop(pid, None)
+            _started[pid] = _REAPED
 
 
 def recycled(pid: int) -> bool:
-    """Whether ``pid`` now names another process than the rank it was noted for.
+    """Whether ``pid`` now names another process than the rank it was noted for: true of every rank
+    reaped already (:func:`forget`), whatever has its number now.
 
     False for a pid never noted (nothing to compare), for one with no process now (a signal to it
     fails harmlessly, or reaches what the rank left in its group), and where there is no ``/proc``."""
     if pid not in _started:
         return False
+    noted = _started[pid]
+    if noted == _REAPED:
+        return True
     now = start_time(pid)
-    return now is not None and now != _started[pid]
+    return now is not None and now != noted
 
 
 def start_time(pid: int) -> int | None:

@@ -41,7 +41,28 @@ def test_a_rank_is_signalled_while_its_pid_is_its_own():
         assert not _pids.recycled(child.pid)  # gone: a signal fails harmlessly or reaches what it left
     finally:
         ranks_reaped([child.pid])
-    assert child.pid not in _pids._started
+    assert _pids.recycled(child.pid)  # reaped: not the rank's any more, whoever has the number next
+
+
+def test_a_reaped_ranks_pid_is_never_signalled_again_whatever_has_it_now():
+    """A late signal meant for a reaped rank (a list kept after its run) reaches no one, even when the
+    number names a process whose start time nobody noted."""
+    other = _sleeper()  # the process the reaped rank's pid names now
+    ranks_started([other.pid])
+    ranks_reaped([other.pid])
+    try:
+        signal_group(other.pid, signal.SIGTERM)
+        kill_leftovers(other.pid)
+        time.sleep(0.2)
+        assert other.poll() is None, "a process that only has a reaped rank's pid was killed"
+        ranks_started([other.pid])  # the number a rank's again: it is signalled as one
+        assert not _pids.recycled(other.pid)
+        signal_group(other.pid, signal.SIGTERM)
+        assert other.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        ranks_reaped([other.pid])
+        other.kill()
+        other.wait()
 
 
 def test_a_pid_that_names_another_process_now_is_never_signalled():
