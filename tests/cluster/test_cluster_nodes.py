@@ -35,30 +35,38 @@ def _gone(procs: list[psutil.Process]) -> list[int]:
 
 
 @ipp.interactive  # engines cannot import this module: send the code, not a reference
-def _busy(seconds: float) -> None:
-    """Run on an engine: say so on stdout, then sleep."""
+def _busy(seconds: float, marker: str) -> None:
+    """Run on an engine: make ``marker`` (the nodes share this machine's files), then sleep."""
     import time
 
-    print("busy", flush=True)
+    open(marker, "w").close()
     time.sleep(seconds)
 
 
-def _wait_busy(ar, timeout: float = 25.0) -> None:
-    """Wait until the engine runs `_busy` (a signal sent before would hit an idle engine).  Its stdout
-    comes back through the hub's iopub every 0.1 s or so; on 2 loaded cores (ci59, with other work beside
-    the parallel phase) it took over 15 s once, so the task has 25 s of its 30 to be seen."""
+def _start_busy(rc, eid: int, tmp_path: Path, seconds: float = 30):
+    """``_busy`` on engine ``eid``, and the marker it makes once it runs."""
+    marker = tmp_path / f"busy-{eid}-{time.monotonic_ns()}"
+    return rc[eid].apply_async(_busy, seconds, str(marker)), marker
+
+
+def _wait_busy(rc, eid: int, ar, marker: Path, timeout: float = 25.0) -> None:
+    """Wait until the engine runs `_busy` (a signal sent before would hit an idle engine).  The task says
+    so in a file, not on stdout: its stdout comes through the hub's iopub, which a client that has just
+    connected may not hear yet (a PUB socket drops what a subscriber not yet joined would get: ci66's
+    test never saw "busy" in 25 s, on 2 loaded cores)."""
     deadline = time.monotonic() + timeout
-    while "busy" not in (ar.stdout or ""):
-        assert time.monotonic() < deadline, "the task never started"
+    while not marker.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the task never started: {ar!r}; the engine's queue: {rc.queue_status(targets=[eid])}")
         time.sleep(0.02)
-    time.sleep(0.1)  # from print() to time.sleep()
+    time.sleep(0.1)  # from open() to time.sleep()
 
 
-def _check_interrupt(rc, eid: int, pid: int) -> None:
+def _check_interrupt(rc, eid: int, pid: int, tmp_path: Path) -> None:
     """Client.send_signal(SIGINT) reaches an engine busy in time.sleep (through its nanny), and the
     engine stays usable: what interrupting a `%%spawn --cluster` cell relies on."""
-    ar = rc[eid].apply_async(_busy, 30)
-    _wait_busy(ar)
+    ar, marker = _start_busy(rc, eid, tmp_path)
+    _wait_busy(rc, eid, ar, marker)
     t0 = time.monotonic()
     rc.send_signal(signal.SIGINT, targets=[eid], block=True)
     with pytest.raises(ipp.error.RemoteError) as info:
@@ -148,18 +156,18 @@ def test_local_nodes_environment(local):
         assert got["env"][NODE_ENV] == f"node{local.node_of[eid]}"
 
 
-def test_local_nodes_interrupt(local):
+def test_local_nodes_interrupt(local, tmp_path):
     rc = local.client()
     eid = local.engines_of(1)[0]
-    _check_interrupt(rc, eid, local.engine_pids[eid])
+    _check_interrupt(rc, eid, local.engine_pids[eid], tmp_path)
 
 
-def test_local_nodes_kill_engine(local):
+def test_local_nodes_kill_engine(local, tmp_path):
     """Last of the module's tests: it takes an engine away."""
     rc = local.client()
     victim = local.engines_of(0)[-1]
-    ar = rc[victim].apply_async(_busy, 30)
-    _wait_busy(ar)
+    ar, marker = _start_busy(rc, victim, tmp_path)
+    _wait_busy(rc, victim, ar, marker)
     local.kill_engine(victim)
     assert (
         not psutil.pid_exists(local.engine_pids[victim])
@@ -248,10 +256,10 @@ def test_netns_nodes_gloo_across_nodes(netns):
 
 
 @needs_netns
-def test_netns_nodes_interrupt(netns):
+def test_netns_nodes_interrupt(netns, tmp_path):
     rc = netns.client()
     eid = netns.engines_of(1)[0]
-    _check_interrupt(rc, eid, netns.engine_pids[eid])
+    _check_interrupt(rc, eid, netns.engine_pids[eid], tmp_path)
 
 
 @ipp.interactive
