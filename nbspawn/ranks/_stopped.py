@@ -142,10 +142,33 @@ def _see_it_begin() -> None:
         die()
 
 
+def _blocking_for_the_fork() -> None:
+    """Before a rank forks: SIGTERM waits, on the forking thread, until the child has let go of the
+    rank's handler and wakeup pipe (:func:`_forked`).  A child that took it sooner would write it to the
+    rank's pipe: a ``Pool`` whose ``map`` ends before its second worker has finished starting is
+    terminated at once (``with Pool(2)``), and the rank then heard its worker's SIGTERM as its own and
+    died of it (ci60, ci64; here 1 world in 2 within 20 short-lived pools)."""
+    global _mask_at_fork
+    if _drop is None:
+        return
+    with contextlib.suppress(Exception):
+        _mask_at_fork = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+def _unblocked_after_the_fork() -> None:
+    """The forking thread's mask as it was (in the rank, and in the child once it has let go)."""
+    global _mask_at_fork
+    mask, _mask_at_fork = _mask_at_fork, None
+    if mask is not None and signal.SIGTERM not in mask:
+        with contextlib.suppress(Exception):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
 def _forked() -> None:
     """A process the rank forks (a DataLoader worker, a ``Pool``'s) is not the rank: SIGTERM ends it as
     before, and the signals it takes are not written to the rank's wakeup pipe, which it shares (the
-    rank's reading thread would hear a child's SIGTERM as its own and stop the rank)."""
+    rank's reading thread would hear a child's SIGTERM as its own and stop the rank).  A SIGTERM that
+    came meanwhile was held (:func:`_blocking_for_the_fork`) and now ends the child."""
     global _drop, _listening, _own_fd
     if _drop is None:  # not a rank's child (a rank the kernel or a node's agent forks): left as it was
         return
@@ -155,6 +178,8 @@ def _forked() -> None:
         if signal.getsignal(signal.SIGTERM) is _on_term:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _own_fd = None
+    _unblocked_after_the_fork()
 
 
-os.register_at_fork(after_in_child=_forked)
+_mask_at_fork: set[int | signal.Signals] | None = None  # the forking thread's mask before SIGTERM was held for a fork
+os.register_at_fork(before=_blocking_for_the_fork, after_in_parent=_unblocked_after_the_fork, after_in_child=_forked)

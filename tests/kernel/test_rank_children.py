@@ -206,6 +206,28 @@ def test_a_childs_own_sigterm_is_not_taken_for_its_ranks(kernel, method):
         assert rank_lines(result.stdout, rank) == ["rank lives on 0"], result.stdout
 
 
+# a Pool whose map ends before its last worker has finished starting, terminated at once by `with`: the
+# worker took its SIGTERM before it let go of the rank's handler and wakeup pipe, the rank's reading
+# thread heard it as the rank's own, and the rank died of SIGTERM (ci60, ci64; 6 of 10 fork cells of 20
+# pools each, here, before the rank held SIGTERM across its forks)
+SHORT_LIVED_POOLS = """
+import multiprocessing as mp
+for _ in range(40):
+    with mp.Pool(2) as pool:
+        pool.map(abs, range(8))
+print("rank lives on")
+"""
+
+
+def test_short_lived_pools_in_fork_ranks_never_stop_their_rank(kernel, world):
+    for cell in (f"%%spawn --world {world} -n 2 --backend gloo --start-method fork", "%%spawn -n 2 --start-method fork"):
+        result = ok(kernel, f"{cell}\n{SHORT_LIVED_POOLS}", timeout=120)
+        for rank in range(2):
+            assert rank_lines(result.stdout, rank) == ["rank lives on"], result.stdout
+    ok(kernel, f"%spawn stop {world}")
+    nothing_left(kernel.pid)
+
+
 class _Ordered(TextView):
     """A text view that notes when each rank's output and end reach it, and is slow to take output in
     (as a view redrawing a terminal's footer can be): the window in which a rank can end unseen."""

@@ -150,6 +150,47 @@ def test_a_rank_told_to_stop_drops_its_names_or_dies_at_once(where, tmp_path):
     assert rest == "last words\n" + ("" if where == "stuck" else "dropped MainThread\n")
 
 
+_FORKS = """
+import os, signal, sys, threading, time
+from nbspawn.ranks import _stackdump, _stopped
+_stackdump.answer_stack_requests(open(sys.argv[1], "w"))
+_stopped.install(lambda: None)
+
+def masked():
+    return signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+def fork_and_look():
+    pid = os.fork()
+    if pid == 0:  # the child: SIGTERM no longer held, the rank's handler and pipe let go of
+        os._exit(0 if not masked() and signal.set_wakeup_fd(-1) == -1 and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL else 3)
+    return os.waitpid(pid, 0)[1], masked()
+
+print(fork_and_look())
+# a thread of the rank's that holds SIGTERM itself (its helpers do) keeps it held, in the rank and in its child
+def helper():
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if masked() else 3)
+    print((os.waitpid(pid, 0)[1], masked()))
+threading.Thread(target=helper).start()
+"""
+
+
+def test_a_ranks_fork_holds_sigterm_only_until_the_child_has_let_go_of_the_ranks_handler(tmp_path):
+    """A rank forks with SIGTERM held (``ranks._stopped``): a child terminated at once (``with Pool(2)``
+    as its map ends) would otherwise write the signal to the rank's wakeup pipe, and the rank would die
+    of its child's SIGTERM.  After the fork the mask is as it was, in the rank and in the child."""
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_FORKS), str(tmp_path / "stacks.log")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ,
+    )
+    assert out.stdout.splitlines() == ["(0, False)", "(0, True)"], out
+
+
 # -- the pinned-memory probe (L1, M12) -------------------------------------------------------------
 
 
