@@ -148,17 +148,15 @@ def _blocking_for_the_fork() -> None:
     rank's pipe: a ``Pool`` whose ``map`` ends before its second worker has finished starting is
     terminated at once (``with Pool(2)``), and the rank then heard its worker's SIGTERM as its own and
     died of it (ci60, ci64; here 6 of 10 fork cells of 20 short-lived pools each)."""
-    global _mask_at_fork
     if _drop is None:
         return
     with contextlib.suppress(Exception):
-        _mask_at_fork = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        _at_fork.mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 
 
 def _unblocked_after_the_fork() -> None:
     """The forking thread's mask as it was (in the rank, and in the child once it has let go)."""
-    global _mask_at_fork
-    mask, _mask_at_fork = _mask_at_fork, None
+    mask, _at_fork.mask = getattr(_at_fork, "mask", None), None
     if mask is not None and signal.SIGTERM not in mask:
         with contextlib.suppress(Exception):
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
@@ -181,5 +179,7 @@ def _forked() -> None:
     _unblocked_after_the_fork()
 
 
-_mask_at_fork: set[int | signal.Signals] | None = None  # the forking thread's mask before SIGTERM was held for a fork
+# the forking thread's mask before SIGTERM was held for its fork: each thread's own (two threads of a rank
+# may fork at once, a DataLoader's main thread and a Pool's worker handler; the child's one thread keeps it)
+_at_fork = threading.local()
 os.register_at_fork(before=_blocking_for_the_fork, after_in_parent=_unblocked_after_the_fork, after_in_child=_forked)
