@@ -26,6 +26,9 @@ KERNEL_FIXTURES = {"kernel", "fresh_kernel", "plain_kernel", "netns_kernel"}
 START_METHODS = ("fork", "spawn", "forkserver")
 
 
+_TRACING = pytest.StashKey[bool]()  # the controller turned the SIGTERM trace on
+
+
 def pytest_sessionstart(session):
     """The session's controller records who sends SIGTERMs (``signal_trace``) where root can."""
     if not hasattr(session.config, "workerinput"):
@@ -35,9 +38,6 @@ def pytest_sessionstart(session):
 def pytest_sessionfinish(session):
     if session.config.stash.get(_TRACING, False):
         signal_trace.stop()
-
-
-_TRACING = pytest.StashKey[bool]()
 
 
 def pytest_addoption(parser):

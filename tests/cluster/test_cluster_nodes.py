@@ -43,30 +43,26 @@ def _busy(seconds: float, marker: str) -> None:
     time.sleep(seconds)
 
 
-def _start_busy(rc, eid: int, tmp_path: Path, seconds: float = 30):
-    """``_busy`` on engine ``eid``, and the marker it makes once it runs."""
+def _busy_task(rc, eid: int, tmp_path: Path, timeout: float = 25.0):
+    """`_busy` on engine `eid` (30 s), once it runs (a signal sent before would hit an idle engine).  The
+    task says so in a file, not on stdout: its stdout comes through the hub's iopub, which a client that
+    has just connected may not hear yet (a PUB socket drops what a subscriber not yet joined would get:
+    ci66's test never saw "busy" in 25 s, on 2 loaded cores)."""
     marker = tmp_path / f"busy-{eid}-{time.monotonic_ns()}"
-    return rc[eid].apply_async(_busy, seconds, str(marker)), marker
-
-
-def _wait_busy(rc, eid: int, ar, marker: Path, timeout: float = 25.0) -> None:
-    """Wait until the engine runs `_busy` (a signal sent before would hit an idle engine).  The task says
-    so in a file, not on stdout: its stdout comes through the hub's iopub, which a client that has just
-    connected may not hear yet (a PUB socket drops what a subscriber not yet joined would get: ci66's
-    test never saw "busy" in 25 s, on 2 loaded cores)."""
+    ar = rc[eid].apply_async(_busy, 30, str(marker))
     deadline = time.monotonic() + timeout
     while not marker.exists():
         if time.monotonic() > deadline:
             raise AssertionError(f"the task never started: {ar!r}; the engine's queue: {rc.queue_status(targets=[eid])}")
         time.sleep(0.02)
     time.sleep(0.1)  # from open() to time.sleep()
+    return ar
 
 
 def _check_interrupt(rc, eid: int, pid: int, tmp_path: Path) -> None:
     """Client.send_signal(SIGINT) reaches an engine busy in time.sleep (through its nanny), and the
     engine stays usable: what interrupting a `%%spawn --cluster` cell relies on."""
-    ar, marker = _start_busy(rc, eid, tmp_path)
-    _wait_busy(rc, eid, ar, marker)
+    ar = _busy_task(rc, eid, tmp_path)
     t0 = time.monotonic()
     rc.send_signal(signal.SIGINT, targets=[eid], block=True)
     with pytest.raises(ipp.error.RemoteError) as info:
@@ -166,8 +162,7 @@ def test_local_nodes_kill_engine(local, tmp_path):
     """Last of the module's tests: it takes an engine away."""
     rc = local.client()
     victim = local.engines_of(0)[-1]
-    ar, marker = _start_busy(rc, victim, tmp_path)
-    _wait_busy(rc, victim, ar, marker)
+    ar = _busy_task(rc, victim, tmp_path)
     local.kill_engine(victim)
     assert (
         not psutil.pid_exists(local.engine_pids[victim])
