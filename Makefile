@@ -72,7 +72,7 @@ KAGGLE_TESTS := tests/unit tests/runtimes/test_hosted_runtime.py tests/kernel/te
 	tests/kernel/test_rank_widgets.py tests/kernel/test_rank_output.py tests/kernel/test_active_runs.py tests/kernel/test_spawn_core.py tests/kernel/test_worlds.py \
 	tests/kernel/test_torch_spawn_call.py
 TORCH_RANGE_TESTS := tests/kernel/test_spawn_core.py tests/kernel/test_worlds.py tests/kernel/test_debugger.py tests/kernel/test_handoff.py tests/kernel/test_rank_output.py \
-	tests/kernel/test_torch_spawn_call.py
+	tests/kernel/test_torch_spawn_call.py tests/kernel/test_shell_replies.py
 # nbspawn's wheel is built once for them all (NBSPAWN_WHEEL: 13 s of each job's install was pip building it
 # from the clone); a job run by hand builds its own from the clone.
 RUNTIME_JOBS := runtime-colab-gpu runtime-kaggle-gpu runtime-floor runtime-newest runtime-tpu-cpu
