@@ -111,21 +111,30 @@ def start_kernel(
 ) -> Kernel:
     """``env`` adds to this process's environment (e.g. a private TMPDIR for leak tests); ``log``, an
     open file, receives the kernel process's own stderr (what a Jupyter server prints to its console)."""
-    manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=_kernel_spec_manager())
-    assert Path(manager.kernel_spec.argv[0]).resolve() == Path(sys.executable).resolve()
     # a value of None removes a variable (e.g. PYTEST_CURRENT_TEST, under which ipykernel captures nothing)
     extra: dict[str, Any] = {"env": {k: v for k, v in {**os.environ, **env}.items() if v is not None}} if env else {}
     if log is not None:
         extra["stderr"] = log
-    manager.start_kernel(cwd=cwd or os.getcwd(), **extra)
-    client = manager.client()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=startup_timeout)
-    except RuntimeError:
-        stop_kernel(Kernel(manager, client))
-        raise
-    return Kernel(manager, client)
+    for attempt in (1, 2):
+        manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=_kernel_spec_manager())
+        assert Path(manager.kernel_spec.argv[0]).resolve() == Path(sys.executable).resolve()
+        manager.start_kernel(cwd=cwd or os.getcwd(), **extra)
+        client = manager.client()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=startup_timeout)
+        except RuntimeError:
+            died = not manager.is_alive()
+            stop_kernel(Kernel(manager, client))
+            # jupyter_client picks the kernel's five ports free, then the kernel binds them: a kernel
+            # started by another test worker can take one in between ("Address already in use", seen
+            # with 3 workers), and the kernel dies before its first reply.  A bare ipykernel: no
+            # nbspawn yet.  Once more, on new ports.
+            if attempt == 2 or not died:
+                raise
+            continue
+        return Kernel(manager, client)
+    raise AssertionError("unreachable")
 
 
 def stop_kernel(kernel: Kernel) -> None:
@@ -155,8 +164,10 @@ def where_everything_is(limit: int = 16_000) -> str:
             return len(process.parents())
         return 0
 
-    # the deepest first (a rank's children, then the ranks, then the kernels): what is cut is the kernels'
-    for process in sorted(psutil.Process().children(recursive=True), key=depth, reverse=True):
+    # the kernels first, then the ranks, then their children: a cell that never replied is the kernel's
+    # to explain, and what is cut (here at ``limit``, and a CI log's excerpt, which keeps the first lines
+    # of a failure: the real CI's of a floor hang kept only the ranks', ci61 and stop 55's) is the deepest
+    for process in sorted(psutil.Process().children(recursive=True), key=depth):
         try:
             command = " ".join(process.cmdline())[:160]
             answer = subprocess.run(
