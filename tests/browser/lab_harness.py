@@ -526,6 +526,46 @@ def status_spells(changes: list[list], grace_ms: float, end_race_ms: float = 200
     return StatusSpells(end - start, busy, others)
 
 
+class KernelStatuses:
+    """Every kernel status a page heard on its kernel websockets, in order, with what it answered: the
+    evidence when a status bar reads what a test did not expect (the reattach test's first tab read
+    Idle beside a second tab, about one run in eight).  Frames are JSON or Jupyter's v1 binary protocol
+    (``v1.kernel.websocket.jupyter.org``: a count of offsets, the offsets, then channel, header,
+    parent header, metadata, content)."""
+
+    def __init__(self, page: PwPage) -> None:
+        self.seen: list[str] = []
+        self.started = time.monotonic()
+        page.on("websocket", lambda ws: ws.on("framereceived", self._frame) if "/channels" in ws.url else None)
+
+    def _frame(self, payload: str | bytes) -> None:
+        try:
+            if isinstance(payload, bytes):
+                count = int.from_bytes(payload[:8], "little")
+                offsets = [int.from_bytes(payload[8 * (i + 1) : 8 * (i + 2)], "little") for i in range(count)]
+                channel, header, parent, _meta, content = (payload[offsets[i] : offsets[i + 1]] for i in range(5))
+                if channel != b"iopub" or b'"status"' not in header:
+                    return
+                msg = {"header": json.loads(header), "parent_header": json.loads(parent), "content": json.loads(content)}
+            else:
+                msg = json.loads(payload)
+                if msg.get("channel") != "iopub":
+                    return
+            if msg["header"]["msg_type"] != "status":
+                return
+            parent = msg.get("parent_header") or {}
+            self.seen.append(
+                f"{time.monotonic() - self.started:8.3f} s {msg['content'].get('execution_state')} for "
+                f"{parent.get('msg_type')} {str(parent.get('msg_id'))[:8]} (session {str(parent.get('session'))[:8]}"
+                f"{', subshell ' + str(parent['subshell_id'])[:8] if parent.get('subshell_id') else ''})"
+            )
+        except Exception as err:  # never fail the page's test for the recorder's sake
+            self.seen.append(f"(a frame not read: {err!r})")
+
+    def recent(self, n: int = 30) -> str:
+        return "the statuses the page heard, last first:\n" + "\n".join(reversed(self.seen[-n:]))
+
+
 # -- screenshots ---------------------------------------------------------------------------------
 
 
