@@ -177,6 +177,16 @@ def ends_the_long_run(lab):
     (lab.root / END).write_text("")
 
 
+def _says_busy(pg, timeout_ms: float, heard: KernelStatuses | None = None) -> None:
+    """JupyterLab's status bar on ``pg`` says Busy within ``timeout_ms``; if not, the failure says what it
+    said instead, and what statuses the page heard (``heard``, recorded from before the page loaded)."""
+    try:
+        pg.wait_for_function(f"() => ({KERNEL_STATUS_JS['lab']})() === 'Busy'", timeout=timeout_ms)
+    except Exception:
+        said = pg.evaluate(KERNEL_STATUS_JS["lab"])
+        raise AssertionError(f"the status bar says {said!r}, not Busy" + (f"; {heard.recent()}" if heard else "")) from None
+
+
 def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts, ends_the_long_run):
     path = lab.root / "reattach.ipynb"
     with Page(browser, width=1200, height=1100) as p:
@@ -227,12 +237,7 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts, end
         # the kernel's status is that of the running cell, once the page has heard a status: the live view
         # can be drawn before that (the ranks' figures come with a sync every second), and CI's stop 54 read
         # "Unknown" here in that moment; the page's own requests bring the cell's busy
-        try:
-            pg.wait_for_function(f"() => ({KERNEL_STATUS_JS['lab']})() === 'Busy'", timeout=15_000)
-        except Exception:
-            raise AssertionError(
-                f"the status bar says {pg.evaluate(KERNEL_STATUS_JS['lab'])!r}, not Busy; {heard.recent()}"
-            ) from None
+        _says_busy(pg, 15_000, heard)
         shot(view, artifacts, "reattach-lab-live.png", unhover=True)
         page_shot(pg, artifacts, "reattach-lab-page.png")
         # Where? is there, as on the page that ran the cell, and its answer comes to this page
@@ -255,17 +260,12 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts, end
         shot(view2, artifacts, "reattach-lab-second-tab.png", unhover=True)
         # its status bar says Busy once it has heard a status: the live view can be drawn before that now (the
         # ranks' figures come with a sync every second), and the page's own requests bring the cell's busy
-        pg2.wait_for_function(f"() => ({KERNEL_STATUS_JS['lab']})() === 'Busy'", timeout=15_000)
+        _says_busy(pg2, 15_000)
         # nor did the second tab's requests change the first tab's, once they are answered: each of them
         # (a reattaching page sends some 20: subshells, comm info, debug requests) publishes its own idle,
         # which nbspawn follows with the cell's busy within the millisecond; a page can be read between
         # the two (ci69 read Idle here once), so it is waited for as the second tab's is
-        try:
-            pg.wait_for_function(f"() => ({KERNEL_STATUS_JS['lab']})() === 'Busy'", timeout=5_000)
-        except Exception:
-            raise AssertionError(
-                f"the first tab's status bar says {pg.evaluate(KERNEL_STATUS_JS['lab'])!r}; {heard.recent()}"
-            ) from None
+        _says_busy(pg, 5_000, heard)
 
         # ---- the end: the frozen run in the cell, and in the notebook --------------------------------
         (lab.root / END).write_text("")
