@@ -99,12 +99,12 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
     ipython.events.register("pre_run_cell", report_background_failures)
     _tell_hosted_runtime(ipython)
     ipython.events.register("post_run_cell", note_cuda_culprit)
-    if kernel_of(ipython) is not None:  # a page opened before the first run asks too
+    kernel = kernel_of(ipython)
+    if kernel is not None:  # a page opened before the first run asks too
         from . import _shellreplies
         from .views import _active, _busy
 
-        _shellreplies.mend(kernel_of(ipython))  # ipykernel 7.0-7.3 strands a request now and then
-
+        _shellreplies.mend(kernel)  # ipykernel 7.0-7.3 strands a request now and then
         _active.install()
         _busy.watch_statuses()  # from now on a run knows whether the status bar still says Busy
 
