@@ -70,7 +70,7 @@ KERNEL_TESTS := tests --ignore=tests/cluster/test_cluster_nodes.py --ignore=test
 # (rich, tqdm's notebook bars), the hosted-runtime notice, fresh cells and kept worlds, and the pure functions.
 KAGGLE_TESTS := tests/unit tests/runtimes/test_hosted_runtime.py tests/kernel/test_view_widget.py \
 	tests/kernel/test_rank_widgets.py tests/kernel/test_rank_output.py tests/kernel/test_active_runs.py tests/kernel/test_spawn_core.py tests/kernel/test_worlds.py \
-	tests/kernel/test_torch_spawn_call.py
+	tests/kernel/test_torch_spawn_call.py tests/kernel/test_gpu_memory_view.py
 TORCH_RANGE_TESTS := tests/kernel/test_spawn_core.py tests/kernel/test_worlds.py tests/kernel/test_debugger.py tests/kernel/test_handoff.py tests/kernel/test_rank_output.py \
 	tests/kernel/test_torch_spawn_call.py tests/kernel/test_shell_replies.py
 # nbspawn's wheel is built once for them all (NBSPAWN_WHEEL: 13 s of each job's install was pip building it

@@ -1,7 +1,9 @@
 """What sampling the ranks' CPU and memory costs (issue #44): the kernel does it, about once a second,
-from ``/proc`` (``nbspawn.events._resources``); the ranks run no thread for it, so their own cost is
-nil by construction.  This measures the kernel's side: one sample of N rank processes (each with a
-child, as a DataLoader worker would be), holding M MB each, and its share of a second.
+from ``/proc`` (``nbspawn.events._resources``).  This measures the kernel's side: one sample of N rank
+processes (each with a child, as a DataLoader worker would be), holding M MB each, and its share of a
+second.  A rank's only part is its GPU record (``nbspawn.ranks._devicememory``): a thread that looks
+once a second; the last rows time one look, without CUDA initialized (what every CPU rank pays) and,
+where a GPU is here, with it (the allocator's counters read and the record written when they changed).
 
     python bench/resources_cost.py                # 4 ranks of 200 MB, 200 samples
     python bench/resources_cost.py --ranks 8 --mb 500 --samples 500
@@ -56,6 +58,30 @@ def timed(fn, roots: dict[int, int], samples: int) -> list[float]:
     return times
 
 
+def rank_thread_rows(looks: int = 20_000) -> None:
+    """One look of a rank's GPU-record thread, timed here (a rank's thread does this once a second)."""
+    import tempfile
+
+    import torch
+
+    from nbspawn.ranks import _devicememory
+
+    print(f"\n{'rank thread look':<28} {'median us':>10} {'rank core at 1/s':>17}")
+    with tempfile.TemporaryDirectory() as rank_dir:
+        _devicememory._state["dir"] = rank_dir
+        cases = [("CUDA not initialized", None)]
+        if torch.cuda.is_available():
+            cases.append(("CUDA in use (1 tensor)", torch.ones(1 << 20, device="cuda")))
+        for name, _held in cases:
+            times = []
+            for _ in range(looks):
+                began = time.perf_counter()
+                _devicememory.write_now()
+                times.append(time.perf_counter() - began)
+            median = statistics.median(times)
+            print(f"{name:<28} {median * 1e6:>10.2f} {median * 100:>16.5f}%")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=4)
@@ -80,6 +106,7 @@ def main() -> None:
             print(
                 f"{name:<14} {args.ranks:>5} {args.mb:>8} {processes:>9} {median * 1000:>10.2f} {p95 * 1000:>8.2f} {median * 100:>11.2f}%"
             )
+        rank_thread_rows()
     finally:
         for holder in holders:  # each with its child: its own session, ended whole
             with contextlib.suppress(ProcessLookupError):

@@ -125,7 +125,7 @@ _TRAITS: dict[str, Callable[[Option], TraitType]] = {
     ),
     "path": lambda o: Unicode(o.default, allow_none=True, help=o.trait_help),
     "name": lambda o: Unicode(o.default or "", help=o.trait_help),  # '': none
-    "kb": lambda o: Int(o.default, help=o.trait_help),
+    "whole": lambda o: Int(o.default, help=o.trait_help),  # KB, a nice value
 }
 
 

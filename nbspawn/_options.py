@@ -249,6 +249,17 @@ def parse_kb(value: Any, option: str) -> int:
     return kb
 
 
+def parse_niceness(value: Any, option: str) -> int:
+    """A nice value to add to the kernel's: 0 (the kernel's own) to 19 (Linux's lowest priority)."""
+    try:
+        niceness = int(value)
+    except (TypeError, ValueError):
+        niceness = -1
+    if isinstance(value, (bool, float)) or not 0 <= niceness <= 19:
+        raise SpawnUsageError(f"{option} must be a whole number from 0 to 19, not {value!r}")
+    return niceness
+
+
 def parse_nodes(value: Any) -> int | None:
     if value is None:
         return None
@@ -391,6 +402,21 @@ class Settings:
         trait="seconds",
         trait_help="Seconds between SIGTERM and SIGKILL when ranks are stopped.",
     )
+    rank_niceness: int = row(
+        (),
+        "N",
+        "how far below the kernel's the ranks' CPU priority is, as a nice value added to the kernel's "
+        "(0 to 19, default {default}): when ranks outnumber the cores, the kernel that shows their output "
+        "and answers Stop, and the notebook, get a core first",
+        "common",
+        default=19,
+        read=partial(parse_niceness, option="SpawnMagics.rank_niceness"),
+        doors=frozenset({CONFIG}),
+        trait="whole",
+        trait_help="How far below the kernel's the ranks' CPU priority is: a nice value added to the kernel's, "
+        "0 to 19 (0: the kernel's own). Ranks that outnumber the cores leave one to the kernel, which shows "
+        "their output and answers Stop, and to the notebook.",
+    )
     log_dir: str | None = row(
         ("--log-dir",),
         "DIR",
@@ -464,7 +490,7 @@ class Settings:
         default=256,
         read=partial(parse_kb, option="SpawnMagics.max_saved_kb"),
         doors=frozenset({CONFIG}),
-        trait="kb",
+        trait="whole",
         trait_help="Most KB a finished run's saved output takes in the notebook, images aside (the logs keep all).",
     )
     max_image_kb: int = row(
@@ -475,7 +501,7 @@ class Settings:
         default=2048,
         read=partial(parse_kb, option="SpawnMagics.max_image_kb"),
         doors=frozenset({CONFIG}),
-        trait="kb",
+        trait="whole",
         trait_help="Most KB of images a run shows and saves; past it an image is named, not shown (its rank's display.jsonl has it).",
     )
     given: Given = Given()  # not a row: which world-defining options the user wrote

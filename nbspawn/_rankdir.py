@@ -39,6 +39,7 @@ OUT = "out.pickle"
 COLLECTIVES = "collectives.json"
 XRAY = "xray.json"
 XRAY_VALUES = "xray_values.json"
+DEVICE_MEMORY = "device_memory.json"  # what torch holds on each GPU the rank used, about once a second (ranks._devicememory)
 DESCRIBED = "described.json"  # %spawn show WORLD NAME: what the name holds on this rank (ranks._describe)
 ANSWERS = "answers.fifo"
 NCCL_TRACE = "nccl_trace_"  # the prefix torch's NCCL dump is given: it adds the global rank
@@ -106,6 +107,10 @@ class RankDir:
     @property
     def xray_values(self) -> str:
         return self.file(XRAY_VALUES)
+
+    @property
+    def device_memory(self) -> str:
+        return self.file(DEVICE_MEMORY)
 
     @property
     def answers(self) -> str:

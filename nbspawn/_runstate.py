@@ -20,6 +20,7 @@ from ._rankdir import RankDir
 from ._spec import RunSpec
 from .errors import RankFailure, RunFacts, SpawnError
 from .events._display import DisplayItems
+from .events._gpumemory import DeviceHeld, GpuTotal
 from .events._resources import MemoryLimit
 from .events._streams import Event, RankStreams
 from .events._where import ANSWER_WAIT, RankToAsk, where_now
@@ -57,6 +58,19 @@ class RankState:
     cpu_percent: float | None = None
     rss: int | None = None
     peak_rss: int | None = None
+    # on the GPUs it used (its own thread's record, ``ranks._devicememory``): what its torch holds there
+    # now, each device's peaks being this run's; () where it used none (or its node's rank: not sampled)
+    gpu: tuple[DeviceHeld, ...] = ()
+
+    @property
+    def peak_gpu_allocated(self) -> int | None:
+        """The most its tensors took on its GPUs in this run (torch's ``max_memory_allocated``), bytes."""
+        return sum(device.peak_allocated for device in self.gpu) if self.gpu else None
+
+    @property
+    def peak_gpu_reserved(self) -> int | None:
+        """The most its torch reserved on its GPUs in this run (its caching allocator's pool), bytes."""
+        return sum(device.peak_reserved for device in self.gpu) if self.gpu else None
 
     def read_stacks(self, limit: int | None = None) -> str:
         """The stack dump taken when the rank was stopped (the whole log if none was asked for), or
@@ -125,7 +139,9 @@ class Run:
     world_lost: str | None = None  # why that world could not go on, if it could not
     shown: dict[str, object] | None = field(default=None, repr=False)  # its frozen view's mime bundle (%spawn show)
     memory: MemoryLimit | None = None  # the machine's (or container's) memory at the last sample
-    memory_warning: str | None = None  # said once, when the ranks brought it near its end
+    memory_warning: str | None = None  # said once, when the ranks brought it (or a GPU's) near its end
+    # each GPU the ranks used, at the most they held on it together in one sample (by GpuTotal.key)
+    gpu_peaks: dict[str, GpuTotal] = field(default_factory=dict)
     node_batches: list[int] = field(default_factory=list)  # a cluster run: data messages received from each node
     xray: XRay | None = field(default=None, repr=False)  # what the ranks did together (--xray), read by read_xray()
     display_items: DisplayItems = field(init=False, repr=False)

@@ -6,7 +6,7 @@
 
 import { h } from './dom';
 import { formatBytes, formatDuration, stoppedByUser } from './format';
-import { IRunBundle } from './messages';
+import { IGpuRecord, IRunBundle } from './messages';
 
 export const RUN_STATUS_LABEL: Record<string, string> = {
   running: 'running',
@@ -98,10 +98,21 @@ export function buildHeader(run: IRunBundle, extras: IHeaderExtras = {}): HTMLEl
   }
   addMeta('took', formatDuration(run.duration));
   const memory = memoryWords(run);
+  // the warning is drawn on what it is about: a GPU's ("GPU 0 is nearly full: ...") or the host's memory
+  const warnedGpu = (run.gpus ?? []).find(g => run.memory_warning?.startsWith(`${g.gpu} `));
+  const hostWarning = warnedGpu ? null : run.memory_warning;
   if (memory) {
-    meta.appendChild(metaEntry('memory', memory, run.memory_warning ? 'nbs-mod-warn' : ''));
-    if (run.memory_warning) {
-      meta.lastElementChild?.setAttribute('title', run.memory_warning);
+    meta.appendChild(metaEntry('memory', memory, hostWarning ? 'nbs-mod-warn' : ''));
+    if (hostWarning) {
+      meta.lastElementChild?.setAttribute('title', hostWarning);
+    }
+  }
+  for (const gpu of run.gpus ?? []) {
+    const warned = gpu === warnedGpu && run.memory_warning;
+    meta.appendChild(metaEntry(gpu.gpu, gpuTotalWords(run, gpu), warned ? 'nbs-mod-warn' : ''));
+    const title = warned || gpu.name;
+    if (title) {
+      meta.lastElementChild?.setAttribute('title', title);
     }
   }
   addMeta('run', run.run_id, 'nbs-mod-mono');
@@ -189,6 +200,13 @@ export function buildBanner(run: IRunBundle, pick?: (rank: number) => void): HTM
     );
   }
   return nodes;
+}
+
+/** A GPU's line: "ranks 7.1 GB of 15.8 GB" while they run (reserved by their torch now), "peak 7.1 GB of 15.8 GB" once ended. */
+export function gpuTotalWords(run: IRunBundle, gpu: IGpuRecord): string {
+  const live = run.ranks.some(r => r.status === 'running' && typeof r.gpu_reserved === 'number');
+  const of = gpu.total ? ` of ${formatBytes(gpu.total)}` : '';
+  return `${live ? 'ranks' : 'peak'} ${formatBytes(gpu.reserved)}${of}`;
 }
 
 /**

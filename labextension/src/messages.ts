@@ -103,6 +103,13 @@ export interface IRankRecord {
   cpu?: number | null;
   rss?: number | null;
   peak_rss?: number | null;
+  /** On the GPUs it used ("GPU 0"): what its torch has allocated and reserved there now (while it
+   * runs), and the most of each in the run (bytes). Null where it used none. */
+  gpu?: string | null;
+  gpu_allocated?: number | null;
+  gpu_reserved?: number | null;
+  peak_gpu_allocated?: number | null;
+  peak_gpu_reserved?: number | null;
   /** Version 1 bundles only: the kept output (version 2 keeps it in the bundle's `text/html`). */
   output?: OutputChunk[];
 }
@@ -112,6 +119,14 @@ export interface IMemoryRecord {
   total: number;
   used: number;
   source: 'machine' | 'container';
+}
+
+/** A GPU the ranks used: what their torch reserved on it (now while they run, else the most they held there together) of its total, bytes. */
+export interface IGpuRecord {
+  gpu: string;
+  name: string;
+  total: number;
+  reserved: number;
 }
 
 /** What a rank's status says in words: "failed after rank 2" for one that failed once rank 2 had. */
@@ -142,8 +157,10 @@ export interface IRunRecord {
   /** The collectives X-ray in words (its drawing: the bundle's `text/html`, or the widget's `xray_html`). */
   xray?: string | null;
   memory?: IMemoryRecord | null;
-  /** Said once, when the ranks brought the memory in use near its end. */
+  /** Said once, when the ranks brought the memory in use (or a GPU's) near its end. */
   memory_warning?: string | null;
+  /** The GPUs the ranks used (none: []). */
+  gpus?: IGpuRecord[];
   ranks: IRankRecord[];
 }
 
@@ -269,6 +286,14 @@ function memoryRecord(value: unknown): IMemoryRecord | null {
   return total !== null && used !== null ? { total, used, source: m.source === 'container' ? 'container' : 'machine' } : null;
 }
 
+function gpuRecords(value: unknown): IGpuRecord[] {
+  return (Array.isArray(value) ? (value as unknown[]) : [])
+    .filter(g => g && typeof g === 'object')
+    .map(g => record(g))
+    .map(g => ({ gpu: str(g.gpu), name: str(g.name), total: num(g.total) ?? 0, reserved: num(g.reserved) ?? 0 }))
+    .filter(g => g.gpu);
+}
+
 /** Coerce untrusted JSON to a bundle: wrong or missing fields get neutral values, never throw. */
 export function parseBundle(data: unknown): IRunBundle {
   const d = record(data);
@@ -298,7 +323,12 @@ export function parseBundle(data: unknown): IRunBundle {
         prompt: strOrNull(r.prompt),
         cpu: num(r.cpu),
         rss: num(r.rss),
-        peak_rss: num(r.peak_rss)
+        peak_rss: num(r.peak_rss),
+        gpu: strOrNull(r.gpu),
+        gpu_allocated: num(r.gpu_allocated),
+        gpu_reserved: num(r.gpu_reserved),
+        peak_gpu_allocated: num(r.peak_gpu_allocated),
+        peak_gpu_reserved: num(r.peak_gpu_reserved)
       };
     });
   const e = d.error && typeof d.error === 'object' ? record(d.error) : null;
@@ -328,6 +358,7 @@ export function parseBundle(data: unknown): IRunBundle {
     xray: strOrNull(d.xray),
     memory: memoryRecord(d.memory),
     memory_warning: strOrNull(d.memory_warning),
+    gpus: gpuRecords(d.gpus),
     ranks
   };
 }

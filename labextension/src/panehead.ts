@@ -66,6 +66,8 @@ export function tracebackBox(rank: IRankInfo, run: IRunBundle): HTMLElement | nu
     'div',
     { class: 'nbs-Traceback' },
     h('div', { class: 'nbs-Traceback-summary' }, rank.summary ?? run.error?.summary ?? 'failed'),
+    // out of GPU memory: what each rank held on that GPU
+    rank.status === 'failed' && rank.note ? h('div', { class: 'nbs-Traceback-note' }, rank.note) : null,
     tb ? h('pre', { class: 'nbs-Traceback-text' }, tb) : null
   );
 }

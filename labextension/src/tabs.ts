@@ -33,14 +33,25 @@ export function buildMergedTab(): HTMLElement {
   );
 }
 
+/** A running rank's memory now, for its chip: "583 MB", "583 MB · GPU 3.1 GB"; '' once ended. */
+export function chipCost(r: IRankInfo): string {
+  if (r.status !== 'running') {
+    return '';
+  }
+  const gpu = typeof r.gpu_allocated === 'number' ? `GPU ${formatBytes(r.gpu_allocated)}` : '';
+  return [r.rss ? formatBytes(r.rss) : '', gpu].filter(Boolean).join(' · ');
+}
+
 /**
  * A rank's tab: its status chip (spinner, ✓ with duration, ✕ with the exception, ↳ "after rank 2" for
  * one that failed after the first failure, ■ with the signal).
  */
 export function buildChip(r: IRankInfo, run: IRunBundle): HTMLElement {
   const note = r.status === 'running' && r.note ? r.note : null;
-  // stopped in a hang: where it was then, as its chip said while it ran (the signal goes in the title)
-  const where = r.status === 'stopped' && r.note ? r.note : null;
+  const cost = chipCost(r);
+  // stopped in a hang: where it was then, as its chip said while it ran (the signal goes in the title);
+  // failed for lack of GPU memory: what each rank held on that GPU (in the title: the chip says the error)
+  const where = (r.status === 'stopped' || r.status === 'failed') && r.note ? r.note : null;
   const detail =
     r.status === 'failed'
       ? r.summary ?? (r.exit_code !== null ? `exit ${r.exit_code}` : 'failed')
@@ -80,8 +91,8 @@ export function buildChip(r: IRankInfo, run: IRunBundle): HTMLElement {
     h('span', { class: 'nbs-Chip-icon', 'aria-hidden': 'true' }, RANK_ICON[r.status] ?? ''),
     h('span', { class: 'nbs-Chip-rank' }, String(r.rank)),
     detail ? h('span', { class: 'nbs-Chip-detail' }, detail) : null,
-    // while it runs, the memory it holds now: which rank grows is seen at a glance
-    r.status === 'running' && r.rss ? h('span', { class: 'nbs-Chip-cost' }, formatBytes(r.rss)) : null
+    // while it runs, the memory it holds now (and what its torch has allocated on its GPU): which rank grows is seen at a glance
+    cost ? h('span', { class: 'nbs-Chip-cost' }, cost) : null
   );
   if (run.error && run.error.rank === r.rank) {
     chip.classList.add('nbs-mod-rootcause');

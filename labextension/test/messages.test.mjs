@@ -30,13 +30,16 @@ const RUN = {
     { rank: 0, pid: 11, status: 'done', after: null, exit_code: 0, signal: null, duration: 3.2, summary: null, traceback: null,
       elided_lines: 0, stdout_path: '/tmp/logs/r1/0/stdout.log', stderr_path: '/tmp/logs/r1/0/stderr.log',
       display_path: '/tmp/logs/r1/0/display.jsonl', node: null, note: 'at a breakpoint (Pdb, cell line 4)', prompt: 'pdb',
-      cpu: null, rss: null, peak_rss: 1234000000 },
+      cpu: null, rss: null, peak_rss: 1234000000, gpu: null, gpu_allocated: null, gpu_reserved: null,
+      peak_gpu_allocated: null, peak_gpu_reserved: null },
     { rank: 1, pid: 12, status: 'failed', after: null, exit_code: 1, signal: null, duration: 3.1, summary: 'ValueError: boom',
       traceback: 'Traceback ...', elided_lines: 5, stdout_path: 'hostb:/l/1/stdout.log', stderr_path: null,
       display_path: null, node: 'node 1 (hostb)', note: 'waiting in barrier #3 for 25 s; rank 0 has not entered it',
-      prompt: null, cpu: 97.5, rss: 850000000, peak_rss: 900000000 },
+      prompt: null, cpu: 97.5, rss: 850000000, peak_rss: 900000000, gpu: 'GPU 0', gpu_allocated: 3100000000,
+      gpu_reserved: 4000000000, peak_gpu_allocated: 3500000000, peak_gpu_reserved: 4000000000 },
   ],
   memory: { total: 12700000000, used: 6100000000, source: 'container' }, memory_warning: null,
+  gpus: [{ gpu: 'GPU 0', name: 'Tesla T4', total: 15800000000, reserved: 4000000000 }],
 };
 
 test('record: plain objects only', () => {
@@ -60,6 +63,18 @@ test('parseBundle keeps a well-formed run record as it is', () => {
   assert.equal(run.output_in, 'text/html');
   assert.deepEqual(run.memory, RUN.memory); // the machine's (here a container's) memory, as sampled
   assert.equal(run.memory_warning, null);
+  assert.deepEqual(run.gpus, RUN.gpus); // the GPUs the ranks used, each against its total
+});
+
+test('parseBundle: GPU figures absent or malformed are null or left out, never a throw', () => {
+  const older = { ...RUN.ranks[1] }; // a record from before the GPU figures
+  for (const key of ['gpu', 'gpu_allocated', 'gpu_reserved', 'peak_gpu_allocated', 'peak_gpu_reserved']) {
+    delete older[key];
+  }
+  const run = parseBundle({ ...RUN, gpus: [{ gpu: 'GPU 1', total: 'big' }, null, 'x', { name: 'no gpu' }], ranks: [older] });
+  assert.deepEqual(run.gpus, [{ gpu: 'GPU 1', name: '', total: 0, reserved: 0 }]);
+  assert.deepEqual([run.ranks[0].gpu, run.ranks[0].gpu_allocated, run.ranks[0].peak_gpu_allocated], [null, null, null]);
+  assert.deepEqual(parseBundle({ ...RUN, gpus: undefined }).gpus, []);
 });
 
 test('parseBundle: memory figures that are absent or malformed are null, never a throw', () => {
@@ -77,7 +92,10 @@ test('a rank\'s cost in words: CPU, memory now, its peak when higher; bytes as t
   assert.equal(formatBytes(5.14e9), '5.1 GB');
   assert.equal(formatBytes(849.6e6), '850 MB');
   assert.equal(formatBytes(null), '');
-  assert.equal(costWords(RUN.ranks[1]), 'CPU 98% · 850 MB · peak 900 MB');
+  assert.equal(costWords(RUN.ranks[1]), 'CPU 98% · 850 MB · peak 900 MB · GPU 0 3.1 GB (4.0 GB reserved)');
+  // ended: the GPU's peak (torch's max_memory_allocated) and what it reserved at the most
+  assert.equal(costWords({ peak_rss: 9e8, gpu: 'GPU 2', peak_gpu_allocated: 3.5e9, peak_gpu_reserved: 4e9 }), 'peak 900 MB · GPU 2 peak 3.5 GB (4.0 GB reserved)');
+  assert.equal(costWords({ gpu: 'GPU 2' }), ''); // a GPU named with no figure says nothing
   assert.equal(costWords({ cpu: null, rss: null, peak_rss: 1.234e9 }), 'peak 1.2 GB'); // ended: its peak only
   assert.equal(costWords({ cpu: 3, rss: 2e9, peak_rss: 2e9 }), 'CPU 3% · 2.0 GB');
   assert.equal(costWords({}), '');

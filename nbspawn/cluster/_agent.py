@@ -160,8 +160,15 @@ class RelayView(RunView):
     def skipped(self, rank: int, lines: int) -> None:
         self.batch.append(("s", rank + self.offset, lines))
 
+    def resources_sampled(self, run: Run) -> None:
+        for state in run.ranks:
+            if state.status in ("starting", "running") and state.rss is not None:
+                self.batch.append(("c", state.rank + self.offset, _costs(run, state)))
+
     def rank_ended(self, run: Run, state: RankState) -> None:
         died = self.alive is None or not self.alive(state.rank)
+        if state.peak_rss is not None or state.failure is not None:  # its last figures, and why it died if for memory
+            self.batch.append(("c", state.rank + self.offset, _costs(run, state)))
         self.batch.append(("e", state.rank + self.offset, _end_record(state, died)))
         if state.status in ("failed", "failed_after"):
             self._send_pids(run)
@@ -188,6 +195,9 @@ class RelayView(RunView):
         if _contact.kernel_silent():
             return f"the kernel is gone (no heartbeat for {_contact.HEARTBEAT_LOST:g} s)"
         return False
+
+    def interrupts(self) -> int:
+        return _contact.interrupts_heard()
 
     # -- batching ---------------------------------------------------------------------------------
 
@@ -225,6 +235,17 @@ def look(ranks: list[RankToAsk], program: bool) -> _wire.Where:
     """These ranks' dumps and collectives, as the kernel's ``where_now`` reads them on one machine."""
     stacks = rank_stacks(ranks, wait=LOOK_WAIT)
     return {"stacks": stacks, "collectives": {} if program else rank_collectives(ranks, stacks)}
+
+
+def _costs(run: Run, state: RankState) -> _wire.Costs:
+    return {
+        "cpu": state.cpu_percent if state.status == "running" else None,
+        "rss": state.rss if state.status == "running" else None,
+        "peak_rss": state.peak_rss,
+        "gpu": [dataclasses.asdict(device) for device in state.gpu],
+        "warning": run.memory_warning,
+        "memory": state.failure.memory if state.failure else None,
+    }
 
 
 def _end_record(state: RankState, died: bool) -> _wire.EndRecord:
@@ -268,31 +289,31 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
     from ..executors._supervisor import execute
     from ..handoff._shm import Payload, forget_arrivals, new_run_prefix
 
-    _contact.begin_run()
-    view = RelayView(node["offset"], job["rich"], job["publish_every"], _contact.publisher())
-    out_names = tuple(job["out_names"])
+    with _contact.node_run():
+        view = RelayView(node["offset"], job["rich"], job["publish_every"], _contact.publisher())
+        out_names = tuple(job["out_names"])
 
-    def handoff(method: str) -> Handoff:
-        forget_arrivals()
-        # CUDA tensors arrive as CPU data (never rebuilt on a GPU in this engine); the ranks place them
-        names = cloudpickle.loads(job["names"]) if job["names"] else {}
-        prefix = new_run_prefix() if out_names else None
-        if method == "fork":
-            return Handoff({"__name__": "__main__", "__builtins__": builtins, **names}, None, out_names, prefix)
-        return Handoff(None, Payload(names), out_names, prefix)
+        def handoff(method: str) -> Handoff:
+            forget_arrivals()
+            # CUDA tensors arrive as CPU data (never rebuilt on a GPU in this engine); the ranks place them
+            names = cloudpickle.loads(job["names"]) if job["names"] else {}
+            prefix = new_run_prefix() if out_names else None
+            if method == "fork":
+                return Handoff({"__name__": "__main__", "__builtins__": builtins, **names}, None, out_names, prefix)
+            return Handoff(None, Payload(names), out_names, prefix)
 
-    settings, placement = node_placement(job, node)
-    with working_directory(job["cwd"]):
-        program = locate(job["program"]) if job["program"] is not None else None
-        spec = build_spec(
-            job["cell"], settings, rich=job["rich"], handoff=None if program else handoff, program=program,
-            run_id=job["run_id"], placement=placement,
-        )  # fmt: skip
-        executor = _NodeProgramRanks(spec) if program is not None else _NodeCellRanks(spec)
-        _store = None  # the previous run's: every node's ranks of it had ended before this run began
-        run = execute(spec, view, executor)  # node 0's executor hosts the run's store once its ranks are forked
-        next_port = _listen.reserve(spec.master_addr) if node["index"] == 0 else None
-    return answer(run, view, node, next_port)
+        settings, placement = node_placement(job, node)
+        with working_directory(job["cwd"]):
+            program = locate(job["program"]) if job["program"] is not None else None
+            spec = build_spec(
+                job["cell"], settings, rich=job["rich"], handoff=None if program else handoff, program=program,
+                run_id=job["run_id"], placement=placement,
+            )  # fmt: skip
+            executor = _NodeProgramRanks(spec) if program is not None else _NodeCellRanks(spec)
+            _store = None  # the previous run's: every node's ranks of it had ended before this run began
+            run = execute(spec, view, executor)  # node 0's executor hosts the run's store once its ranks are forked
+            next_port = _listen.reserve(spec.master_addr) if node["index"] == 0 else None
+        return answer(run, view, node, next_port)
 
 
 def answer(run: Run, view: RelayView, node: _wire.Spot, next_port: int | None, lost: str | None = None) -> _wire.Answer:

@@ -1,7 +1,11 @@
 """How the kernel reaches a node's agent while the agent is busy: signals, which ipyparallel's nanny
 delivers to an engine running an ``apply`` (and its data channel, the way back).
 
-* SIGINT: interrupt (the kernel's interrupt or Stop; twice: kill), as on one machine;
+* SIGINT: interrupt (the kernel's interrupt or Stop; twice: kill), as on one machine; while a run
+  is the agent's, counted here for the node's supervisor to take at its next turn
+  (:func:`interrupts_heard`), never raised as ``KeyboardInterrupt`` wherever the agent happens to
+  be: one that came while the agent was still unpacking a world's cell ended its task, and the
+  kernel took the node's part of the world for lost;
 * SIGUSR2 (:data:`STOP_SIGNAL`): stop the node's ranks as a failure stops them (stacks, then
   SIGTERM): another node failed, or the run timed out;
 * SIGWINCH (:data:`HEARTBEAT_SIGNAL`), every :data:`HEARTBEAT_EVERY` s while the run (or a kept
@@ -16,8 +20,10 @@ module's alone; the agent (``_agent``) and its kept worlds (``_nodeworld``) ask 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 STOP_SIGNAL = signal.SIGUSR2
@@ -32,6 +38,8 @@ class _Heard:
     stop_asked = False
     where_asked = 0  # how many times the kernel asked where the ranks are
     where_told = 0
+    interrupts = 0  # the kernel's interrupts heard during this run
+    interrupts_taken = 0
 
 
 def _beat(_signum: int, _frame: object) -> None:
@@ -46,16 +54,35 @@ def _ask_where(_signum: int, _frame: object) -> None:
     _Heard.where_asked += 1
 
 
+def _ask_interrupt(_signum: int, _frame: object) -> None:
+    _Heard.interrupts += 1
+
+
 def install_handlers() -> None:
     signal.signal(HEARTBEAT_SIGNAL, _beat)
     signal.signal(STOP_SIGNAL, _ask_stop)
     signal.signal(WHERE_SIGNAL, _ask_where)
 
 
-def begin_run() -> None:
-    """A run (or a world's cell) begins: no stop asked yet, and the kernel was heard just now."""
+@contextlib.contextmanager
+def node_run() -> Iterator[None]:
+    """A run (or a world's cell) is this node's: no stop asked yet, the kernel heard just now, and its
+    interrupts counted rather than raised until the run's task ends (the engine's own handler then)."""
     install_handlers()
     _Heard.stop_asked, _Heard.last_beat = False, time.monotonic()
+    _Heard.interrupts_taken = _Heard.interrupts
+    previous = signal.signal(signal.SIGINT, _ask_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def interrupts_heard() -> int:
+    """How many interrupts came from the kernel since this was last asked (each taken once)."""
+    heard = _Heard.interrupts - _Heard.interrupts_taken
+    _Heard.interrupts_taken += heard  # only the handler adds to ``interrupts``: none is lost meanwhile
+    return heard
 
 
 def stop_asked() -> bool:

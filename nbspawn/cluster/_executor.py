@@ -59,6 +59,9 @@ class ClusterRanks(Executor):
         self.jobs = _batch.JobLook()  # the nodes' batch jobs, asked once if their ranks are killed
         self.answered: dict[int, _wire.Answer | None] = {}  # node index -> run_node's result (None: lost), once handled
         self.asked: set[int] = set()  # nodes told to stop
+        # nodes whose agent said its ranks started; a signal for another waits until it does (below)
+        self.begun: set[int] = set()
+        self.held: dict[int, list[int]] = {}
         self.ends: dict[int, RankEnd] = {}  # reported by its node, not yet reaped
         self.reported: set[int] = set()
         self.pipes: list[tuple[int, int]] = []  # per rank: readable when its end (or its node's answer) came
@@ -92,8 +95,8 @@ class ClusterRanks(Executor):
                 self.results[node.index] = result
                 self.inboxes[node.index] = result.metadata["data"]
                 self.next_seq[node.index] = 0
-        except BaseException:
-            self.signal_ranks(list(range(len(run.ranks))), [], signal.SIGINT)
+        except BaseException:  # the run is given up: no waiting for the agents to begin
+            self._send_signal(signal.SIGINT, [node.agent for node in self.cluster.nodes if node.index in self.results])
             raise
         self.last_beat = time.monotonic()
         return [0] * len(run.ranks)
@@ -162,14 +165,27 @@ class ClusterRanks(Executor):
         return Where(stacks, collectives)
 
     def signal_ranks(self, ranks: list[int], pids: list[int], sig: int) -> None:
-        """One request per node: SIGINT interrupts (a second one kills), SIGTERM stops as a failure does."""
+        """One request per node: SIGINT interrupts (a second one kills), SIGTERM stops as a failure does.
+
+        A node whose agent has not said its ranks started gets it once it has: before, the engine
+        ignores SIGINT (ipykernel's, between tasks) or the agent is still unpacking the cell, and
+        the kernel's interrupt of a world cell that another node failed at once was lost, or ended
+        the agent's task and with it the node's part of the world."""
         if sig == signal.SIGUSR1:
             return  # each agent asks its own ranks for their stacks before stopping them
         wanted = signal.SIGINT if sig in (signal.SIGINT, signal.SIGKILL) else _contact.STOP_SIGNAL
         nodes = sorted({self.cluster.node_of(r).index for r in ranks} - set(self.answered))
-        if nodes:
-            self.asked.update(nodes)
-            self._send_signal(wanted, [self.cluster.nodes[i].agent for i in nodes])
+        self.asked.update(nodes)
+        for index in set(nodes) - self.begun:
+            self.held.setdefault(index, []).append(wanted)
+        if ready := [i for i in nodes if i in self.begun]:
+            self._send_signal(wanted, [self.cluster.nodes[i].agent for i in ready])
+
+    def _began(self, index: int) -> None:
+        """The node's agent supervises its ranks now: what it was sent meanwhile goes to it, in order."""
+        self.begun.add(index)
+        for sig in self.held.pop(index, []):
+            self._send_signal(sig, [self.cluster.nodes[index].agent])
 
     def read_output(self, run: Run, final: bool = False, budget: int | None = None) -> list[Event]:
         """What the agents sent (each read its ranks within the view's budget, as a local run does)."""
@@ -278,10 +294,13 @@ class ClusterRanks(Executor):
                 events.append(Event(entry[1], "item", entry[2]))
             elif entry[0] == "s":
                 events.append(Event(entry[1], "skipped", entry[2]))
+            elif entry[0] == "c":
+                events.append(Event(entry[1], "costs", entry[2]))
             elif entry[0] == "e":
                 self._ended(entry[1], entry[2])
             elif entry[0] == "started":
                 _, pids, run_dir = entry
+                self._began(index)
                 for rank, pid in pids:
                     state = self.run.ranks[rank]
                     state.pid = pid

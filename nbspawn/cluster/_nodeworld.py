@@ -52,42 +52,42 @@ def run_world_cell(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> 
     from ..handoff._shm import Payload, forget_arrivals, new_run_prefix
     from ..ranks._worldloop import WorldJob
 
-    _contact.begin_run()
-    forget_arrivals()
-    with _lock:
-        _cell_running.set()
-        try:
-            world, next_port = _world_for(job, node, name, first)
-            view = _agent.RelayView(
-                node["offset"],
-                job["rich"],
-                job["publish_every"],
-                _contact.publisher(),
-                alive=lambda r: world.processes[r].is_alive(),
-            )
-            out_names = tuple(job["out_names"])
-            names = cloudpickle.loads(job["names"]) if job["names"] else {}
-            run_id = job["run_id"]
-            spec = world.spec.with_job(  # the kernel keeps the time, and stops every node at once
-                run_id,
-                f"{world.base_dir}/{run_id}",
-                cell=job["cell"],
-                out_names=out_names,
-                shm_prefix=new_run_prefix() if out_names else None,
-                rich=job["rich"],
-                on_ranks=frozenset(job["on"]) if job["on"] is not None else None,
-                # the cell's options, settled for the nodes in the kernel (no time limit or --pdb on a node)
-                asked=job["settings"],
-            )
-            cell = WorldJob(
-                job["cell"], spec.run_dir, run_id, Payload(names), out_names, spec.shm_prefix,
-                asked=spec.asked, rank_offset=node["offset"], on=spec.on_ranks,
-            )  # fmt: skip
-            with _agent.working_directory(job["cwd"]):
-                run = execute(spec, view, _NodeWorldCell(world, cell))
-        finally:
-            _cell_running.clear()
-    return _agent.answer(run, view, node, next_port, lost=run.world_lost)
+    with _contact.node_run():
+        forget_arrivals()
+        with _lock:
+            _cell_running.set()
+            try:
+                world, next_port = _world_for(job, node, name, first)
+                view = _agent.RelayView(
+                    node["offset"],
+                    job["rich"],
+                    job["publish_every"],
+                    _contact.publisher(),
+                    alive=lambda r: world.processes[r].is_alive(),
+                )
+                out_names = tuple(job["out_names"])
+                names = cloudpickle.loads(job["names"]) if job["names"] else {}
+                run_id = job["run_id"]
+                spec = world.spec.with_job(  # the kernel keeps the time, and stops every node at once
+                    run_id,
+                    f"{world.base_dir}/{run_id}",
+                    cell=job["cell"],
+                    out_names=out_names,
+                    shm_prefix=new_run_prefix() if out_names else None,
+                    rich=job["rich"],
+                    on_ranks=frozenset(job["on"]) if job["on"] is not None else None,
+                    # the cell's options, settled for the nodes in the kernel (no time limit or --pdb on a node)
+                    asked=job["settings"],
+                )
+                cell = WorldJob(
+                    job["cell"], spec.run_dir, run_id, Payload(names), out_names, spec.shm_prefix,
+                    asked=spec.asked, rank_offset=node["offset"], on=spec.on_ranks,
+                )  # fmt: skip
+                with _agent.working_directory(job["cwd"]):
+                    run = execute(spec, view, _NodeWorldCell(world, cell))
+            finally:
+                _cell_running.clear()
+        return _agent.answer(run, view, node, next_port, lost=run.world_lost)
 
 
 def _world_for(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> tuple[_world.World, int | None]:

@@ -9,6 +9,7 @@ so the kernel reads them in order; each batch is a list of entries:
     ("o", rank, stream, text)                   text a rank wrote (stdout or stderr)
     ("i", rank, item)                           a display item, already converted
     ("s", rank, lines)                          lines of a rank dropped from the batch (its log has them)
+    ("c", rank, Costs)                          what a rank costs, as the node's agent sampled it (about once a second)
     ("e", rank, EndRecord)                      a rank ended
 
 Ranks are global.  The agent's ``apply`` returns an :class:`Answer`, with the last batch in it.
@@ -52,6 +53,19 @@ class Spot(TypedDict):
     cuda_visible: str | None  # the node's GPUs for its ranks (the union of its engines'), None: as the agent has it
 
 
+class Costs(TypedDict):
+    """A rank's figures on its node (``executors._resourcewatch``): the kernel's copy of its state's."""
+
+    cpu: float | None
+    rss: int | None
+    peak_rss: int | None
+    gpu: list[dict[str, Any]]  # events._gpumemory.DeviceHeld's fields, each device's peaks this run's
+    warning: str | None  # the node's memory (or a GPU's) running out, said once (the node's run's memory_warning)
+    # sent with its end (before its "e"): killed for memory, or out of GPU memory, in the node's words
+    # ("killed for memory at 5.1 GB; 12.5 GB of this machine's 12.7 GB was in use")
+    memory: str | None
+
+
 class EndRecord(TypedDict):
     exit_code: int
     error: dict[str, Any] | None  # error.json's contents (nbspawn._errorfile)
@@ -66,8 +80,9 @@ Started = tuple[Literal["started"], list[tuple[int, int | None]], str]
 Output = tuple[Literal["o"], int, str, str]
 Item = tuple[Literal["i"], int, dict[str, Any]]
 Skipped = tuple[Literal["s"], int, int]
+Cost = tuple[Literal["c"], int, Costs]
 Ended = tuple[Literal["e"], int, EndRecord]
-Entry = Started | Output | Item | Skipped | Ended
+Entry = Started | Output | Item | Skipped | Cost | Ended
 Batch = list[Entry]
 
 

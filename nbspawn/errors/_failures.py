@@ -51,7 +51,9 @@ class RankFailure:
     stack: str | None = None  # where it was when nbspawn stopped it
     node: str | None = None  # a cluster run's rank: "node 1 (hostb)"
     after: int | None = None  # it failed after this rank did, the run's first failure (most often because of it)
-    memory: str | None = None  # the out-of-memory killer's: "killed for memory at 5.1 GB; the ranks held 11.9 GB of 12.7 GB"
+    # the out-of-memory killer's: "killed for memory at 5.1 GB; the ranks held 11.9 GB of 12.7 GB"; or beside a CUDA
+    # out-of-memory error, what each rank held on that GPU: "rank 2 ran out of memory on GPU 0 (...): rank 0 held 3.1 GB, ..."
+    memory: str | None = None
 
     @property
     def summary(self) -> str:
@@ -119,6 +121,11 @@ def _where(failure: RankFailure) -> list[str]:
     return []
 
 
+def _gpu_account(failure: RankFailure) -> list[str]:
+    """Beside a CUDA out-of-memory error, what each rank held on that GPU (``RankFailure.memory``)."""
+    return [failure.memory] if failure.exc_type and failure.memory else []
+
+
 def _describe(failures: list[RankFailure]) -> list[str]:
     """One entry per way of ending: its ranks, its traceback (or where the ranks were stopped)."""
     lines: list[str] = []
@@ -129,6 +136,8 @@ def _describe(failures: list[RankFailure]) -> list[str]:
         else:
             verb = "were stopped" if failure.stopped else failure.verb
             lines.append(f"ranks {rank_spans(sorted(f.rank for f in group))} {verb} the same way: {_any_port(failure.summary)}")
+        if len(group) == 1:
+            lines.extend("  " + line for line in _gpu_account(failure))
         if failure.traceback and not failure.stack:
             traceback = failure.traceback if len(group) == 1 else _any_port(failure.traceback)
             lines.extend("  " + ln for ln in traceback.rstrip().splitlines())
@@ -228,6 +237,7 @@ class RootCauseError(SpawnError):
                 lines.append(f"{_GREEN}{ln}{_RESET}" if color and ln.lstrip().startswith("Cell In") else ln)
         else:
             lines.extend(_where(root))
+        lines.extend(_gpu_account(root))
         return lines + self._others(color) + self._logs_line(color)
 
 

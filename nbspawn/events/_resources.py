@@ -232,6 +232,29 @@ def raise_oom_score(pid: int, above: int = 500, proc: str = "/proc") -> bool:
         return False
 
 
+def lower_cpu_priority(pid: int, by: int, proc: str = "/proc") -> bool:
+    """Give ``pid`` (a rank) and each of its threads a nice value ``by`` above the kernel's own (at most
+    19): when ranks outnumber the cores, the kernel that relays their output and answers Stop, the
+    notebook's server and a browser on the same machine get a core first.  Linux keeps a nice value per
+    thread, so every thread the rank has now is set; the threads and processes it starts later inherit
+    it.  Raising one's own processes' nice value needs no privilege."""
+    if by <= 0:
+        return False
+    target = min(19, os.getpriority(os.PRIO_PROCESS, 0) + by)
+    try:
+        threads = [int(tid) for tid in os.listdir(f"{proc}/{pid}/task")]
+    except (OSError, ValueError):
+        threads = [pid]
+    done = False
+    for tid in threads:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, target)
+            done = True
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return done
+
+
 def gigabytes(value: int) -> str:
     """``5.1 GB`` (decimal, as ``free -h``'s readers and Colab's RAM bar count), ``850 MB`` under one."""
     if value >= 10**9:

@@ -55,6 +55,7 @@ from ..errors import (
     SpawnTimeoutError,
     SpawnUsageError,
 )
+from ..events._gpumemory import is_cuda_out_of_memory
 from ..events._prompts import stdin_answerable
 from ..events._where import await_dumps, hang_verdict
 from ..handoff import _shm
@@ -79,6 +80,10 @@ POLL_MIN = 0.02
 # need to hear the Stop button) for most of each second.
 POLL_FLOOD = 0.1
 LIVENESS_EVERY = 0.5  # seconds between looks for ranks that ended while their children hold their pipes
+# After a rank's failure, how long the others may take to end on their own before they are stopped: a
+# collective broken by the failed rank's exit raises in milliseconds (gloo), and a rank computing on
+# ends by SIGTERM this much later than it used to
+FAILURE_SETTLE = 0.5
 STOPPING_READ_BUDGET = 4096  # bytes of each stream of each rank read per poll while a run is being stopped
 
 
@@ -193,9 +198,9 @@ class _Supervisor:
         self.flooded = False  # the last read of output skipped some: the ranks write more than the view keeps
         self.hangs = HangWatch(run, view, executor)  # quiet ranks looked at; where they were when stopped
         self.desk = PromptDesk(run, view, self)  # the ranks' input(), breakpoint() and pdb, answered here
-        # each rank's CPU and memory: this machine's ranks, shown by this kernel (a node's agent does not
-        # sample its ranks yet: a cluster run shows no figures)
-        self.costs = ResourceWatch(run, view, enabled=not self.policy.remote and self.policy.watches_hangs)
+        # each rank's CPU and memory, sampled here for this machine's ranks (a node's agent samples its own
+        # and relays them: ResourceWatch.relayed)
+        self.costs = ResourceWatch(run, view, enabled=not self.policy.remote)
         self._liveness_at = 0.0  # when to look next for a rank that ended without its sentinel saying so
         self._ended_at_last_look: set[int] = set()  # ranks whose process had ended then, not yet reaped
 
@@ -247,6 +252,8 @@ class _Supervisor:
                         poll = POLL_MIN
                 wait = min(poll, max(0.0, min(self.deadline, self.escalate_at) - time.monotonic()))
                 ready: list[Any] = multiprocessing.connection.wait(waitables, timeout=wait)
+                for _ in range(self.view.interrupts()):  # a node agent's: the kernel's, heard meanwhile
+                    self._on_interrupt()
                 # Stop first: under a flood, reading output is most of what this loop does
                 if self.stop_reason is None:
                     self.check_stop()
@@ -330,7 +337,12 @@ class _Supervisor:
         items = self.run.display_items
         shown = self.spec.shown_ranks  # --ranks: the one place the others' output is left out
         self.flooded = any(event.kind == "skipped" for event in events)
+        relayed = False
         for event in events:
+            if event.kind == "costs":  # a node's rank's figures, as its agent sampled them
+                self.costs.relayed(self.run.ranks[event.rank], event.value)
+                relayed = True
+                continue
             if shown is not None and event.rank not in shown:
                 continue
             if event.kind == "display":
@@ -342,7 +354,9 @@ class _Supervisor:
                 view.skipped(event.rank, event.value)
             else:
                 view.output(event.rank, event.kind, event.value)
-        return bool(events)
+        if relayed:
+            self.costs.relayed_all()
+        return any(event.kind != "costs" for event in events)  # figures are not output: quiet ranks stay quiet (a hang's look)
 
     def _reap(self, rank: int, waitable: Any) -> None:
         ended = self.executor.ended(rank, waitable)
@@ -354,6 +368,7 @@ class _Supervisor:
         state = self.run.ranks[rank]
         state.ended_at = time.time()
         state.exit_code = code
+        self.costs.read_gpu(state)  # what it held on its GPUs at the last (its peaks, for the saved view)
         self.end_order.append(rank)
         if died and self._world_goes_on:
             how = f"signal {-code}" if code < 0 else f"exit code {code}"
@@ -416,6 +431,8 @@ class _Supervisor:
         if record:
             failure.exc_type = record.exc_type
             failure.message = record.message
+            if is_cuda_out_of_memory(record.exc_type, record.message):
+                failure.memory = self.costs.out_of_gpu_memory(state, record.message)
             # frames in functions from earlier cells: "Cell In[3], line 2, in f", for every view
             traceback = rewrite_notebook_frames(record.traceback or "", self.spec.cell_numbers)
             failure.traceback = traceback or None
@@ -489,11 +506,19 @@ class _Supervisor:
             self._send(signal.SIGINT)
             self.stage = "sigint"
             self.escalate_at = time.monotonic() + self.spec.asked.grace_period
+        elif reason == "failure":
+            # the others fail on their own as the first failure's rank leaves their collective ("Connection
+            # closed by peer"): given a moment to, they are told as failing after it, with their own error,
+            # not as stopped (a busy machine once left them too little time to raise before the SIGTERM)
+            self.stage = "settling"
+            self.escalate_at = time.monotonic() + FAILURE_SETTLE
         else:
             self._terminate()
 
     def _escalate(self) -> None:
-        if self.stage == "sigint":
+        if self.stage == "settling":
+            self._terminate()
+        elif self.stage == "sigint":
             if self._world_goes_on:
                 stuck = ", ".join(map(str, sorted(set(self.alive.values()))))
                 self.lost = (

@@ -26,7 +26,7 @@ from .._errorfile import ErrorRecord
 from .._rankdir import RankDir, prompts_path
 from .._source import CELL_FILENAME, CellSource, rewrite_cell_frames
 from .._spec import RunSpec
-from . import _children, _fds, _prompt, _stopped, _torchenv, _xray
+from . import _children, _devicememory, _fds, _prompt, _stopped, _torchenv, _xray
 from ._capture import capture_output, finished, flush_figures
 from ._stackdump import open_stack_file
 from ._title import name_process, rank_title
@@ -71,6 +71,7 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
     spec.apply_env(rank, os.environ, own_only=inherited is not None)
     _torchenv.read_again(imported_with)  # TORCH_LOGS, TORCH_DISTRIBUTED_DEBUG: read by torch at its import
     capture_output(rank_dir, spec.rich)
+    _devicememory.watch(rank_dir)  # what it holds on a GPU, once it uses one
     _install_signal_handlers(rank_dir, str(_xray.XRAY_FR_ENTRIES) if spec.xrayed else FR_ENTRIES)
     _prompt.install(
         spec.rank_offset + rank, prompts_path(spec.run_dir), RankDir(rank_dir).answers
@@ -484,6 +485,7 @@ def write_error(rank_dir: str, cell: CellSource, exc: BaseException) -> None:
 
 
 def _write_error(rank_dir: str, cell: CellSource, exc: BaseException) -> None:
+    _devicememory.on_error(exc)  # out of GPU memory: what it holds there now, for the kernel's account
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
         tb = tb.tb_next  # start at the cell, not at nbspawn

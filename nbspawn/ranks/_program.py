@@ -33,7 +33,18 @@ def _die_with_parent() -> None:
         os._exit(EXIT_RAISED)  # the kernel died before prctl took effect
 
 
+def _watch_device_memory() -> None:
+    """What the program holds on its GPUs, written beside its error file about once a second once it
+    uses one (``ranks._devicememory``)."""
+    error = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error:
+        _load("ranks._devicememory").watch(os.path.dirname(error))
+
+
 def _write_error(exc: BaseException) -> None:
+    memory = sys.modules.get(f"{PACKAGE}.ranks._devicememory")
+    if memory is not None:
+        memory.on_error(exc)  # out of GPU memory: what it holds there now, for the kernel's account
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or os.path.exists(path):  # @record wrote it already: keep the program's own
         return
@@ -133,6 +144,7 @@ def main() -> None:
         handle = stackdump.open_stack_file(stacks, "w")
         faulthandler.enable(file=handle, all_threads=True)
         stackdump.answer_stack_requests(handle)
+    _watch_device_memory()
     _record_collectives()  # after the stack answers: SIGTERM is heard by their thread (ranks._stopped)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     _install_prompts()

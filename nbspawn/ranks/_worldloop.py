@@ -30,7 +30,7 @@ from .._options import Settings
 from .._rankdir import DESCRIBED, RankDir, prompts_path, write_json
 from .._source import CellSource
 from . import _cell as _rank
-from . import _children, _fds, _prompt, _stopped, _torchenv, _xray
+from . import _children, _devicememory, _fds, _prompt, _stopped, _torchenv, _xray
 from ._capture import finished, redirect_output
 from ._stackdump import open_stack_file
 from ._title import name_process, rank_title
@@ -292,6 +292,7 @@ def _serve(
             return OK, 0
         if not group:
             _join(group, spec.backend, rank)
+        _devicememory.watch(rank_dir)  # this cell's directory has what it holds on its GPUs
         if job.xray:  # from the cell's first collective, in nbspawn's group or its own: earlier cells' are not its
             _xray.begin(spec.rank_offset + rank, rank_dir, values=job.asked.xray == "values")
         _run(job, rank, namespace, own)

@@ -28,8 +28,10 @@ from .._rankdir import DISPLAY_FILE, STDERR, STDOUT
 from .._runstate import RankState, Run
 from ..errors import RankExitedError, RankRaisedError, SpawnInterrupted, SpawnTimeoutError, rank_spans
 from ..events._display import WIDGET_MIME
+from ..events._gpumemory import gpu_names
+from ..events._gpumemory import totals as gpu_totals
 from ..events._resources import gigabytes
-from ._messages import RankRecord, RunErrorRecord, RunRecord
+from ._messages import GpuRecord, RankRecord, RunErrorRecord, RunRecord
 from ._safehtml import safe_html
 from ._sgr import ESCAPE, SGR, Style, apply_sgr, sgr_params, sgr_sequence, style_after, style_css
 from ._tail import TAIL_LINES, Display, Entry, Line, OutputTail, merged_order, order_runs
@@ -84,11 +86,17 @@ def rank_record(state: RankState, elided_lines: int = 0) -> RankRecord:
         "stderr_path": state.log_path(STDERR),
         "display_path": state.log_path(DISPLAY_FILE),
         "node": state.node,
-        "note": state.note,
+        # a rank that ran out of GPU memory: what each rank held on that GPU
+        "note": failure.memory if failure and failure.exc_type and failure.memory else state.note,
         "prompt": state.prompt,
         "cpu": state.cpu_percent if state.status == "running" else None,
         "rss": state.rss if state.status == "running" else None,
         "peak_rss": state.peak_rss,
+        "gpu": gpu_names(state.gpu),
+        "gpu_allocated": sum(d.allocated for d in state.gpu) if state.gpu and state.status == "running" else None,
+        "gpu_reserved": sum(d.reserved for d in state.gpu) if state.gpu and state.status == "running" else None,
+        "peak_gpu_allocated": state.peak_gpu_allocated,
+        "peak_gpu_reserved": state.peak_gpu_reserved,
     }
 
 
@@ -131,8 +139,17 @@ def run_record(run: Run, elided: dict[int, int] | None = None) -> RunRecord:
         if run.memory is None
         else {"total": run.memory.total, "used": run.memory.used, "source": run.memory.source},  # type: ignore[typeddict-item]
         "memory_warning": run.memory_warning,
+        "gpus": gpu_records(run, ranks),
         "ranks": [rank_record(state, elided.get(state.rank, 0)) for state in ranks],
     }
+
+
+def gpu_records(run: Run, ranks: list[RankState]) -> list[GpuRecord]:
+    """The GPUs the ranks used: what they reserved there now while any runs, else the most they
+    held there together (in one sample: what the run needed of it)."""
+    running = {state.rank: state.gpu for state in ranks if state.gpu and state.status == "running"}
+    gpus = gpu_totals(running) if running else list(run.gpu_peaks.values())
+    return [{"gpu": gpu.gpu, "name": gpu.name, "total": gpu.total, "reserved": gpu.reserved} for gpu in gpus]
 
 
 # -- text/html ----------------------------------------------------------------------------------------
@@ -257,8 +274,11 @@ def to_html(record: RunRecord, outputs: dict[int, list[Entry]], xray: str = "") 
             status += f", {rank['duration']:.2f} s"
         if rank["peak_rss"]:
             status += f", peak {gigabytes(rank['peak_rss'])}"
-        if rank["status"] == "stopped" and rank["note"]:
-            status += f" — {rank['note']}"  # where it was: "has not entered barrier #1 (Cell In[2], line 4: ...)"
+        if rank.get("peak_gpu_allocated") is not None:
+            status += f", {rank['gpu']} peak {gigabytes(rank['peak_gpu_allocated'] or 0)} ({gigabytes(rank['peak_gpu_reserved'] or 0)} reserved)"
+        if rank["status"] in ("failed", "stopped") and rank["note"]:
+            # stopped: where it was ("has not entered barrier #1 (Cell In[2], ...)"); failed: out of GPU memory, what each rank held there
+            status += f" — {rank['note']}"
         open_attr = " open" if rank["status"] == "failed" or record["nprocs"] <= 4 else ""
         parts.append(
             f'<details data-rank="{rank["rank"]}"{open_attr}><summary><b>rank {rank["rank"]}</b> '
@@ -302,6 +322,12 @@ def memory_line(record: RunRecord) -> str:
     memory = record.get("memory")
     if memory:
         line += f"; this {'container' if memory['source'] == 'container' else 'machine'} has {gigabytes(memory['total'])}"
+    gpus = record.get("gpus") or []
+    if gpus:
+        line += "; on the GPUs, the most the ranks' torch held together: " + "; ".join(
+            f"{gpu['gpu']} {gigabytes(gpu['reserved'])}" + (f" of {gigabytes(gpu['total'])}" if gpu["total"] else "")
+            for gpu in gpus
+        )
     if record.get("memory_warning"):
         line += f"; {record['memory_warning']}"
     return line

@@ -38,10 +38,17 @@ class RankRecord(TypedDict):
     note: str | None
     prompt: str | None  # at a prompt now: "pdb" (its note: "at a breakpoint (Pdb, cell line 4)") or "input"
     # what it costs (its children included), sampled about once a second: CPU now (percent of one core,
-    # while it runs), resident memory now and its peak in the run, in bytes; None where not sampled (a cluster's)
+    # while it runs), resident memory now and its peak in the run, in bytes; None where not sampled (a bundle from before; a cluster's ranks: their node's agent samples them)
     cpu: float | None
     rss: int | None
     peak_rss: int | None
+    # on the GPUs it used (its own record, ``ranks._devicememory``): which ("GPU 0"), what its torch has
+    # allocated and reserved there now (while it runs), and the most of each in the run; None: no GPU used
+    gpu: str | None
+    gpu_allocated: int | None
+    gpu_reserved: int | None
+    peak_gpu_allocated: int | None
+    peak_gpu_reserved: int | None
 
 
 class RunErrorRecord(TypedDict):
@@ -58,6 +65,16 @@ class MemoryRecord(TypedDict):
     total: int
     used: int  # by everything under it, the kernel and the ranks included
     source: Literal["machine", "container"]
+
+
+class GpuRecord(TypedDict):
+    """One GPU the ranks used: what their torch reserved on it (now while they run, else the most
+    they held there together, in one sample) of its total, in bytes."""
+
+    gpu: str  # "GPU 0"
+    name: str  # "Tesla T4"
+    total: int
+    reserved: int
 
 
 class RunHeader(TypedDict):
@@ -77,7 +94,8 @@ class RunHeader(TypedDict):
     output_in: Literal["text/html", ""]
     xray: str | None  # the collectives X-ray in words (its drawing is in the text/html, or the widget's xray_html)
     memory: MemoryRecord | None
-    memory_warning: str | None  # said once, when the ranks brought the memory in use near its end
+    memory_warning: str | None  # said once, when the ranks brought the memory in use (or a GPU's) near its end
+    gpus: list[GpuRecord]  # the GPUs the ranks used ([] for none)
 
 
 class RunRecord(RunHeader):

@@ -10,7 +10,9 @@ rank ``output`` and ``display`` come in the order the rank wrote them.
 * ``prints_output``: the ranks' output is printed to the kernel's stdout (a cell attached to a
   background run then need not show it again);
 * ``wants_stop()``: a Stop button (True), or a reason to stop as a failure does (a string: a node
-  agent's view, told by the kernel).
+  agent's view, told by the kernel);
+* ``interrupts()``: interrupts that came through the view, not as ``KeyboardInterrupt`` (a node
+  agent's view: the kernel's, which must not raise wherever the agent happens to be).
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ class RunView:
 
     def wants_stop(self) -> bool | str:
         return False
+
+    def interrupts(self) -> int:
+        return 0  # how many since last asked: each acts as a Ctrl-C in the kernel does
 
 
 SilentView = RunView

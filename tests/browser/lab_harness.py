@@ -656,6 +656,30 @@ class RendererCpu:
         self._stop.set()
         self._thread.join()
 
+    def now(self) -> dict[int, tuple[int, int]]:
+        """Each renderer's main thread now: (ns it has run, ns it has waited on a run queue for a
+        core), Linux's own counts (``schedstat``'s first two fields), read at this moment."""
+        counts = {}
+        for pid in self.pids:
+            try:
+                with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+                    ran, waited = f.read().split()[:2]
+                counts[pid] = (int(ran), int(waited))
+            except (OSError, ValueError):
+                pass
+        return counts
+
+    @staticmethod
+    def page_waited_s(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]]) -> float:
+        """How long the page's renderer main thread (the one that ran most between the two readings of
+        :meth:`now`) waited for a core between them, in seconds: the time it was ready to run and did
+        not, every task and every moment between tasks counted, as the kernel's scheduler counts it."""
+        common = before.keys() & after.keys()
+        if not common:
+            return 0.0
+        page = max(common, key=lambda pid: after[pid][0] - before[pid][0])
+        return (after[page][1] - before[page][1]) / 1e9
+
     def ran_ms(self, start: float, end: float) -> float:
         """The most any renderer's main thread ran between two moments (epoch seconds), in ms: from
         the last sample at or before ``start`` to the first at or after ``end`` (so at most two sample

@@ -11,6 +11,7 @@ import re
 
 import pytest
 from lab_harness import NEEDS_CHROMIUM, NEEDS_WIDGET, serving, shot, sync_api, write_notebook
+from stand_in_gpu import GB, STAND_IN
 
 pytestmark = [pytest.mark.browser, NEEDS_CHROMIUM, NEEDS_WIDGET]
 
@@ -100,7 +101,25 @@ SCENES = {
 }
 
 
+# Colab's GPU runtime, with its T4 stood in (this machine has none: tests/stand_in_gpu.py): rank r's torch
+# holds r + 1 GB on GPU 0 for 6 s, then rank 1 runs out of memory there
+ON_A_GPU = (
+    "%%spawn -n 2 --backend gloo --view widget\n"
+    + STAND_IN
+    + f"""\
+_held((rank + 1) * {GB}, (rank + 1) * {GB})
+time.sleep(6)
+if rank == 1:
+    raise torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 3.17 GiB of which 212.00 MiB is free."
+    )
+time.sleep(30)
+"""
+)
+
+
 def _notebooks(root) -> None:
+    write_notebook(root, "gpu.ipynb", ["%load_ext nbspawn", ON_A_GPU])
     write_notebook(root, "colab.ipynb", CELLS)
     write_notebook(root, "xray.ipynb", XRAY_CELLS)
     write_notebook(root, "scenes.ipynb", ["%load_ext nbspawn", *(source for source, _said in SCENES.values())])
@@ -216,4 +235,30 @@ def test_each_scene_of_the_collectives_is_saved_with_its_x_ray_in_the_classic_no
             assert words in text, (name, words, text[:1500])
         assert frozen.locator("script").count() == 0
         shot(cell, artifacts, f"classic-notebook-xray-{name}.png", unhover=True)
+    assert not page.nbspawn_errors(), page.nbspawn_errors()
+
+
+def test_what_each_rank_holds_on_its_gpu_is_live_and_an_out_of_memory_saved_with_it_in_the_classic_notebook(
+    classic, page, artifacts
+):
+    """Colab's widget stack (#44): each rank's chip shows what its torch holds on its GPU while it runs;
+    the snapshot keeps each one's GPU peak and, beside the CUDA out-of-memory error, what each held."""
+    pg = page.page
+    _open_and_run_all(pg, classic, "gpu.ipynb")
+    cell = pg.locator(".cell.code_cell").nth(1)
+    live = cell.locator(".nbs-Widget .nbs-Run.nbs-mod-live")
+    live.wait_for(timeout=90_000)
+    sync_api.expect(live.locator(".nbs-Chip[data-rank='1'] .nbs-Chip-cost")).to_contain_text("GPU 2.0 GB", timeout=30_000)
+    sync_api.expect(live.locator(".nbs-Meta", has=pg.locator(".nbs-Meta-label", has_text="GPU 0"))).to_contain_text(
+        "ranks 3.0 GB of 3.4 GB"
+    )
+    shot(cell, artifacts, "classic-notebook-gpu-live.png", unhover=True)
+    frozen = cell.locator(".nbspawn-run")
+    frozen.wait_for(timeout=90_000)
+    text = frozen.inner_text()
+    account = "rank 1 ran out of memory on GPU 0 (Stand-in GPU, 3.4 GB): rank 0 held 1.0 GB, rank 1 2.0 GB (reserved by torch; 3.0 GB in all)"
+    assert account in text, text[:2000]
+    assert "GPU 0 peak 1.0 GB (1.0 GB reserved)" in text and "GPU 0 peak 2.0 GB (2.0 GB reserved)" in text, text[:2000]
+    assert "the most the ranks' torch held together: GPU 0 3.0 GB of 3.4 GB" in text, text[:2000]
+    shot(cell, artifacts, "classic-notebook-gpu-saved.png", unhover=True)
     assert not page.nbspawn_errors(), page.nbspawn_errors()

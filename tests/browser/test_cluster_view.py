@@ -34,7 +34,7 @@ import os, time
 rank = int(os.environ["RANK"])
 for step in range(6):
     print(f"rank {rank} on node {os.environ['GROUP_RANK']}: step {step}", flush=True)
-    time.sleep(0.4)
+    time.sleep(1.0)  # the live view lasts ~4 s: long enough for its checks and screenshot on a busy machine (0.4 once was not)
     if rank == 2 and step == 3:
         raise ValueError("rank 2 diverged: loss is nan")
 """

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from lab_harness import NEEDS_WIDGET, Page, frozen_run, live_view, open_with_nbspawn, run_cell, serve, shot, write_notebook
+from stand_in_gpu import GB, STAND_IN
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600), NEEDS_WIDGET]
 
@@ -27,8 +28,29 @@ for step in range(8):
 SIZE = re.compile(r"^\d+(\.\d)? (MB|GB)$")
 
 
+# a stood-in GPU (this machine has none: tests/stand_in_gpu.py): rank r's torch holds r + 1 GB on GPU 0 for 8 s,
+# then rank 1 runs out of memory there
+ON_A_GPU = (
+    "%%spawn -n 2 --backend gloo\n"
+    + STAND_IN
+    + f"""\
+_held((rank + 1) * {GB}, (rank + 1) * {GB} + 200_000_000)
+for step in range(8):
+    print("step", step)
+    time.sleep(1)
+if rank == 1:
+    _held(2_100_000_000, 2_200_000_000)  # what its allocator holds as the next request fails
+    raise torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 3.17 GiB of which 212.00 MiB is free."
+    )
+time.sleep(30)
+"""
+)
+
+
 def _write(root: Path) -> None:
     write_notebook(root, "costs.ipynb", ["%load_ext nbspawn", HOLDS])
+    write_notebook(root, "costs-gpu.ipynb", ["%load_ext nbspawn", ON_A_GPU])
 
 
 @pytest.fixture(scope="module")
@@ -78,3 +100,46 @@ def test_the_chips_and_header_show_each_ranks_memory_live_and_the_saved_view_its
         assert re.search(r"peak \d", title), title
         peak = saved.locator(".nbs-Meta", has=pg.locator(".nbs-Meta-label", has_text="memory")).inner_text()
         assert re.search(r"peak \d.* of \d", peak), peak
+
+
+def test_on_a_gpu_the_chips_header_and_panes_show_what_torch_holds_and_an_out_of_memory_says_who_held_what(
+    lab, browser, artifacts
+):
+    with Page(browser, width=1100, height=760) as p:
+        pg = p.page
+        cells = open_with_nbspawn(pg, lab, "costs-gpu.ipynb")
+        cell = cells.nth(1)
+        run_cell(pg, cell)
+        view = live_view(cell, widget=True)
+        pg.wait_for_function(
+            "() => /GPU 2\\.0 GB$/.test(document.querySelector(\".nbs-Chip[data-rank='1'] .nbs-Chip-cost\")?.textContent ?? '')",
+            timeout=60_000,
+        )
+        assert re.search(r"GPU 1\.0 GB$", view.locator(".nbs-Chip[data-rank='0'] .nbs-Chip-cost").inner_text())
+        gpu = view.locator(".nbs-Meta", has=pg.locator(".nbs-Meta-label", has_text="GPU 0"))
+        assert gpu.locator(".nbs-Meta-value").inner_text() == "ranks 3.4 GB of 3.4 GB", gpu.inner_text()
+        view.locator(".nbs-Chip[data-rank='1']").click()
+        facts = view.locator(".nbs-Pane[data-rank='1'] .nbs-Pane-facts")
+        facts.wait_for(timeout=10_000)
+        assert re.search(r"GPU 0 2\.0 GB \(2\.2 GB reserved\)", facts.inner_text()), facts.inner_text()
+        # the warning is drawn on the GPU it is about, not on the host's memory
+        assert (gpu.get_attribute("title") or "").startswith("GPU 0 is nearly full"), gpu.get_attribute("title")
+        assert "nbs-mod-warn" in (gpu.get_attribute("class") or "")
+        memory = view.locator(".nbs-Meta", has=pg.locator(".nbs-Meta-label", has_text="memory"))
+        assert "nbs-mod-warn" not in (memory.get_attribute("class") or ""), memory.get_attribute("class")
+        shot(view, artifacts, "costs-gpu-live.png", unhover=True)
+
+        saved = frozen_run(cell, timeout=120_000)
+        saved.locator(".nbs-Chip[data-rank='1']").click()
+        note = saved.locator(".nbs-Pane[data-rank='1'] .nbs-Traceback-note")
+        note.wait_for(timeout=10_000)
+        assert note.inner_text() == (
+            "rank 1 ran out of memory on GPU 0 (Stand-in GPU, 3.4 GB): rank 0 held 1.2 GB, rank 1 2.2 GB (reserved by torch; 3.4 GB in all)"
+        )
+        shot(saved, artifacts, "costs-gpu-out-of-memory.png", unhover=True)
+        title = saved.locator(".nbs-Chip[data-rank='0']").get_attribute("title") or ""
+        assert "GPU 0 peak 1.0 GB (1.2 GB reserved)" in title, title
+        assert re.search(
+            r"peak 3\.4 GB of 3\.4 GB",
+            saved.locator(".nbs-Meta", has=pg.locator(".nbs-Meta-label", has_text="GPU 0")).inner_text(),
+        )

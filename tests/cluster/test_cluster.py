@@ -172,6 +172,28 @@ def test_the_x_ray_lines_up_the_collectives_of_every_node(kernel, nodes):
     assert xray.startswith("5 collectives, ") and xray.endswith("rank 3 is the straggler"), xray
 
 
+def test_each_nodes_ranks_costs_reach_the_kernel_live_and_saved(kernel, nodes):
+    """#44 on a cluster: each node's agent samples its own ranks (its machine's /proc) and sends their
+    figures with its batches; the kernel's view shows them live and keeps each rank's peak. Rank 3
+    (node 1) holds 400 MB more than the others."""
+    from widget_harness import spawn_widget
+
+    from nbspawn.views._bundle import MIME
+
+    body = "import os, time, torch\nheld = torch.ones(100_000_000) if int(os.environ['RANK']) == 3 else None\ntime.sleep(3)\n"
+    result, widget = spawn_widget(kernel, body, options="--cluster rc -n 2 --backend gloo")
+    assert result.status == "ok", result.error_text
+    live = [u["ranks"] for u in widget.updates if u.get("ranks") and any(r.get("rss") for r in u["ranks"])]
+    assert live, "no live update carried a node's rank's memory"
+    assert widget.frozen is not None
+    peaks = [r["peak_rss"] for r in widget.frozen[MIME]["ranks"]]
+    assert all(peaks) and len(peaks) == 4, peaks
+    grew = peaks[3] - max(peaks[:3])
+    assert abs(grew - 400_000_000) <= 40_000_000, peaks
+    said = ok(kernel, "import nbspawn\nprint([s.peak_rss for s in nbspawn.last_run().ranks])").stdout.strip()
+    assert said == str(peaks)
+
+
 def test_interrupt_reaches_every_node(kernel, nodes):
     code = "%%spawn --cluster rc -n 2\nimport time\ndef train():\n    time.sleep(60)\ntrain()"
     per_engine = ranks_on_every_node(nodes)

@@ -108,6 +108,37 @@ def check_failure_survived(kernel, nodes) -> None:
     assert_nothing_left(nodes)
 
 
+def test_a_node_that_begins_its_part_late_is_interrupted_once_it_has_and_the_world_survives(kernel, nodes):
+    """Node 1 fails a world cell at once while node 0's agent has not begun its part yet (its engine
+    paused here for 1.5 s, as a loaded machine's can be): the kernel's interrupt waits for node 0 to
+    begin, then interrupts its ranks, and the world goes on.  Before, it reached node 0's engine
+    before the task did and was lost (ipykernel ignores SIGINT between tasks), or it ended the agent's
+    task half-way: the world was lost, "rank 0 died (SIGKILL)" (stop 53's CI)."""
+    ok(kernel, "%%spawn --cluster rc --world late -n 2 --backend gloo\nimport torch, torch.distributed as dist")
+    node0 = psutil.Process(nodes.engine_pids[sorted(nodes.engine_pids)[0]])
+    node0.suspend()
+    resume = threading.Timer(1.5, node0.resume)  # well within the agent's 3 s of the kernel's silence
+    resume.start()
+    try:
+        started = time.monotonic()
+        failed = run(
+            kernel,
+            "%%spawn --world late\nimport time\nif dist.get_rank() == 3:\n    raise ValueError('node 1 fails')\ntime.sleep(60)",
+        )
+        took = time.monotonic() - started
+    finally:
+        resume.join()
+        node0.resume()
+    assert failed.status == "error" and "ValueError: node 1 fails" in failed.error_text, failed.error_text
+    assert "World 'late' is intact" in failed.error_text, failed.error_text
+    assert re.search(r"ranks 0-[12] were stopped the same way: KeyboardInterrupt", failed.error_text), failed.error_text
+    assert took < 30, took  # interrupted, not run to the end of their minute
+    again = ok(kernel, "%%spawn --world late\nt = torch.ones(1)\ndist.all_reduce(t)\nprint('sum', t.item())")
+    assert [rank_lines(again.stdout, r) for r in range(4)] == [["sum 4.0"]] * 4, again.stdout
+    ok(kernel, "%spawn stop late")
+    assert_nothing_left(nodes)
+
+
 def test_on_runs_a_cell_on_some_ranks_across_nodes(kernel, nodes):
     """--on on a cluster world: a first cell on rank 1 alone still makes the group with every rank;
     the ranks sitting a cell out keep their state and print nothing; --out has None for them."""

@@ -110,7 +110,7 @@ def test_nccl_auto_ranks_all_reduce_on_their_local_gpu_without_a_barrier_warning
 def test_nccl_collectives_reach_the_x_ray_and_a_ranks_gpu_memory_is_named(fresh_kernel):
     """The X-ray reads torch's generic flight recorder (``_dump_fr_trace``): NCCL's collectives must be
     in it, not only in ``_dump_nccl_trace`` (#43, unverified on CPU).  And the saved view names each
-    rank's peak host memory (#44; GPU figures are not sampled yet: this says what the ranks held)."""
+    rank's peak host memory and what its torch held on its GPU at the most (#44)."""
     from nbspawn.views._bundle import MIME
 
     code = (
@@ -127,6 +127,69 @@ def test_nccl_collectives_reach_the_x_ray_and_a_ranks_gpu_memory_is_named(fresh_
     record = frozen[-1][MIME]
     assert record["xray"] and record["xray"].startswith("20 collectives"), record["xray"]
     assert all(rank["peak_rss"] for rank in record["ranks"]), record["ranks"]
+    # 4 KiB of float32 each: torch's allocator rounds to its 512-byte blocks, reserves a 2 MiB segment
+    assert all(rank["peak_gpu_allocated"] >= 4096 and rank["peak_gpu_reserved"] >= 2 << 20 for rank in record["ranks"]), record[
+        "ranks"
+    ]
+    assert record["gpus"] and all(gpu["total"] > 0 for gpu in record["gpus"]), record["gpus"]
+
+
+def test_each_ranks_gpu_memory_is_live_and_its_peak_saved(fresh_kernel):
+    """#44 on a real GPU: each rank's thread reads its caching allocator about once a second; the
+    widget shows what torch has allocated and reserved now, the saved view and ``run.ranks`` its peak
+    (torch's ``max_memory_allocated``, exact: a fresh run's counters began with it), the header each
+    GPU's total.  (tests/kernel/test_gpu_memory_view.py runs the same path with a stood-in GPU on CPU.)"""
+    from widget_harness import spawn_widget
+
+    from nbspawn.views._bundle import MIME
+
+    body = (
+        "import time, torch\n"
+        "x = torch.empty(256 << 20, dtype=torch.uint8, device='cuda')\n"
+        "time.sleep(3)\n"
+        "del x\n"
+        "print('peak', torch.cuda.max_memory_allocated(), 'reserved', torch.cuda.max_memory_reserved())\n"
+    )
+    result, widget = spawn_widget(fresh_kernel, body, options="-n auto --backend nccl", timeout=CUDA_TIMEOUT)
+    assert result.status == "ok", result.error_text
+    live = [u["ranks"] for u in widget.updates if u.get("ranks") and any(r.get("gpu_allocated") for r in u["ranks"])]
+    assert live, "no live update carried the ranks' GPU memory"
+    assert all(
+        r["gpu_allocated"] >= 256 << 20 and r["gpu_reserved"] >= r["gpu_allocated"] for r in live[-1] if r["gpu_allocated"]
+    ), live[-1]
+    assert widget.frozen is not None
+    record = widget.frozen[MIME]
+    for rank in record["ranks"]:
+        [said] = rank_lines(result.stdout, rank["rank"])
+        _, peak, _, reserved = said.split()
+        assert (rank["peak_gpu_allocated"], rank["peak_gpu_reserved"]) == (int(peak), int(reserved)), (said, rank)
+        assert re.fullmatch(r"GPU \d+", rank["gpu"] or ""), rank["gpu"]
+    totals = {gpu["gpu"]: gpu for gpu in record["gpus"]}
+    assert len(totals) == min(GPUS, len(record["ranks"])) and all(g["total"] >= 1 << 30 for g in totals.values()), record["gpus"]
+    said = ok(fresh_kernel, "print([s.peak_gpu_allocated for s in nbspawn.last_run().ranks])").stdout.strip()
+    assert said == str([r["peak_gpu_allocated"] for r in record["ranks"]])
+
+
+def test_a_cuda_out_of_memory_names_the_rank_its_gpu_and_what_each_rank_held(fresh_kernel):
+    """#44: two ranks on GPU 0 hold 1 GiB each; rank 1 asks for a petabyte.  The error names rank 1,
+    its GPU, and what each rank held there (rank 1's figure written as it raised)."""
+    code = (
+        "%%spawn -n 2 --backend gloo\n"
+        "import os, time, torch\n"
+        "torch.cuda.set_device(0)\n"
+        "held = torch.empty(1 << 30, dtype=torch.uint8, device='cuda:0')\n"
+        "time.sleep(2.5 if os.environ['RANK'] == '1' else 60)\n"
+        "torch.empty(1 << 50, dtype=torch.uint8, device='cuda:0')\n"
+    )
+    ok(fresh_kernel, "import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '0'")
+    result = run(fresh_kernel, code, timeout=CUDA_TIMEOUT)
+    assert result.status == "error"
+    text = result.error_text
+    assert "rank 1 (pid" in text and "OutOfMemoryError: CUDA out of memory" in text, text
+    assert re.search(
+        r"rank 1 ran out of memory on GPU 0 \(.+\): rank 0 held 1\.1 GB, rank 1 1\.1 GB \(reserved by torch; 2\.1 GB in all\)",
+        text,
+    ), text
 
 
 def test_a_kernel_that_ran_is_available_runs_cpu_and_cuda_cells(fresh_kernel):

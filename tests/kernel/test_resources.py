@@ -60,6 +60,48 @@ def test_each_ranks_memory_is_live_in_the_widget_and_its_peak_saved_within_ten_p
     assert said.strip() == str([r["peak_rss"] for r in ranks])
 
 
+# a thread started first, then (once the rank's own priority was lowered, at most 20 s) a process
+NICE = """\
+import os, subprocess, threading, time
+started = os.getpriority(os.PRIO_PROCESS, 0)
+ready = threading.Event()
+def thread():
+    ready.wait()
+    print("thread", os.getpriority(os.PRIO_PROCESS, 0), flush=True)
+threading.Thread(target=thread).start()
+end = time.time() + {wait}
+while os.getpriority(os.PRIO_PROCESS, 0) == started and time.time() < end:
+    time.sleep(0.05)
+print("rank", os.getpriority(os.PRIO_PROCESS, 0), flush=True)
+ready.set()
+print("child", subprocess.run(["sh", "-c", "nice"], capture_output=True, text=True).stdout.strip(), flush=True)
+"""
+
+
+def _nice_values(kernel) -> dict[str, int]:
+    said = ok(kernel, "for s in nbspawn.last_run().ranks:\n    print(open(s.stdout_path).read().strip())").stdout.split()
+    values = {said[i]: int(said[i + 1]) for i in range(0, len(said), 2)}
+    assert set(values) == {"rank", "thread", "child"} and len(said) == 12, said
+    return values
+
+
+def test_ranks_run_below_the_kernels_cpu_priority_threads_and_children_too_unless_configured_not_to(kernel):
+    """Ranks that outnumber the cores leave one to the kernel (it relays their output and answers
+    Stop): their nice value is the kernel's plus ``SpawnMagics.rank_niceness`` (19), for the threads
+    they had then and what they start after; 0 leaves them at the kernel's."""
+    kernels = int(ok(kernel, "import os\nprint(os.getpriority(os.PRIO_PROCESS, 0))").stdout)
+    result = run(kernel, "%%spawn -n 2\n" + NICE.format(wait=20), timeout=120)
+    assert result.status == "ok", result.error_text
+    assert set(_nice_values(kernel).values()) == {min(19, kernels + 19)}
+    ok(kernel, "%config SpawnMagics.rank_niceness = 0")
+    try:
+        result = run(kernel, "%%spawn -n 2\n" + NICE.format(wait=2), timeout=120)
+        assert result.status == "ok", result.error_text
+        assert set(_nice_values(kernel).values()) == {kernels}
+    finally:
+        ok(kernel, "%config SpawnMagics.rank_niceness = 19")
+
+
 def test_a_plain_sigkill_is_not_called_out_of_memory(kernel):
     body = "import os, signal, time\nif int(os.environ['RANK']) == 1:\n    time.sleep(1.5)\n    os.kill(os.getpid(), signal.SIGKILL)\ntime.sleep(30)\n"
     result = run(kernel, f"%%spawn -n 2\n{body}", timeout=120)

@@ -418,7 +418,8 @@ def test_a_ranks_breakpoint_is_answered_at_the_terminal(terminal):
     # the command typed at the prompt is on the screen, right above its answer: not printed again as
     # the rank's echo of it (which a notebook's pane shows)
     assert "[rank1]: (Pdb rank 1)" not in text, terminal.text()
-    assert re.search(r"\(Pdb rank 1\) p x\r\n\[rank1\]: 17\r\n", text), terminal.text()
+    # (rank 0's line lands after the prompt when it comes while rank 1's prompt is up: Colab job, ci76)
+    assert re.search(r"\(Pdb rank 1\) (\[rank0\]: after 7\r\n)?p x\r\n\[rank1\]: 17\r\n", text), terminal.text()
 
 
 def test_a_kept_worlds_post_mortem_at_the_terminal(terminal):

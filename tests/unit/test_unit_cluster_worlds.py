@@ -50,3 +50,46 @@ def test_a_background_run_holds_its_controllers_engines_until_released():
     finally:
         _plan.release(client, "run-1")
     _plan.refuse_if_busy(client)
+
+
+def test_a_nodes_run_counts_the_kernels_interrupts_and_raises_none_and_then_gives_sigint_back():
+    import os
+    import signal
+
+    from nbspawn.cluster import _contact
+
+    before = signal.getsignal(signal.SIGINT)
+    with _contact.node_run():
+        os.kill(os.getpid(), signal.SIGINT)  # the handler runs at the next bytecode: never a KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGINT)
+        assert _contact.interrupts_heard() == 2
+        assert _contact.interrupts_heard() == 0  # each is taken once
+        os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
+    with _contact.node_run():
+        assert _contact.interrupts_heard() == 0  # the last run's untaken interrupt is not this one's
+
+
+def test_a_signal_for_a_node_that_has_not_begun_waits_for_it_and_keeps_its_order():
+    import signal
+
+    from nbspawn.cluster import _contact
+    from nbspawn.cluster._executor import ClusterRanks
+
+    sent: list[tuple[int, list[int]]] = []
+    ranks = ClusterRanks.__new__(ClusterRanks)  # the signalling alone: no engines
+    ranks.cluster = SimpleNamespace(
+        nodes=[SimpleNamespace(index=0, agent=10), SimpleNamespace(index=1, agent=11)],
+        node_of=lambda rank: SimpleNamespace(index=rank // 2),
+    )
+    ranks.answered, ranks.asked, ranks.begun, ranks.held = {}, set(), {1}, {}
+    ranks._send_signal = lambda sig, agents: sent.append((sig, agents))
+    ranks.signal_ranks([0, 1, 2, 3], [], signal.SIGINT)
+    assert sent == [(signal.SIGINT, [11])] and ranks.asked == {0, 1}
+    ranks.signal_ranks([0, 1], [], signal.SIGTERM)
+    ranks.signal_ranks([0, 1], [], signal.SIGKILL)
+    assert len(sent) == 1
+    ranks._began(0)
+    assert sent[1:] == [(signal.SIGINT, [10]), (_contact.STOP_SIGNAL, [10]), (signal.SIGINT, [10])]
+    ranks.signal_ranks([0], [], signal.SIGINT)
+    assert sent[-1] == (signal.SIGINT, [10]) and len(sent) == 5

@@ -102,6 +102,7 @@ CONFIGURED: dict[str, tuple[Any, Any]] = {
     "view": ("text", FLAGGED["view"][1]),
     "max_saved_kb": (1, lambda r: r.settings.max_saved_kb == 1),
     "max_image_kb": (2, lambda r: r.settings.max_image_kb == 2),
+    "rank_niceness": (3, lambda r: r.settings.rank_niceness == 3),
     "xray": ("values", CALLED["xray"][1]),
 }
 

@@ -13,6 +13,7 @@ from nbspawn._options import (
     parse_backend,
     parse_env,
     parse_kb,
+    parse_niceness,
     parse_nprocs,
     parse_on,
     parse_ranks,
@@ -197,6 +198,18 @@ def test_kb_not_a_whole_number(value):
     with pytest.raises(SpawnUsageError) as err:
         parse_kb(value, "SpawnMagics.max_image_kb")
     assert str(err.value) == f"SpawnMagics.max_image_kb must be a whole number of KB, not {value!r}"
+
+
+@pytest.mark.parametrize(("value", "expected"), [(0, 0), (10, 10), ("19", 19)])
+def test_niceness(value, expected):
+    assert parse_niceness(value, "SpawnMagics.rank_niceness") == expected
+
+
+@pytest.mark.parametrize("value", [-1, 20, "x", None, 1.0, True, "1.5"])
+def test_niceness_out_of_linuxs_range_or_not_a_whole_number(value):
+    with pytest.raises(SpawnUsageError) as err:
+        parse_niceness(value, "SpawnMagics.rank_niceness")
+    assert str(err.value) == f"SpawnMagics.rank_niceness must be a whole number from 0 to 19, not {value!r}"
 
 
 @pytest.mark.parametrize("value", [-1, "-3", True, False])

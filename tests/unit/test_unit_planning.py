@@ -143,6 +143,7 @@ def test_every_setting_given_in_the_kernel_reaches_a_clusters_nodes():
         max_saved_kb=7,
         max_image_kb=100,
         pdb=True,
+        rank_niceness=4,
         xray="values",
         given=Given(nprocs=True, env=True),
     )

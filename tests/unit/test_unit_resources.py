@@ -4,8 +4,10 @@ machine's own ``/proc`` (real processes, no fakes)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 from nbspawn.events import _resources as res
 from nbspawn.events._resources import CLOCK_TICKS, PAGE_BYTES, ProcStat
@@ -51,6 +53,42 @@ def test_this_machines_processes_are_read_and_a_live_process_holds_what_it_wrote
         child.kill()
         child.wait()
     assert not res.raise_oom_score(child.pid)  # gone: said, not raised
+
+
+def test_a_ranks_every_thread_runs_below_the_kernels_cpu_priority_and_what_it_starts_inherits_it():
+    """A rank with a thread of its own already running, and a process it starts afterwards: all of them
+    get the kernel's nice value plus the given amount (Linux keeps one per thread)."""
+    script = (
+        "import subprocess, sys, threading, time\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "sys.stdin.readline()\n"
+        "child = subprocess.Popen(['sleep', '30'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    rank = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    started = 0
+    try:
+        deadline = time.monotonic() + 10
+        while len(os.listdir(f"/proc/{rank.pid}/task")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        kernels = os.getpriority(os.PRIO_PROCESS, 0)
+        assert res.lower_cpu_priority(rank.pid, 3)
+        assert rank.stdin is not None and rank.stdout is not None
+        rank.stdin.write("\n")
+        rank.stdin.flush()
+        started = int(rank.stdout.readline())
+        threads = os.listdir(f"/proc/{rank.pid}/task")
+        assert len(threads) >= 2
+        assert {os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in threads} == {min(19, kernels + 3)}
+        assert os.getpriority(os.PRIO_PROCESS, started) == min(19, kernels + 3)
+        assert not res.lower_cpu_priority(rank.pid, 0)  # 0: left at the kernel's
+    finally:
+        rank.kill()
+        rank.wait()
+        if started:
+            os.kill(started, signal.SIGKILL)
+    assert not res.lower_cpu_priority(rank.pid, 3)  # gone: said, not set
 
 
 def test_meminfo_and_the_tightest_control_group(tmp_path):

@@ -1,0 +1,137 @@
+"""In every rank: what torch holds on each GPU it used, written down about once a second (issue #44).
+
+The kernel samples a rank's CPU and host memory from ``/proc`` (``events._resources``); a GPU's memory
+is the rank's caching allocator's to tell, and only the rank can ask it.  A daemon thread here looks
+every :data:`SAMPLE_EVERY`: while CUDA is not initialized in this process (``torch.cuda.is_initialized``,
+a Python flag) it does nothing else, so a rank that never used a GPU never starts CUDA because of it;
+once it is, it reads the allocator's counters of each device (``memory_stats_as_nested_dict``: the
+allocator's own bookkeeping under its lock, no CUDA call, ~0.1 ms) and writes
+``device_memory.json`` (``_rankdir.DEVICE_MEMORY``) when they changed.  A device is listed once torch
+reserved memory on it; its properties (name, total memory, UUID: which physical GPU it is, whatever
+``CUDA_VISIBLE_DEVICES`` renumbered) are asked only then, of a device this process holds a context on.
+
+Each device's record: ``{"index", "gpu", "uuid", "name", "total", "allocated", "reserved",
+"peak_allocated", "peak_reserved"}`` in bytes; ``gpu`` is the physical GPU's index where
+``CUDA_VISIBLE_DEVICES`` says it (``"GPU 3"``), else the rank's own name for it (``"cuda:0"``).
+The peaks are torch's (``max_memory_allocated``): since the process started, or since the user reset
+them.
+
+A rank that runs out of GPU memory writes one more sample at once (:func:`write_now`, from where it
+records its error), so the kernel can say what each rank held on that GPU then.
+"""
+
+from __future__ import annotations
+
+import _thread
+import contextlib
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from .._rankdir import DEVICE_MEMORY, write_json
+from ._stackdump import HELPER_THREAD_BLOCKS
+
+SAMPLE_EVERY = 1.0  # seconds between looks
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {"dir": "", "written": None, "started": False}
+
+
+def watch(rank_dir: str) -> None:
+    """From now on this rank's GPU memory is written to ``rank_dir`` (a kept world's rank points it at
+    each cell's directory); the thread is started once per process."""
+    with _lock:
+        _state["dir"] = rank_dir
+        _state["written"] = None  # a new directory gets its first sample even if nothing changed
+        if _state["started"]:
+            return
+        _state["started"] = True
+    # as ranks._watch: not threading.Thread.start(), which waits for the new thread to be scheduled
+    _thread.start_new_thread(_loop, ())
+
+
+def _loop() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, HELPER_THREAD_BLOCKS)  # SIGINT and SIGTERM stay the main thread's
+    wait = threading.Event()
+    while True:
+        wait.wait(SAMPLE_EVERY)
+        with contextlib.suppress(Exception):  # never let this thread take the rank down
+            write_now()
+
+
+def write_now() -> None:
+    """Sample the GPUs this process uses and write the record if it changed (nothing without CUDA)."""
+    cuda = _initialized_cuda()
+    if cuda is None:
+        return
+    devices = sample(cuda, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    with _lock:  # one writer at a time: the thread, and a rank recording its out-of-memory error
+        rank_dir = _state["dir"]
+        if not rank_dir or devices == _state["written"]:
+            return
+        _state["written"] = devices
+        with contextlib.suppress(OSError):  # a directory removed under it (a world's cell ended): the next one comes
+            write_json(os.path.join(rank_dir, DEVICE_MEMORY), {"devices": devices})
+
+
+def on_error(exc: BaseException) -> None:
+    """A rank recording its error: if it is torch's CUDA out-of-memory, its figures now, written at once
+    (never raising: the error record matters more)."""
+    if type(exc).__name__ == "OutOfMemoryError":
+        with contextlib.suppress(Exception):
+            write_now()
+
+
+def _initialized_cuda() -> Any:
+    """``torch.cuda`` if this process imported torch and initialized CUDA (never initializes it)."""
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    try:
+        return cuda if cuda is not None and cuda.is_initialized() else None
+    except Exception:
+        return None
+
+
+def sample(cuda: Any, visible: str | None) -> list[dict[str, Any]]:
+    """Each device torch reserved memory on in this process, as the module's docstring says."""
+    devices = []
+    for index in range(cuda.device_count()):
+        stats = cuda.memory_stats_as_nested_dict(index)
+        reserved = _counter(stats, "reserved_bytes")
+        if not (reserved["current"] or reserved["peak"]):
+            continue  # never used here: not asked anything more (no context of this process on it)
+        allocated = _counter(stats, "allocated_bytes")
+        props = cuda.get_device_properties(index)
+        devices.append(
+            {
+                "index": index,
+                "gpu": physical_name(index, visible),
+                "uuid": str(getattr(props, "uuid", "") or ""),
+                "name": str(getattr(props, "name", "") or ""),
+                "total": int(getattr(props, "total_memory", 0) or 0),
+                "allocated": allocated["current"],
+                "reserved": reserved["current"],
+                "peak_allocated": allocated["peak"],
+                "peak_reserved": reserved["peak"],
+            }
+        )
+    return devices
+
+
+def _counter(stats: dict[str, Any], name: str) -> dict[str, int]:
+    """One of the allocator's counters, all pools together: ``{"current": ..., "peak": ...}``."""
+    every = (stats.get(name) or {}).get("all") or {}
+    return {"current": int(every.get("current", 0) or 0), "peak": int(every.get("peak", 0) or 0)}
+
+
+def physical_name(index: int, visible: str | None) -> str:
+    """``"GPU 3"``: the physical GPU the rank's device ``index`` is, where ``CUDA_VISIBLE_DEVICES``
+    lists numbers (``"2,3"``: the rank's cuda:1 is GPU 3); ``"cuda:1"`` where it lists UUIDs or cannot
+    say (its ``uuid`` still tells ranks' devices apart)."""
+    if visible is None:
+        return f"GPU {index}"
+    listed = [part.strip() for part in visible.split(",")]
+    if index < len(listed) and listed[index].isdigit():
+        return f"GPU {int(listed[index])}"
+    return f"cuda:{index}"
