@@ -8,7 +8,14 @@ once it is, it reads the allocator's counters of each device (``memory_stats_as_
 allocator's own bookkeeping under its lock, no CUDA call, ~0.1 ms) and writes
 ``device_memory.json`` (``_rankdir.DEVICE_MEMORY``) when they changed.  A device is listed once torch
 reserved memory on it; its properties (name, total memory, UUID: which physical GPU it is, whatever
-``CUDA_VISIBLE_DEVICES`` renumbered) are asked only then, of a device this process holds a context on.
+``CUDA_VISIBLE_DEVICES`` renumbered) are asked only then, of a device this process holds a context on,
+with the thread's current device set to it first.
+
+Two rules keep the thread from changing what the rank's own code sees (the fourth GPU review's warning):
+it never triggers torch's lazy CUDA init (nbspawn's ``set_device(LOCAL_RANK)`` is queued there and
+would run on this thread, leaving the main thread on cuda:0), since it does nothing until
+``is_initialized()``, which torch sets only after the queued calls ran; and it makes no CUDA runtime
+call on a device the rank holds no context on (a helper thread's device is 0 by default).
 
 Each device's record: ``{"index", "gpu", "uuid", "name", "total", "allocated", "reserved",
 "peak_allocated", "peak_reserved"}`` in bytes; ``gpu`` is the physical GPU's index where
@@ -101,8 +108,10 @@ def sample(cuda: Any, visible: str | None) -> list[dict[str, Any]]:
         reserved = _counter(stats, "reserved_bytes")
         if not (reserved["current"] or reserved["peak"]):
             continue  # never used here: not asked anything more (no context of this process on it)
+        if not _holds_context(index):
+            continue
         allocated = _counter(stats, "allocated_bytes")
-        props = cuda.get_device_properties(index)
+        props = _properties(cuda, index)
         devices.append(
             {
                 "index": index,
@@ -117,6 +126,29 @@ def sample(cuda: Any, visible: str | None) -> list[dict[str, Any]]:
             }
         )
     return devices
+
+
+def _holds_context(index: int) -> bool:
+    """Whether this process holds a CUDA context on its device ``index`` (the driver's answer, which
+    creates none); where this torch cannot say, memory it reserved there says it does."""
+    has = getattr(getattr(sys.modules.get("torch"), "_C", None), "_cuda_hasPrimaryContext", None)
+    return has is None or bool(has(index))
+
+
+_properties_of: dict[int, Any] = {}  # a device's properties, asked once
+
+
+def _properties(cuda: Any, index: int) -> Any:
+    """Device ``index``'s properties, asked from this thread with the device made its own first.
+
+    A new thread's current device is 0, and a CUDA runtime call made there would open a context on GPU
+    0 in a rank that uses GPU 3 (CUDA 12 opens one at ``cudaSetDevice``): ``cuda.device(index)`` makes
+    the thread's device the one asked about, where the process already holds a context
+    (:func:`_holds_context`), so the thread opens none."""
+    if index not in _properties_of:
+        with cuda.device(index):
+            _properties_of[index] = cuda.get_device_properties(index)
+    return _properties_of[index]
 
 
 def _counter(stats: dict[str, Any], name: str) -> dict[str, int]:

@@ -170,6 +170,27 @@ def test_each_ranks_gpu_memory_is_live_and_its_peak_saved(fresh_kernel):
     assert said == str([r["peak_gpu_allocated"] for r in record["ranks"]])
 
 
+@two_gpus
+def test_the_gpu_memory_thread_leaves_each_ranks_device_and_opens_no_context_on_gpu_0(fresh_kernel):
+    """The fourth GPU review's warning: the rank's GPU-memory thread must not be the one that runs
+    nbspawn's queued ``set_device(LOCAL_RANK)`` (every rank's ``cuda`` would be cuda:0), nor open a
+    context on GPU 0 in a rank that uses another GPU (a new thread's device is 0).  Each rank holds
+    memory for 2.5 s, long enough for the thread to have looked twice."""
+    code = (
+        "%%spawn -n 2 --backend nccl\n"
+        "import os, time, torch\n"
+        "x = torch.ones(1 << 20, device='cuda')\n"
+        "time.sleep(2.5)\n"
+        "others = [i for i in range(torch.cuda.device_count()) if i != x.device.index and torch._C._cuda_hasPrimaryContext(i)]\n"
+        "print('on', x.device.index, 'current', torch.cuda.current_device(), 'contexts elsewhere', others)\n"
+    )
+    result = run(fresh_kernel, code, timeout=CUDA_TIMEOUT)
+    assert result.status == "ok", result.error_text
+    for rank in (0, 1):
+        [said] = rank_lines(result.stdout, rank)
+        assert said == f"on {rank} current {rank} contexts elsewhere []", said
+
+
 def test_a_cuda_out_of_memory_names_the_rank_its_gpu_and_what_each_rank_held(fresh_kernel):
     """#44: two ranks on GPU 0 hold 1 GiB each; rank 1 asks for a petabyte.  The error names rank 1,
     its GPU, and what each rank held there (rank 1's figure written as it raised)."""

@@ -5,10 +5,12 @@ GPU) and tests/gpu/test_cuda.py (a real one)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from nbspawn.events._gpumemory import (
     DeviceHeld,
@@ -19,6 +21,7 @@ from nbspawn.events._gpumemory import (
     read_held,
     totals,
 )
+from nbspawn.ranks import _devicememory
 from nbspawn.ranks._devicememory import physical_name, sample
 
 GB = 10**9
@@ -102,21 +105,40 @@ def test_a_ranks_device_is_named_by_the_physical_gpu_where_cuda_visible_devices_
     assert physical_name(index, visible) == name
 
 
+@pytest.fixture(autouse=True)
+def _no_properties_asked_yet():
+    """Each test's devices are asked afresh (the rank's thread asks a device's properties once)."""
+    _devicememory._properties_of.clear()
+    yield
+    _devicememory._properties_of.clear()
+
+
 def test_the_ranks_sample_lists_only_the_devices_its_torch_reserved_memory_on():
     """The rank's side, over a stand-in for ``torch.cuda`` (no GPU here): a device never used is not
     asked its properties (asking could make a CUDA context on it)."""
-    asked: list[int] = []
+    asked: list[tuple[int, int]] = []  # (the device asked about, the thread's device then)
+    current = [0]  # the asking thread's device: 0 until it sets one, as a new thread's is
+
+    @contextlib.contextmanager
+    def device(index: int):
+        before, current[0] = current[0], index
+        yield
+        current[0] = before
+
     stats = {
         0: {},
         1: {"allocated_bytes": {"all": {"current": 3, "peak": 7}}, "reserved_bytes": {"all": {"current": 4, "peak": 8}}},
     }
 
     def properties(index: int) -> SimpleNamespace:
-        asked.append(index)
+        asked.append((index, current[0]))
         return SimpleNamespace(name="H200", total_memory=141, uuid="GPU-h")
 
     cuda = SimpleNamespace(
-        device_count=lambda: 2, memory_stats_as_nested_dict=stats.__getitem__, get_device_properties=properties
+        device_count=lambda: 2,
+        memory_stats_as_nested_dict=stats.__getitem__,
+        get_device_properties=properties,
+        device=device,
     )
     assert sample(cuda, "4,6") == [
         {
@@ -131,4 +153,24 @@ def test_the_ranks_sample_lists_only_the_devices_its_torch_reserved_memory_on():
             "peak_reserved": 8,
         }
     ]
-    assert asked == [1]
+    assert asked == [(1, 1)]  # asked with the thread's device made the one asked about, never from GPU 0
+    sample(cuda, "4,6")
+    assert asked == [(1, 1)]  # properties are asked once
+
+
+def test_a_device_the_rank_holds_no_context_on_is_never_asked(monkeypatch):
+    """Memory counted on a device without a context of this process (the driver says so): not listed,
+    and nothing asked of it that could open a context there."""
+    stats = {0: {"allocated_bytes": {"all": {"current": 1, "peak": 1}}, "reserved_bytes": {"all": {"current": 2, "peak": 2}}}}
+
+    def properties(index: int) -> SimpleNamespace:
+        raise AssertionError(f"device {index} was asked its properties")
+
+    monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda index: False, raising=False)
+    cuda = SimpleNamespace(
+        device_count=lambda: 1,
+        memory_stats_as_nested_dict=stats.__getitem__,
+        get_device_properties=properties,
+        device=lambda index: contextlib.nullcontext(),
+    )
+    assert sample(cuda, None) == []
