@@ -52,7 +52,8 @@ test:
 RECIPE_TESTS := tests/cluster/test_cluster_recipes.py tests/cluster/test_cluster_slurm.py
 NOT_RECIPES := $(foreach t,$(RECIPE_TESTS),--ignore=$(t))
 cluster-recipes:
-	"$(NBSPAWN_VENV)/bin/python" -m pytest $(RECIPE_TESTS) -q -rs -p no:cacheprovider
+	"$(NBSPAWN_VENV)/bin/python" -m pytest $(RECIPE_TESTS) -q -rs -p no:cacheprovider \
+		$(if $(NBSPAWN_JUNIT_DIR),--junitxml=$(NBSPAWN_JUNIT_DIR)/recipes.xml)
 
 # Each job: `.ci/runtime NAME PYTEST-ARGS`; which tests each runs is chosen for CI's time budget (the whole
 # .ci/run under 40 min on 2 cores). `make -k runtimes` runs them all whatever fails. Each needs `make test`'s

@@ -13,24 +13,30 @@
 #
 # NBSPAWN_TEST_WORKERS=0 runs everything in one process, in one go. Exits as pytest does: 5 (nothing
 # collected) only when no phase collected anything; otherwise the first failure's status, or 0.
+#
+# NBSPAWN_JUNIT_DIR (set by .ci/run): each phase also writes its JUnit report there, named after the job
+# (NBSPAWN_CI_JOB, default dev) and the phase, for the summary that closes CI's log (scripts/ci_summary.py).
 set -uo pipefail
 python="${1:?usage: scripts/pytest.sh PYTHON [PYTEST-ARGS...]}"
 shift
 workers="${NBSPAWN_TEST_WORKERS:-3}"
 browser_workers="${NBSPAWN_BROWSER_WORKERS:-2}"
+report() {  # the JUnit report's option for one phase, where CI asked for them
+    [[ -z "${NBSPAWN_JUNIT_DIR:-}" ]] || echo "--junitxml=$NBSPAWN_JUNIT_DIR/${NBSPAWN_CI_JOB:-dev}-$1.xml"
+}
 if [[ "$workers" == 0 ]]; then
-    exec "$python" -m pytest "$@"
+    exec "$python" -m pytest $(report all) "$@"
 fi
-"$python" -m pytest -n "$workers" --dist loadfile --phase parallel "$@"
+"$python" -m pytest -n "$workers" --dist loadfile --phase parallel $(report parallel) "$@"
 parallel=$?
 browser=5
 if [[ "$browser_workers" != 0 ]]; then  # 0: a job that runs no browser test (-m "not browser") skips the phase
     echo "pytest.sh: now the browser tests, $browser_workers at a time" >&2
-    "$python" -m pytest -n "$browser_workers" --dist loadfile --phase browser "$@"
+    "$python" -m pytest -n "$browser_workers" --dist loadfile --phase browser $(report browser) "$@"
     browser=$?
 fi
 echo "pytest.sh: now the tests that run alone" >&2
-"$python" -m pytest --phase alone "$@"
+"$python" -m pytest --phase alone $(report alone) "$@"
 alone=$?
 collected=0
 for rc in "$parallel" "$browser" "$alone"; do

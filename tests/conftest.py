@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
+import ci_skips
 import pytest
 import signal_trace
 from kernel_harness import loaded_kernel, run, settle_kernels, start_kernel, stop_kernel_later, stop_spare_kernel
@@ -38,6 +39,27 @@ def pytest_sessionstart(session):
 def pytest_sessionfinish(session):
     if session.config.stash.get(_TRACING, False):
         signal_trace.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI, a skip for a layer the project builds or installs itself fails the test (``ci_skips``)."""
+    outcome = yield
+    _refuse_provided_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """The same for a whole module skipped as it was collected (a module-level importorskip)."""
+    outcome = yield
+    _refuse_provided_skip(outcome.get_result())
+
+
+def _refuse_provided_skip(report) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        why = ci_skips.refused(ci_skips.skip_reason(report.longrepr), ci_skips.job())
+        if why is not None:
+            report.outcome, report.longrepr = "failed", why
 
 
 def pytest_addoption(parser):
