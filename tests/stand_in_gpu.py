@@ -2,7 +2,7 @@
 
 The cell tells the rank's thread (``ranks._devicememory``) that CUDA is initialized and hands it a
 stand-in for ``torch.cuda`` whose calls it makes (``device_count``, ``memory_stats_as_nested_dict``,
-``device``, ``get_device_properties``) report the counters a caching allocator would; ``_held(allocated, reserved)``
+``holds_context``, ``device``, ``get_device_properties``) report the counters a caching allocator would; ``_held(allocated, reserved)``
 sets them.  ``torch.cuda`` itself is left as it is: the rest of nbspawn in the rank (which asks
 ``torch.cuda.is_initialized`` before it synchronizes a GPU) sees no GPU.  Everything after the
 thread's reads is nbspawn's real path.  tests/gpu/test_cuda.py runs the same figures on a real GPU.
@@ -28,6 +28,7 @@ _gpu = types.SimpleNamespace(  # what the thread asks of torch.cuda, once CUDA i
         "allocated_bytes": {{"all": {{"current": now["allocated"], "peak": now["peak_allocated"]}}}},
         "reserved_bytes": {{"all": {{"current": now["reserved"], "peak": now["peak_reserved"]}}}},
     }},
+    holds_context=lambda index: True,  # this process holds a context on the stand-in GPU
     device=lambda index: contextlib.nullcontext(),  # the thread makes a device its own before it asks
     get_device_properties=lambda device=None: types.SimpleNamespace(name="Stand-in GPU", total_memory={TOTAL}, uuid="GPU-5ta11d-1n"),
 )

@@ -92,12 +92,33 @@ def on_error(exc: BaseException) -> None:
 
 
 def _initialized_cuda() -> Any:
-    """``torch.cuda`` if this process imported torch and initialized CUDA (never initializes it)."""
-    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    """What the thread asks of CUDA (:class:`_TorchCuda`) if this process imported torch and initialized
+    CUDA (never initializes it)."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
     try:
-        return cuda if cuda is not None and cuda.is_initialized() else None
+        return _TorchCuda(torch) if cuda is not None and cuda.is_initialized() else None
     except Exception:
         return None
+
+
+class _TorchCuda:
+    """``torch.cuda``'s calls the thread makes (``device_count``, ``memory_stats_as_nested_dict``,
+    ``device``, ``get_device_properties``), and the driver's word on whether this process holds a
+    context on a device (``holds_context``), which ``torch.cuda`` does not offer. A stand-in GPU
+    (tests/stand_in_gpu.py) offers the same five."""
+
+    def __init__(self, torch: Any) -> None:
+        self._torch = torch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._torch.cuda, name)
+
+    def holds_context(self, index: int) -> bool:
+        """The driver's answer (it creates no context); where this torch cannot ask, memory it reserved
+        there says it does."""
+        has = getattr(self._torch._C, "_cuda_hasPrimaryContext", None)
+        return has is None or bool(has(index))
 
 
 def sample(cuda: Any, visible: str | None) -> list[dict[str, Any]]:
@@ -108,7 +129,7 @@ def sample(cuda: Any, visible: str | None) -> list[dict[str, Any]]:
         reserved = _counter(stats, "reserved_bytes")
         if not (reserved["current"] or reserved["peak"]):
             continue  # never used here: not asked anything more (no context of this process on it)
-        if not _holds_context(index):
+        if not cuda.holds_context(index):
             continue
         allocated = _counter(stats, "allocated_bytes")
         props = _properties(cuda, index)
@@ -128,13 +149,6 @@ def sample(cuda: Any, visible: str | None) -> list[dict[str, Any]]:
     return devices
 
 
-def _holds_context(index: int) -> bool:
-    """Whether this process holds a CUDA context on its device ``index`` (the driver's answer, which
-    creates none); where this torch cannot say, memory it reserved there says it does."""
-    has = getattr(getattr(sys.modules.get("torch"), "_C", None), "_cuda_hasPrimaryContext", None)
-    return has is None or bool(has(index))
-
-
 _properties_of: dict[int, Any] = {}  # a device's properties, asked once
 
 
@@ -144,7 +158,7 @@ def _properties(cuda: Any, index: int) -> Any:
     A new thread's current device is 0, and a CUDA runtime call made there would open a context on GPU
     0 in a rank that uses GPU 3 (CUDA 12 opens one at ``cudaSetDevice``): ``cuda.device(index)`` makes
     the thread's device the one asked about, where the process already holds a context
-    (:func:`_holds_context`), so the thread opens none."""
+    (``holds_context``), so the thread opens none."""
     if index not in _properties_of:
         with cuda.device(index):
             _properties_of[index] = cuda.get_device_properties(index)

@@ -139,6 +139,7 @@ def test_the_ranks_sample_lists_only_the_devices_its_torch_reserved_memory_on():
         memory_stats_as_nested_dict=stats.__getitem__,
         get_device_properties=properties,
         device=device,
+        holds_context=lambda index: True,
     )
     assert sample(cuda, "4,6") == [
         {
@@ -166,11 +167,23 @@ def test_a_device_the_rank_holds_no_context_on_is_never_asked(monkeypatch):
     def properties(index: int) -> SimpleNamespace:
         raise AssertionError(f"device {index} was asked its properties")
 
-    monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda index: False, raising=False)
     cuda = SimpleNamespace(
         device_count=lambda: 1,
         memory_stats_as_nested_dict=stats.__getitem__,
         get_device_properties=properties,
         device=lambda index: contextlib.nullcontext(),
+        holds_context=lambda index: False,
     )
     assert sample(cuda, None) == []
+
+
+def test_the_driver_is_asked_whether_the_process_holds_a_context_where_torch_can_ask(monkeypatch):
+    """``_TorchCuda.holds_context``: torch's ``_cuda_hasPrimaryContext`` where this torch has it (a CUDA
+    build), else memory reserved there is taken to say so (a CPU build has no context to ask about)."""
+    asked: list[int] = []
+    monkeypatch.setattr(torch._C, "_cuda_hasPrimaryContext", lambda index: asked.append(index) or index == 1, raising=False)
+    cuda = _devicememory._TorchCuda(torch)
+    assert (cuda.holds_context(0), cuda.holds_context(1), asked) == (False, True, [0, 1])
+    assert cuda.device_count is torch.cuda.device_count  # the rest is torch.cuda's own
+    monkeypatch.delattr(torch._C, "_cuda_hasPrimaryContext")
+    assert cuda.holds_context(0)
