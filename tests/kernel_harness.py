@@ -449,12 +449,60 @@ def wait_for_ranks(pid: int, count: int, timeout: float = 60) -> list[psutil.Pro
     raise AssertionError(f"expected {count} ranks under {pid}, found {run_processes(pid)}")
 
 
-def interrupt_later(kernel: Kernel, pid: int, ranks: int) -> threading.Thread:
-    """Interrupt `kernel` once `ranks` ranks run under `pid` and have had a second to reach the cell."""
+def ready_line(folder: str | os.PathLike) -> str:
+    """A statement for a cell (or a rank's script): this rank has reached it.  It writes the rank's pid
+    to ``folder/<RANK>``; put it on the line before the call the rank is to be found blocked in, or on
+    the same line (``ready; time.sleep(100)``) where a traceback is to name that line either way."""
+    folder = os.fspath(folder)
+    return f"__import__('pathlib').Path({folder!r}, __import__('os').environ['RANK']).write_text(str(__import__('os').getpid()))"
+
+
+# wait_until_blocked's body: run by the test, and by a rank that is to act once its peers are in place
+_BLOCKED = """
+import pathlib, time, psutil
+asleep, deadline = {{}}, time.monotonic() + {timeout!r}
+while True:
+    pids = []
+    for entry in sorted(pathlib.Path({folder!r}).iterdir()):
+        try:
+            pids.append(int(entry.read_text()))
+        except ValueError:  # being written
+            pass
+    if len(pids) >= {count!r}:
+        for pid in pids:
+            try:
+                state = psutil.Process(pid).status()
+            except psutil.NoSuchProcess:
+                state = "gone"
+            asleep[pid] = asleep.get(pid, 0) + 1 if state == psutil.STATUS_SLEEPING else 0
+        if all(asleep[pid] >= 3 for pid in pids):
+            break
+    assert time.monotonic() < deadline, "not {count} ranks blocked after their ready line in {folder}: %r" % asleep
+    time.sleep(0.1)
+"""
+
+
+def wait_until_blocked(folder: str | os.PathLike, count: int, timeout: float = 60) -> None:
+    """Return once ``count`` ranks have run :func:`ready_line` into ``folder`` (it must exist) and
+    each one is blocked in the call after it: its main thread asleep (in a sleep, a collective, a read) at
+    three looks in a row, 0.1 s apart.  Where a rank is, then, is a fact, not a guess at how long a loaded
+    machine takes to start it (a fixed second after the processes existed was too little for ranks at
+    nice 19).  AssertionError after ``timeout`` s: only a hang."""
+    exec(_BLOCKED.format(folder=os.fspath(folder), count=count, timeout=timeout), {})
+
+
+def blocked_line(folder: str | os.PathLike, count: int, timeout: float = 60) -> str:
+    """:func:`wait_until_blocked` as one statement for a cell: a rank that is to fail, say, only once its
+    peers are blocked where the test expects them (after their :func:`ready_line`)."""
+    return f"exec({_BLOCKED.format(folder=os.fspath(folder), count=count, timeout=timeout)!r}, {{}})"
+
+
+def interrupt_later(kernel: Kernel, ready: str | os.PathLike, ranks: int) -> threading.Thread:
+    """Interrupt ``kernel`` once ``ranks`` ranks have run :func:`ready_line` into ``ready`` and are
+    blocked in the call after it (:func:`wait_until_blocked`)."""
 
     def go() -> None:
-        wait_for_ranks(pid, ranks)
-        time.sleep(1.0)  # let every rank reach the cell
+        wait_until_blocked(ready, ranks)
         kernel.manager.interrupt_kernel()
 
     thread = threading.Thread(target=go, daemon=True)
@@ -515,6 +563,30 @@ def leak_snapshot(pid: int, tmp_dir: str) -> dict:
         "shm": sorted(e for e in os.listdir("/dev/shm") if e.startswith(f"nbspawn.{pid}.") or not e.startswith("nbspawn.")),
         "tmp": tmp,
     }
+
+
+def steady_snapshot(pid: int, tmp_dir: str, timeout: float = 10) -> dict:
+    """leak_snapshot once two looks 0.2 s apart agree: what runs just ended let go of (a thread
+    joining, a segment unlinked) is let go, however slowly a loaded machine does it; after ``timeout``
+    s, the last look."""
+    deadline = time.monotonic() + timeout
+    last = leak_snapshot(pid, tmp_dir)
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = leak_snapshot(pid, tmp_dir)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def snapshot_back_to(pid: int, tmp_dir: str, before: dict, timeout: float = 10) -> dict:
+    """leak_snapshot, looked at again until it equals ``before`` (what the last run lets go of, it lets
+    go of in its own time); after ``timeout`` s, the last look, for the caller's ``== before`` to show."""
+    deadline = time.monotonic() + timeout
+    while (after := leak_snapshot(pid, tmp_dir)) != before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return after
 
 
 # -- a frontend that answers the kernel's prompts (stdin channel) ----------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -9,15 +10,27 @@ from pathlib import Path
 
 import psutil
 import pytest
-from kernel_harness import execute, interrupt_later, leak_snapshot, ok, run_processes, start_kernel, stop_kernel, wait_for_ranks
+from kernel_harness import (
+    execute,
+    interrupt_later,
+    ok,
+    ready_line,
+    run_processes,
+    snapshot_back_to,
+    start_kernel,
+    steady_snapshot,
+    stop_kernel,
+    wait_for_ranks,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_interrupt_reaches_every_rank_first_and_the_cell_raises_keyboardinterrupt(fresh_kernel):
+def test_interrupt_reaches_every_rank_first_and_the_cell_raises_keyboardinterrupt(fresh_kernel, tmp_path):
     pid = fresh_kernel.pid
-    code = "%%spawn -n 3 --grace-period 5\nimport time\ndef train():\n    time.sleep(100)\ntrain()"
-    thread = interrupt_later(fresh_kernel, pid, 3)
+    # a grace no interrupted rank needs: were one SIGTERMed, the text would say "killed by SIGTERM"
+    code = f"%%spawn -n 3 --grace-period 120\nimport time\ndef train():\n    {ready_line(tmp_path)}; time.sleep(100)\ntrain()"
+    thread = interrupt_later(fresh_kernel, tmp_path, 3)
     started = time.monotonic()
     result = execute(fresh_kernel.client, code, timeout=60)
     thread.join()
@@ -26,7 +39,8 @@ def test_interrupt_reaches_every_rank_first_and_the_cell_raises_keyboardinterrup
     assert "KeyboardInterrupt" in text
     assert "ranks 0-2 were stopped the same way: KeyboardInterrupt" in text
     assert "in train" in text and "time.sleep(100)" in text  # where each rank was
-    assert time.monotonic() - started < 30
+    assert "SIGTERM" not in text and "SIGKILL" not in text  # each came back by its KeyboardInterrupt
+    assert time.monotonic() - started < 60  # a hang guard: the grace alone would be 120 s
     assert run_processes(pid) == []
     assert (
         ok(fresh_kernel, "import nbspawn\nprint(isinstance(nbspawn.last_run().error, KeyboardInterrupt))", timeout=30).stdout
@@ -34,10 +48,13 @@ def test_interrupt_reaches_every_rank_first_and_the_cell_raises_keyboardinterrup
     )
 
 
-def test_interrupt_escalates_to_sigterm_when_a_rank_ignores_sigint(fresh_kernel):
+def test_interrupt_escalates_to_sigterm_when_a_rank_ignores_sigint(fresh_kernel, tmp_path):
     pid = fresh_kernel.pid
-    code = "%%spawn -n 2 --grace-period 1\nimport signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(100)"
-    thread = interrupt_later(fresh_kernel, pid, 2)
+    code = (
+        "%%spawn -n 2 --grace-period 1\nimport signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        f"{ready_line(tmp_path)}; time.sleep(100)"
+    )
+    thread = interrupt_later(fresh_kernel, tmp_path, 2)
     result = execute(fresh_kernel.client, code, timeout=60)
     thread.join()
     assert result.error.ename == "SpawnInterrupted"
@@ -51,7 +68,7 @@ def test_ranks_die_with_the_kernel_even_when_it_is_sigkilled(fresh_kernel):
     fresh_kernel.client.execute("%%spawn -n 3\nimport subprocess, time\ntime.sleep(300)")
     ranks = wait_for_ranks(pid, 3)
     os.kill(pid, signal.SIGKILL)
-    _gone, alive = psutil.wait_procs(ranks, timeout=10)
+    _gone, alive = psutil.wait_procs(ranks, timeout=30)  # a hang guard: death comes at once
     assert alive == [], f"ranks outlived the kernel: {alive}"
 
 
@@ -66,8 +83,22 @@ def test_processes_a_rank_started_are_stopped_with_it(kernel):
     with tempfile.TemporaryDirectory() as tmp:
         ok(kernel, code.replace("%%spawn -n 2", f"%%spawn -n 2 --env NBSPAWN_TEST_DIR={tmp}"))
         pids = [int(Path(tmp, str(r)).read_text()) for r in range(2)]
-    time.sleep(0.2)
-    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    # gone, or a zombie (its reaper's to collect): waited for, 30 s at most (a hang guard)
+    children = []
+    for p in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            children.append(psutil.Process(p))
+    deadline = time.monotonic() + 30
+    while (left := [c for c in children if _alive(c)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, left
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.fixture
@@ -95,12 +126,18 @@ def test_fifty_cells_leave_no_process_fd_thread_segment_or_file_behind(private_t
         "%%spawn -n 2 --backend gloo\nimport torch, torch.distributed as dist\ndist.all_reduce(torch.ones(2))",
         "%%spawn -n 2\nimport ctypes\nctypes.string_at(0)",
     ]
-    for cell in cells:  # warm up: imports, thread pools, the first gloo group
-        execute(fresh_kernel.client, cell, timeout=60)
-    before = leak_snapshot(pid, tmp)
+    # each cell ends the way it is meant to (a leak test whose cells all failed early would test nothing)
+    endings = [None, "RankRaisedError", "SpawnTimeoutError", None, "RankExitedError"]
+
+    def run_cell(i: int) -> None:
+        result = execute(fresh_kernel.client, cells[i % len(cells)], timeout=60)
+        assert (result.error.ename if result.error else None) == endings[i % len(cells)], (i, result.error_text)
+
+    for i in range(len(cells)):  # warm up: imports, thread pools, the first gloo group
+        run_cell(i)
+    before = steady_snapshot(pid, tmp)
     for i in range(50):
-        execute(fresh_kernel.client, cells[i % len(cells)], timeout=60)
-    time.sleep(0.3)
-    after = leak_snapshot(pid, tmp)
+        run_cell(i)
+    after = snapshot_back_to(pid, tmp, before)
     assert after == before
     assert len(list(logs.iterdir())) == 55  # one log directory per run, nothing else

@@ -4,11 +4,12 @@ signal handler, without the interpreter's help."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import time
 
-from kernel_harness import interrupt_later, ok, run
+from kernel_harness import interrupt_later, ok, ready_line, run
 
 HANG = (
     "%%spawn --bg -n 4 --backend gloo\n"
@@ -20,20 +21,37 @@ HANG = (
 )
 
 
-def wait_for(kernel, code: str, seconds: float = 30) -> None:
+def wait_for(kernel, code: str, seconds: float = 60) -> None:
     until = time.monotonic() + seconds
     while ok(kernel, f"print({code})").stdout.strip() != "True":
         assert time.monotonic() < until, code
         time.sleep(0.2)
 
 
+def where_until(kernel, *patterns: str, names: str = "", seconds: float = 60) -> str:
+    """``%spawn where`` asked again until its answer matches every one of ``patterns`` (re.M): the ranks
+    are in their places when they say so, however long a loaded machine takes to start them (a hang
+    guard of ``seconds``)."""
+    until = time.monotonic() + seconds
+    while True:
+        text = ok(kernel, f"%spawn where {names}".rstrip()).stdout
+        if all(re.search(pattern, text, re.M) for pattern in patterns):
+            return text
+        assert time.monotonic() < until, (patterns, text)
+        time.sleep(0.3)
+
+
+# HANG's ranks in place: three in the barrier, rank 2 in its sleep
+IN_BARRIER = r"^ranks 0-1,3: Cell In\[\d+\], line 4: dist\.barrier\(\)  \(in barrier, distributed_c10d\.py\)"
+IN_SLEEP = r"^rank 2: Cell In\[\d+\], line 6: time\.sleep\(300\)$"
+
+
 def test_where_groups_the_ranks_of_a_hung_background_run(kernel):
     ok(kernel, HANG)
     ok(kernel, "import nbspawn\nhung = nbspawn.last_run()")
     try:
-        wait_for(kernel, "all(r.status == 'running' for r in hung.ranks)")
-        time.sleep(2)  # every rank past init_process_group and into its place
-        text = ok(kernel, "%spawn where").stdout
+        # every rank past init_process_group and into its place, as `where` itself says
+        text = where_until(kernel, IN_BARRIER, IN_SLEEP)
         head = re.search(r"run \S+ \(background, \d+ s\):", text)
         assert head, text
         assert re.search(
@@ -54,11 +72,9 @@ def test_where_on_an_idle_world_and_a_program(kernel):
     ok(kernel, "%%spawn --world wh -n 2\nx = 1")
     ok(kernel, "prog = %spawn --bg -n 2 -- python -c 'import time; time.sleep(300)'")
     try:
-        wait_for(kernel, "all(r.status == 'running' for r in prog.ranks)")
-        time.sleep(1)
-        text = ok(kernel, "%spawn where wh {prog.run_id}").stdout
+        program_in_place = r'^ranks 0-1: File "<string>", line 1 in <module>'
+        text = where_until(kernel, program_in_place, names="wh {prog.run_id}")
         assert "world 'wh' (idle, 1 cells):\nranks 0-1: idle: waiting for the next cell" in text, text
-        assert re.search(r'^ranks 0-1: File "<string>", line 1 in <module>', text, re.M), text
     finally:
         ok(kernel, "%spawn stop wh {prog.run_id}")
 
@@ -80,15 +96,25 @@ def test_stop_names_both_kinds_it_takes_when_it_does_not_know_a_name(kernel):
 
 # -- the hang verdict: why a stopped run was stuck, in one line ----------------------------------------
 
-VERDICT = re.compile(
-    r"^Hang: rank 2 never entered barrier #1 \(it is at Cell In\[\d+\], line 6: time\.sleep\(300\)\); "
-    r"ranks 0-1,3 waited in it for \d+ s at Cell In\[\d+\], line 4: dist\.barrier\(\)$",
-    re.M,
-)
+
+def hang_verdict(barrier_line: int = 4, sleep_line: int = 6) -> re.Pattern:
+    return re.compile(
+        rf"^Hang: rank 2 never entered barrier #1 \(it is at Cell In\[\d+\], line {sleep_line}: time\.sleep\(300\)\); "
+        rf"ranks 0-1,3 waited in it for \d+ s at Cell In\[\d+\], line {barrier_line}: dist\.barrier\(\)$",
+        re.M,
+    )
+
+
+VERDICT = hang_verdict()
+
+# The --timeout of the tests below is what ends their runs, and their verdict needs every rank in its place
+# when it fires: counted from the ranks' start (forks, gloo's rendezvous), it is long enough that only a
+# hang would leave a rank short of its place (about 1 s on a quiet machine; each such run costs its timeout).
+HANG_TIMEOUT = 20
 
 
 def test_a_timeout_says_which_rank_never_entered_the_barrier(kernel):
-    result = run(kernel, HANG.replace("--bg ", "--timeout 4 "))
+    result = run(kernel, HANG.replace("--bg ", f"--timeout {HANG_TIMEOUT} "))
     assert result.status == "error" and result.error.ename == "SpawnTimeoutError"
     text = result.error.traceback_text
     assert VERDICT.search(text), text
@@ -117,7 +143,7 @@ def _frozen(kernel) -> tuple[dict, str, str]:
 def test_a_hangs_frozen_view_keeps_its_verdict_and_where_each_rank_was(kernel):
     """Rank 2 prints while the others wait in the barrier: output flows, so no live look is made, and
     what the look before the timeout's stop saw is all there is: the banner's verdict, each chip's place."""
-    busy = HANG.replace("--bg ", "--timeout 5 ").replace(
+    busy = HANG.replace("--bg ", f"--timeout {HANG_TIMEOUT} ").replace(
         "    time.sleep(300)\n", "    while True:\n        print('working', flush=True)\n        time.sleep(0.3)\n"
     )
     result = run(kernel, busy)
@@ -141,31 +167,36 @@ def test_a_hangs_frozen_view_keeps_its_verdict_and_where_each_rank_was(kernel):
     assert "stopped (killed by SIGTERM)" in html and "— has not entered barrier #1 (Cell In[" in html
 
 
-def test_an_interrupt_and_a_stop_give_the_verdict_too(fresh_kernel):
+def test_an_interrupt_and_a_stop_give_the_verdict_too(fresh_kernel, tmp_path):
     ok(fresh_kernel, "import nbspawn")
-    thread = interrupt_later(fresh_kernel, fresh_kernel.pid, 4)
-    result = run(fresh_kernel, HANG.replace("--bg ", ""))
+    # the interrupt comes once every rank is blocked where the verdict is to find it (its ready line before)
+    ready = ready_line(tmp_path)
+    cell = HANG.replace("--bg ", "").replace("    dist.barrier()", f"    {ready}\n    dist.barrier()")
+    cell = cell.replace("    time.sleep(300)", f"    {ready}\n    time.sleep(300)")
+    thread = interrupt_later(fresh_kernel, tmp_path, 4)
+    result = run(fresh_kernel, cell)
     thread.join()
     assert result.status == "error" and result.error.ename == "SpawnInterrupted", result.error_text
     text = result.error.traceback_text
-    assert VERDICT.search(text), text
+    assert hang_verdict(barrier_line=5, sleep_line=8).search(text), text
     # the barrier ranks are stopped where they were, not as the interrupt unwound them in torch's logging
     assert "ranks 0-1,3 were stopped the same way: KeyboardInterrupt" in text and "c10d_logger" in text
     assert "Connection closed" not in text and "_get_msg_dict" not in text
 
     ok(fresh_kernel, HANG)
     ok(fresh_kernel, "hung = nbspawn.last_run()")
-    wait_for(fresh_kernel, "all(r.status == 'running' for r in hung.ranks)")
-    time.sleep(2)
+    where_until(fresh_kernel, IN_BARRIER, IN_SLEEP)
     ok(fresh_kernel, "hung.stop(); hung._done.wait(30)")
     verdict = ok(fresh_kernel, "print(hung.status, hung.error.verdict)").stdout
     assert verdict.startswith("stopped rank 2 never entered barrier #1"), verdict
 
 
 def test_ranks_in_different_collectives_are_named_as_such(kernel):
-    result = run(
+    """In the background, stopped once ``where`` finds each rank in its collective: the verdict is the
+    stop's, as it would be the timeout's (test_a_timeout_says_which_rank_never_entered_the_barrier)."""
+    ok(
         kernel,
-        "%%spawn -n 2 --backend gloo --timeout 4\n"
+        "%%spawn --bg -n 2 --backend gloo\n"
         "import torch, torch.distributed as dist\n"
         "t = torch.ones(4)\n"
         "if dist.get_rank() == 0:\n"
@@ -173,7 +204,15 @@ def test_ranks_in_different_collectives_are_named_as_such(kernel):
         "else:\n"
         "    dist.broadcast(t, src=0)\n",
     )
-    assert result.status == "error" and result.error.ename == "SpawnTimeoutError"
+    ok(kernel, "import nbspawn\nmixed = nbspawn.last_run()")
+    try:
+        where_until(
+            kernel, r"^rank 0: .*\(in all_reduce, distributed_c10d\.py\)", r"^rank 1: .*\(in broadcast, distributed_c10d\.py\)"
+        )
+    finally:
+        ok(kernel, "mixed.stop(); mixed._done.wait(30)")
+    result = run(kernel, "mixed.wait()")
+    assert result.status == "error" and result.error.ename == "SpawnInterrupted", result.error_text
     assert re.search(
         r"^Hang: the ranks were in different collectives: rank 0 in all_reduce #1 \(Cell In\[\d+\], line 5: "
         r"dist\.all_reduce\(t\)\); rank 1 in broadcast #1 \(Cell In\[\d+\], line 7: dist\.broadcast\(t, src=0\)\)$",
@@ -199,7 +238,9 @@ def test_debug_collectives_turns_a_shape_mismatch_into_an_error_at_once(kernel):
 def test_the_live_signal_while_a_run_hangs(kernel):
     """No option needed: a few seconds into the hang, the text view says it, and the ranks' notes (the
     widget's chips) say who waits for whom; the run then ends by its --timeout."""
-    result = run(kernel, HANG.replace("--bg ", "--timeout 10 "))
+    # the ranks look hung once 10 s in the barrier (HANG_SUSPECT_AFTER; half a --timeout under 20 s), and a
+    # rank that reached it late on a loaded machine must still be seen so before the timeout
+    result = run(kernel, HANG.replace("--bg ", "--timeout 25 "))
     assert result.error.ename == "SpawnTimeoutError"
     said = [ln for ln in result.stderr.splitlines() if ln.startswith("nbspawn: looks hung: ")]
     assert len(said) == 1, result.stderr  # once, though the ranks were looked at again
@@ -210,15 +251,26 @@ def test_a_hung_ranks_note_counts_each_second(kernel):
     """The chip's "waiting in barrier #1 for N s" counts on as the wait goes on, each second, not
     once per look at the ranks (every 10 s while hung): it never lags behind the clock."""
     ok(kernel, HANG)
-    ok(kernel, "import nbspawn\nhung = nbspawn.last_run()")
+    ok(kernel, "import json, nbspawn\nhung = nbspawn.last_run()")
     try:
         wait_for(kernel, "bool(hung.ranks[0].note)", seconds=60)
-        seen = []
-        for _ in range(12):  # 3 s
-            seen.append(ok(kernel, "print(hung.ranks[0].note)").stdout.strip())
-            time.sleep(0.25)
-        counts = sorted({int(m.group(1)) for note in seen if (m := re.search(r"for (\d+) s", note))})
-        assert len(counts) >= 3 and counts == list(range(counts[0], counts[-1] + 1)), seen
+        # sampled inside one cell (twelve cells' round trips, 0.25 s apart, once left a gap on a loaded
+        # machine), until five counts were seen: each a step of about a second on the last (recounted each
+        # second, and a recount late by a loop's turn can skip one), not a look's ten
+        sampled = ok(
+            kernel,
+            "import re, time\nseen, notes = [], []\nuntil = time.monotonic() + 60\n"
+            "while len(seen) < 5 and time.monotonic() < until:\n"
+            "    note = hung.ranks[0].note or ''\n"
+            "    m = re.search(r'for (\\d+) s', note)\n"
+            "    if m and (not seen or int(m[1]) != seen[-1]):\n"
+            "        seen.append(int(m[1])); notes.append(note)\n"
+            "    time.sleep(0.05)\n"
+            "print(json.dumps([seen, notes]))",
+        ).stdout
+        counts, seen = json.loads(sampled)
+        steps = [b - a for a, b in itertools.pairwise(counts)]
+        assert len(counts) == 5 and all(1 <= step <= 3 for step in steps), seen
         assert "rank 2 has not entered it" in seen[-1]
     finally:
         ok(kernel, "hung.stop(); hung._done.wait(30)")
