@@ -3,10 +3,12 @@
 Each test runs one `%%spawn` cell of one notebook for real, in both front ends (one server, one page
 and one kernel per front end, shared by the tests):
 
-- a 16-rank flood for 10 s: no main-thread task over 100 ms (a `PerformanceObserver` for long tasks,
-  installed before the page loads), and another cell stays editable meanwhile; the suite fails a task
-  in which the page's main thread itself ran over 1 s (its CPU time, from /proc: RendererCpu);
-- Stop during a flood: the cell's execution ends within 1 s of the click;
+- a 16-rank flood: the page's main thread does not spend most of the time it had in its own scripts
+  (Chromium's own count of its script and task time, in CPU time: CDP ``Performance`` with thread
+  ticks), no task of the page ran over 1 s of CPU (a `PerformanceObserver` for long tasks, installed
+  before the page loads, and the thread's CPU time from /proc: RendererCpu), and another cell stays
+  editable meanwhile: every character typed arrives;
+- Stop during a flood: the run ends, every rank stopped;
 - the kernel shows Busy for the whole of a run (JupyterLab's status bar text; Notebook 7's tab icon,
   its only kernel-status indicator that follows the kernel's status messages);
 - rich output in the rank's pane, live and frozen: an HTML table (in an iframe), a matplotlib figure
@@ -14,8 +16,10 @@ and one kernel per front end, shared by the tests):
 - a plain tqdm bar on stderr stays the pane's last line while lines are printed, not styled as an error;
 - the merged view keeps the order the ranks printed in, live and frozen (saved).
 
-The figures measured (long tasks, Stop latency) are printed (run with -s to see them) and named in
-assertion messages.  Screenshots go to test-artifacts/browser/ (NBSPAWN_TEST_ARTIFACTS overrides).
+The figures measured (long tasks, typing and Stop latency) are printed (run with -s to see them) and
+named in assertion messages; bench/page.py runs these tests with NBSPAWN_PAGE_TARGETS=1 and reports them
+against the issue's targets: the suite asserts what the page did, never how fast a loaded machine did it
+(issue #55).  Screenshots go to test-artifacts/browser/ (NBSPAWN_TEST_ARTIFACTS overrides).
 Needs what test_lab_renderer.py needs, and matplotlib and tqdm in the kernel's environment.
 """
 
@@ -34,7 +38,9 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
     NEEDS_WIDGET,
     Front,
     Page,
+    PageWork,
     RendererCpu,
+    chip_statuses,
     live_view,
     open_notebook,
     page_shot,
@@ -55,16 +61,24 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(600), NEEDS_WIDGET]
 pytest.importorskip("tqdm", reason="tqdm is not installed (pip install -e '.[test]')")
 pytest.importorskip("matplotlib", reason="matplotlib is not installed (pip install -e '.[test]')")
 
-# The issue's targets (no task over 100 ms, Stop within 1 s) are performance figures on a 2-core
-# machine that the flood itself saturates: they are measured and printed by every run, and asserted
-# only with NBSPAWN_PAGE_TARGETS=1, as bench/page.py runs these tests (the project keeps timing
-# targets in bench/, not in its test suite). Otherwise a test fails when the page froze (a task over
-# 1 s) or Stop did not end the run within 5 s.
+# The issue's targets (no task over 100 ms, typing keeps up, Stop within 1 s) are performance figures
+# on a 2-core machine that the flood itself saturates: they are measured and printed by every run, and
+# asserted only with NBSPAWN_PAGE_TARGETS=1, as bench/page.py runs these tests (the project keeps timing
+# targets in bench/, not in its test suite: issue #55). Otherwise a test fails on what the page did:
+# a task in which its main thread itself ran over 1 s of CPU, or its scripts taking most of the CPU
+# time its main thread had (SCRIPT_SHARE_MAX), never on seconds spent waiting for a core.
 STRICT = os.environ.get("NBSPAWN_PAGE_TARGETS") == "1"
 LONG_TASK_MAX_MS = 100 if STRICT else 1000
-STOP_MAX_S = 1.0 if STRICT else 5.0
+STOP_MAX_S = 1.0  # the bench's target only (STRICT)
+TYPING_MAX_S = 5.0  # the bench's target only (STRICT)
+# the page's script CPU time over the flood, as a share of the time its main thread had a core or wanted
+# none (the flood's wall time less the time it waited on a run queue, Linux's count): a page that cannot
+# keep up with 16 ranks runs scripts nearly all of that time (share near 1); measured 0.15 (lab) and 0.12
+# (nb7) on 2 loaded cores, where the renderer waited 5-8 s of 8-10 for a core: 4x and more of margin
+SCRIPT_SHARE_MAX = 0.6
 BUSY_GRACE_MS = 300
 FLICKER_MS = 100  # a page's request answered mid-run: its idle, then the cell's busy (test_busy_for_the_whole_run)
+HANG_MS = 60_000  # a wait for something that does come: only a hang takes this long
 
 LOAD = "%load_ext nbspawn"
 
@@ -116,8 +130,11 @@ for step in range(30):
     time.sleep(0.2)
 """
 
-# display() of an HTML table and a matplotlib figure, then a tqdm.auto bar with a print halfway.
-RICH = """\
+# display() of an HTML table and a matplotlib figure, then a tqdm.auto bar with a print a fifth of the way,
+# where it waits until the test has looked at the live view (RICH_SEEN, in the notebook's folder; 120 s at
+# most): a fixed 4 s of bar left was all the live checks had (issue #55)
+RICH_SEEN = "rich-seen.flag"
+RICH = f"""\
 %%spawn -n 2
 import os, time
 rank = int(os.environ["RANK"])
@@ -125,55 +142,74 @@ from IPython.display import display
 class Table:
     def _repr_html_(self):
         return (f"<table class='losses'><tr><th>rank</th><th>loss</th></tr>"
-                f"<tr><td>{rank}</td><td>0.{rank}25</td></tr></table>")
-print(f"rank {rank} starting", flush=True)
+                f"<tr><td>{{rank}}</td><td>0.{{rank}}25</td></tr></table>")
+print(f"rank {{rank}} starting", flush=True)
 display(Table())
 import matplotlib.pyplot as plt
 fig, ax = plt.subplots(figsize=(3, 2), dpi=60)
 ax.plot([0, 1, 2, 3], [3, 1 + rank, 2, 0])
-ax.set_title(f"rank {rank} loss")
+ax.set_title(f"rank {{rank}} loss")
 plt.show()
 from tqdm.auto import tqdm
-for i in tqdm(range(50), desc=f"epoch-r{rank}"):
+for i in tqdm(range(50), desc=f"epoch-r{{rank}}"):
     time.sleep(0.1)
     if i == 10:
-        print(f"rank {rank} halfway there", flush=True)
-print(f"rank {rank} done", flush=True)
+        print(f"rank {{rank}} halfway there", flush=True)
+        end = time.time() + 120
+        while not os.path.exists({RICH_SEEN!r}) and time.time() < end:
+            time.sleep(0.05)
+print(f"rank {{rank}} done", flush=True)
 """
 
-# A plain tqdm bar on stderr advancing while the rank prints a line every 0.5 s.
-BAR = """\
+# A plain tqdm bar on stderr advancing while the rank prints a line every 0.5 s.  It waits at step 20
+# until the test has taken its first look (BAR_LOOKING), and at step 55 until it has seen the bar move
+# (BAR_SEEN), 120 s at most each: the bar moves while the test looks, however slow the machine (a fixed
+# 4 s of bar was all it had: issue #55)
+BAR_LOOKING, BAR_SEEN = "bar-looking.flag", "bar-seen.flag"
+BAR = f"""\
 %%spawn -n 2
 import os, sys, time
 from tqdm import tqdm
 rank = int(os.environ["RANK"])
-bar = tqdm(total=60, desc=f"train-r{rank}", file=sys.stderr, mininterval=0, ascii=False)
+def wait_for(flag):
+    end = time.time() + 120
+    while not os.path.exists(flag) and time.time() < end:
+        time.sleep(0.05)
+bar = tqdm(total=60, desc=f"train-r{{rank}}", file=sys.stderr, mininterval=0, ascii=False)
 for i in range(60):
     time.sleep(0.1)
     bar.update(1)
     if i % 5 == 0:
-        print(f"rank {rank} step {i:02d} loss {1 / (i + 1):.4f}", flush=True)
+        print(f"rank {{rank}} step {{i:02d}} loss {{1 / (i + 1):.4f}}", flush=True)
+    if i == 20:
+        wait_for({BAR_LOOKING!r})
+    if i == 55:
+        wait_for({BAR_SEEN!r})
 bar.close()
-print(f"rank {rank} trained", flush=True)
+print(f"rank {{rank}} trained", flush=True)
 """
 
-# Rank 1 prints three lines, then rank 0 three (after a barrier), then rank 1 one more.
-IN_TURN = """\
+# Rank 1 prints three lines, then rank 0 three (after a barrier), then rank 1 one more once the test
+# has seen the live view (IN_TURN_SEEN, 120 s at most: a fixed 2 s was all the live check had, issue #55).
+IN_TURN_SEEN = "in-turn-seen.flag"
+IN_TURN = f"""\
 %%spawn -n 2 --backend gloo
-import time, torch.distributed as dist
+import os, time, torch.distributed as dist
 r = dist.get_rank()
 time.sleep(1)  # the live view is up
 if r == 1:
     for i in range(3):
-        print(f"rank 1 early {i}", flush=True)
+        print(f"rank 1 early {{i}}", flush=True)
 dist.barrier()
 if r == 0:
     time.sleep(0.5)
     for i in range(3):
-        print(f"rank 0 late {i}", flush=True)
+        print(f"rank 0 late {{i}}", flush=True)
 dist.barrier()
 if r == 1:
-    time.sleep(2)  # the live view is seen with rank 0's lines
+    end = time.time() + 120
+    while not os.path.exists({IN_TURN_SEEN!r}) and time.time() < end:  # the live view is seen with rank 0's lines
+        time.sleep(0.05)
     print("rank 1 last", flush=True)
 """
 IN_TURN_LINES = [
@@ -290,35 +326,43 @@ def front(request, browser, artifacts, tmp_path_factory):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.alone  # it times the page, or the frames it draws
+@pytest.mark.alone  # it measures the page's CPU time; the bench (STRICT) times the page
 def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(front, artifacts):
+    """Under a 16-rank flood the page does its own work in its share of the CPU: no task of its own
+    over 1 s of CPU, its scripts not most of the time its main thread had, and a cell typed into
+    meanwhile gets every character.  How long the typing took (a starved renderer's wall time: ci
+    measured 5.62 and 8.68 s) is printed, and asserted only as the bench's target (STRICT)."""
     pg = front.pg
+    work = PageWork(pg)
     with RendererCpu(pg.context.browser) as cpu:
         t0 = front.start(C_FLOOD)
         view = front.live(C_FLOOD)
-        wait_for_js(view, "v => v.querySelectorAll('.nbs-Chip[data-status=\"running\"]').length === 16", 60_000)
-        pg.wait_for_timeout(2500)  # the flood is on
+        wait_for_js(view, "v => v.querySelectorAll('.nbs-Chip[data-status=\"running\"]').length === 16", HANG_MS)
+        pg.wait_for_timeout(2500)  # the flood is on (the figures below are per second of it)
+        work_from, sched_from = work.now(), cpu.now()
 
         # another cell, edited meanwhile: every typed character arrives
         scratch = front.cell(C_SCRATCH)
         editor = scratch.locator(".jp-InputArea-editor")
-        typed_at, typed_from, waits_before = time.monotonic(), front.now(), cpu.now()
+        typed_at, waits_before = time.monotonic(), cpu.now()
         editor.click()
         pg.keyboard.press("End")
         pg.keyboard.press("Enter")
         pg.keyboard.type(TYPED, delay=20)
-        sync_api.expect(editor).to_contain_text(TYPED, timeout=5_000)
-        typing_s, typed_to, waits_after = time.monotonic() - typed_at, front.now(), cpu.now()
+        sync_api.expect(editor).to_contain_text(TYPED, timeout=HANG_MS)
+        typing_s, waits_after = time.monotonic() - typed_at, cpu.now()
         pg.keyboard.press("Escape")
         pg.mouse.move(0, 0)
         page_shot(pg, artifacts, f"{front.name}-flood-page.png")
         still_live = front.cell(C_FLOOD).locator(".nbs-mod-live").count() == 1
         if still_live:
             shot(view, artifacts, f"{front.name}-flood-live.png")
+        work_to, sched_to = work.now(), cpu.now()
         (front.root / FLOOD_DONE).write_text("")  # the flood ends now
 
         frozen = front.frozen(C_FLOOD)
         t1 = front.now()
+    work.close()
     text = frozen.inner_text()
     shot(frozen, artifacts, f"{front.name}-flood-frozen.png")
     tasks = front.long_tasks(t0, t1)
@@ -326,30 +370,37 @@ def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(fron
     over50 = sum(d > 50 for d in tasks)
     ran = front.frozen_by_the_page(cpu, t0, t1)
     # the typing's time the page's renderer spent waiting for a core (16 ranks flood 2 cores), as Linux
-    # counts it for its main thread; the long tasks' estimate this replaced (their wall time less the
-    # thread's run time between sparse samples) missed most of it: stop 53's CI: typing took 23.16 s, 11.94 s
-    # of it counted; a trace of the renderer under the flood here ran 1.8 s of CPU in 5.7 s of tasks
+    # counts it for its main thread
     starved_s = RendererCpu.page_waited_s(waits_before, waits_after)
-    starved_in_long_tasks_s = sum(max(0.0, d - r) for d, r in front.frozen_by_the_page(cpu, typed_from, typed_to)) / 1000
+    # the page's own work over the flood (from 2.5 s into it to the typing's end): Chromium's CPU-time
+    # counts, and the time its main thread had: the wall time less what it waited for a core
+    did = PageWork.between(work_from, work_to)
+    waited_s = RendererCpu.page_waited_s(sched_from, sched_to)
+    had_s = max(did["wall"] - waited_s, 1e-3)
+    script_share = did["ScriptDuration"] / had_s
     figures = (
         f"{front.name}: 16-rank flood, {(t1 - t0) / 1000:.1f} s: {len(tasks)} long tasks, max {worst:.0f} ms, "
         f"{over50} over 50 ms, {sum(d > LONG_TASK_MAX_MS for d in tasks)} over {LONG_TASK_MAX_MS} ms "
         f"(all: {sorted(round(d) for d in tasks)[-12:]}); the page's main thread ran at most "
         f"{max((r for _, r in ran), default=0.0):.0f} ms in one "
         f"(task ms, ran ms: {[(round(d), round(r)) for d, r in ran[:5]]}); "
-        f"typing {len(TYPED)} characters took {typing_s:.2f} s, {starved_s:.2f} s of it the renderer waiting for a core "
-        f"({starved_in_long_tasks_s:.2f} s of it in long tasks, as sampled)"
+        f"over {did['wall']:.1f} s of it the page's main thread had {had_s:.1f} s (waited {waited_s:.1f} s for a core) "
+        f"and spent CPU: scripts {did['ScriptDuration']:.2f} s (share {script_share:.2f}), tasks {did['TaskDuration']:.2f} s, "
+        f"layout {did['LayoutDuration']:.2f} s, style {did['RecalcStyleDuration']:.2f} s; "
+        f"typing {len(TYPED)} characters took {typing_s:.2f} s, {starved_s:.2f} s of it the renderer waiting for a core"
     )
     print(figures)
     print(front.long_frames(t0, t1))
     assert still_live, f"the flood ended before the typing was done: {figures}"
-    if STRICT:  # the bench's target: every task, whatever held it
+    if STRICT:  # the bench's targets: every task, whatever held it, and the typing's wall time
         assert worst <= LONG_TASK_MAX_MS, figures
+        assert typing_s < TYPING_MAX_S, figures
     else:  # the suite: the page's own work froze it (a 1.8 s task in which it ran 60 ms, the renderer starved of a core, is not)
         assert all(r <= LONG_TASK_MAX_MS for _, r in ran), f"{figures}\n{front.long_frames(t0, t1)}"
-    # the bench counts every second of the typing; the suite, as its long tasks, those the page was not
-    # starved of a core (ci57: 5.62 s, 3.8 s of it one task in which the page's main thread ran 95 ms)
-    assert (typing_s if STRICT else typing_s - starved_s) < 5, figures
+    # the page's scripts took most of the time its main thread had: it cannot keep up with the flood
+    assert script_share <= SCRIPT_SHARE_MAX, figures
+    # the typed line arrived whole, once, where it was typed
+    assert editor.inner_text().count(TYPED) == 1 and SCRATCH in editor.inner_text(), editor.inner_text()
     assert all(s == "done" for s in (frozen.locator(".nbs-Chip").nth(r).get_attribute("data-status") for r in range(16)))
     assert "flooded" in text, text[-2000:]
 
@@ -386,26 +437,44 @@ def test_the_collectives_tab_stays_responsive_while_16_ranks_run_10000_collectiv
     assert worst <= LONG_TASK_MAX_MS, figures
 
 
-@pytest.mark.alone  # it times the page, or the frames it draws
+@pytest.mark.alone  # it measures the page's CPU time
 def test_a_page_frozen_by_its_own_script_is_told_from_one_waiting_for_a_core(front):
-    """The flood test's measure, checked: a 2 s script is a 2 s task in which the page's main thread
-    ran well over the suite's 1 s (it would fail the flood test)."""
+    """The flood test's measures, checked: a 4 s script is a 4 s task in which the page's main thread
+    ran well over the suite's 1 s (it would fail the flood test), and Chromium counts it as over 1 s
+    of script CPU time (so the flood test's script share is not blind to a busy page).  4 s, so that
+    a renderer given half a core still runs over 1 s of it."""
     pg = front.pg
+    work = PageWork(pg)
     with RendererCpu(pg.context.browser) as cpu:
         t0 = front.now()
-        pg.wait_for_timeout(1000)
+        before = work.now()
         # a task of the page's own (a script evaluated by the test itself is not one of its tasks)
-        pg.evaluate("() => setTimeout(() => { const t = performance.now(); while (performance.now() - t < 2000) {} })")
-        pg.wait_for_timeout(2500)
+        pg.evaluate(
+            "() => { window.__nbsBusyScript = false; setTimeout(() => { const t = performance.now(); "
+            "while (performance.now() - t < 4000) {} window.__nbsBusyScript = true; }); }"
+        )
+        pg.wait_for_function("window.__nbsBusyScript", timeout=HANG_MS)
+        # the long-task observer's entry comes after the task: wait for it, not for a while
+        pg.wait_for_function(
+            "t0 => window.__nbsLongTasks.some(([start, d]) => start >= t0 && d >= 4000)", arg=t0, timeout=HANG_MS
+        )
+        after = work.now()
         t1 = front.now()
+    work.close()
     ran = front.frozen_by_the_page(cpu, t0, t1)
-    assert ran, "no long task recorded for a 2 s script"
+    did = PageWork.between(before, after)
+    assert ran, "no long task recorded for a 4 s script"
     duration, ran_ms = ran[0]
-    assert duration >= 2000 and ran_ms > LONG_TASK_MAX_MS, ran
+    assert duration >= 4000 and ran_ms > LONG_TASK_MAX_MS, ran
+    assert did["ScriptDuration"] > 1.0, did
 
 
-@pytest.mark.alone  # it times the page, or the frames it draws
+@pytest.mark.alone  # the bench (STRICT) times the page
 def test_stop_within_a_second_during_a_flood(front, artifacts):
+    """Stop, clicked during a 16-rank flood, ends the run: the cell's execution ends, its frozen run
+    says stopped, every rank stopped.  How soon after the click (the issue's target: within 1 s) is
+    printed, and asserted only as the bench's target (STRICT): on a loaded machine it is the time the
+    flood's 16 ranks leave the page and the kernel a core."""
     pg = front.pg
     cell = front.cell(C_FOREVER)
     front.start(C_FOREVER)
@@ -436,7 +505,7 @@ def test_stop_within_a_second_during_a_flood(front, artifacts):
     stop = view.locator(".nbs-Stop")
     clicked = time.monotonic()
     stop.click()
-    pg.wait_for_function("window.__nbsEnded !== null", timeout=30_000, polling=20)
+    pg.wait_for_function("window.__nbsEnded !== null", timeout=HANG_MS, polling=20)
     wall = time.monotonic() - clicked
     took = pg.evaluate("(window.__nbsEnded - window.__nbsClicked) / 1000")
     marks = pg.evaluate(
@@ -446,20 +515,29 @@ def test_stop_within_a_second_during_a_flood(front, artifacts):
     shot(frozen, artifacts, f"{front.name}-flood-stopped.png", unhover=True)
     figures = f"{front.name}: Stop during a 16-rank flood: the cell ended {took:.2f} s after the click ({wall:.2f} s as the test saw it; after the click: {', '.join(marks)})"
     print(figures)
-    assert took <= STOP_MAX_S, figures
+    if STRICT:  # the bench's target
+        assert took <= STOP_MAX_S, figures
     assert frozen.locator(".nbs-Badge").inner_text().strip().lower() == "stopped", figures
+    assert chip_statuses(frozen) == ["stopped"] * 16, figures
+    order = pg.evaluate("window.__nbsStopMarks")
+    # what the page showed came after the click, and the frozen view last (Stopping may be over before a look sees it)
+    assert "frozen view" in order or "prompt" in order, figures
+    assert all(t >= pg.evaluate("window.__nbsClicked") for t in order.values()), figures
+    if "Stopping" in order and "frozen view" in order:
+        assert order["Stopping"] <= order["frozen view"], figures
 
 
-@pytest.mark.alone  # it times the page, or the frames it draws
+@pytest.mark.alone  # it records what the page drew, as it drew it
 def test_busy_for_the_whole_run(front, artifacts):
     """The kernel's status reads Busy from the run's start to its end (it once read Idle for the rest
     of a run after one comm message of the page).  Every change of the status and of the cell's
-    prompt is recorded as it happens (a MutationObserver, not samples), and no spell of anything but
-    Busy inside the run may last ``FLICKER_MS``: a request of the page answered mid-run (JupyterLab
-    4.4+ opens a subshell for each comm target when the live view's comms open: two
-    ``create_subshell_request`` here) publishes an idle of its own, which the kernel follows at once
-    with the cell's busy; the page gets them as two messages, and may draw the first for a frame
-    (1-20 ms measured)."""
+    prompt is recorded as it happens (a MutationObserver, not samples), and every spell of anything
+    but Busy inside the run must end in Busy again before the run does: a request of the page
+    answered mid-run (JupyterLab 4.4+ opens a subshell for each comm target when the live view's
+    comms open: two ``create_subshell_request`` here) publishes an idle of its own, which the kernel
+    follows at once with the cell's busy; the page gets them as two messages, and may draw the first
+    for a frame (1-20 ms measured on a quiet machine, longer when the renderer waits for a core, so
+    how long is printed, not asserted: spells of ``FLICKER_MS`` or more are named in the figures)."""
     pg = front.pg
     cell = front.cell(C_SIX)
     pg.evaluate(
@@ -468,7 +546,7 @@ def test_busy_for_the_whole_run(front, artifacts):
             const prompt = cell.querySelector('.jp-InputPrompt');
             const t0 = performance.now();
             window.__nbsBusy = [];  // [ms, status, running] at each change of either
-            window.__nbsBusyRan = false; window.__nbsBusyDone = false;
+            window.__nbsBusyRan = false; window.__nbsBusyDone = false; window.__nbsBusyFrozenAt = null;
             let last = '';
             const look = () => {
                 const now = [status(), /\\*/.test(prompt.textContent)];
@@ -476,6 +554,9 @@ def test_busy_for_the_whole_run(front, artifacts):
                 last = JSON.stringify(now);
                 window.__nbsBusy.push([performance.now() - t0, ...now]);
                 if (now[1]) window.__nbsBusyRan = true;
+                if (window.__nbsBusyFrozenAt === null && cell.querySelector('.nbs-RunRenderer .nbs-Run')) {
+                    window.__nbsBusyFrozenAt = performance.now() - t0;  // the run's end, as the page drew it
+                }
             };
             look();
             const observer = new MutationObserver(look);
@@ -485,21 +566,30 @@ def test_busy_for_the_whole_run(front, artifacts):
         [cell.element_handle(), KERNEL_STATUS_JS[front.name]],
     )
     run_cell(pg, cell)
-    pg.wait_for_timeout(3000)
-    if front.name == "lab":
+    live_view(cell, HANG_MS)
+    if front.name == "lab":  # the status bar as a user sees it during the run (a picture, nothing asserted)
         shot(pg.locator("#jp-main-statusbar"), artifacts, "lab-statusbar-during-run.png")
     front.frozen(C_SIX)
-    pg.wait_for_timeout(1500)  # the status after the run
+    # the status after the run: Idle, once the page has drawn it (the cell's idle may come after its prompt)
+    pg.wait_for_function(f"({KERNEL_STATUS_JS[front.name]})() === 'Idle'", timeout=HANG_MS)
     pg.evaluate("window.__nbsBusyStop()")
     changes = pg.evaluate("window.__nbsBusy")
+    frozen_at = pg.evaluate("window.__nbsBusyFrozenAt")
     spells = status_spells(changes, grace_ms=BUSY_GRACE_MS)
+    started = next(t for t, _s, running in changes if running)
     figures = (
-        f"{front.name}: a {spells.run_ms / 1000:.1f} s run, {spells.busy_ms / 1000:.1f} s of it Busy; "
-        f"spells of anything else: {spells.others[:10]} (ms after the prompt showed *, status, ms long)"
+        f"{front.name}: the frozen run drawn {(frozen_at - started) / 1000:.1f} s after the prompt showed *; a {spells.run_ms / 1000:.1f} s run, {spells.busy_ms / 1000:.1f} s of it Busy; "
+        f"spells of anything else: {spells.others[:10]} (ms after the prompt showed *, status, ms long; "
+        f"{sum(s[2] >= FLICKER_MS for s in spells.others)} of {FLICKER_MS} ms or more)"
     )
     print(figures)
     assert spells.run_ms >= 5000, figures  # the six-second cell, seen running
-    assert not [s for s in spells.others if s[2] >= FLICKER_MS], figures
+    # each spell of another status ended in Busy again before the run did: Busy came back after every
+    # idle of another request (what the kernel sends), the run never read Idle to its end (the bug).
+    # One that lasts to the prompt's count is the run's own end only if it began once the run was over
+    # (its frozen view drawn): the cell's idle may reach the page before its prompt's count does.
+    cut = spells.run_ms - 200  # status_spells leaves the run's last 200 ms out
+    assert all(start + length < cut or started + start >= frozen_at for start, _status, length in spells.others), figures
     # and Idle after the run
     assert changes[-1][1] == "Idle" and not changes[-1][2], changes[-8:]
 
@@ -553,10 +643,16 @@ def test_rich_output_in_the_pane_live_and_frozen(front, artifacts):
     front.start(C_RICH)
     view = front.live(C_RICH)
     pane = select_pane(view, 0)
-    sync_api.expect(pane).to_contain_text("rank 0 halfway there", timeout=60_000)
-    pg.wait_for_timeout(500)
-    live = _rich_checks(pg, pane, 0, "live")
+    sync_api.expect(pane).to_contain_text("rank 0 halfway there", timeout=HANG_MS)
+    # the ranks wait there until the test has looked; the bar is drawn below the line in a frame or two
+    deadline = time.monotonic() + HANG_MS / 1000
+    while True:
+        live = _rich_checks(pg, pane, 0, "live")
+        if (live["bar"] is not None and live["after"] and live["last"]) or time.monotonic() > deadline:
+            break
+        pg.wait_for_timeout(100)
     shot(view, artifacts, f"{front.name}-rich-live.png", unhover=True)
+    (front.root / RICH_SEEN).write_text("")  # the ranks go on
     assert live["bar"] is not None, f"live: no tqdm.auto bar in rank 0's pane: {pane.inner_text()[-1500:]}"
     assert live["after"] and live["last"], f"live: the bar is not at the bottom of the pane: {live}"
 
@@ -584,9 +680,10 @@ def test_plain_tqdm_bar_stays_at_the_bottom_and_is_not_an_error(front, artifacts
     front.start(C_BAR)
     view = front.live(C_BAR)
     pane = select_pane(view, 0)
-    sync_api.expect(pane).to_contain_text("rank 0 step 20", timeout=60_000)
+    sync_api.expect(pane).to_contain_text("rank 0 step 20", timeout=HANG_MS)
     seen = []
-    for _ in range(3):
+
+    def look() -> None:
         seen.append(
             pg.evaluate(
                 """pane => {
@@ -609,8 +706,19 @@ def test_plain_tqdm_bar_stays_at_the_bottom_and_is_not_an_error(front, artifacts
                 pane.element_handle(),
             )
         )
-        pg.wait_for_timeout(700)
+
+    # a look with the ranks waiting at step 20, then looks while they go on to step 55 (where they wait
+    # again) until the bar and the printed lines have moved: the ranks wait for the test, not it for them
+    look()
+    (front.root / BAR_LOOKING).write_text("")
+    deadline = time.monotonic() + HANG_MS / 1000
+    while time.monotonic() < deadline:
+        pg.wait_for_timeout(300)
+        look()
+        if len({s.get("printed") for s in seen}) >= 2 and len({s.get("bar") for s in seen}) >= 3:
+            break
     shot(view, artifacts, f"{front.name}-bar-at-bottom.png", unhover=True)
+    (front.root / BAR_SEEN).write_text("")
     for s in seen:
         assert s.get("bar") and s.get("printed"), f"no bar or no printed line in rank 0's pane: {s}"
         assert s["bars"] == 1, f"the bar is drawn more than once: {s}"
@@ -640,8 +748,10 @@ def test_the_merged_view_keeps_the_order_the_ranks_printed_in_live_and_frozen(fr
     front.start(C_IN_TURN)
     view = front.live(C_IN_TURN)
     pane = select_pane(view, "merged")
-    sync_api.expect(pane).to_contain_text("rank 0 late 2", timeout=60_000)
-    assert _merged_lines(pane) == IN_TURN_LINES[:-1], "live"
+    sync_api.expect(pane).to_contain_text("rank 0 late 2", timeout=HANG_MS)
+    live = _merged_lines(pane)
+    (front.root / IN_TURN_SEEN).write_text("")  # rank 1 prints its last line now
+    assert live == IN_TURN_LINES[:-1], f"live: {live}"
     frozen = front.frozen(C_IN_TURN)
     pane = select_pane(frozen, "merged")
     sync_api.expect(pane).to_contain_text("rank 1 last", timeout=30_000)
