@@ -510,6 +510,16 @@ def interrupt_later(kernel: Kernel, ready: str | os.PathLike, ranks: int) -> thr
     return thread
 
 
+def dead_to_the_kernel(kernel, world: str, rank: int, timeout: float = 30) -> None:
+    """Wait until the kernel can tell that ``rank`` of ``world`` has ended (what the next cell asks before
+    it is sent): a fixed 0.5 s once stood for it.  A hang guard of ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    ask = f"from nbspawn._dispatch import kept_worlds\nprint(kept_worlds()[{world!r}].processes[{rank}].is_alive())"
+    while (alive := ok(kernel, ask, timeout=60).stdout.strip()) != "False":
+        assert time.monotonic() < deadline, f"rank {rank} of {world} outlived its SIGKILL: {alive}"
+        time.sleep(0.05)
+
+
 # -- what a process exposes -----------------------------------------------------------------------
 
 

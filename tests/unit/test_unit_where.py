@@ -239,11 +239,17 @@ def _write_in_pieces(path, pieces, gap):
             fh.write(piece)
 
 
-def test_a_dump_still_being_written_is_waited_on_until_whole(tmp_path):
+def test_a_dump_still_being_written_is_waited_on_until_whole(tmp_path, monkeypatch):
     """faulthandler writes a line at a time; a rank preempted between two lines has grown its file but
     not finished (what a fresh-clone CI run caught on 2026-11-26: the kernel sent SIGTERM after the first line, and the
-    error lost where the rank was). The wait ends only once the file has stopped growing."""
+    error lost where the rank was). The wait ends only once the file has stopped growing.  The writer's
+    pieces come SETTLED / 2 apart, and the wait here is for 1 s of no growth: a writer thread kept off a
+    core for 50 ms beside three test workers is no dump "whole" (the rule is the same at either length)."""
     import threading
+
+    import nbspawn.events._where
+
+    monkeypatch.setattr(nbspawn.events._where, "SETTLED", 1.0)
 
     path = tmp_path / "stacks.log"
     path.write_text("earlier dump\n")
@@ -251,7 +257,7 @@ def test_a_dump_still_being_written_is_waited_on_until_whole(tmp_path):
     lines = ["Thread 0x1 (most recent call first):\n", '  File "a.py", line 1 in f\n', '  File "b.py", line 2 in all_reduce\n']
     writer = threading.Thread(target=_write_in_pieces, args=(path, lines, SETTLED / 2))
     writer.start()
-    answered = await_dumps({3: (str(path), before)}, wait=2.0)
+    answered = await_dumps({3: (str(path), before)}, wait=30.0)  # ends once settled; 30 s only for a hang
     read_then = path.read_text()[before:]  # what the kernel reads the moment the wait ends
     writer.join()
     assert answered == {3}
@@ -478,12 +484,13 @@ def test_the_hang_watch_looks_again_when_a_young_wait_is_old_enough():
     import types
 
     from nbspawn._source import CELL_FILENAME, CellSource
-    from nbspawn.executors._hangwatch import HANG_FIRST_LOOK, HangWatch
+    from nbspawn.executors._hangwatch import HANG_FIRST_LOOK, NOTE_REFRESH, STACK_DUMP_WAIT, HangWatch
 
     def dump(line: int) -> str:
         return f'Current thread 0x1 (most recent call first):\n  File "{CELL_FILENAME}", line {line} in <module>\n'
 
-    collectives = {0: [_nccl(7, "scheduled", time.time() - 8.0)], 1: [_nccl(6, "completed", time.time() - 9.0)]}
+    built = time.time()  # rank 0 entered all_reduce #7 8 s before this; it turns 10 s old at built + 2
+    collectives = {0: [_nccl(7, "scheduled", built - 8.0)], 1: [_nccl(6, "completed", built - 9.0)]}
     spec = types.SimpleNamespace(
         cell=CellSource("x = 1\n" * 6), program=None, sitting_out=lambda: "", asked=Settings(timeout=None)
     )
@@ -499,10 +506,15 @@ def test_the_hang_watch_looks_again_when_a_young_wait_is_old_enough():
         executor,  # type: ignore[arg-type]
     )
     watch.quiet_since -= HANG_FIRST_LOOK
+    looked_from = time.time()
     watch.quiet([0, 1], stopping=False)
+    looked_by = time.time()
     assert told == [None] and [r.note for r in ranks] == [None, None]  # a straggler's wait, so far
-    assert 1.5 < watch.hang_look_after < 3.0, watch.hang_look_after  # when it turns 10 s old (not 6 s later)
+    # when it turns 10 s old, plus a look's dump wait (not 6 s later), counted from the look's own clock: the
+    # bounds come from when the look began and ended, however long this machine kept the test off a core
+    ripe_in = lambda at: max(NOTE_REFRESH, built + 2.0 - at + STACK_DUMP_WAIT)  # noqa: E731
+    assert ripe_in(looked_by) - 0.01 <= watch.hang_look_after <= ripe_in(looked_from) + 0.01, watch.hang_look_after
     watch.quiet_since -= watch.hang_look_after
-    time.sleep(2.1)
+    time.sleep(max(0.0, built + 2.1 - time.time()))  # the all_reduce is past 10 s old now
     watch.quiet([0, 1], stopping=False)
     assert told[-1] is not None and told[-1].startswith("rank 1 never entered all_reduce #7"), told
