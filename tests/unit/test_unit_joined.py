@@ -11,7 +11,7 @@ import pytest
 
 from nbspawn.ranks import _cell
 
-LATE = 1.0  # how long rank 1 takes to say it joined, after its group is made
+LATE = 1.0  # how long rank 1 takes to say it joined, after rank 0 is at its wait
 
 
 def _rank(rank: int, port: int, out: str, destroyed_by_the_cell: bool, local: int | None = None) -> None:
@@ -23,6 +23,11 @@ def _rank(rank: int, port: int, out: str, destroyed_by_the_cell: bool, local: in
         said = _cell._say_joined
 
         def late(dist):  # type: ignore[no-untyped-def]
+            # once rank 0 is at its wait (a rank 0 that came later, a spawned process importing torch on a
+            # loaded machine, would find rank 1 joined already, and its wait would be tested by nothing)
+            deadline = time.monotonic() + 120
+            while not Path(out, "0.waiting").exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
             time.sleep(LATE)
             Path(out, "1.joined").write_text(str(time.time()))
             said(dist)
@@ -32,6 +37,7 @@ def _rank(rank: int, port: int, out: str, destroyed_by_the_cell: bool, local: in
     assert dist is not None
     if destroyed_by_the_cell:  # the cell destroyed the group itself: the wait still holds
         dist.destroy_process_group()
+    Path(out, f"{rank}.waiting").write_text(str(time.time()))
     _cell.wait_until_every_peer_joined()
     Path(out, f"{rank}.left").write_text(str(time.time()))
     if dist.is_initialized():
@@ -62,8 +68,13 @@ def test_a_rank_leaves_only_once_every_peer_said_it_joined(tmp_path: Path, destr
 
 
 def test_a_rank_that_never_made_a_group_does_not_wait() -> None:
+    import threading
+
     _cell._joined.clear()
-    _cell.wait_until_every_peer_joined()  # returns at once: nothing to wait for
+    waiting = threading.Thread(target=_cell.wait_until_every_peer_joined, daemon=True)
+    waiting.start()
+    waiting.join(30)  # it returns at once: nothing to wait for (30 s: a hang guard)
+    assert not waiting.is_alive(), "a rank with no group waited for peers"
 
 
 def test_ranks_on_two_nodes_say_their_rank_in_the_world_not_on_their_node(tmp_path: Path) -> None:
