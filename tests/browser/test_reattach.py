@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -100,6 +99,13 @@ WATCH_JS = """
   window.__nbsErrors = [];
   window.__nbsModes = [];
   window.__nbsBlank = [];
+  window.__nbsPlaceholders = [];  // each text a reattaching placeholder showed, as it was drawn
+  new MutationObserver(() => {
+    for (const ph of document.querySelectorAll('.nbs-Reattach-placeholder')) {
+      const t = (ph.textContent || '').trim();
+      if (t && !window.__nbsPlaceholders.includes(t)) window.__nbsPlaceholders.push(t);
+    }
+  }).observe(document, {subtree: true, childList: true, characterData: true});
   setInterval(() => {
     for (const out of document.querySelectorAll('.jp-OutputArea-output')) {
       const t = out.innerText || '';  // what is shown: not the hidden widget behind a placeholder
@@ -155,7 +161,7 @@ def _save(pg, path: Path, predicate) -> list:
     return save_until(pg, path, predicate)["cells"]
 
 
-def _start_and_reload(pg, cells, index: int, artifacts: Path, prefix: str) -> None:
+def _start_and_reload(pg, cells, index: int, artifacts: Path, prefix: str, path: Path) -> None:
     """Run cell ``index`` (a %%spawn cell), see its live widget, save mid-run, reload the page."""
     run_cell(pg, cells.nth(index))
     live = live_view(cells.nth(index), widget=True)
@@ -164,8 +170,8 @@ def _start_and_reload(pg, cells, index: int, artifacts: Path, prefix: str) -> No
     assert reattach.get_attribute("data-mode") in (None, "delegate")
     wait_for_js(live, "v => (v.textContent.match(/tick \\d+/g) || []).length >= 4")
     shot(live, artifacts, f"{prefix}-before-reload.png", unhover=True)
-    pg.keyboard.press("Control+s")
-    pg.wait_for_timeout(1200)
+    # saved with its live display (a save is asynchronous: Ctrl+S until the file holds it, not a fixed wait)
+    _save(pg, path, lambda nb: any(LIVE_MIME in o.get("data", {}) for o in nb["cells"][index]["outputs"]))
     pg.reload()
 
 
@@ -194,8 +200,7 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts, end
         pg.add_init_script(WATCH_JS)
         heard = KernelStatuses(pg)
         cells = open_with_nbspawn(pg, lab, "reattach.ipynb")
-        started = time.monotonic()
-        _start_and_reload(pg, cells, 1, artifacts, "reattach-lab")
+        _start_and_reload(pg, cells, 1, artifacts, "reattach-lab", path)
         # the file saved mid-run holds the live display, with its run's ids
         saved = _saved_outputs(path, 1)
         live_info = next(o["data"][LIVE_MIME] for o in saved if LIVE_MIME in o.get("data", {}))
@@ -208,13 +213,15 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts, end
         reattach.wait_for(timeout=90_000)
         placeholder = reattach.locator(".nbs-Reattach-placeholder")
         said = rf"nbspawn run {re.escape(live_info['run_id'])} — 4 ranks, running for \d+ s"
-        try:  # the placeholder may already have become the live view
-            # at once: which run, for how long; "reattaching" once the widget could not draw it here
-            sync_api.expect(placeholder).to_have_text(re.compile(rf"^{said}; reattaching…$"), timeout=5_000)
+        if placeholder.is_visible():  # a picture of it, when the test is in time to see it
             shot(reattach, artifacts, "reattach-lab-placeholder.png")
-        except AssertionError:
-            assert not placeholder.is_visible(), placeholder.inner_text()
-        view = live_view(reattach, 30_000)
+        view = live_view(reattach, 60_000)
+        # every text the placeholder showed, recorded as drawn (WATCH_JS): at once which run, for how long;
+        # "reattaching" once the widget could not draw it here; nothing else, however soon the live view came
+        placeholders = pg.evaluate("window.__nbsPlaceholders")
+        print("the placeholder said:", placeholders)
+        assert placeholders, "no placeholder was drawn before the live view"
+        assert all(re.fullmatch(rf"{said}(; reattaching…)?", t) for t in placeholders), placeholders
         assert reattach.get_attribute("data-mode") == "live"
         # from its first frame the cell said which run it is: never blank, never "Loading widget..."
         print("blank reads of a reattaching view:", pg.evaluate("window.__nbsBlankSeen"))
@@ -222,22 +229,26 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts, end
         sync_api.expect(view.locator(".nbs-Chip")).to_have_count(4)
         sync_api.expect(view.locator(".nbs-Chip[data-status='running']")).to_have_count(4)
         # the kept tail came back (replay), and new lines keep coming
-        wait_for_js(view, "v => (v.textContent.match(/tick \\d+/g) || []).length >= 10", 20_000)
+        wait_for_js(view, "v => (v.textContent.match(/tick \\d+/g) || []).length >= 10", 60_000)
         ticks = lambda: max(int(n) for n in re.findall(r"tick (\d+)", view.inner_text()))  # noqa: E731
         before = ticks()
         clock = view.locator(".nbs-Clock").inner_text()
-        pg.wait_for_timeout(1600)
-        assert ticks() > before, "the reattached view does not follow the run"
-        assert view.locator(".nbs-Clock").inner_text() != clock, "the clock does not tick"
-        # the elapsed time is the run's, not the page's
-        secs = time.monotonic() - started
-        shown = view.locator(".nbs-Clock").inner_text()
-        m = re.fullmatch(r"(\d+) s", shown.strip())
-        assert m and abs(int(m.group(1)) - secs) < 8, (shown, secs)
+        # the reattached view follows the run: new ticks come, and the clock ticks (waited for, not a while)
+        wait_for_js(view, f"v => Math.max(...(v.textContent.match(/tick \\d+/g) || []).map(t => +t.slice(5))) > {before}", 60_000)
+        sync_api.expect(view.locator(".nbs-Clock")).not_to_have_text(clock, timeout=30_000)
+        # the elapsed time is the run's, not the page's: read beside the run's age and the page's, at one moment
+        shown, run_age, page_age = view.locator(".nbs-Clock").evaluate(
+            "(c, started) => [c.textContent.trim(), Date.now() / 1000 - started, performance.now() / 1000]",
+            live_info["started_at"],
+        )
+        m = re.fullmatch(r"(\d+) s", shown)
+        assert m, shown
+        secs = int(m.group(1))
+        assert secs <= run_age + 1 and abs(secs - run_age) < abs(secs - page_age), (shown, run_age, page_age)
         # the kernel's status is that of the running cell, once the page has heard a status: the live view
         # can be drawn before that (the ranks' figures come with a sync every second), and CI's stop 54 read
         # "Unknown" here in that moment; the page's own requests bring the cell's busy
-        _says_busy(pg, 15_000, heard)
+        _says_busy(pg, 60_000, heard)
         shot(view, artifacts, "reattach-lab-live.png", unhover=True)
         page_shot(pg, artifacts, "reattach-lab-page.png")
         # Where? is there, as on the page that ran the cell, and its answer comes to this page
@@ -256,21 +267,21 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts, end
         cell2 = notebook_root(pg2, lab).locator(".jp-Cell").nth(1)
         view2 = cell2.locator(".nbs-Reattach[data-mode='live'] .nbs-Run.nbs-mod-live")
         view2.wait_for(timeout=90_000)
-        wait_for_js(view2, "v => (v.textContent.match(/tick \\d+/g) || []).length >= 10", 20_000)
+        wait_for_js(view2, "v => (v.textContent.match(/tick \\d+/g) || []).length >= 10", 60_000)
         shot(view2, artifacts, "reattach-lab-second-tab.png", unhover=True)
         # its status bar says Busy once it has heard a status: the live view can be drawn before that now (the
         # ranks' figures come with a sync every second), and the page's own requests bring the cell's busy
-        _says_busy(pg2, 15_000)
+        _says_busy(pg2, 60_000)
         # nor did the second tab's requests change the first tab's, once they are answered: each of them
         # (a reattaching page sends some 20: subshells, comm info, debug requests) publishes its own idle,
         # which nbspawn follows with the cell's busy within the millisecond; a page can be read between
-        # the two (ci69 read Idle here once), so it is waited for as the second tab's is
-        _says_busy(pg, 5_000, heard)
+        # the two (ci69 read Idle here once), so it is waited for as the second tab's is (a hang guard)
+        _says_busy(pg, 60_000, heard)
 
         # ---- the end: the frozen run in the cell, and in the notebook --------------------------------
         (lab.root / END).write_text("")
-        frozen = frozen_run(cell, 30_000)
-        frozen2 = frozen_run(cell2, 30_000)
+        frozen = frozen_run(cell, 60_000)
+        frozen2 = frozen_run(cell2, 60_000)
         assert chip_statuses(frozen2) == ["done"] * 4
         assert pg2.evaluate("window.__nbsErrors") == [], pg2.evaluate("window.__nbsErrors")
         pg2.close()  # unsaved: the first tab saves
@@ -313,23 +324,20 @@ def test_notebook7_reload_mid_run_reattaches_and_stops(nb7, browser, artifacts):
         pg = p.page
         pg.add_init_script(WATCH_JS)
         cells = open_with_nbspawn(pg, nb7, "nb7-reattach.ipynb")
-        _start_and_reload(pg, cells, 1, artifacts, "reattach-nb7")
+        _start_and_reload(pg, cells, 1, artifacts, "reattach-nb7", path)
 
         cell = pg.locator(".jp-Cell").nth(1)
         reattach = cell.locator(".nbs-Reattach")
         reattach.wait_for(timeout=90_000)
-        view = live_view(reattach, 30_000)
+        view = live_view(reattach, 60_000)
         sync_api.expect(view.locator(".nbs-Chip")).to_have_count(2)
-        wait_for_js(view, "v => (v.textContent.match(/tick \\d+/g) || []).length >= 6", 20_000)
+        wait_for_js(view, "v => (v.textContent.match(/tick \\d+/g) || []).length >= 6", 60_000)
         shot(view, artifacts, "reattach-nb7-live.png", unhover=True)
 
         # Stop, from the reattached view (its message goes on the page's own subshell)
         stop = view.locator(".nbs-Stop")
         stop.click()
-        clicked = time.monotonic()
-        frozen = frozen_run(cell, 20_000)
-        took = time.monotonic() - clicked
-        assert took < 5, took
+        frozen = frozen_run(cell, 60_000)  # a hang guard: Stop ends the run (how soon: bench/page.py's figure)
         assert chip_statuses(frozen) == ["stopped"] * 2
         shot(frozen, artifacts, "reattach-nb7-frozen.png")
         cells_saved = _save(pg, path, lambda nb: any(RUN_MIME in o.get("data", {}) for o in nb["cells"][1]["outputs"]))
