@@ -8,7 +8,7 @@ import re
 import sys
 
 import pytest
-from kernel_harness import ok, rank_lines, run
+from kernel_harness import blocked_line, ok, rank_lines, ready_line, run
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -332,13 +332,18 @@ def test_frames_in_functions_from_earlier_cells_name_those_cells(kernel, method)
     assert "dynamic-code" not in result.error.traceback_text
 
 
-def test_the_first_failure_stops_the_others_and_says_where_they_were(kernel):
-    code = "%%spawn -n 3 --grace-period 2\nimport os, time\ndef wait():\n    time.sleep(60)\nif os.environ['RANK'] == '0':\n    time.sleep(1)\n    raise RuntimeError('early')\nwait()"
-    result = run(kernel, code, timeout=30)
+def test_the_first_failure_stops_the_others_and_says_where_they_were(kernel, tmp_path):
+    # rank 0 fails once the others are in their sleep (their ready line, on its line, before it), not a
+    # second after it started, which a loaded machine's ranks did not always need to get there
+    code = (
+        f"%%spawn -n 3 --grace-period 2\nimport os, time\ndef wait():\n    {ready_line(tmp_path)}; time.sleep(300)\n"
+        f"if os.environ['RANK'] == '0':\n    {blocked_line(tmp_path, 2)}\n    raise RuntimeError('early')\nwait()"
+    )
+    result = run(kernel, code, timeout=120)
     text = result.error.traceback_text
     assert "rank 0" in text and "RuntimeError: early" in text
     assert "ranks 1-2 were stopped the same way" in text
-    assert "time.sleep(60)" in text
+    assert "time.sleep(300)" in text
 
 
 def test_a_hung_collective_after_one_rank_fails_does_not_hang_the_cell(kernel):
@@ -382,11 +387,12 @@ def test_a_rank_raising_keyboardinterrupt_is_never_success(kernel):
 
 def test_timeout_stops_every_rank_and_shows_where_each_was(kernel):
     n = cell_number(kernel)
-    code = "%%spawn -n 2 --timeout 2 --grace-period 1\nimport os, time\ndef stuck(rank):\n    time.sleep(100)\nstuck(os.environ['RANK'])"
-    result = run(kernel, code, timeout=30)
+    # the timeout counts from the ranks' start: long enough that only a hang would leave one short of stuck()
+    code = "%%spawn -n 2 --timeout 10 --grace-period 1\nimport os, time\ndef stuck(rank):\n    time.sleep(100)\nstuck(os.environ['RANK'])"
+    result = run(kernel, code, timeout=60)
     assert result.error.ename == "SpawnTimeoutError"
     text = result.error.traceback_text
-    assert "timed out after 2 s with 2 rank(s) still running" in text
+    assert "timed out after 10 s with 2 rank(s) still running" in text
     assert f"Cell In[{n}], line 4, in stuck" in text and "time.sleep(100)" in text
 
 
@@ -466,7 +472,10 @@ def test_a_syntax_error_is_reported_in_the_cells_lines_before_anything_starts(ke
 
 
 def test_a_body_of_only_comments_runs_nothing_and_succeeds(kernel):
-    ok(kernel, "%%spawn -n 2\n# nothing to do yet\n")
+    result = ok(kernel, "%%spawn -n 2\n# nothing to do yet\n")
+    assert [rank_lines(result.stdout, r) for r in range(2)] == [[], []], result.stdout  # nothing said, nothing run
+    ended = ok(kernel, "import nbspawn\nprint(nbspawn.last_run().status, *[r.status for r in nbspawn.last_run().ranks])")
+    assert ended.stdout.split() == ["succeeded", "done", "done"], ended.stdout
 
 
 def test_forked_ranks_do_not_hang_after_the_kernel_used_openmp(kernel):

@@ -11,7 +11,7 @@ import re
 
 import pytest
 from bundle_reader import rank_outputs
-from kernel_harness import execute, interrupt_later, ok, rank_lines, run, run_processes
+from kernel_harness import blocked_line, execute, interrupt_later, ok, rank_lines, ready_line, run, run_processes
 
 from nbspawn.views._widget import widget_available
 
@@ -89,11 +89,14 @@ def test_share_reaches_only_the_ranks_that_run(kernel, world):
     assert [rank_lines(seen.stdout, r) for r in range(3)] == [["has False False"], ["has True False"], ["has False False"]]
 
 
-def test_a_failure_in_an_on_cell_interrupts_only_the_ranks_that_run_and_the_world_survives(kernel, world):
+def test_a_failure_in_an_on_cell_interrupts_only_the_ranks_that_run_and_the_world_survives(kernel, world, tmp_path):
     first = ok(kernel, f"%%spawn --world {world} -n 4\nimport os, time\nmodel = 'loaded'\nprint('pid', os.getpid())")
+    # rank 1 fails once ranks 0 and 2 are in their sleep (their ready line, on its line, before it); a grace
+    # no interrupted rank needs to come back in: the world's survival is an event, not a race with 5 s
     result = run(
         kernel,
-        f"%%spawn --world {world} --on 0-2\nif os.environ['RANK'] == '1':\n    time.sleep(1); undefined_name\ntime.sleep(30)\n",
+        f"%%spawn --world {world} --on 0-2 --grace-period 120\nif os.environ['RANK'] == '1':\n"
+        f"    {blocked_line(tmp_path, 2)}; undefined_name\n{ready_line(tmp_path)}; time.sleep(300)\n",
     )
     assert result.status == "error" and result.error.ename == "RankRaisedError"
     text = result.error.traceback_text
@@ -106,11 +109,15 @@ def test_a_failure_in_an_on_cell_interrupts_only_the_ranks_that_run_and_the_worl
     assert all(rank_lines(after.stdout, r)[0].endswith("loaded") for r in range(4))
 
 
-def test_an_interrupted_on_cell_stops_only_its_ranks_and_the_world_survives(fresh_kernel):
+def test_an_interrupted_on_cell_stops_only_its_ranks_and_the_world_survives(fresh_kernel, tmp_path):
     pid = fresh_kernel.pid
     first = ok(fresh_kernel, "%%spawn --world w -n 3\nimport os, time\nx = 'kept'\nprint('pid', os.getpid())")
-    thread = interrupt_later(fresh_kernel, pid, 3)
-    result = run(fresh_kernel, "%%spawn --world w --on 1\nx = 'set before the sleep'\ntime.sleep(100)")
+    # the world's ranks already exist: the interrupt waits for rank 1 to be in the cell's sleep
+    thread = interrupt_later(fresh_kernel, tmp_path, 1)
+    result = run(
+        fresh_kernel,
+        f"%%spawn --world w --on 1 --grace-period 120\nx = 'set before the sleep'\n{ready_line(tmp_path)}; time.sleep(100)",
+    )
     thread.join()
     assert result.status == "error" and result.error.ename == "SpawnInterrupted", result.error_text
     text = result.error.traceback_text
