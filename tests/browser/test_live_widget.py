@@ -68,7 +68,8 @@ for step in range(0, 101, 2):
     if step % 40 == 0:
         print(f"step {{step:3d}}  loss \\x1b[36m{{2.0 / (step + 2 + rank):.4f}}\\x1b[0m", flush=True)
     if rank == 1 and step == 60:
-        wait_for({BAR_SEEN!r}); raise ValueError("rank 1 diverged: loss is nan")
+        wait_for({BAR_SEEN!r})
+        raise ValueError("rank 1 diverged: loss is nan")
     time.sleep(0.16 + 0.02 * rank)
 sys.stderr.write("\\n")
 wait_for({FAILED_SEEN!r})
@@ -178,7 +179,7 @@ def test_lab_live_run_stop_and_reload(lab, browser, artifacts):
         tb = view.locator(".nbs-Pane[data-rank='1'] .nbs-Traceback")
         sync_api.expect(tb).to_be_visible()
         assert "ValueError: rank 1 diverged: loss is nan" in tb.inner_text()
-        assert "Cell In[2], line 20" in tb.inner_text()
+        assert "Cell In[2], line 21" in tb.inner_text()
         assert "running" in chip_statuses(view)  # the others are being stopped, not yet gone (they wait for FAILED_SEEN)
         shot(view, artifacts, "live-failed-rank.png", unhover=True)
         (lab.root / FAILED_SEEN).write_text("")  # the others' checkpoints are saved: SIGTERM ends them
