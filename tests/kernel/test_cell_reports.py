@@ -7,7 +7,7 @@ import re
 import uuid
 
 import pytest
-from kernel_harness import ok, run
+from kernel_harness import blocked_line, ok, ready_line, run
 
 FAILS = "%%spawn {options}\nx = 1\nraise ValueError('again')\n"
 
@@ -56,10 +56,14 @@ def test_a_rank_stopped_while_importing_shows_its_import_not_importlib(kernel, t
     (package / "__init__.py").write_text("from . import m0\n")
     for i in range(5):
         (package / f"m{i}.py").write_text(f"from . import m{i + 1}\n")
-    (package / "m5.py").write_text("import time\ntime.sleep(60)\n")
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    # rank 1 fails once rank 0 is blocked in m5's sleep (its ready line, on that line, before it), not 1.5 s
+    # after it started, which a loaded machine's rank 0 did not always need to get there
+    (package / "m5.py").write_text(f"import time\n{ready_line(ready)}; time.sleep(60)\n")
     code = (
         f"%%spawn -n 2 --grace-period 1\nimport os, sys, time\nsys.path.insert(0, {str(package.parent)!r})\n"
-        "if os.environ['RANK'] == '0':\n    import slowpkg\nelse:\n    time.sleep(1.5)\n    raise ValueError('boom')\n"
+        f"if os.environ['RANK'] == '0':\n    import slowpkg\nelse:\n    {blocked_line(ready, 1)}\n    raise ValueError('boom')\n"
     )
     result = run(kernel, code, timeout=60)
     assert result.status == "error"
@@ -80,14 +84,27 @@ def told_of(result, rank: int) -> str:
     return result.error_text[result.error_text.index(f"\nrank {rank} (pid") + 1 :]
 
 
-def test_a_rank_stopped_on_its_way_out_is_not_told_as_still_starting(kernel):
+def test_a_rank_stopped_on_its_way_out_is_not_told_as_still_starting(kernel, tmp_path):
     """Rank 1's cell ends, but its process waits at exit for a thread it started; rank 0 then fails.
     Stopped there, rank 1 is past its cell (its stack is in Python's exit, not in the rank's entry
     point): it once read "still starting: the cell had not begun" after printing from the cell."""
+    # rank 0 fails once rank 1's main thread is in Python's exit (threading._shutdown, waiting for the
+    # thread), as the thread itself sees and says in a file: not 1.5 s after it started.  The thread's code
+    # is compiled apart from the cell (a thread in a function of the cell's own is taken for the main one)
+    at_exit = tmp_path / "at-exit"
+    linger = (
+        "import sys, threading, time\n"
+        "def exiting():\n    frame = sys._current_frames().get(threading.main_thread().ident)\n"
+        "    while frame is not None and frame.f_code.co_name != '_shutdown':\n        frame = frame.f_back\n"
+        "    return frame is not None\n"
+        "def linger():\n    while not exiting():\n        time.sleep(0.01)\n"
+        f"    open({str(at_exit)!r}, 'w').close()\n    time.sleep(60)\n"
+    )
     code = (
         "%%spawn -n 2 --view text\nimport os, threading, time\nprint('began', flush=True)\n"
-        "if os.environ['RANK'] == '1':\n    threading.Thread(target=time.sleep, args=(60,)).start()\n"
-        "else:\n    time.sleep(1.5)\n    raise ValueError('boom')\n"
+        f"if os.environ['RANK'] == '1':\n    exec(compile({linger!r}, '<linger>', 'exec'), lingering := {{}})\n"
+        "    threading.Thread(target=lingering['linger']).start()\n"
+        f"else:\n    while not os.path.exists({str(at_exit)!r}):\n        time.sleep(0.01)\n    raise ValueError('boom')\n"
     )
     stopped = told_of(run(kernel, code, timeout=60), 1)
     assert "was stopped" in stopped.splitlines()[0], stopped
@@ -113,17 +130,19 @@ def test_a_rank_that_exited_with_its_own_code_as_the_run_stopped_is_told_as_fail
     assert line.endswith("failed: exited with code 3"), result.error_text
 
 
-def test_where_a_rank_was_ends_at_the_cells_line_not_in_nbspawn(kernel):
+def test_where_a_rank_was_ends_at_the_cells_line_not_in_nbspawn(kernel, tmp_path):
     """Rank 1 is stopped while it prints (in nbspawn's capture of its output, under the cell's print):
     where it was is the cell's line, with none of nbspawn's own frames under it."""
+    printing = tmp_path / "printing"  # rank 0 fails once rank 1 is at its loop, not 1.5 s after it started
     code = (
         "%%spawn -n 2 --view text\nimport os, time\n"
-        "if os.environ['RANK'] == '0':\n    time.sleep(1.5)\n    raise ValueError('boom')\n"
+        f"if os.environ['RANK'] == '0':\n    while not os.path.exists({str(printing)!r}): time.sleep(0.01)\n"
+        f"    raise ValueError('boom')\nopen({str(printing)!r}, 'w').close()\n"
         "while True:\n    print('x' * 100)\n"
     )
     stopped = told_of(run(kernel, code, timeout=60), 1)
     where = [ln.strip() for ln in stopped.splitlines()[2:] if ln.startswith("    ")]
-    assert re.fullmatch(r"Cell In\[\d+\], line 7", where[-2]) and where[-1] == "print('x' * 100)", stopped
+    assert re.fullmatch(r"Cell In\[\d+\], line 8", where[-2]) and where[-1] == "print('x' * 100)", stopped
     assert "nbspawn/" not in stopped.split("Logs:")[0], stopped
 
 

@@ -185,23 +185,37 @@ dist.all_reduce(t)
 print("sum", int(t.item()))
 """
     seen: list[str] = []
+    answered: list[str] = []
+    first_asked = time.monotonic()
+
+    def rank_of(prompt: str) -> int:
+        return int(prompt.split("(Pdb rank ")[1].split(")", maxsplit=1)[0])
+
+    def names_waiting(prompt: str) -> bool:
+        return "wait: one prompt at a time" in prompt or "waits: one prompt at a time" in prompt
 
     def answer(prompt: str) -> str:
         seen.append(prompt)
-        if len(seen) == 1:
-            # the others reach their breakpoints while the first rank is asked: on a loaded machine (ci63,
-            # the newest job) that took them longer than answering two prompts, and no prompt had any
-            # rank waiting to name; the first rank's next prompt names them once they wait
-            time.sleep(3)
-        return "p rank" if len(seen) % 2 else "c"
+        first = rank_of(seen[0])
+        # the others reach their breakpoints while the first rank is asked (on a loaded machine, ci63, later
+        # than two prompts' answers): the first rank is asked again until its prompt names them waiting (a
+        # minute at most: a hang guard); every other rank, `p rank` then `c`
+        if rank_of(prompt) == first:
+            more = not names_waiting(prompt) and time.monotonic() - first_asked < 60
+            reply = "p rank" if len(seen) == 1 or more else "c"
+        else:
+            reply = "p rank" if answered and answered[-1] == "c" else "c"
+        answered.append(reply)
+        return reply
 
     talk = converse(kernel, code, answer)
     assert talk.result.status == "ok", talk.text
-    ranks = sorted(int(p.split("(Pdb rank ")[1].split(")")[0]) for p in seen)
-    assert ranks == [0, 0, 1, 1, 2, 2]  # each rank's session whole: `p rank` then `c`
-    for i in range(0, 6, 2):
-        assert seen[i].endswith(seen[i + 1].split("(Pdb")[-1])  # the same rank kept the prompt
-    assert any("wait: one prompt at a time" in p or "waits: one prompt at a time" in p for p in seen)
+    sessions = [(rank, [a for p, a in zip(seen, answered, strict=True) if rank_of(p) == rank]) for rank in range(3)]
+    order = [rank for i, rank in enumerate(map(rank_of, seen)) if i == 0 or rank_of(seen[i - 1]) != rank]
+    assert sorted(order) == [0, 1, 2], seen  # each rank's session whole: it kept the prompt until its `c`
+    for rank, replies in sessions:
+        assert replies[0] == "p rank" and replies[-1] == "c" and replies.count("c") == 1, (rank, seen, answered)
+    assert any(names_waiting(p) for p in seen), seen
     for r in range(3):
         assert "sum 3" in rank_lines(talk.result.stdout, r)
 
@@ -288,14 +302,14 @@ if os.environ["RANK"] == "0":
 dist.barrier()
 """
     talk = converse(fresh_kernel, code, lambda prompt: None, timeout=90)  # interrupt instead of answering
-    assert talk.result.status == "error"
-    assert "SpawnInterrupted" in talk.text or "interrupted" in talk.text.lower()
+    assert talk.result.status == "error" and talk.result.error.ename == "SpawnInterrupted", talk.text
     ok(fresh_kernel, "%%spawn -n 2\nprint('still fine')")
 
 
 def test_timeout_ends_an_unanswered_prompt(kernel):
     kc = kernel.client
-    msg_id = kc.execute("%%spawn -n 1 --timeout 3\ninput('never answered? ')\n", allow_stdin=True)
+    # a --timeout that only a hang of the rank's start would outlast before its prompt (counted from its start)
+    msg_id = kc.execute("%%spawn -n 1 --timeout 15\ninput('never answered? ')\n", allow_stdin=True)
     start = time.monotonic()
     msg = kc.get_stdin_msg(timeout=60)
     assert msg["content"]["prompt"] == "[rank 0] never answered? "
@@ -304,7 +318,7 @@ def test_timeout_ends_an_unanswered_prompt(kernel):
         reply = kc.get_shell_msg(timeout=60)
     assert reply["content"]["status"] == "error"
     assert reply["content"]["ename"] == "SpawnTimeoutError"
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 60  # a hang guard (the timeout is 15 s)
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
@@ -322,7 +336,10 @@ print("v", v)
     lines = rank_lines(talk.result.stdout, 1)
     assert "101" in lines and "102" in lines and "v 102" in lines
     # q fails the cell on rank 1; the world survives (the other rank comes back)
-    talk = converse(fresh_kernel, "%%spawn --world w\nif rank == 1:\n    breakpoint()\nprint('after')\n", ["q"])
+    # (a grace no interrupted rank needs to come back in: the world's survival is an event, not a race with 5 s)
+    talk = converse(
+        fresh_kernel, "%%spawn --world w --grace-period 120\nif rank == 1:\n    breakpoint()\nprint('after')\n", ["q"]
+    )
     assert talk.result.status == "error" and "debugger quit on rank 1" in talk.text
     result = ok(fresh_kernel, "%%spawn --world w\nprint('alive', rank)")
     assert "alive 1" in rank_lines(result.stdout, 1)

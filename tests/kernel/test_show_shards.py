@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
-from kernel_harness import execute, ok, run
+from kernel_harness import dead_to_the_kernel, execute, ok, run
 
 WORLD = """\
 %%spawn --world {world} -n 4 --backend gloo
@@ -79,6 +78,6 @@ def test_what_cannot_be_shown_is_said_in_one_line(kernel, world):
     # lost: a rank that died since is said, and nothing is shown
     pid = int(ok(kernel, f"%%spawn --world {world}\nimport os\nprint(os.getpid())").stdout.split("[rank1]: ")[1].split()[0])
     os.kill(pid, signal.SIGKILL)
-    time.sleep(0.5)
+    dead_to_the_kernel(kernel, world, 1)  # not a fixed 0.5 s: what follows finds it dead, not dying
     lost = run(kernel, f"%spawn show {world} x")
     assert lost.status == "error" and "was lost between cells: rank 1 died (SIGKILL)" in lost.error.evalue, lost.error_text

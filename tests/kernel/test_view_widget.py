@@ -311,8 +311,10 @@ def test_stop_and_replay_reach_the_kernel_while_the_cell_runs(kernel):
     client = kernel.client
     skip_without_subshells(client)
     subshell = create_subshell(client)
+    # a grace no rank needs (SIGINT stops each at once): were one SIGTERMed, it would show, not a race with 5 s
     code = (
-        "%%spawn -n 4 --view widget\nimport os, time\nprint('rank', os.environ['RANK'], 'is up', flush=True)\ntime.sleep(120)\n"
+        "%%spawn -n 4 --view widget --grace-period 300\nimport os, time\n"
+        "print('rank', os.environ['RANK'], 'is up', flush=True)\ntime.sleep(600)\n"
     )
     msg_id = client.execute(code)
     outputs: list[dict] = []
@@ -353,12 +355,12 @@ def test_stop_and_replay_reach_the_kernel_while_the_cell_runs(kernel):
         # Stop, mid-run
         stopped_at = time.monotonic()
         send_comm_msg(client, comm_id, {"type": "stop"}, subshell)
-        pump(lambda: outputs[-1]["msg_type"] == "idle", 30)
+        pump(lambda: outputs[-1]["msg_type"] == "idle", 60)
         took = time.monotonic() - stopped_at
     finally:
         delete_subshell(client, subshell)
 
-    assert took < 5, took  # SIGINT: every rank stops at once, no grace period spent
+    assert took < 60, took  # a hang guard: the grace alone would be 300 s
     errors = [o for o in outputs if o["msg_type"] == "error"]
     assert errors and errors[0]["ename"] == "SpawnInterrupted", errors
     run = sort_out([o for o in outputs if o["msg_type"] != "idle"])
@@ -366,7 +368,9 @@ def test_stop_and_replay_reach_the_kernel_while_the_cell_runs(kernel):
     record = run.frozen[MIME]
     assert record["status"] == "stopped"
     assert [r["status"] for r in record["ranks"]] == ["stopped"] * 4
-    assert "KeyboardInterrupt" in strip_ansi("\n".join(errors[0]["traceback"])) or record["error"]
+    # SIGINT: every rank stopped where it was by its KeyboardInterrupt, none SIGTERMed after a grace
+    told = strip_ansi("\n".join(errors[0]["traceback"]))
+    assert "ranks 0-3 were stopped the same way: KeyboardInterrupt" in told and "SIGTERM" not in told, told
     # the kernel is usable afterwards
     assert execute(client, "1 + 1", timeout=30).status == "ok"
 
@@ -434,14 +438,13 @@ def test_widget_text_fallback_names_the_run(kernel):
     assert re.fullmatch(r"nbspawn run \S+: 2 ranks, \w+", shown["data"]["text/plain"])
 
 
-# alone: the quick cell must end within live_after (0.2 s); beside other tests' ranks on the same cores it
-# did not (the Kaggle job on 3 workers, load average 20)
-@pytest.mark.alone
 def test_a_quick_cell_shows_its_result_and_a_slower_one_its_live_view(kernel):
-    """By default (SpawnMagics.live_after = 0.2) a run that ends sooner shows only its frozen view: no
+    """A run that ends within SpawnMagics.live_after (0.2 s by default) shows only its frozen view: no
     widget, no toolbar status that would flash and cost more than the cell; one that goes on longer
-    gets both, and its frozen view replaces the live one."""
-    assert execute(kernel.client, "%config SpawnMagics.live_after = 0.2", timeout=30).status == "ok"
+    gets both, and its frozen view replaces the live one.  The rule, not the machine: the quick cell is
+    given a live_after it cannot outlast (60 s: once, at 0.2 s, a loaded machine's quick cell took
+    longer), the slower one sleeps past the default's 0.2 s.  How quick a quick cell is, is bench/launch.py's."""
+    assert execute(kernel.client, "%config SpawnMagics.live_after = 60", timeout=30).status == "ok"
     try:
         quick = execute(kernel.client, "%%spawn -n 2 --view widget\nprint('hi')", timeout=120)
         assert quick.status == "ok", quick.error_text
@@ -451,6 +454,7 @@ def test_a_quick_cell_shows_its_result_and_a_slower_one_its_live_view(kernel):
         assert len(shown) == 1 and MIME in shown[0]["data"]
         assert rank_outputs(shown[0]["data"]["text/html"])[1].lines == [("stdout", "hi\n")]
 
+        assert execute(kernel.client, "%config SpawnMagics.live_after = 0.2", timeout=30).status == "ok"
         slow = execute(kernel.client, "%%spawn -n 2 --view widget\nimport time\nprint('hi')\ntime.sleep(0.6)", timeout=120)
         assert slow.status == "ok", slow.error_text
         run = sort_out(slow.outputs)
