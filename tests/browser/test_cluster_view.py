@@ -28,14 +28,21 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300), NEEDS_WIDGET]
 
+# rank 2 fails at step 3 once the test has seen the live view (a flag file the test writes, SEEN, in
+# the notebook's folder, named by its absolute path: the ranks run on the nodes' engines; 120 s at most):
+# a fixed ~4 s of live view was all the live checks had (issue #55; 1.6 s once was not enough)
+SEEN = "live-seen.flag"
 TRAIN = """\
 %%spawn --cluster rc -n 2
 import os, time
 rank = int(os.environ["RANK"])
 for step in range(6):
     print(f"rank {rank} on node {os.environ['GROUP_RANK']}: step {step}", flush=True)
-    time.sleep(1.0)  # the live view lasts ~4 s: long enough for its checks and screenshot on a busy machine (0.4 once was not)
+    time.sleep(0.4)
     if rank == 2 and step == 3:
+        end = time.time() + 120
+        while not os.path.exists(SEEN_PATH) and time.time() < end:
+            time.sleep(0.05)
         raise ValueError("rank 2 diverged: loss is nan")
 """
 
@@ -53,7 +60,7 @@ def lab(tmp_path_factory, nodes):
     )
 
     def write(root: Path) -> None:
-        write_notebook(root, "cluster.ipynb", [connect, TRAIN])
+        write_notebook(root, "cluster.ipynb", [connect, TRAIN.replace("SEEN_PATH", repr(str(root / SEEN)))])
 
     yield from serve("lab", tmp_path_factory.mktemp("cluster-lab"), write)
 
@@ -71,9 +78,10 @@ def test_lab_cluster_run_names_each_ranks_node(lab, browser, artifacts):
         title = view.locator(".nbs-Pane[data-rank='3'] .nbs-Pane-title")
         sync_api.expect(title).to_have_text(re.compile(r"^rank 3 · node 1 \(node\d\)$"))
         sync_api.expect(view.locator(".nbs-Pane[data-rank='3'] .nbs-Output")).to_contain_text(
-            "rank 3 on node 1: step 1", timeout=15_000
+            "rank 3 on node 1: step 1", timeout=60_000
         )
         shot(view, artifacts, "lab-cluster-live.png", unhover=True)
+        (lab.root / SEEN).write_text("")  # rank 2 fails now
 
         frozen = frozen_run(run)
         # the failed rank's pane: its node and its traceback

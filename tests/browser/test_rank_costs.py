@@ -16,14 +16,19 @@ from stand_in_gpu import GB, STAND_IN
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600), NEEDS_WIDGET]
 
-# rank 1 holds 400 MB (written: resident) for about 8 s; rank 0 holds nothing of note
-HOLDS = """\
+# rank 1 holds 400 MB (written: resident) until the test has looked at the live view (HELD_SEEN, in the
+# notebook's folder; 120 s at most): a fixed 8 s was all the live checks had (issue #55); rank 0 holds
+# nothing of note
+HELD_SEEN = "held-seen.flag"
+HOLDS = f"""\
 %%spawn -n 2 --backend gloo
 import os, time, torch
 held = torch.ones(100_000_000) if int(os.environ["RANK"]) == 1 else None
-for step in range(8):
+step = 0
+while not os.path.exists({HELD_SEEN!r}) and step < 120:
     print("step", step)
     time.sleep(1)
+    step += 1
 """
 SIZE = re.compile(r"^\d+(\.\d)? (MB|GB)$")
 
@@ -86,12 +91,13 @@ def test_the_chips_and_header_show_each_ranks_memory_live_and_the_saved_view_its
         assert re.match(r"^ranks \d.* · .* of .* in use$", memory.locator(".nbs-Meta-value").inner_text()), memory.inner_text()
         view.locator(".nbs-Chip[data-rank='1']").click()
         facts = view.locator(".nbs-Pane[data-rank='1'] .nbs-Pane-facts")
-        facts.wait_for(timeout=10_000)
+        facts.wait_for(timeout=60_000)
         pg.wait_for_function(
             "() => /CPU \\d+%/.test(document.querySelector(\".nbs-Pane[data-rank='1'] .nbs-Pane-facts\")?.textContent ?? '')",
-            timeout=10_000,
+            timeout=60_000,
         )
         shot(view, artifacts, "costs-live.png", unhover=True)
+        (lab.root / HELD_SEEN).write_text("")  # the ranks end now
 
         saved = frozen_run(cell, timeout=120_000)
         shot(saved, artifacts, "costs-saved.png", unhover=True)
