@@ -140,6 +140,31 @@ def _open_and_run_all(pg, classic, name: str) -> None:
     pg.evaluate("() => Jupyter.notebook.execute_all_cells()")
 
 
+def _snapshot(pg, page, cell, live, artifacts):
+    """The cell's snapshot once its run has ended, or a failure that says what the cell showed then: the
+    live view (which rank had not ended, and where), or, once it is gone, what the notebook holds as the
+    cell's outputs and what its page drew."""
+    frozen = cell.locator(".nbspawn-run")
+    try:
+        frozen.wait_for(timeout=90_000)
+    except sync_api.TimeoutError:
+        shot(cell, artifacts, "classic-notebook-no-snapshot.png")
+        if live.count():
+            chips = [chip.get_attribute("title") for chip in live.locator(".nbs-Chip").all()]
+            pytest.fail(f"no snapshot within 90 s; the live view's chips: {chips}\n{live.inner_text()[-3000:]}")
+        index = pg.evaluate("(el) => Jupyter.notebook.get_cells().findIndex(c => c.element[0] === el)", cell.element_handle())
+        outputs = pg.evaluate(
+            "(i) => Jupyter.notebook.get_cell(i).output_area.outputs.map(o => [o.output_type, Object.keys(o.data || {})])",
+            index,
+        )
+        drawn = cell.locator(".output").inner_html()
+        pytest.fail(
+            f"no snapshot within 90 s, and no live view: the cell's outputs {outputs}, hidden snapshots "
+            f"{frozen.count()}, errors {page.nbspawn_errors()}; its output area: {drawn[:1500]}"
+        )
+    return frozen
+
+
 def test_the_live_view_and_the_snapshot_draw_in_the_classic_notebook_with_ipywidgets_7(classic, page, artifacts):
     pg = page.page
     _open_and_run_all(pg, classic, "colab.ipynb")
@@ -155,23 +180,7 @@ def test_the_live_view_and_the_snapshot_draw_in_the_classic_notebook_with_ipywid
     shot(cell, artifacts, "classic-notebook-live.png", unhover=True)
 
     # the run ends: the live view is replaced in place by the snapshot (HTML: no nbspawn renderer here)
-    frozen = cell.locator(".nbspawn-run")
-    try:
-        frozen.wait_for(timeout=90_000)
-    except sync_api.TimeoutError:  # what the cell showed then: the live view (which rank had not ended, and
-        # where), or, once it is gone, what the notebook holds as the cell's outputs and what its page drew
-        shot(cell, artifacts, "classic-notebook-no-snapshot.png")
-        if live.count():
-            chips = [chip.get_attribute("title") for chip in live.locator(".nbs-Chip").all()]
-            pytest.fail(f"no snapshot within 90 s; the live view's chips: {chips}\n{live.inner_text()[-3000:]}")
-        outputs = pg.evaluate(
-            "() => Jupyter.notebook.get_cell(1).output_area.outputs.map(o => [o.output_type, Object.keys(o.data || {})])"
-        )
-        drawn = cell.locator(".output").inner_html()
-        pytest.fail(
-            f"no snapshot within 90 s, and no live view: the cell's outputs {outputs}, hidden snapshots "
-            f"{frozen.count()}, errors {page.nbspawn_errors()}; its output area: {drawn[:1500]}"
-        )
+    frozen = _snapshot(pg, page, cell, live, artifacts)
     sync_api.expect(live).to_have_count(0, timeout=30_000)
     text = frozen.inner_text().replace("\u2007", " ")  # tqdm pads its numbers with figure spaces
     for rank in (0, 1):
@@ -253,8 +262,7 @@ def test_what_each_rank_holds_on_its_gpu_is_live_and_an_out_of_memory_saved_with
         "ranks 3.0 GB of 3.4 GB"
     )
     shot(cell, artifacts, "classic-notebook-gpu-live.png", unhover=True)
-    frozen = cell.locator(".nbspawn-run")
-    frozen.wait_for(timeout=90_000)
+    frozen = _snapshot(pg, page, cell, live, artifacts)
     text = frozen.inner_text()
     account = "rank 1 ran out of memory on GPU 0 (Stand-in GPU, 3.4 GB): rank 0 held 1.0 GB, rank 1 2.0 GB (reserved by torch; 3.0 GB in all)"
     assert account in text, text[:2000]
