@@ -181,11 +181,15 @@ def where_everything_is(limit: int = 16_000) -> str:
     return "where every process of this test was:\n" + (text if len(text) <= limit else text[:limit] + "\n[...]")
 
 
-def execute(client: BlockingKernelClient, code: str, timeout: float = 60) -> ExecResult:
+def execute(
+    client: BlockingKernelClient, code: str, timeout: float = 60, seen: Callable[[list[dict[str, Any]]], None] | None = None
+) -> ExecResult:
     """Run `code` and collect everything the kernel says about it, until it goes idle.
 
     Messages from earlier requests (a cell a test started and never waited for) are skipped by
     parent msg_id. Raises TimeoutError, showing what had arrived, if the kernel does not finish.
+    ``seen`` is called with the outputs so far as each one arrives: a test that lets the cell end (a flag
+    file) once it has seen what it looks for.
     """
     # stop_on_error=False: each cell is sent alone, after the last one's reply, so there is no queue to
     # abort; ipykernel 6.17 (Colab's, Kaggle's) would abort the next request if it came before its
@@ -223,6 +227,8 @@ def execute(client: BlockingKernelClient, code: str, timeout: float = 60) -> Exe
             (stdout if content["name"] == "stdout" else stderr).append(content["text"])
         elif msg_type == "error":
             iopub_error = content
+        if seen is not None:
+            seen(outputs)
 
     while True:
         try:

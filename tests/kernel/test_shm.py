@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 try:
@@ -54,8 +55,8 @@ def no_leaks():
     gc.collect()
     assert _mine_in_shm() <= shm, "left in /dev/shm"
     leaked = _fds() - fds - _resource_sharer_listener()
-    deadline = time.monotonic() + 2.0
-    while leaked and time.monotonic() < deadline:  # a leak persists; a closing thread's fd does not
+    deadline = time.monotonic() + 10.0
+    while leaked and time.monotonic() < deadline:  # a leak persists; a closing thread's fd does not (10 s: a loaded machine's)
         time.sleep(0.05)
         gc.collect()
         leaked = _fds() - fds - _resource_sharer_listener()
@@ -182,10 +183,9 @@ def test_share_in_place_moves_views_and_is_free_the_second_time(no_leaks):
     # torch's own reduction now finds it shared: no second move, no copy
     assert storage._share_fd_cpu_() == (fd, 64 * MiB)
     ptr = base.data_ptr()
-    t0 = time.perf_counter()
     for _ in range(100):
         _shm.share_(base)
-    assert (time.perf_counter() - t0) / 100 < 1e-3  # nothing proportional to 64 MiB
+    # nothing moved or copied: the same memory, the same descriptor (how fast that is: bench/shm_micro.py)
     assert base.data_ptr() == ptr and storage._get_shared_fd() == fd
     view.fill_(7)
     assert base[150].item() == 7
@@ -323,8 +323,18 @@ def test_a_pinned_storage_is_sent_as_a_copy_and_stays_where_it_is(no_leaks):
 # -- ranks -> kernel ----------------------------------------------------------------------------
 
 
-# alone: it times a mapping of 256 MiB (under 50 ms), which another test's ranks on the same cores could delay
-@pytest.mark.alone
+def _mapping_of(address: int) -> str:
+    """The path of this process's mapping that holds ``address`` ("" for anonymous memory)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return fields[5].strip() if len(fields) > 5 else ""
+    raise AssertionError(f"{address:#x} is in no mapping")
+
+
+# not alone any more: it times nothing (it timed the 256 MiB mapping, which other tests' ranks could delay)
 def test_results_come_back_after_the_rank_exits(tmp_path, no_leaks):
     prefix = _shm.new_run_prefix()
     out = tmp_path / "out.pkl"
@@ -333,12 +343,15 @@ def test_results_come_back_after_the_rank_exits(tmp_path, no_leaks):
     assert len(data) < 8192
     files = [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
     assert len(files) == 3  # t (with its view), weight, bias
-    t0 = time.perf_counter()
+    rss = psutil.Process().memory_info().rss
     result = _shm.loads(data)
-    elapsed = time.perf_counter() - t0
+    grew = psutil.Process().memory_info().rss - rss
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]  # unlinked on import
-    assert elapsed < 0.05  # mapping, not copying, 256 MiB
+    # mapping, not copying, 256 MiB: the tensor's memory is the rank's segment, mapped, and none of it was
+    # read in yet (how fast the mapping is: bench/shm_micro.py; 50 ms did not even tell a map from a copy)
     t = result["t"]
+    assert _mapping_of(t.untyped_storage().data_ptr()).startswith(f"/dev/shm/{prefix}"), _mapping_of(t.data_ptr())
+    assert grew < 64 * MiB, grew
     assert t.is_shared() and _shm.is_shared(t.untyped_storage())
     assert result["view"].untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
     assert float(t.double().sum()) == result["sum"] and result["view"][0].item() == 10.0
