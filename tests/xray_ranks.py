@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 
 from nbspawn.ranks._xray import XRAY_FR_ENTRIES, Drainer, record_path
 
-STRAGGLER_SLEEP = 0.1
+STRAGGLER_SLEEP = 0.5  # more than a loaded machine's other ranks ever lag (0.1 s was not, ci: another came last)
 
 
 def _free_port() -> int:
@@ -37,6 +37,10 @@ def _free_port() -> int:
 
 def _rank(rank: int, world: int, port: int, out_dir: str, scenario: str, n: int) -> None:
     os.environ["TORCH_FR_BUFFER_SIZE"] = str(XRAY_FR_ENTRIES)
+    # the group's short timeout ends the hang and the mismatch; its rendezvous waits as long for the last
+    # rank to arrive, so every rank first waits for all to be started (spawned ranks import torch: on 2
+    # loaded cores their arrivals once spread past 4 s)
+    _all_started(rank, world, out_dir)
     timeout = datetime.timedelta(seconds=4)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timeout)
     rank_dir = os.path.join(out_dir, str(rank))
@@ -64,6 +68,16 @@ def _rank(rank: int, world: int, port: int, out_dir: str, scenario: str, n: int)
     with open(os.path.join(rank_dir, "seconds"), "w") as fh:
         fh.write(repr(seconds))
     os._exit(0)  # a group left mid-collective must not hold the process at exit
+
+
+def _all_started(rank: int, world: int, out_dir: str, within: float = 120) -> None:
+    """Say this rank is started (``OUT_DIR/started-<rank>``), and wait for the others to say so too."""
+    open(os.path.join(out_dir, f"started-{rank}"), "w").close()
+    deadline = time.monotonic() + within
+    while not all(os.path.exists(os.path.join(out_dir, f"started-{r}")) for r in range(world)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: not all {world} ranks started within {within} s")
+        time.sleep(0.01)
 
 
 def _story(rank: int, world: int) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 import pytest
-from kernel_harness import converse, execute, ok, shm_entries
+from kernel_harness import converse, execute, interrupt_later, ok, ready_line, shm_entries
 
 pytestmark = pytest.mark.timeout(240)
 METHODS = ["fork", "spawn", "forkserver"]
@@ -145,15 +146,49 @@ def test_bad_hand_off_input_is_refused_before_any_rank_starts(kernel, setup, opt
 @pytest.mark.parametrize("method", METHODS)
 def test_no_segment_descriptor_or_file_outlives_a_run_whatever_its_end(fresh_kernel, method, tmp_path):
     kernel = fresh_kernel
-    ok(kernel, f"%config SpawnMagics.log_dir = {str(tmp_path)!r}\nimport torch\nbuf = torch.zeros(1 << 20)")
+    logs = tmp_path / "logs"
+    ok(kernel, f"%config SpawnMagics.log_dir = {str(logs)!r}\nimport torch\nbuf = torch.zeros(1 << 20)")
+    ready = tmp_path / "ready"
+    # each cell's end: the run's error, and whether it is interrupted once both ranks made `piece` (their
+    # ready line): stopped after making it for certain, not only where its ranks started within a timeout
+    # (spawned ranks import torch: on a loaded machine the --timeout 3 cell may stop them before `piece`)
     cells = [
-        f"%%spawn -n 2 --start-method {method} --share buf --out piece\npiece = torch.ones(1 << 18)\nbuf[0] += 1",
-        f"%%spawn -n 2 --start-method {method} --share buf --out piece\nimport os\npiece = torch.ones(1 << 18)\nif os.environ['RANK'] == '1':\n    raise ValueError('after making piece')",
-        f"%%spawn -n 2 --start-method {method} --share buf --out piece --timeout 3 --grace-period 0.5\nimport time\npiece = torch.ones(1 << 18)\ntime.sleep(60)",
-        f"%%spawn -n 2 --start-method {method} --out piece\nimport os, torch\npiece = torch.ones(1 << 18)\nif os.environ['RANK'] == '0':\n    os._exit(9)",
+        (f"%%spawn -n 2 --start-method {method} --share buf --out piece\npiece = torch.ones(1 << 18)\nbuf[0] += 1", None),
+        (
+            f"%%spawn -n 2 --start-method {method} --share buf --out piece\nimport os\npiece = torch.ones(1 << 18)\n"
+            "if os.environ['RANK'] == '1':\n    raise ValueError('after making piece')",
+            "RankRaisedError",
+        ),
+        (
+            f"%%spawn -n 2 --start-method {method} --share buf --out piece --timeout 3 --grace-period 0.5\nimport time\n"
+            "piece = torch.ones(1 << 18)\ntime.sleep(60)",
+            "SpawnTimeoutError",
+        ),
+        (
+            f"%%spawn -n 2 --start-method {method} --share buf --out piece\nimport time\npiece = torch.ones(1 << 18)\n"
+            f"{ready_line(ready)}; time.sleep(60)",
+            "SpawnInterrupted",
+        ),
+        (
+            f"%%spawn -n 2 --start-method {method} --out piece\nimport os, torch\npiece = torch.ones(1 << 18)\n"
+            "if os.environ['RANK'] == '0':\n    os._exit(9)",
+            "RankExitedError",
+        ),
     ]
-    for cell in cells:  # warm up: the forkserver, imports, the first shared storage
-        execute(kernel.client, cell, timeout=120)
+
+    def run_cell(cell: str, ending: str | None) -> None:
+        thread = None
+        if ending == "SpawnInterrupted":
+            shutil.rmtree(ready, ignore_errors=True)
+            ready.mkdir()
+            thread = interrupt_later(kernel, ready, 2)
+        result = execute(kernel.client, cell, timeout=120)
+        if thread is not None:
+            thread.join()
+        assert (result.error.ename if result.error else None) == ending, (cell, result.error_text)
+
+    for cell, ending in cells:  # warm up: the forkserver, imports, the first shared storage
+        run_cell(cell, ending)
     ok(kernel, "del piece" if "piece" in ok(kernel, "print(list(globals()))").stdout else "pass")
 
     def shm() -> set[str]:  # this kernel's segments, and any not named by nbspawn (other kernels may run)
@@ -161,13 +196,15 @@ def test_no_segment_descriptor_or_file_outlives_a_run_whatever_its_end(fresh_ker
 
     shm_before, fds_before = shm(), kernel_fds(kernel)
     for _ in range(2):
-        for cell in cells:
-            execute(kernel.client, cell, timeout=120)
+        for cell, ending in cells:
+            run_cell(cell, ending)
         ok(kernel, "piece = None")
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10  # what the last run lets go of, it lets go of in its own time
+    while (shm() != shm_before or kernel_fds(kernel) != fds_before) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert shm() == shm_before
     assert kernel_fds(kernel) == fds_before
-    for run_dir in tmp_path.iterdir():
+    for run_dir in logs.iterdir():
         for rank_dir in run_dir.iterdir():
             # the logs a rank keeps (collectives.json: where it was in its collectives when it was stopped;
             # xray.json: its collectives, for the X-ray)
