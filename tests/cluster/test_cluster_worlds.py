@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
 import threading
@@ -22,7 +23,7 @@ from cluster_harness import (
     ranks_on_every_node,
     wait_for_ranks,
 )
-from kernel_harness import execute, ok, rank_lines, run
+from kernel_harness import execute, ok, rank_lines, ready_line, run, wait_until_blocked
 from widget_harness import create_subshell, delete_subshell, send_comm_msg
 
 pytestmark = pytest.mark.timeout(300)
@@ -95,9 +96,11 @@ def check_failure_survived(kernel, nodes) -> None:
         kernel,
         "%%spawn --cluster rc --world fw -n 2 --backend gloo\nimport torch, torch.distributed as dist\nx = dist.get_rank()",
     )
+    # a grace no interrupted rank needs to come back in: the world's survival is an event, not a race with 5 s
     failed = run(
         kernel,
-        "%%spawn --world fw\nimport time\nif dist.get_rank() == 3:\n    raise ValueError('node 1 fails')\ntime.sleep(60)",
+        "%%spawn --world fw --grace-period 120\nimport time\nif dist.get_rank() == 3:\n    raise ValueError('node 1 fails')\n"
+        "time.sleep(300)",
     )
     assert failed.status == "error" and "ValueError: node 1 fails" in failed.error_text, failed.error_text
     assert "World 'fw' is intact" in failed.error_text, failed.error_text
@@ -221,32 +224,39 @@ def test_kernel_death_leaves_nothing_of_a_world_between_cells(nodes):
     engines_idle(nodes)
 
 
-def test_a_background_run_across_nodes_leaves_the_kernel_free_and_is_waited_for(kernel, nodes):
-    check_background_run_waited(kernel, nodes)
+def test_a_background_run_across_nodes_leaves_the_kernel_free_and_is_waited_for(kernel, nodes, tmp_path):
+    check_background_run_waited(kernel, nodes, tmp_path / "go")
 
 
-def check_background_run_waited(kernel, nodes) -> None:
-    started = time.monotonic()
-    ok(kernel, "%%spawn --cluster rc --bg -n 2 --out r\nimport os, time\ntime.sleep(3)\nr = int(os.environ['RANK']) * 7")
+def check_background_run_waited(kernel, nodes, go) -> None:
+    # the run goes on until the test has looked (a flag file), not for a fixed 3 s it had to look within
+    ok(
+        kernel,
+        "%%spawn --cluster rc --bg -n 2 --out r\nimport os, time\n"
+        f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\nr = int(os.environ['RANK']) * 7",
+    )
     ok(kernel, "import nbspawn\nbg = nbspawn.last_run()")
-    assert time.monotonic() - started < 10
     assert ok(kernel, "print(bg.done, 6 * 7)").stdout.split() == ["False", "42"]  # the kernel runs other cells
     busy = run(kernel, "%%spawn --cluster rc\npass")
     assert busy.status == "error" and busy.error.ename == "UsageError", busy.error_text
     assert "the cluster's engines run background run" in busy.error.evalue and "run.wait()" in busy.error.evalue
     assert "background cell" in ok(kernel, "%spawn status").stdout
+    go.touch()
     ok(kernel, "bg.wait()")
     assert ok(kernel, "print(bg.status, r)").stdout.strip() == "succeeded [0, 7, 14, 21]"
     assert_nothing_left(nodes)
     ok(kernel, "%%spawn --cluster rc -n 1\nprint('after')")  # the engines are free again, the port book right
 
 
-def test_a_background_program_across_nodes(kernel, nodes):
+def test_a_background_program_across_nodes(kernel, nodes, tmp_path):
+    go = tmp_path / "go"  # the program goes on until the test has looked, not for a fixed second
+    waits = f"[time.sleep(0.05) for _ in iter(lambda: os.path.exists({str(go)!r}), True)]"
     ok(
         kernel,
-        "prog = %spawn --cluster rc --bg -n 1 -- python -c \"import os, time; time.sleep(1); print('prog', os.environ['RANK'])\"",
+        f"prog = %spawn --cluster rc --bg -n 1 -- python -c \"import os, time; {waits}; print('prog', os.environ['RANK'])\"",
     )
     assert ok(kernel, "print(prog.done)").stdout.strip() == "False"
+    go.touch()
     ok(kernel, "prog.wait()")
     assert ok(kernel, "print(prog.status)").stdout.strip() == "succeeded"
     assert_nothing_left(nodes)
@@ -274,13 +284,16 @@ def test_where_on_a_cluster_world_between_cells_and_a_hung_background_run(kernel
     ok(kernel, f"%%spawn --cluster rc --bg -n 2 --backend gloo\n{HANG}")
     ok(kernel, "import nbspawn\nhung = nbspawn.last_run()")
     try:
-        wait_for_ranks(nodes, ranks_on_every_node(nodes))
-        time.sleep(3)  # every rank past init_process_group and into its place
-        text = ok(kernel, "%spawn where {hung.run_id}").stdout
-        assert re.search(
-            r"^ranks 0-2: Cell In\[\d+\], line 5: dist\.barrier\(\).*\[in barrier #1 for \d+(-\d+)? s\]$", text, re.M
-        ), text
-        assert re.search(r"^rank 3: Cell In\[\d+\], line 4: time\.sleep\(300\)$", text, re.M), text
+        # every rank past init_process_group and into its place, as `where` itself says (a hang guard of 90 s)
+        in_barrier = r"^ranks 0-2: Cell In\[\d+\], line 5: dist\.barrier\(\).*\[in barrier #1 for \d+(-\d+)? s\]$"
+        in_sleep = r"^rank 3: Cell In\[\d+\], line 4: time\.sleep\(300\)$"
+        deadline = time.monotonic() + 90
+        while not (
+            re.search(in_barrier, text := ok(kernel, "%spawn where {hung.run_id}").stdout, re.M)
+            and re.search(in_sleep, text, re.M)
+        ):
+            assert time.monotonic() < deadline, text
+            time.sleep(0.3)
     finally:
         ok(kernel, "%spawn stop {hung.run_id}")
     assert_nothing_left(nodes)
@@ -318,21 +331,26 @@ def test_show_on_a_cluster_world_draws_each_ranks_shard_across_the_nodes(kernel,
     assert_nothing_left(nodes)
 
 
-def test_the_where_button_asks_a_foreground_cluster_runs_agents(kernel, nodes):
+def test_the_where_button_asks_a_foreground_cluster_runs_agents(kernel, nodes, tmp_path):
     client = kernel.client
     subshell = create_subshell(client)
     answer = None
+    # HANG with each rank's ready line before its place: Where is pressed once every rank is blocked there
+    ready = ready_line(tmp_path)
+    hang = HANG.replace("    time.sleep(300)", f"    {ready}\n    time.sleep(300)").replace(
+        "dist.barrier()", f"{ready}\ndist.barrier()"
+    )
     try:
-        msg_id = client.execute(f"%%spawn --cluster rc -n 2 --backend gloo --view widget\n{HANG}")
+        msg_id = client.execute(f"%%spawn --cluster rc -n 2 --backend gloo --view widget\n{hang}")
         comm_id, asked, stopped = None, None, False
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             try:
                 msg = client.get_iopub_msg(timeout=1)
-            except Exception:
+            except queue.Empty:
                 msg = None
-            if comm_id and asked is None and len(rank_processes(nodes).get(sorted(nodes.engine_pids)[1], [])) >= 2:
-                time.sleep(3)
+            if comm_id and asked is None and len(list(tmp_path.iterdir())) >= 4:
+                wait_until_blocked(tmp_path, 4)
                 send_comm_msg(client, comm_id, {"type": "where"}, subshell)
                 asked = time.monotonic()
             if msg is None:
@@ -353,15 +371,17 @@ def test_the_where_button_asks_a_foreground_cluster_runs_agents(kernel, nodes):
     finally:
         delete_subshell(client, subshell)
     assert answer is not None
-    assert re.search(r"ranks 0-2: Cell In\[\d+\], line 5: dist\.barrier\(\)", answer), answer
-    assert re.search(r"rank 3: Cell In\[\d+\], line 4: time\.sleep\(300\)", answer), answer
+    assert re.search(r"ranks 0-2: Cell In\[\d+\], line 7: dist\.barrier\(\)", answer), answer
+    assert re.search(r"rank 3: Cell In\[\d+\], line 5: time\.sleep\(300\)", answer), answer
     assert_nothing_left(nodes)
 
 
 def test_the_live_hang_signal_across_nodes(kernel, nodes):
     """No option needed: the agents are asked where their quiet ranks are, and the kernel says that
-    rank 3 (node 1) never entered the barrier the others wait in; the run ends by its --timeout."""
-    result = run(kernel, f"%%spawn --cluster rc -n 2 --backend gloo --timeout 12\n{HANG}")
+    rank 3 (node 1) never entered the barrier the others wait in; the run ends by its --timeout: 25 s, as
+    the ranks look hung once 10 s in the barrier, and a rank that reached it late on a loaded machine (a
+    cold cluster start) must still be seen so before it."""
+    result = run(kernel, f"%%spawn --cluster rc -n 2 --backend gloo --timeout 25\n{HANG}")
     assert result.error.ename == "SpawnTimeoutError", result.error_text
     said = [ln for ln in result.stderr.splitlines() if ln.startswith("nbspawn: looks hung: ")]
     assert len(said) == 1, result.stderr
@@ -382,18 +402,18 @@ def test_a_prompt_in_a_clusters_rank_fails_at_once_saying_why(kernel, nodes):
     assert_nothing_left(nodes)
 
 
-def test_an_engine_that_dies_loses_the_world_naming_its_node(kernel, nodes):
+def test_an_engine_that_dies_loses_the_world_naming_its_node(kernel, nodes, tmp_path):
     """Last in this module: node 1 has no engine afterwards."""
     ok(kernel, "%%spawn --cluster rc --world dw -n 2 --backend gloo\nimport time")
     agent = sorted(nodes.engine_pids)[1]
 
     def kill() -> None:
-        time.sleep(1.5)
+        wait_until_blocked(tmp_path, 4)  # the cell reached every node and its ranks sleep (not 1.5 s after it was sent)
         nodes.kill_engine(agent)
 
     thread = threading.Thread(target=kill, daemon=True)
     thread.start()
-    result = execute(kernel.client, "%%spawn --world dw\ntime.sleep(60)", timeout=60)
+    result = execute(kernel.client, f"%%spawn --world dw\n{ready_line(tmp_path)}; time.sleep(300)", timeout=120)
     thread.join()
     assert result.status == "error", result.stdout
     text = result.error.traceback_text
@@ -421,8 +441,9 @@ def test_netns_world_survives_a_failed_cell(netns_kernel, netns_nodes):
     check_failure_survived(netns_kernel, netns_nodes)
 
 
-def test_netns_background_run_is_waited_for(netns_kernel, netns_nodes):
-    check_background_run_waited(netns_kernel, netns_nodes)
+def test_netns_background_run_is_waited_for(netns_kernel, netns_nodes, tmp_path):
+    os.chmod(tmp_path, 0o755)  # as test_netns_ddp_program: the nodes' ranks look in it
+    check_background_run_waited(netns_kernel, netns_nodes, tmp_path / "go")
 
 
 def test_a_cluster_worlds_cell_has_its_own_x_ray(kernel, nodes):
