@@ -2,6 +2,9 @@
 it is drawn in is as tall as its content, margins of its first and last elements included (a heading
 and paragraphs, a table as pandas draws it, a <pre> with margins as rich's output has).  Real JupyterLab, the live widget.
 
+What is asserted is read once the page has drawn it (read_until: frames sized, the pane scrolled, more
+lines arrived), not after a fixed wait (issue #55, audit M7, M8).
+
 Screenshots go to test-artifacts/browser/ (NBSPAWN_TEST_ARTIFACTS overrides).
 """
 
@@ -16,6 +19,7 @@ from lab_harness import (
     Page,
     live_view,
     open_with_nbspawn,
+    read_until,
     run_cell,
     select_pane,
     serve,
@@ -70,16 +74,23 @@ time.sleep(60)
 MISSING = [m for m in ("pandas", "lightning", "rich") if importlib.util.find_spec(m) is None]
 
 
-# a rank that prints on: the pane follows it, unless the user scrolled up to read
+# a rank that prints on (for 2 minutes at most; the test stops it): the pane follows it, unless the user
+# scrolled up to read
 PRINTS = """\
 %%spawn -n 1
 import time
-for i in range(600):
+for i in range(4000):
     print("line", i, flush=True)
     time.sleep(0.03)
 time.sleep(60)
 """
 AT_BOTTOM = "o => o.scrollTop + o.clientHeight >= o.scrollHeight - 8"
+# the number of the last line the pane holds (-1: none yet)
+LAST_LINE = """o => {
+  const lines = o.querySelectorAll('.nbs-Line');
+  const m = lines.length ? lines[lines.length - 1].textContent.match(/line (\\d+)/) : null;
+  return m ? Number(m[1]) : -1;
+}"""
 
 
 def _write(root: Path) -> None:
@@ -108,8 +119,12 @@ def test_a_ranks_html_shows_whole(lab, browser, artifacts):
             arg=pane.element_handle(),
             timeout=60_000,
         )
-        pg.wait_for_timeout(500)  # each frame sized once loaded
-        fits = [f for f in frames.evaluate_all(FITS) if f[3] > 0]  # frames with content
+        # each frame sized once loaded
+        fits = read_until(
+            pg,
+            lambda: [f for f in frames.evaluate_all(FITS) if f[3] > 0],  # frames with content
+            lambda fits: len(fits) >= 4 and all(top and bottom for top, bottom, _, _ in fits),
+        )
         assert len(fits) >= 4, fits
         assert all(top and bottom for top, bottom, _, _ in fits), fits
         shot(view, artifacts, "rank-html-whole.png", unhover=True)
@@ -126,17 +141,30 @@ def test_a_dataframe_and_lightnings_default_bar_and_summary_show_whole(lab, brow
         view = live_view(cell, widget=True)
         sync_api.expect(view).to_contain_text("fitted 16", timeout=240_000)  # 2 epochs of 8 steps
         pane = select_pane(view, 0)
-        pg.wait_for_timeout(1000)  # each frame sized once loaded
-        texts = pane.locator("iframe.nbs-Rich-frame").evaluate_all("fs => fs.map(f => f.contentDocument.body.innerText)")
+        frames = pane.locator("iframe.nbs-Rich-frame")
+
+        def drawn() -> tuple[list, list, bool]:
+            texts = frames.evaluate_all("fs => fs.map(f => f.contentDocument?.body?.innerText || '')")
+            return texts, [f for f in frames.evaluate_all(FITS) if f[3] > 0], pane.evaluate(AT_BOTTOM)
+
+        def whole(seen: tuple[list, list, bool]) -> bool:
+            texts, fits, at_bottom = seen
+            return (
+                any("Epoch 1/1" in t and "8/8" in t for t in texts)
+                and len(fits) >= 3
+                and all(top and bottom for top, bottom, _, _ in fits)
+                and at_bottom
+            )
+
+        texts, fits, at_bottom = read_until(pg, drawn, whole)  # each frame sized once loaded, the pane scrolled
         assert any("loss" in t and "0.25" in t for t in texts), texts  # the DataFrame
         assert any("Total params" in t or "Trainable params" in t for t in texts), texts  # the model summary
         # the progress bar, where the training ended (not a frame from before the last epoch's steps)
         assert any("Epoch 1/1" in t and "8/8" in t for t in texts), texts
-        fits = [f for f in pane.locator("iframe.nbs-Rich-frame").evaluate_all(FITS) if f[3] > 0]
         assert len(fits) >= 3, fits
         assert all(top and bottom for top, bottom, _, _ in fits), fits
         # the pane followed its output to the end, frames sized after they loaded included
-        assert pane.evaluate(AT_BOTTOM), "the pane stopped following its output"
+        assert at_bottom, "the pane stopped following its output"
         shot(view, artifacts, "rank-dataframe-lightning-whole.png", unhover=True)
         view.locator(".nbs-Stop").click()
 
@@ -156,13 +184,26 @@ def test_a_pane_follows_its_output_until_the_user_scrolls_up_and_again_from_the_
         assert pane.evaluate(AT_BOTTOM), "the pane did not follow its output"
         pane.hover()
         pg.mouse.wheel(0, -600)  # the user scrolls up to read
-        pg.wait_for_timeout(300)
-        read_at = pane.evaluate("o => o.scrollTop")
-        pg.wait_for_timeout(1500)  # ~50 more lines arrive
+        # off the bottom, and still (the wheel's scroll may be animated): three reads 100 ms apart agree
+        seen: list[tuple[bool, float]] = []
+
+        def scrolled() -> list[tuple[bool, float]]:
+            seen.append(pane.evaluate(f"o => [({AT_BOTTOM})(o), o.scrollTop]"))
+            return seen[-3:]
+
+        last3 = read_until(pg, scrolled, lambda s: len(s) == 3 and not s[-1][0] and s[0][1] == s[1][1] == s[2][1])
+        assert not last3[-1][0], f"the wheel did not scroll up: {seen[-10:]}"
+        read_at, last = last3[-1][1], pane.evaluate(LAST_LINE)
+        # 30 more lines arrive while the user reads (not a fixed while: the work, M8)
+        pane.page.wait_for_function(f"o => ({LAST_LINE})(o) >= {last + 30}", arg=pane.element_handle(), timeout=60_000)
         assert not pane.evaluate(AT_BOTTOM), "the pane jumped back to its newest line while the user read"
         assert abs(pane.evaluate("o => o.scrollTop") - read_at) <= 2, "the pane moved while the user read"
         pg.mouse.wheel(0, 100_000)  # back to the bottom
-        pg.wait_for_timeout(1500)
-        assert pane.evaluate(AT_BOTTOM), "the pane did not follow again from the bottom"
+        assert read_until(pg, lambda: pane.evaluate(AT_BOTTOM), bool), "the wheel did not scroll to the bottom"
+        # and it follows again: 30 more lines, the newest in view
+        last = pane.evaluate(LAST_LINE)
+        pane.page.wait_for_function(f"o => ({LAST_LINE})(o) >= {last + 30}", arg=pane.element_handle(), timeout=60_000)
+        following = read_until(pg, lambda: pane.evaluate(AT_BOTTOM), bool, timeout=10_000)
+        assert following, "the pane did not follow again from the bottom"
         shot(view, artifacts, "pane-follows-again.png", unhover=True)
         view.locator(".nbs-Stop").click()
