@@ -66,9 +66,9 @@ def _check_interrupt(rc, eid: int, pid: int, tmp_path: Path) -> None:
     t0 = time.monotonic()
     rc.send_signal(signal.SIGINT, targets=[eid], block=True)
     with pytest.raises(ipp.error.RemoteError) as info:
-        ar.get(timeout=10)
+        ar.get(timeout=60)  # the task sleeps 30 s: it ends in KeyboardInterrupt only if the SIGINT reached it
     assert info.value.ename == "KeyboardInterrupt"
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 60  # a hang guard
     assert rc[eid].apply_sync(os.getpid) == pid
 
 
