@@ -17,6 +17,7 @@ from lab_harness import (
     frozen_run,
     live_view,
     open_with_nbspawn,
+    read_until,
     run_cell,
     select_pane,
     serve,
@@ -75,6 +76,14 @@ RICH_BAR = """pane => {
   }
   return null;
 }"""
+
+
+def _try(element, js: str):
+    """``js`` of ``element``'s node, or None while it throws (a frame not loaded yet)."""
+    try:
+        return element.evaluate(js)
+    except Exception:
+        return None
 
 
 def _luminance(rgb: tuple[float, ...]) -> float:
@@ -136,8 +145,15 @@ def test_a_dataframe_a_rich_bar_and_an_error_headline_read_as_in_jupyterlab(lab,
             view = live_view(cell, widget=True)
             pane = select_pane(view, 0)
             sync_api.expect(pane).to_contain_text("shown", timeout=90_000)
-            pg.wait_for_timeout(1000)  # the frame sized once loaded
-            df = pane.evaluate(DATAFRAME)
+            # read once the frame is loaded and sized and the pane scrolled (not after a fixed second, M7)
+            df = read_until(
+                pg,
+                lambda: _try(pane, DATAFRAME),
+                lambda d: (
+                    d is not None and d["frameTop"] >= -1 and d["frameBottom"] <= 1 and d["inner"] == 0 and d["headerShown"]
+                ),
+            )
+            assert df is not None, "the DataFrame's frame never loaded"
             shot(view, artifacts, f"polish-{theme}-dataframe.png", unhover=True)
             # the pane opens at its bottom; the DataFrame, no taller than it, is whole in it, at its header
             assert df["frameTop"] >= -1 and df["frameBottom"] <= 1, df
@@ -151,8 +167,8 @@ def test_a_dataframe_a_rich_bar_and_an_error_headline_read_as_in_jupyterlab(lab,
                 arg=merged.element_handle(),
                 timeout=60_000,
             )
-            pg.wait_for_timeout(500)
-            below = merged.evaluate(RICH_BAR)  # scrolled to it, for the picture
+            # scrolled to it, for the picture; read once laid out (not after a fixed 500 ms, M7)
+            below = read_until(pg, lambda: merged.evaluate(RICH_BAR), lambda b: b is not None and abs(b) <= 4)
             shot(view, artifacts, f"polish-{theme}-merged-rich-bar.png", unhover=True)
             assert below is not None and abs(below) <= 4, f"rich's bar is {below}px below its [rank1] prefix"
             view.locator(".nbs-Stop").click()
