@@ -145,11 +145,18 @@ def _open_and_run_all(browser, url: str):
     return context, pg
 
 
+# with ``seen`` (a flag file's path), each rank holds after step 1 until the test has looked at the live
+# run (120 s at most): 8 steps of 0.6 s were all that look had (issue #55, audit M34)
 WORK = """
-def work(rank, steps):
+def work(rank, steps, seen=None):
+    import os
     for step in range(steps):
         print(f"rank {rank} step {step}", flush=True)
         time.sleep(0.6)
+        if step == 1 and seen:
+            until = time.monotonic() + 120
+            while not os.path.exists(seen) and time.monotonic() < until:
+                time.sleep(0.05)
     return rank * 100
 """
 
@@ -161,7 +168,8 @@ def test_a_marimo_cells_function_runs_on_every_rank_live_and_the_run_stays_as_th
     path = _write(
         tmp_path,
         f"live_{method}.py",
-        f"returned = nbspawn.spawn(work, args=(8,), nprocs=2, start_method={method!r})\nprint('returned', returned)",
+        f"returned = nbspawn.spawn(work, args=(8, {str(tmp_path / 'seen.flag')!r}), nprocs=2, start_method={method!r})\n"
+        "print('returned', returned)",
         WORK,
     )
     with marimo_edit(path) as (url, server):
@@ -172,6 +180,7 @@ def test_a_marimo_cells_function_runs_on_every_rank_live_and_the_run_stays_as_th
             live = run.inner_text()
             assert "running" in live, live  # drawn while the ranks run, not only at the end
             pg.screenshot(path=str(artifacts / f"marimo-live-{method}.png"))
+            (tmp_path / "seen.flag").write_text("")  # the ranks go on
             sync_api.expect(run).to_contain_text("succeeded", timeout=60_000)
             sync_api.expect(pg.locator("[data-testid='console-output-area']")).to_contain_text(
                 "returned [0, 100]", timeout=30_000
@@ -219,7 +228,7 @@ def test_marimos_stop_button_stops_the_ranks(browser, artifacts, tmp_path):
             assert "the ranks were stopped" in text, text[-3000:]
             assert "fn(int(os.environ" not in text, text[-3000:]  # where they were: the user's function, not nbspawn's call
             pg.screenshot(path=str(artifacts / "marimo-stopped.png"), full_page=True)
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + 30  # a hang guard
             while _ranks_of(server) and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert _ranks_of(server) == []
