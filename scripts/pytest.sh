@@ -27,7 +27,8 @@ report() {  # the JUnit report's option for one phase, where CI asked for them
 if [[ "$workers" == 0 ]]; then
     exec "$python" -m pytest $(report all) "$@"
 fi
-"$python" -m pytest -n "$workers" --dist loadfile --phase parallel $(report parallel) "$@"
+# --no-loadscope-reorder: modules go out in collection order, the longest first (tests/conftest.py)
+"$python" -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder --phase parallel $(report parallel) "$@"
 parallel=$?
 browser=5
 if [[ "$browser_workers" != 0 ]]; then  # 0: a job that runs no browser test (-m "not browser") skips the phase
