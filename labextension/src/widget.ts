@@ -19,6 +19,7 @@
  * (`application/vnd.nbspawn.run+json`), drawn by the run renderer (`mime.ts`) with this same view (`view.ts`).
  */
 
+import { keepDisplayTarget } from './classic';
 import { IRunBundle, IWidgetState, WidgetRequest, decodeWidgetMessage, parseBundle, record } from './messages';
 import { ILiveSource, LiveOutput, applyWidgetMessage } from './output';
 import { LiveView } from './view';
@@ -262,7 +263,9 @@ function render({ model, el }: { model: WidgetModel; el: HTMLElement }): Cleanup
   const view = new LiveView(el, live);
   live.views.add(view);
   live.elements.add(el);
+  keepDisplayTarget(runKey(model), el); // the classic Notebook's record of which output the run's end replaces
   return () => {
+    keepDisplayTarget(runKey(model)); // a view removed while its run goes on: the cell drawn again, maybe
     view.dispose();
     live.views.delete(view);
     live.elements.delete(el);

@@ -196,6 +196,11 @@ def test_the_live_view_and_the_snapshot_draw_in_the_classic_notebook_with_ipywid
     sync_api.expect(live.locator(".nbs-Chip-cost")).to_have_count(2, timeout=60_000)
     costs = live.locator(".nbs-Chip-cost").all_inner_texts()
     shot(cell, artifacts, "classic-notebook-live.png", unhover=True)
+    # What ipywidgets 7's manager does once it has loaded the kernel's widgets, which on a busy machine is
+    # after a Run All's first live view: the cell drawn again from its JSON, which keeps no display_id (and
+    # ipywidgets blanks the view's model_id). The run's end must still replace the output with its snapshot
+    # (labextension/src/classic.ts; before it, 4 runs in 6 here kept the hidden live view and no snapshot).
+    pg.evaluate("() => Jupyter.notebook.render_cell_output(Jupyter.notebook.get_cell(1))")
     (classic.root / LIVE_SEEN).write_text("")  # the ranks end now
     assert all(re.match(r"^\d+(\.\d)? (MB|GB)$", c) for c in costs), costs
 
