@@ -19,7 +19,7 @@ import time
 
 import pytest
 from cluster_nodes import netns_skip_reason
-from kernel_harness import execute, load_nbspawn, ok, run, start_kernel, stop_kernel
+from kernel_harness import load_nbspawn, ok, run, start_kernel, stop_kernel
 from slurm_nodes import SlurmNodes, slurm_skip_reason
 from test_cluster_recipes import GLOO_ACROSS_THE_NODES, _install, _left_on
 
@@ -123,19 +123,9 @@ def test_a_kept_world_a_program_and_a_stopped_background_run_on_the_slurm_nodes(
 
 
 def _in_background(kernel, cell: str) -> tuple[threading.Thread, dict]:
-    """Run ``cell`` in a thread of the test's: its result lands in the dict's ``"result"``; ``"waiting"``,
-    an Event, is set once the cell has said it waits for its engines (what the test acts on, not a fixed
-    few seconds after it was sent)."""
-    box: dict = {"waiting": threading.Event()}
-
-    def heard(outputs: list[dict]) -> None:
-        last = outputs[-1]
-        if last["msg_type"] == "stream" and "waiting for the engines" in last["text"]:
-            box["waiting"].set()
-
-    thread = threading.Thread(
-        target=lambda: box.setdefault("result", execute(kernel.client, cell, timeout=180, seen=heard)), daemon=True
-    )
+    """Run ``cell`` in a thread of the test's: its result lands in the dict's ``"result"``."""
+    box: dict = {}
+    thread = threading.Thread(target=lambda: box.setdefault("result", run(kernel, cell, timeout=180)), daemon=True)
     thread.start()
     return thread, box
 
@@ -160,7 +150,7 @@ def test_a_queued_job_is_shown_pending_with_slurms_reason_and_the_cell_can_be_st
         cell = "%%spawn --cluster queued -n 1\nimport socket\nprint('ran on', socket.gethostname())"
         # interrupted while it waits: one line, nothing started
         thread, box = _in_background(kernel, cell)
-        _until(box["waiting"].is_set)
+        time.sleep(4)
         kernel.manager.interrupt_kernel()
         thread.join(60)
         waited = box["result"]
@@ -175,7 +165,7 @@ def test_a_queued_job_is_shown_pending_with_slurms_reason_and_the_cell_can_be_st
         assert "Traceback" not in said and len(waited.error_text.strip().splitlines()) <= 1, said  # one line
         # waiting until the nodes are free, then running
         thread, box = _in_background(kernel, cell)
-        _until(box["waiting"].is_set)
+        time.sleep(3)
         slurm_nodes.scancel(blocker)
         thread.join(120)
         ran = box["result"]
