@@ -9,7 +9,15 @@ import time
 import ci_skips
 import pytest
 import signal_trace
-from kernel_harness import loaded_kernel, run, settle_kernels, start_kernel, stop_kernel_later, stop_spare_kernel
+from kernel_harness import (
+    loaded_kernel,
+    private_shm_possible,
+    run,
+    settle_kernels,
+    start_kernel,
+    stop_kernel_later,
+    stop_spare_kernel,
+)
 
 # pytest keeps its assertion-rewritten test modules only where bytecode may be written; these machines set
 # PYTHONDONTWRITEBYTECODE, so each of a CI job's pytest processes (a phase, an xdist worker) rewrote every
@@ -80,22 +88,19 @@ def pytest_addoption(parser):
     )
 
 
-def phase_of(item: pytest.Item, clusters_run: bool = True) -> str:
+def phase_of(item: pytest.Item) -> str:
     """The phase (``--phase``) a test runs in: ``alone`` wins over ``browser``.
 
-    ``@pytest.mark.alone(beside_clusters=True)`` is a test that is only too heavy for the cluster tests'
-    timed waits (an engine's first task, a world's interrupt grace): it runs alone in a session that runs
-    them (``clusters_run``, ``make test``) and in the parallel phase in one that does not (the runtime jobs).
+    ``@pytest.mark.alone(unless_private_shm=True)`` counts the segments in /dev/shm: where its kernel can
+    have a /dev/shm of its own (root: CI), no other test's segments are there and it runs in the parallel
+    phase.
     """
     alone = item.get_closest_marker("alone")
-    if alone is not None and (clusters_run or not alone.kwargs.get("beside_clusters", False)):
+    if alone is not None and alone.kwargs.get("unless_private_shm", False) and private_shm_possible():
+        alone = None  # a leak test whose kernel has a /dev/shm of its own (kernel_harness.start_kernel)
+    if alone is not None:
         return "alone"
     return "browser" if item.get_closest_marker("browser") is not None else "parallel"
-
-
-def runs_cluster_tests(items: list[pytest.Item]) -> bool:
-    """Whether the session holds a cluster test that runs beside others (tests/cluster, not marked alone)."""
-    return any(item.path.parent.name == "cluster" and item.get_closest_marker("alone") is None for item in items)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -103,7 +108,6 @@ def pytest_collection_modifyitems(config, items):
     if unknown := wanted - set(START_METHODS):
         raise pytest.UsageError(f"--start-methods: {', '.join(sorted(unknown))} is not one of {', '.join(START_METHODS)}")
     phase = config.getoption("--phase")
-    clusters_run = runs_cluster_tests(items)
     left_out = [
         item
         for item in items
@@ -112,7 +116,7 @@ def pytest_collection_modifyitems(config, items):
             and callspec.params.get("method") in START_METHODS
             and callspec.params["method"] not in wanted
         )
-        or (phase != "all" and phase_of(item, clusters_run) != phase)
+        or (phase != "all" and phase_of(item) != phase)
     ]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
@@ -130,7 +134,7 @@ LONGEST_FIRST = (
     "tests/kernel/test_rank_children.py",  # 507 s
     "tests/kernel/test_notebooks.py",  # 469 s
     "tests/kernel/test_shm.py",  # 277 s
-    "tests/kernel/test_handoff.py",  # 269 s
+    "tests/kernel/test_handoff.py",  # 269 s, its leak test included (now test_handoff_leaks.py)
     "tests/kernel/test_worlds.py",  # 168 s
     "tests/kernel/test_debugger.py",  # 163 s
     "tests/cluster/test_cluster.py",  # 163 s

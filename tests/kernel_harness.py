@@ -106,11 +106,36 @@ def _kernel_spec_manager() -> KernelSpecManager:
     return KernelSpecManager(kernel_dirs=[_spec_dir.name], ensure_native_kernel=False)
 
 
+def private_shm_possible() -> bool:
+    """Whether start_kernel(private_shm=True) can give a kernel a /dev/shm of its own: root (CI is), and
+    util-linux's ``unshare``."""
+    return os.geteuid() == 0 and shutil.which("unshare") is not None and os.path.isdir("/dev/shm")
+
+
+def _in_private_shm(argv: list[str]) -> list[str]:
+    """``argv`` run in a mount namespace of its own with an empty tmpfs on /dev/shm: the kernel and every
+    process it starts (ranks, forkservers, torch's shared-memory managers) see only their own segments, so
+    a leak test can count every segment there, its own and torch's, while other tests' ranks run beside it.
+    The kernel keeps its pid (unshare and sh exec it); the test reads its /dev/shm at /proc/PID/root."""
+    mount = 'mount -t tmpfs -o mode=1777 nbspawn-test-shm /dev/shm && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", mount, "sh", *argv]
+
+
+def shm_dir(pid: int | None = None) -> str:
+    """The /dev/shm that process ``pid`` sees (a kernel started with private_shm has its own); None: ours."""
+    return "/dev/shm" if pid is None else f"/proc/{pid}/root/dev/shm"
+
+
 def start_kernel(
-    startup_timeout: float = 60, cwd: str | None = None, env: dict[str, str | None] | None = None, log: Any = None
+    startup_timeout: float = 60,
+    cwd: str | None = None,
+    env: dict[str, str | None] | None = None,
+    log: Any = None,
+    private_shm: bool = False,
 ) -> Kernel:
     """``env`` adds to this process's environment (e.g. a private TMPDIR for leak tests); ``log``, an
-    open file, receives the kernel process's own stderr (what a Jupyter server prints to its console)."""
+    open file, receives the kernel process's own stderr (what a Jupyter server prints to its console);
+    ``private_shm``, a /dev/shm of the kernel's own where the machine allows it (private_shm_possible)."""
     # a value of None removes a variable (e.g. PYTEST_CURRENT_TEST, under which ipykernel captures nothing)
     extra: dict[str, Any] = {"env": {k: v for k, v in {**os.environ, **env}.items() if v is not None}} if env else {}
     if log is not None:
@@ -118,6 +143,8 @@ def start_kernel(
     for attempt in (1, 2):
         manager = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=_kernel_spec_manager())
         assert Path(manager.kernel_spec.argv[0]).resolve() == Path(sys.executable).resolve()
+        if private_shm and private_shm_possible():
+            manager.kernel_spec.argv = _in_private_shm(manager.kernel_spec.argv)
         manager.start_kernel(cwd=cwd or os.getcwd(), **extra)
         client = manager.client()
         client.start_channels()
@@ -272,10 +299,11 @@ def descendants(pid: int, zombies: bool = False) -> list[psutil.Process]:
     return found
 
 
-def shm_entries(prefix: str = "") -> set[str]:
-    """Names in /dev/shm (POSIX shared memory segments, torch's and multiprocessing's included)."""
+def shm_entries(prefix: str = "", pid: int | None = None) -> set[str]:
+    """Names in the /dev/shm process ``pid`` sees (shm_dir; POSIX shared memory segments, torch's and
+    multiprocessing's included)."""
     try:
-        return {name for name in os.listdir("/dev/shm") if name.startswith(prefix)}
+        return {name for name in os.listdir(shm_dir(pid)) if name.startswith(prefix)}
     except FileNotFoundError:
         return set()
 
@@ -575,8 +603,9 @@ def leak_snapshot(pid: int, tmp_dir: str) -> dict:
         "threads": proc.num_threads(),
         "children": [c.pid for c in run_processes(pid)],
         "zombies": [c.pid for c in proc.children(recursive=True) if c.status() == psutil.STATUS_ZOMBIE],
-        # this kernel's segments, and any not named by nbspawn (other kernels may be running)
-        "shm": sorted(e for e in os.listdir("/dev/shm") if e.startswith(f"nbspawn.{pid}.") or not e.startswith("nbspawn.")),
+        # in the /dev/shm the kernel sees (its own, started with private_shm): this kernel's segments, and
+        # any not named by nbspawn (other kernels may be running where it shares the machine's)
+        "shm": sorted(e for e in shm_entries(pid=pid) if e.startswith(f"nbspawn.{pid}.") or not e.startswith("nbspawn.")),
         "tmp": tmp,
     }
 

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import psutil
-from kernel_harness import descendants, execute, loaded_kernel, ok, stop_kernel
+import pytest
+from kernel_harness import (
+    descendants,
+    execute,
+    loaded_kernel,
+    ok,
+    private_shm_possible,
+    shm_entries,
+    start_kernel,
+    stop_kernel,
+)
 
 
 def test_stdout_comes_back_from_a_real_kernel(plain_kernel):
@@ -61,3 +73,28 @@ def test_a_kernel_asked_for_in_another_directory_or_environment_starts_there(tmp
         assert said == f"{tmp_path} 1\n"
     finally:
         stop_kernel(kernel)
+
+
+def test_a_kernel_with_a_private_shm_sees_only_its_own_segments():
+    """The leak tests that count /dev/shm run beside other tests only because of this (as root): their
+    kernel's segments, and its children's, are in a /dev/shm of its own, which the test reads, and
+    nothing any other process makes is there."""
+    if not private_shm_possible():
+        pytest.skip("a private /dev/shm needs root and unshare")
+    outside = f"nbspawn-harness-outside-{os.getpid()}"
+    Path("/dev/shm", outside).write_bytes(b"x")
+    kernel = start_kernel(private_shm=True)
+    try:
+        made = (
+            "from multiprocessing import shared_memory\nseg = shared_memory.SharedMemory(create=True, size=4096)\nprint(seg.name)"
+        )
+        name = ok(kernel, made).stdout.strip()
+        # and a child of the kernel's makes one in the same /dev/shm
+        child = "import subprocess, sys\nsubprocess.run([sys.executable, '-c', \"open('/dev/shm/by-a-child', 'w')\"], check=True)"
+        ok(kernel, child)
+        assert shm_entries(pid=kernel.pid) == {name, "by-a-child"}
+        assert name not in shm_entries() and outside not in shm_entries(pid=kernel.pid)
+        assert psutil.Process(kernel.pid).exe() == psutil.Process().exe()  # the kernel itself, not a wrapper
+    finally:
+        stop_kernel(kernel)
+        Path("/dev/shm", outside).unlink()

@@ -103,17 +103,19 @@ def _alive(process: psutil.Process) -> bool:
 
 @pytest.fixture
 def private_tmp_kernel(tmp_path):
-    """A kernel whose temporary files (and its ranks') all go to a directory of the test's own."""
+    """A kernel whose temporary files (and its ranks') all go to a directory of the test's own, and whose
+    shared memory segments to a /dev/shm of its own where the machine allows it (as root)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    k = start_kernel(env={"TMPDIR": str(tmp)})
+    k = start_kernel(env={"TMPDIR": str(tmp)}, private_shm=True)
     assert execute(k.client, "%load_ext nbspawn", timeout=120).status == "ok"
     yield k, str(tmp)
     stop_kernel(k)
 
 
-# alone: /dev/shm is the machine's; a segment another test's ranks hold meanwhile would count here
-@pytest.mark.alone
+# alone only where its kernel cannot have a /dev/shm of its own: in the machine's, a segment another test's
+# ranks hold meanwhile would count here
+@pytest.mark.alone(unless_private_shm=True)
 def test_fifty_cells_leave_no_process_fd_thread_segment_or_file_behind(private_tmp_kernel, tmp_path):
     fresh_kernel, tmp = private_tmp_kernel
     logs = tmp_path / "logs"

@@ -316,12 +316,13 @@ def test_ranks_die_with_the_kernel(fresh_kernel):
     assert not alive
 
 
-# alone: /dev/shm is the machine's; a segment another test's ranks hold meanwhile would count here
-@pytest.mark.alone
+# alone only where its kernel cannot have a /dev/shm of its own: in the machine's, a segment another test's
+# ranks hold meanwhile would count here
+@pytest.mark.alone(unless_private_shm=True)
 def test_fifty_cells_on_a_world_and_its_stop_leave_nothing_behind(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    kernel = start_kernel(env={"TMPDIR": str(tmp)})
+    kernel = start_kernel(env={"TMPDIR": str(tmp)}, private_shm=True)
     try:
         ok(
             kernel,
