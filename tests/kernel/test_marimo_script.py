@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("marimo", reason="marimo is not installed (pip install -e '.[marimo]')")
-# alone beside the cluster tests: marimo scripts start their own interpreters and ranks, too much beside
-# their timed waits on 2 cores; the runtime jobs run no cluster test, and run these in the parallel phase
-pytestmark = [pytest.mark.timeout(300), pytest.mark.alone(beside_clusters=True)]
+# Once alone beside the cluster tests (marimo scripts start their own interpreters and ranks, too much
+# beside those tests' timed waits on 2 cores); the cluster tests now wait for what they assert, so these
+# run in the parallel phase
+pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[2]
 
 FAILING = """
