@@ -78,6 +78,14 @@ def pytest_addoption(parser):
         "hosted runtimes' jobs run fork and forkserver, what a CPU and a GPU runtime start ranks with",
     )
     parser.addoption(
+        "--spawn-runs-elsewhere",
+        default="",
+        metavar="MODULES",
+        help="leave out the spawn variants (a test parametrized by start method, its `method` spawn) of these test "
+        "modules, comma-separated paths: make test's, whose spawn variants CI's torch-range jobs run at both ends "
+        "of the torch range (the Makefile's TORCH_RANGE_SPAWN)",
+    )
+    parser.addoption(
         "--phase",
         choices=("all", "parallel", "browser", "alone"),
         default="all",
@@ -107,17 +115,18 @@ def pytest_collection_modifyitems(config, items):
     wanted = set(config.getoption("--start-methods").split(","))
     if unknown := wanted - set(START_METHODS):
         raise pytest.UsageError(f"--start-methods: {', '.join(sorted(unknown))} is not one of {', '.join(START_METHODS)}")
+    spawn_elsewhere = {p for p in config.getoption("--spawn-runs-elsewhere").split(",") if p}
+    if missing := {p for p in spawn_elsewhere if not (config.rootpath / p).is_file()}:
+        raise pytest.UsageError(f"--spawn-runs-elsewhere: no such test module: {', '.join(sorted(missing))}")
     phase = config.getoption("--phase")
-    left_out = [
-        item
-        for item in items
-        if (
-            (callspec := getattr(item, "callspec", None)) is not None
-            and callspec.params.get("method") in START_METHODS
-            and callspec.params["method"] not in wanted
-        )
-        or (phase != "all" and phase_of(item) != phase)
-    ]
+
+    def method_left_out(item: pytest.Item) -> bool:
+        method = getattr(item, "callspec", None) and item.callspec.params.get("method")
+        if method not in START_METHODS:
+            return False
+        return method not in wanted or (method == "spawn" and module_path(item) in spawn_elsewhere)
+
+    left_out = [item for item in items if method_left_out(item) or (phase != "all" and phase_of(item) != phase)]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         dropped = set(left_out)
@@ -147,9 +156,14 @@ LONGEST_FIRST = (
 )
 
 
+def module_path(item: pytest.Item) -> str:
+    """The test's module as the command line names it from the repository root (tests/kernel/test_x.py)."""
+    return item.path.relative_to(item.config.rootpath).as_posix() if item.path.is_relative_to(item.config.rootpath) else ""
+
+
 def longest_first(item: pytest.Item) -> tuple[int, int]:
     """Where a test's module goes in the run's order (LONGEST_FIRST, then kernel and cluster, then unit)."""
-    path = item.path.relative_to(item.config.rootpath).as_posix() if item.path.is_relative_to(item.config.rootpath) else ""
+    path = module_path(item)
     if path in LONGEST_FIRST:
         return (0, LONGEST_FIRST.index(path))
     return (1, 1 if path.startswith("tests/unit/") else 0)
