@@ -39,15 +39,27 @@ def artifacts() -> Path:
     return ARTIFACTS
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser():
-    """Chromium (NBSPAWN_CHROMIUM, default /usr/bin/chromium) driven by Playwright, one per test module."""
+    """Chromium (NBSPAWN_CHROMIUM, default /usr/bin/chromium) driven by Playwright, one per test process (an
+    xdist worker runs many modules): each test's page is a browser context of its own (lab_harness.Page),
+    which shares nothing with another's, so a launch per module only cost its start."""
     from lab_harness import CHROMIUM, CHROMIUM_ARGS, sync_api
 
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_servers():
+    """The JupyterLab and Notebook 7 servers lab_harness.serve shares between this process's modules,
+    stopped at its end."""
+    yield
+    harness = sys.modules.get("lab_harness")
+    if harness is not None:
+        harness.stop_shared_servers()
 
 
 @pytest.fixture

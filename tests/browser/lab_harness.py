@@ -21,6 +21,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -28,7 +29,7 @@ import urllib.request
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
 
@@ -117,13 +118,19 @@ class Server:
     app: str  # "lab" (JupyterLab), "notebook" (Notebook 7) or "classic" (Notebook 6.5, Colab's widget stack)
     base: str
     token: str
-    root: Path
+    root: Path  # the test module's folder: its notebooks, and their kernels' working directory
     proc: subprocess.Popen
     log: Path
+    settings: Path  # the server's JupyterLab settings (write_settings: its theme), read at each page load
+    folder: str = ""  # root's path under the server's own root, where the server is shared (serve)
 
     def url(self, path: str) -> str:
         sep = "&" if "?" in path else "?"
         return f"{self.base}{path}{sep}token={self.token}"
+
+    def path(self, name: str) -> str:
+        """``name`` (a notebook in root) as the server names it."""
+        return f"{self.folder}/{name}" if self.folder else name
 
 
 # The servers running now, whose logs a failing test's report ends with (conftest's makereport hook): the
@@ -190,7 +197,7 @@ def _start(app: str, tmp: Path) -> Server:
         cmd.append("--allow-root")  # containers and CI images run as root
     log = tmp / f"{app}-server.log"
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=root)
-    server = Server(app, f"http://127.0.0.1:{port}", token, root, proc, log)
+    server = Server(app, f"http://127.0.0.1:{port}", token, root, proc, log, home / "settings")
     RUNNING.append(server)
     deadline = time.monotonic() + 120
     while True:
@@ -239,10 +246,21 @@ def _require_extension() -> None:
         )
 
 
-def serve(app: str, tmp: Path, write: Callable[[Path], None]) -> Iterator[Server]:
+# The JupyterLab and Notebook 7 servers this test process shares between its modules (serve), by app.
+_SHARED: dict[str, Server] = {}
+
+
+def serve(app: str, tmp: Path, write: Callable[[Path], None], *, own: bool = False) -> Iterator[Server]:
     """A jupyter server (``lab``, ``notebook`` or ``classic``) holding ``write``'s notebooks; JupyterLab
     and Notebook 7 with nbspawn's extension, the classic Notebook 6.5 with what widgetsnbextension and
-    anywidget install for it (no nbspawn extension: as on Colab)."""
+    anywidget install for it (no nbspawn extension: as on Colab).
+
+    JupyterLab and Notebook 7 are shared by the modules a test process runs (a start is 4 s of CPU,
+    about 30 a run): a module gets a folder of its own on it, named after ``tmp``, and its notebooks'
+    sessions and kernels are shut down when it is done. Pages open notebooks in a workspace of their
+    own (lab_url), so nothing of another module's is restored. ``own``: a server of the module's own,
+    for one that changes the server's settings (its theme) or reads its root folder; the classic
+    Notebook is always its own."""
     if app == "classic":
         _require_classic_notebook()
     else:
@@ -250,12 +268,58 @@ def serve(app: str, tmp: Path, write: Callable[[Path], None]) -> Iterator[Server
         if app == "notebook":
             pytest.importorskip("notebook", reason="notebook 7 is not installed (pip install -e '.[lab]')")
         _require_extension()
-    server = _start(app, tmp)
-    write(server.root)
+    if own or app == "classic":
+        server = _start(app, tmp)
+        write(server.root)
+        try:
+            yield server
+        finally:
+            _stop(server)
+        return
+    shared = _SHARED.get(app)
+    if shared is None or shared.proc.poll() is not None:
+        shared = _SHARED[app] = _start(app, Path(tempfile.mkdtemp(prefix=f"nbspawn-{app}-server-")))
+    module = replace(shared, root=shared.root / tmp.name, folder=tmp.name)
+    module.root.mkdir()
+    write(module.root)
     try:
-        yield server
+        yield module
     finally:
-        _stop(server)
+        _shut_down_sessions(module)
+
+
+def _api(server: Server, path: str, method: str = "GET") -> object:
+    request = urllib.request.Request(server.url(path), method=method)
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        body = resp.read()
+    return json.loads(body) if body else None
+
+
+def _shut_down_sessions(module: Server, timeout: float = 120) -> None:
+    """Shut down the kernels of ``module``'s notebooks on its shared server (a kept world's ranks with
+    them), as stopping a server of its own did: nothing of a module's runs on beside the next."""
+
+    def sessions() -> list[dict]:
+        found = _api(module, "/api/sessions")
+        assert isinstance(found, list)
+        return [s for s in found if str(s.get("path", "")).startswith(module.folder + "/")]
+
+    for session in sessions():
+        try:
+            _api(module, f"/api/sessions/{session['id']}", method="DELETE")
+        except urllib.error.HTTPError as err:
+            if err.code != 404:  # gone meanwhile
+                raise
+    deadline = time.monotonic() + timeout
+    while (left := sessions()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"sessions still open {timeout} s after their shutdown: {left}"
+
+
+def stop_shared_servers() -> None:
+    """The shared servers' end, at the end of the test process (tests/browser/conftest.py)."""
+    while _SHARED:
+        _stop(_SHARED.popitem()[1])
 
 
 @contextmanager
@@ -335,12 +399,12 @@ KERNEL_STATUS_JS = {
 
 def lab_url(lab: Server, name: str) -> str:
     """The notebook alone in a new workspace: nothing restored from an earlier test."""
-    return lab.url(f"/lab/workspaces/t{secrets.token_hex(4)}/tree/{name}?reset")
+    return lab.url(f"/lab/workspaces/t{secrets.token_hex(4)}/tree/{lab.path(name)}?reset")
 
 
 def notebook_url(server: Server, name: str) -> str:
     """Where ``name`` opens: a fresh JupyterLab workspace (lab_url), or Notebook 7's notebook page."""
-    return lab_url(server, name) if server.app == "lab" else server.url(f"/notebooks/{name}")
+    return lab_url(server, name) if server.app == "lab" else server.url(f"/notebooks/{server.path(name)}")
 
 
 def notebook_root(pg: PwPage, server: Server) -> Locator:

@@ -49,7 +49,7 @@ def lab(tmp_path_factory):
 
 @pytest.mark.parametrize("theme", ["light", "dark"])
 def test_ranks_a_root_cause_took_down_read_after_it(lab, browser, artifacts, theme):
-    settings = lab.root.parent / "home" / "settings"
+    settings = lab.settings
     write_settings(settings, theme="JupyterLab Dark" if theme == "dark" else "JupyterLab Light")
     try:
         with Page(browser, width=1200, height=1000, color_scheme=theme) as p:

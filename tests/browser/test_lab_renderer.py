@@ -399,7 +399,7 @@ def test_lab_renders_one_rank_and_a_running_run(lab, page, artifacts):
 
 
 def test_lab_dark_theme(lab, browser, artifacts):
-    home_settings = lab.root.parent / "home" / "settings"
+    home_settings = lab.settings
     write_settings(home_settings, theme="JupyterLab Dark")
     try:
         with Page(browser, color_scheme="dark") as p:
@@ -417,7 +417,7 @@ def test_lab_dark_theme(lab, browser, artifacts):
 
 def test_notebook7_renders_the_run(nb7, page, artifacts):
     pg = page.page
-    pg.goto(nb7.url("/tree"))
+    pg.goto(nb7.url(f"/tree/{nb7.folder}"))
     item = pg.locator(".jp-DirListing-item", has_text="run.ipynb")
     item.wait_for(timeout=90_000)
     with page.context.expect_page(timeout=30_000) as opened:
@@ -425,7 +425,7 @@ def test_notebook7_renders_the_run(nb7, page, artifacts):
     nb = page.watch(opened.value)
     run = nb.locator(".nbs-Run").first
     run.wait_for(state="visible", timeout=90_000)
-    assert "/notebooks/run.ipynb" in nb.url
+    assert f"/notebooks/{nb7.path('run.ipynb')}" in nb.url
     assert run.locator(".nbs-Chip").count() == 4
     assert run.locator(".nbs-Tab[aria-selected='true']").get_attribute("data-rank") == "1"
     assert "ZeroDivisionError" in run.locator(".nbs-Traceback").inner_text()

@@ -131,7 +131,7 @@ def lab(tmp_path_factory):
 @pytest.mark.skipif(bool(MISSING), reason=f"not installed here: {', '.join(MISSING)}")
 @pytest.mark.parametrize("theme", ["light", "dark"])
 def test_a_dataframe_a_rich_bar_and_an_error_headline_read_as_in_jupyterlab(lab, browser, artifacts, theme):
-    settings = lab.root.parent / "home" / "settings"
+    settings = lab.settings
     write_settings(settings, theme="JupyterLab Dark" if theme == "dark" else "JupyterLab Light")
     try:
         with Page(browser, width=1200, height=1200, color_scheme=theme) as p:

@@ -89,7 +89,7 @@ def _collectives(view, pg) -> dict:
 
 @pytest.mark.parametrize("theme", ["light", "dark"])
 def test_the_collectives_tab_draws_the_straggler_live_and_saved(lab, browser, artifacts, theme):
-    settings = lab.root.parent / "home" / "settings"
+    settings = lab.settings
     write_settings(settings, theme="JupyterLab Dark" if theme == "dark" else "JupyterLab Light")
     try:
         with Page(browser, width=1200, height=1100, color_scheme=theme) as p:
