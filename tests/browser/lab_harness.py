@@ -515,6 +515,28 @@ def run_cell(pg: PwPage, cell: Locator, until: str | re.Pattern[str] | None = No
         sync_api.expect(prompt).to_have_text(until, timeout=timeout)
 
 
+# A stdin prompt answer_prompt answered (JupyterLab keeps it drawn for 500 ms after its Enter; the answers
+# themselves become stdin stream outputs, and two in a row merge into one, so counting `.jp-Stdin`
+# elements says nothing of how many prompts came).
+ANSWERED = "data-nbs-answered"
+
+
+def next_prompt(cell: Locator, timeout: float = 60_000) -> Locator:
+    """The cell's stdin prompt (the kernel's input_request) that answer_prompt has not answered yet, once
+    there is one: its `.jp-Stdin` box, whose text is the prompt."""
+    prompt = cell.locator(".jp-Stdin").filter(has=cell.page.locator(f"input.jp-Stdin-input:not([{ANSWERED}])")).last
+    prompt.wait_for(timeout=timeout)
+    return prompt
+
+
+def answer_prompt(cell: Locator, text: str, timeout: float = 60_000) -> None:
+    """Type ``text`` into the cell's next prompt (next_prompt) and press Enter, as a user does."""
+    box = next_prompt(cell, timeout).locator(f"input.jp-Stdin-input:not([{ANSWERED}])")
+    box.evaluate(f"el => el.setAttribute('{ANSWERED}', '')")
+    box.fill(text)
+    box.press("Enter")
+
+
 def _dismiss_dialog(pg: PwPage) -> bool:
     """A JupyterLab dialog open before a cell is clicked (seen now and then on a loaded machine, as a
     fresh server's first page settles its kernel): said on the test's output, then accepted, as a user
