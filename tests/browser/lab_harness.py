@@ -531,8 +531,8 @@ def next_prompt(cell: Locator, timeout: float = 60_000) -> Locator:
 
 def answer_prompt(cell: Locator, text: str, timeout: float = 60_000) -> None:
     """Type ``text`` into the cell's next prompt (next_prompt) and press Enter, as a user does."""
-    box = next_prompt(cell, timeout).locator(f"input.jp-Stdin-input:not([{ANSWERED}])")
-    box.evaluate(f"el => el.setAttribute('{ANSWERED}', '')")
+    box = next_prompt(cell, timeout).locator(f"input.jp-Stdin-input:not([{ANSWERED}])").element_handle()
+    box.evaluate(f"el => el.setAttribute('{ANSWERED}', '')")  # the element itself: a locator would lose it
     box.fill(text)
     box.press("Enter")
 
