@@ -83,7 +83,7 @@ def pytest_addoption(parser):
         metavar="MODULES",
         help="leave out the spawn variants (a test parametrized by start method, its `method` spawn) of these test "
         "modules, comma-separated paths: make test's, whose spawn variants CI's torch-range jobs run at both ends "
-        "of the torch range (the Makefile's TORCH_RANGE_SPAWN)",
+        "of the torch range (the Makefile's SPAWN_AT_THE_TORCH_ENDS)",
     )
     parser.addoption(
         "--phase",

@@ -592,6 +592,13 @@ def _address(hexed: str) -> str:
     return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, words)
 
 
+def kernel_segments(pid: int) -> set[str]:
+    """The segments a leak test counts for kernel ``pid``, in the /dev/shm it sees (its own, started with
+    private_shm): its own nbspawn segments and any not named by nbspawn (torch's, multiprocessing's);
+    other kernels' nbspawn segments are left out where it shares the machine's."""
+    return {e for e in shm_entries(pid=pid) if e.startswith(f"nbspawn.{pid}.") or not e.startswith("nbspawn.")}
+
+
 def leak_snapshot(pid: int, tmp_dir: str) -> dict:
     """What a run could leak in kernel `pid`: descriptors, threads, processes, zombies, shared memory
     segments and files under `tmp_dir`; two snapshots around runs must be equal."""
@@ -603,9 +610,7 @@ def leak_snapshot(pid: int, tmp_dir: str) -> dict:
         "threads": proc.num_threads(),
         "children": [c.pid for c in run_processes(pid)],
         "zombies": [c.pid for c in proc.children(recursive=True) if c.status() == psutil.STATUS_ZOMBIE],
-        # in the /dev/shm the kernel sees (its own, started with private_shm): this kernel's segments, and
-        # any not named by nbspawn (other kernels may be running where it shares the machine's)
-        "shm": sorted(e for e in shm_entries(pid=pid) if e.startswith(f"nbspawn.{pid}.") or not e.startswith("nbspawn.")),
+        "shm": sorted(kernel_segments(pid)),
         "tmp": tmp,
     }
 

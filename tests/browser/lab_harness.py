@@ -250,7 +250,7 @@ def _require_extension() -> None:
 _SHARED: dict[str, Server] = {}
 
 
-def serve(app: str, tmp: Path, write: Callable[[Path], None], *, own: bool = False) -> Iterator[Server]:
+def serve(app: str, tmp: Path, write: Callable[[Path], None]) -> Iterator[Server]:
     """A jupyter server (``lab``, ``notebook`` or ``classic``) holding ``write``'s notebooks; JupyterLab
     and Notebook 7 with nbspawn's extension, the classic Notebook 6.5 with what widgetsnbextension and
     anywidget install for it (no nbspawn extension: as on Colab).
@@ -258,9 +258,8 @@ def serve(app: str, tmp: Path, write: Callable[[Path], None], *, own: bool = Fal
     JupyterLab and Notebook 7 are shared by the modules a test process runs (a start is 4 s of CPU,
     about 30 a run): a module gets a folder of its own on it, named after ``tmp``, and its notebooks'
     sessions and kernels are shut down when it is done. Pages open notebooks in a workspace of their
-    own (lab_url), so nothing of another module's is restored. ``own``: a server of the module's own,
-    for one that changes the server's settings (its theme) or reads its root folder; the classic
-    Notebook is always its own."""
+    own (lab_url), so nothing of another module's is restored; a module that sets a theme writes it to
+    Server.settings and restores it, as before. The classic Notebook is each module's own."""
     if app == "classic":
         _require_classic_notebook()
     else:
@@ -268,7 +267,7 @@ def serve(app: str, tmp: Path, write: Callable[[Path], None], *, own: bool = Fal
         if app == "notebook":
             pytest.importorskip("notebook", reason="notebook 7 is not installed (pip install -e '.[lab]')")
         _require_extension()
-    if own or app == "classic":
+    if app == "classic":
         server = _start(app, tmp)
         write(server.root)
         try:

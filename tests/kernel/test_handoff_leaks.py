@@ -9,7 +9,7 @@ import shutil
 import time
 
 import pytest
-from kernel_harness import execute, interrupt_later, loaded_kernel, ok, ready_line, shm_entries, stop_kernel_later
+from kernel_harness import execute, interrupt_later, kernel_segments, loaded_kernel, ok, ready_line, stop_kernel_later
 
 pytestmark = pytest.mark.timeout(240)
 METHODS = ["fork", "spawn", "forkserver"]
@@ -91,18 +91,15 @@ def test_no_segment_descriptor_or_file_outlives_a_run_whatever_its_end(kernel_wi
         run_cell(cell, ending)
     ok(kernel, "del piece" if "piece" in ok(kernel, "print(list(globals()))").stdout else "pass")
 
-    def shm() -> set[str]:  # this kernel's segments, and any not named by nbspawn (other kernels may run)
-        return {e for e in shm_entries(pid=kernel.pid) if e.startswith(f"nbspawn.{kernel.pid}.") or not e.startswith("nbspawn.")}
-
-    shm_before, fds_before = shm(), kernel_fds(kernel)
+    shm_before, fds_before = kernel_segments(kernel.pid), kernel_fds(kernel)
     for _ in range(2):
         for cell, ending in cells:
             run_cell(cell, ending)
         ok(kernel, "piece = None")
     deadline = time.monotonic() + 10  # what the last run lets go of, it lets go of in its own time
-    while (shm() != shm_before or kernel_fds(kernel) != fds_before) and time.monotonic() < deadline:
+    while (kernel_segments(kernel.pid) != shm_before or kernel_fds(kernel) != fds_before) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert shm() == shm_before
+    assert kernel_segments(kernel.pid) == shm_before
     assert kernel_fds(kernel) == fds_before
     for run_dir in logs.iterdir():
         for rank_dir in run_dir.iterdir():
