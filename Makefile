@@ -47,7 +47,7 @@ test:
 	bash scripts/setup.sh
 	"$(NBSPAWN_VENV)/bin/python" -m compileall -q nbspawn
 	$(MAKE) --no-print-directory lint
-	bash scripts/pytest.sh "$(NBSPAWN_VENV)/bin/python" $(NOT_RECIPES) $(SPAWN_AT_THE_TORCH_ENDS) $(PYTEST_ARGS); rc=$$?; \
+	bash scripts/pytest.sh "$(NBSPAWN_VENV)/bin/python" $(NOT_RECIPES) $(SPAWN_AT_THE_NEWEST_TORCH) $(PYTEST_ARGS); rc=$$?; \
 	if [[ $$rc -eq 5 ]]; then echo "make test: no tests were collected" >&2; fi; \
 	exit $$rc
 
@@ -64,7 +64,7 @@ cluster-recipes:
 # .ci/run under 40 min on 2 cores). `make -k runtimes` runs them all whatever fails. Each needs `make test`'s
 # build of the extension (it installs the clone).
 # The hosted runtimes run ranks as their users get them: fork (a CPU runtime's default) and forkserver (a GPU
-# runtime's); spawn, asked for by name only, runs on the development stack and at both ends of the torch range.
+# runtime's); spawn, asked for by name only, runs on the development stack and at the newest end of the torch range.
 HOSTED := --start-methods fork,forkserver
 # Nor do they run clusters (ipyparallel engines on other machines): no other machine can reach a hosted VM.
 NO_CLUSTERS := --ignore=tests/cluster/test_cluster.py --deselect "tests/kernel/test_notebooks.py::test_notebook_runs[cluster.ipynb]"
@@ -73,24 +73,32 @@ KERNEL_TESTS := tests --ignore=tests/cluster/test_cluster_nodes.py --ignore=test
 # Kaggle's kernel packages are Colab's (IPython 7.34, ipykernel 6.17.1, jupyter_client 7.4.9), which the Colab
 # job runs every kernel test on; what differs is Python 3.12, torch 2.10 and ipywidgets 8.1.5. Its job runs
 # what those touch: the live view and rank widgets on ipywidgets 8 over ipykernel 6's comms, rank output
-# (rich, tqdm's notebook bars), the hosted-runtime notice, fresh cells and kept worlds, and the pure functions.
-KAGGLE_TESTS := tests/unit tests/runtimes/test_hosted_runtime.py tests/kernel/test_view_widget.py \
+# (rich, tqdm's notebook bars), the hosted-runtime notice, fresh cells and kept worlds. Not the pure functions
+# (tests/unit): no unit test imports ipywidgets, and make test and Colab's job run them on the Pythons either
+# side of 3.12 (3.11 and 3.13) with torch 2.13 and 2.11 (60 s of the job, 2026-12-02).
+KAGGLE_TESTS := tests/runtimes/test_hosted_runtime.py tests/kernel/test_view_widget.py \
 	tests/kernel/test_rank_widgets.py tests/kernel/test_rank_output.py tests/kernel/test_active_runs.py tests/kernel/test_spawn_core.py tests/kernel/test_worlds.py \
 	tests/kernel/test_torch_spawn_call.py tests/kernel/test_gpu_memory_view.py
-# The two ends of the torch range run what torch decides: starting ranks (start_processes, under each start
-# method), process groups and kept worlds, --share and --out (torch's storages and reductions, and what
-# they leave behind), and torch's own spawn call. The floor's Python 3.10 adds pdb's (the debugger); the
-# newest job's Python and kernel packages are the development stack's, which make test runs everything on.
+# The two ends of the torch range run what torch decides: starting ranks (start_processes), process groups
+# and kept worlds, --share and --out (torch's storages and reductions, and what they leave behind), and
+# torch's own spawn call. The floor's Python 3.10 adds pdb's (the debugger); the newest job's Python and
+# kernel packages are the development stack's, which make test runs everything on.
+# Both ends run fork and forkserver; spawn runs at the newest end only. nbspawn's own code takes the same
+# path for a spawned rank as for a forkserver one (the spec pickled through torch's reductions, unpickled
+# and set up by the rank itself: ranks/_cell.py); what spawn adds is Python's fresh interpreter, which the
+# floor's forkserver server also is, importing torch 2.4 and nbspawn on Python 3.10. The floor's spawn
+# variants took 360 s of its 673 s of tests (2026-12-02).
 TORCH_RANGE_TESTS := tests/kernel/test_spawn_core.py tests/kernel/test_worlds.py tests/kernel/test_handoff.py \
 	tests/kernel/test_handoff_leaks.py tests/kernel/test_torch_spawn_call.py
 # The spawn start method (asked for by name only; a spawned rank imports torch anew, 2-2.5 s of CPU, so a
-# spawn variant costs 3-7 times its fork variant) runs each of these modules' spawn variants at both ends
-# of the torch range, where they run in full, and not a third time in make test on the torch between: 300
-# of the 750 s the spawn variants took there (2026-12-01). make test runs every other module's.
+# spawn variant costs 3-7 times its fork variant) runs these modules' spawn variants at the newest end of
+# the torch range, on make test's Python and kernel packages, and not again in make test on the torch
+# below it: 300 of the 750 s the spawn variants took there (2026-12-01). make test runs every other
+# module's spawn variants.
 comma := ,
 empty :=
 space := $(empty) $(empty)
-SPAWN_AT_THE_TORCH_ENDS := --spawn-runs-elsewhere $(subst $(space),$(comma),$(strip $(TORCH_RANGE_TESTS)))
+SPAWN_AT_THE_NEWEST_TORCH := --spawn-runs-elsewhere $(subst $(space),$(comma),$(strip $(TORCH_RANGE_TESTS)))
 # nbspawn's wheel is built once for them all (NBSPAWN_WHEEL: 13 s of each job's install was pip building it
 # from the clone); a job run by hand builds its own from the clone.
 RUNTIME_JOBS := runtime-colab-gpu runtime-kaggle-gpu runtime-floor runtime-newest runtime-tpu-cpu
@@ -98,26 +106,29 @@ runtimes:
 	wheels="$$(mktemp -d)"; trap 'rm -rf "$$wheels"' EXIT; \
 	"$(NBSPAWN_VENV)/bin/python" -m pip wheel -q --no-deps --no-cache-dir -w "$$wheels" . && \
 	NBSPAWN_WHEEL="$$(ls "$$wheels"/nbspawn-*.whl)" $(MAKE) --no-print-directory -k $(RUNTIME_JOBS)
-# Colab's job runs what Colab's stack decides: Kaggle's set (the kernel packages are the same) and what else
+# Colab's job runs what Colab's stack decides: the pure functions on Python 3.13, Kaggle's set (the kernel
+# packages are the same) and what else
 # touches IPython 7.34, ipykernel 6.17's stdin and debug channels, nbclient, torch 2.11's flight recorder and
 # shared memory, and Python 3.13: the debugger and prompts, the terminal, the notebooks, the X-ray, the
 # hand-off; and the classic Notebook in a browser (Colab's widget stack: ipywidgets 7.7.1, anywidget 0.9.21).
 # What runs the same whatever the kernel packages (programs, a rank's children, where, the lifecycle, the
-# resources, shm) runs in make test, and at both ends of the torch range where torch decides it.
-COLAB_TESTS := $(KAGGLE_TESTS) tests/kernel/test_debugger.py tests/kernel/test_debug_magic.py tests/kernel/test_terminal.py \
+# resources, shm) runs in make test, and at the ends of the torch range where torch decides it.
+COLAB_TESTS := tests/unit $(KAGGLE_TESTS) tests/kernel/test_debugger.py tests/kernel/test_debug_magic.py tests/kernel/test_terminal.py \
 	tests/kernel/test_shell_replies.py tests/kernel/test_notebooks.py tests/kernel/test_handoff.py tests/kernel/test_handoff_leaks.py tests/kernel/test_names.py \
 	tests/kernel/test_cell_reports.py tests/kernel/test_world_on.py tests/kernel/test_show_shards.py \
 	tests/kernel/test_xray_cells.py tests/kernel/test_xray_values.py tests/browser/test_classic_notebook.py
 # Of the notebooks, Colab's job leaves out what its own tests prove on this stack already and what runs
 # the same whatever the kernel packages: the cluster (no other machine reaches a hosted VM), programs and
-# background runs (subprocesses: make test), and --share/--out (test_handoff runs here).
-COLAB_NOT_NOTEBOOKS := $(foreach nb,cluster scripts_and_background shared_tensors,--deselect "tests/kernel/test_notebooks.py::test_notebook_runs[$(nb).ipynb]")
+# background runs (subprocesses: make test), --share/--out (test_handoff runs here), and torch's spawn call
+# (its three cells, the DDP tutorial, a rank's failure as torch's exception and the routed call with
+# join=False, are test_torch_spawn_call's tests, which run here: 61 s of the job's 340 s, 2026-12-02).
+COLAB_NOT_NOTEBOOKS := $(foreach nb,cluster scripts_and_background shared_tensors torch_spawn,--deselect "tests/kernel/test_notebooks.py::test_notebook_runs[$(nb).ipynb]")
 runtime-colab-gpu:
 	bash .ci/runtime colab-gpu $(COLAB_TESTS) $(COLAB_NOT_NOTEBOOKS) $(HOSTED) -q
 runtime-kaggle-gpu:
 	NBSPAWN_BROWSER_WORKERS=0 bash .ci/runtime kaggle-gpu -m "not browser" $(KAGGLE_TESTS) $(HOSTED) -q
 runtime-floor:
-	NBSPAWN_BROWSER_WORKERS=0 bash .ci/runtime floor -m "not browser" $(TORCH_RANGE_TESTS) tests/kernel/test_debugger.py -q
+	NBSPAWN_BROWSER_WORKERS=0 bash .ci/runtime floor -m "not browser" $(TORCH_RANGE_TESTS) tests/kernel/test_debugger.py --start-methods fork,forkserver -q
 runtime-newest:
 	NBSPAWN_BROWSER_WORKERS=0 bash .ci/runtime newest -m "not browser" $(TORCH_RANGE_TESTS) -q
 # TPU ranks on CPU (torch 2.9.1 + torch_xla 2.9.0, pinned: the tests touch torch_xla internals): torch_xla's

@@ -82,8 +82,8 @@ def pytest_addoption(parser):
         default="",
         metavar="MODULES",
         help="leave out the spawn variants (a test parametrized by start method, its `method` spawn) of these test "
-        "modules, comma-separated paths: make test's, whose spawn variants CI's torch-range jobs run at both ends "
-        "of the torch range (the Makefile's SPAWN_AT_THE_TORCH_ENDS)",
+        "modules, comma-separated paths: make test's, whose spawn variants CI's newest-torch job runs "
+        "(the Makefile's SPAWN_AT_THE_NEWEST_TORCH)",
     )
     parser.addoption(
         "--phase",

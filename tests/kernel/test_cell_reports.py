@@ -204,7 +204,7 @@ def test_a_failed_runs_report_has_no_colour_codes_under_no_color_or_nocolor(kern
         ok(kernel, f"%colors {before}")
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+@pytest.mark.parametrize("method", ["forkserver"])
 def test_a_function_from_an_earlier_cell_shows_its_line_in_a_spawned_ranks_traceback(kernel, method):
     """A spawned rank has none of the kernel's cells in its linecache: the door sends the sources of
     those that define what the cell calls, so the traceback reads as a forked rank's does."""

@@ -26,7 +26,7 @@ def start_world(kernel: Kernel, method: str, name: str = "w") -> None:
     ok(kernel, f"%%spawn --world {name} -n 2 --backend gloo --start-method {method}\nimport os\nrank = int(os.environ['RANK'])")
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_post_mortem_of_a_worlds_last_failure_at_the_failed_cells_own_lines(fresh_kernel, method):
     start_world(fresh_kernel, method)
     failed = run(fresh_kernel, FAILING)

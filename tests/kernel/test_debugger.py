@@ -15,7 +15,7 @@ from widget_harness import live_at_once, sort_out
 
 from nbspawn.views._widget import widget_available
 
-METHODS = ["fork", "spawn", "forkserver"]
+METHODS = ["fork", "forkserver"]
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -321,7 +321,7 @@ def test_timeout_ends_an_unanswered_prompt(kernel):
     assert time.monotonic() - start < 60  # a hang guard (the timeout is 15 s)
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("method", METHODS)
 def test_a_kept_world_debugs_and_lives_on(fresh_kernel, method):
     ok(fresh_kernel, f"%%spawn --world w -n 2 --backend gloo --start-method {method}\nimport os\nrank = int(os.environ['RANK'])")
     code = """%%spawn --world w

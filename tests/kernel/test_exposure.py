@@ -90,7 +90,7 @@ def test_a_run_listens_on_loopback_only_and_its_ranks_hold_no_kernel_socket(kern
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o700, path  # private to the user
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_a_kept_world_listens_on_loopback_only_and_its_ranks_hold_no_kernel_socket(kernel, method):
     name = f"w{time.monotonic_ns() % 10**8}"
     try:

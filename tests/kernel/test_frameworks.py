@@ -132,11 +132,12 @@ def _live_items(run, rank: int) -> list[dict]:
 # -- Lightning -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", ["spawn", "fork"])
+@pytest.mark.parametrize("method", ["forkserver", "fork"])
 def test_lightning_ddp_trains_in_a_fresh_cell_with_its_progress_bar(kernel, method):
     """strategy="ddp" sees launched ranks (TorchElasticEnvironment), not a notebook to fork from.
 
-    Under spawn nothing of Lightning is in the kernel; for fork the kernel imported Lightning first,
+    Under forkserver nothing of Lightning is in the rank (its server preloads torch and nbspawn only);
+    for fork the kernel imported Lightning first,
     so the ranks inherit the flag it computed at import (``_IS_INTERACTIVE``), and must not use it.
     """
     if method == "fork":
@@ -147,7 +148,7 @@ def test_lightning_ddp_trains_in_a_fresh_cell_with_its_progress_bar(kernel, meth
     assert "fit 0 2 TorchElasticEnvironment 8" in text and "fit 1 2 TorchElasticEnvironment 8" in text, text[-3000:]
     assert "interactive" not in text and "ddp_notebook" not in text
     # rank 0's RichProgressBar (the default where rich is installed): in a forked rank rich sees
-    # ipykernel's shell and draws through an ipywidgets.Output; a spawned rank's shell is IPython's
+    # ipykernel's shell and draws through an ipywidgets.Output; a forkserver rank's shell is IPython's
     # own, and rich draws its bar as text, redrawn in place with \r and ANSI
     if method == "fork":
         bars = [i for i in _live_items(run, 0) if str(i.get("id", "")).startswith("nbspawn-output:")]

@@ -9,7 +9,7 @@ import pytest
 from kernel_harness import ok, rank_lines, run, run_processes
 
 pytestmark = pytest.mark.timeout(300)
-METHODS = ["fork", "spawn", "forkserver"]
+METHODS = ["fork", "forkserver"]
 
 # what any training cell in the kernel leaves behind: a loss that torch refuses to pickle
 TRAINED = "import threading, torch\nw = torch.ones(2, requires_grad=True)\nloss = (w * 2).sum()\nlr = 0.1"
@@ -38,7 +38,7 @@ def test_a_world_cell_reads_the_worlds_names_and_the_kernels_current_others(kern
     assert ok(kernel, "print(seen)").stdout == "[(0.0, 0.5), (1.0, 0.5)]\n"
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+@pytest.mark.parametrize("method", ["forkserver"])
 def test_a_fresh_cell_that_binds_a_name_before_reading_it_is_not_sent_the_kernels(kernel, method):
     ok(kernel, TRAINED)
     result = ok(
@@ -75,7 +75,7 @@ def test_a_training_loop_is_not_sent_the_kernels_loss_it_binds_before_reading(ke
     assert ok(kernel, "print(seen)").stdout == "[12.0, 12.0]\n", result.stdout
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+@pytest.mark.parametrize("method", ["forkserver"])
 def test_a_name_that_cannot_travel_to_fresh_ranks_is_refused_with_what_the_cell_is_sent(kernel, method):
     ok(kernel, TRAINED + "\nlock = threading.Lock()")
     message = refused(kernel, f"%%spawn -n 2 --start-method {method}\nprint(lock, lr, w)")

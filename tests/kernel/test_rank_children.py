@@ -94,7 +94,7 @@ first = sorted(int(p) for b in steady for p in b)
 """
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_cell_definitions_reach_a_worlds_children_and_persistent_workers_live_across_cells(kernel, world, method):
     said(
         ok(kernel, f"%%spawn --world {world} -n 2 --backend gloo --start-method {method}\n{CHILDREN}{PIDS}", timeout=300), method

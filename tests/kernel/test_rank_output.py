@@ -71,7 +71,7 @@ def live_items(run) -> dict[int, list[dict]]:
     return items
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_rich_output_and_notebook_bars_in_each_ranks_pane(kernel, method):
     result, run = spawn_widget(kernel, RICH_BODY, options=f"-n 2 --start-method {method}", timeout=180)
     assert result.status == "ok", result.error_text

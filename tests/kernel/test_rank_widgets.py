@@ -52,7 +52,7 @@ def _last_by_id(items: list[dict]) -> dict[str, dict]:
     return last
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_an_output_widget_holds_what_the_rank_wrote_in_it_and_shows_it_in_the_pane(kernel, method):
     result, run = spawn_widget(kernel, OUTPUT, options=f"-n 2 --start-method {method}", timeout=180)
     assert result.status == "ok", result.error_text

@@ -23,7 +23,7 @@ def pids(result, ranks) -> dict[int, int]:
     return {r: int(re.search(r"pid (\d+)", " ".join(rank_lines(result.stdout, r))).group(1)) for r in ranks}
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_absent_ranks_are_untouched_across_cells_and_the_group_is_made_by_all(kernel, world, method):
     # the world's first cell runs on rank 0 only: the others still join the process group with it
     first = ok(
