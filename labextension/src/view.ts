@@ -248,16 +248,8 @@ export class LiveView {
     ]);
     if (key !== this._headerKey) {
       this._headerKey = key;
-      const header = buildHeader(run, {
-        meta: active ? [metaEntry('elapsed', this._clock)] : [],
-        actions: active ? [...(this._src.where ? [this._whereBtn] : []), this._stopButton(unanswered)] : []
-      });
-      if (this._header) {
-        this._header.replaceWith(header);
-      } else {
-        this._root.prepend(header);
-      }
-      this._header = header;
+      const header = buildHeader(run, { meta: active ? [metaEntry('elapsed', this._clock)] : [] });
+      this._placeHeader(header, active ? [...(this._src.where ? [this._whereBtn] : []), this._stopButton(unanswered)] : []);
     }
     const bannerKey = JSON.stringify([run.status, run.error, run.ranks.map(r => r.rank)]);
     if (bannerKey !== this._bannerKey) {
@@ -267,6 +259,43 @@ export class LiveView {
       }
       this._banner = buildBanner(run, rank => this._pick(rank));
       this._header!.after(...this._banner);
+    }
+  }
+
+  /**
+   * The redrawn header in place of the old one, its buttons (Where?, Stop) never leaving the page.
+   * The header is redrawn whenever its figures change (each rank's memory, every few seconds), and
+   * Chromium sends a click whose press and release straddle the removal of its button to the
+   * button's old parent: a redraw between the two, on a busy machine, lost the user's click. So the
+   * first header stays and takes the new one's rows, and `_actions` (the buttons' row) is the same
+   * element throughout, its children changed only when which buttons show changes.
+   */
+  private _placeHeader(next: HTMLElement, actions: HTMLElement[]): void {
+    const row = this._actions;
+    const same = actions.length === row.children.length && actions.every((a, i) => row.children[i] === a);
+    if (!same) {
+      row.replaceChildren(...actions);
+    }
+    const old = this._header;
+    if (old === null) {
+      this._root.prepend(next);
+      this._header = next;
+    } else {
+      const oldMain = old.querySelector(':scope > .nbs-Header-main')!;
+      for (const child of [...oldMain.childNodes]) {
+        if (child !== row) {
+          child.remove();
+        }
+      }
+      const nextMain = next.querySelector(':scope > .nbs-Header-main')!;
+      oldMain.prepend(...nextMain.childNodes);
+      old.querySelector(':scope > .nbs-Header-meta')!.replaceWith(next.querySelector(':scope > .nbs-Header-meta')!);
+    }
+    const main = this._header!.querySelector(':scope > .nbs-Header-main')!;
+    if (actions.length === 0) {
+      row.remove();
+    } else if (row.parentNode !== main) {
+      main.appendChild(row);
     }
   }
 
@@ -410,16 +439,20 @@ export class LiveView {
     if (unanswered) {
       btn.disabled = false; // let it be tried again
       btn.querySelector('.nbs-Stop-label')!.textContent = 'Stop';
-      return h(
+      // made once: a new one at every redraw would take the button out of the page (`_placeHeader`)
+      this._stopWrap ??= h(
         'span',
         { class: 'nbs-Stop-wrap' },
         h(
           'span',
           { class: 'nbs-Stop-hint', role: 'note' },
           'the kernel has not received Stop (this frontend may hold widget messages while a cell runs): use Interrupt'
-        ),
-        btn
+        )
       );
+      if (btn.parentNode !== this._stopWrap) {
+        this._stopWrap.appendChild(btn);
+      }
+      return this._stopWrap;
     }
     return btn;
   }
@@ -449,6 +482,9 @@ export class LiveView {
   private _onSelect?: (sel: Sel) => void;
   private _root: HTMLElement;
   private _header: HTMLElement | null = null;
+  /** The header's buttons' row, the same element while the view lives (`_placeHeader`). */
+  private _actions: HTMLElement = h('span', { class: 'nbs-Header-actions' });
+  private _stopWrap: HTMLElement | null = null;
   private _headerKey = '';
   private _banner: HTMLElement[] = [];
   private _bannerKey = '';
