@@ -44,6 +44,15 @@ def _rank(rank: int, port: int, out: str, destroyed_by_the_cell: bool, local: in
         dist.destroy_process_group()
 
 
+def _ranks_context():
+    """Forkserver: the ranks fork from a server that imported torch once, where spawned ones each
+    imported it (2-3 s of CPU apiece, 20 s of the module's 29); never fork, which would copy the
+    pytest worker's threads."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch.distributed", "nbspawn.ranks._cell"])
+    return context
+
+
 def _store(distributed):
     """A store on a port the system picks as it binds (a port found free and bound later can be taken
     meanwhile by another test's process: the Kaggle job once failed on EADDRINUSE); its port."""
@@ -55,7 +64,7 @@ def _store(distributed):
 def test_a_rank_leaves_only_once_every_peer_said_it_joined(tmp_path: Path, destroyed_by_the_cell: bool) -> None:
     distributed = pytest.importorskip("torch.distributed")
     store, port = _store(distributed)
-    context = multiprocessing.get_context("spawn")
+    context = _ranks_context()
     ranks = [context.Process(target=_rank, args=(rank, port, str(tmp_path), destroyed_by_the_cell)) for rank in range(2)]
     for process in ranks:
         process.start()
@@ -82,7 +91,7 @@ def test_ranks_on_two_nodes_say_their_rank_in_the_world_not_on_their_node(tmp_pa
     every rank waits for a rank 1 that never says so."""
     distributed = pytest.importorskip("torch.distributed")
     store, port = _store(distributed)
-    context = multiprocessing.get_context("spawn")
+    context = _ranks_context()
     ranks = [context.Process(target=_rank, args=(rank, port, str(tmp_path), False, 0)) for rank in range(2)]
     for process in ranks:
         process.start()
