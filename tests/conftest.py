@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import ci_skips
 import pytest
@@ -111,6 +112,41 @@ def phase_of(item: pytest.Item) -> str:
     return "browser" if item.get_closest_marker("browser") is not None else "parallel"
 
 
+ROOT = Path(__file__).resolve().parents[1]
+BROWSER_TESTS = "tests/browser/"
+
+
+def may_hold(phase: str, path: Path) -> bool:
+    """Whether the test module at ``path`` may hold a test of ``phase`` (``--phase``), judged without
+    importing it: the browser tests live in tests/browser/, and a module with a test that runs alone
+    names the mark. The browser and alone phases collect only those modules (4.8 s of CPU each, where
+    collecting every module imports the kernel and unit tests' modules too: 11.6 s a process, and the
+    browser phase has a process a worker); the parallel phase collects them all, and fails a test
+    that these rules would leave out of its phase (``misplaced``)."""
+    if phase == "browser":
+        return path.as_posix().startswith(f"{ROOT.as_posix()}/{BROWSER_TESTS}")
+    if phase == "alone":
+        return "alone" in path.read_text(encoding="utf-8").lower()
+    return True
+
+
+def misplaced(item: pytest.Item) -> str | None:
+    """Why ``item`` would not be collected in its own phase (``may_hold``), or None."""
+    phase = phase_of(item)
+    if phase in ("browser", "alone") and not may_hold(phase, item.path):
+        where = f"live in {BROWSER_TESTS}" if phase == "browser" else "name `alone` in their module"
+        return f"{item.nodeid}: the {phase} phase would never collect it: its tests must {where}"
+    return None
+
+
+def pytest_ignore_collect(collection_path: Path, config):
+    phase = config.getoption("--phase")
+    module = collection_path.is_file() and collection_path.name.startswith("test_") and collection_path.suffix == ".py"
+    if phase in ("browser", "alone") and module and not may_hold(phase, collection_path):
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     wanted = set(config.getoption("--start-methods").split(","))
     if unknown := wanted - set(START_METHODS):
@@ -119,6 +155,8 @@ def pytest_collection_modifyitems(config, items):
     if missing := {p for p in spawn_elsewhere if not (config.rootpath / p).is_file()}:
         raise pytest.UsageError(f"--spawn-runs-elsewhere: no such test module: {', '.join(sorted(missing))}")
     phase = config.getoption("--phase")
+    if phase in ("all", "parallel") and (wrong := [why for item in items if (why := misplaced(item))]):
+        raise pytest.UsageError("\n".join(wrong))
 
     def method_left_out(item: pytest.Item) -> bool:
         method = getattr(item, "callspec", None) and item.callspec.params.get("method")

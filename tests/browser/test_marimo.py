@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from lab_harness import sync_api
+from lab_harness import Page, sync_api
 
 pytest.importorskip("marimo", reason="marimo is not installed (pip install -e '.[marimo]')")
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
@@ -135,8 +135,8 @@ def _free_port() -> int:
 def _open_and_run_all(browser, url: str):
     """A page of the notebook, its cells run: Run all, once the kernel has said each cell is not run yet
     (a click before it connects does nothing)."""
-    context = browser.new_context(viewport={"width": 1200, "height": 1100})
-    pg = context.new_page()
+    context = Page(browser, width=1200, height=1100)
+    pg = context.page
     pg.goto(url)
     outdated = pg.locator(OUTDATED)
     sync_api.expect(outdated).to_have_count(3, timeout=60_000)

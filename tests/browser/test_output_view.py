@@ -311,7 +311,7 @@ def front(request, browser, artifacts, tmp_path_factory):
         serving(FRONTS[name], tmp_path_factory.mktemp(f"output-{name}"), _write) as server,
         Page(browser, width=1200, height=1000) as p,
     ):
-        p.context.add_init_script(LONGTASK_OBSERVER)
+        p.page.add_init_script(LONGTASK_OBSERVER)
         pg = p.page
         cells = open_notebook(pg, server, "output.ipynb")
         dialog = pg.locator(".jp-Dialog")
@@ -334,7 +334,7 @@ def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(fron
     measured 5.62 and 8.68 s) is printed, and asserted only as the bench's target (STRICT)."""
     pg = front.pg
     work = PageWork(pg)
-    with RendererCpu(pg.context.browser) as cpu:
+    with RendererCpu() as cpu:
         t0 = front.start(C_FLOOD)
         view = front.live(C_FLOOD)
         wait_for_js(view, "v => v.querySelectorAll('.nbs-Chip[data-status=\"running\"]').length === 16", HANG_MS)
@@ -410,8 +410,7 @@ def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(fron
 def test_the_collectives_tab_stays_responsive_while_16_ranks_run_10000_collectives(front, artifacts):
     """Issue #43's page row: no main-thread task over 100 ms while a 16-rank cell runs 10,000
     collectives with its live X-ray open, redrawn as the ranks' records come in."""
-    pg = front.pg
-    with RendererCpu(pg.context.browser) as cpu:
+    with RendererCpu() as cpu:
         t0 = front.start(C_COLLECTIVES)
         view = front.live(C_COLLECTIVES)
         tab = view.locator(".nbs-Tab-xray")
@@ -445,7 +444,7 @@ def test_a_page_frozen_by_its_own_script_is_told_from_one_waiting_for_a_core(fro
     a renderer given half a core still runs over 1 s of it."""
     pg = front.pg
     work = PageWork(pg)
-    with RendererCpu(pg.context.browser) as cpu:
+    with RendererCpu() as cpu:
         t0 = front.now()
         before = work.now()
         # a task of the page's own (a script evaluated by the test itself is not one of its tasks)

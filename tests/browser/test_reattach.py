@@ -261,7 +261,7 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts, end
         view.locator(".nbs-Where-close").click()
 
         # ---- a second tab, opened mid-run, reattaches too ------------------------------------------
-        pg2 = p.watch(p.context.new_page())
+        pg2 = p.new_page()
         pg2.add_init_script(WATCH_JS)
         pg2.goto(notebook_url(lab, "reattach.ipynb"))
         cell2 = notebook_root(pg2, lab).locator(".jp-Cell").nth(1)

@@ -133,7 +133,7 @@ def _reload(p: Page, url: str):
     """The page goes away unsaved and the notebook is loaded again (a reload, without the "leave the
     page?" prompt that Chromium shows for a dirty notebook): the new page and its notebook's root."""
     p.page.close()  # no beforeunload: the run goes on, unsaved
-    pg = p.page = p.watch(p.context.new_page())
+    pg = p.page = p.new_page()
     pg.goto(url)
     return pg
 
