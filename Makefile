@@ -77,13 +77,15 @@ KERNEL_TESTS := tests --ignore=tests/cluster/test_cluster_nodes.py --ignore=test
 	--ignore=tests/kernel/test_frameworks.py
 # Kaggle's kernel packages are Colab's (IPython 7.34, ipykernel 6.17.1, jupyter_client 7.4.9), which the Colab
 # job runs every kernel test on; what differs is Python 3.12, torch 2.10 and ipywidgets 8.1.5. Its job runs
-# what those touch: the live view and rank widgets on ipywidgets 8 over ipykernel 6's comms, rank output
-# (rich, tqdm's notebook bars), the hosted-runtime notice, fresh cells and kept worlds. Not the pure functions
-# (tests/unit): no unit test imports ipywidgets, and make test and Colab's job run them on the Pythons either
-# side of 3.12 (3.11 and 3.13) with torch 2.13 and 2.11 (60 s of the job, 2026-12-02).
+# what ipywidgets 8 touches over ipykernel 6's comms: the live view and rank widgets, rank output (rich,
+# tqdm's notebook bars), the runs a page lists, each rank's GPU memory drawn, and the hosted-runtime notice.
+# Python 3.12 and torch 2.10 lie inside what the other jobs run: fresh cells, kept worlds and torch's spawn
+# call run on Python 3.10 with torch 2.4 (the floor), 3.11 with 2.13 and 2.14.1 (make test, the newest) and
+# 3.13 with 2.11 (Colab); the pure functions (tests/unit, none imports ipywidgets) on 3.11 and 3.13. Until
+# 2026-12-02 this job ran those too: 150 s of its 230.
 KAGGLE_TESTS := tests/runtimes/test_hosted_runtime.py tests/kernel/test_view_widget.py \
-	tests/kernel/test_rank_widgets.py tests/kernel/test_rank_output.py tests/kernel/test_active_runs.py tests/kernel/test_spawn_core.py tests/kernel/test_worlds.py \
-	tests/kernel/test_torch_spawn_call.py tests/kernel/test_gpu_memory_view.py
+	tests/kernel/test_rank_widgets.py tests/kernel/test_rank_output.py tests/kernel/test_active_runs.py \
+	tests/kernel/test_gpu_memory_view.py
 # The two ends of the torch range run what torch decides: starting ranks (start_processes), process groups
 # and kept worlds, --share and --out (torch's storages and reductions, and what they leave behind), and
 # torch's own spawn call. The floor's Python 3.10 adds pdb's (the debugger); the newest job's Python and
@@ -112,13 +114,14 @@ runtimes:
 	"$(NBSPAWN_VENV)/bin/python" -m pip wheel -q --no-deps --no-cache-dir -w "$$wheels" . && \
 	NBSPAWN_WHEEL="$$(ls "$$wheels"/nbspawn-*.whl)" $(MAKE) --no-print-directory -k $(RUNTIME_JOBS)
 # Colab's job runs what Colab's stack decides: the pure functions on Python 3.13, Kaggle's set (the kernel
-# packages are the same) and what else
-# touches IPython 7.34, ipykernel 6.17's stdin and debug channels, nbclient, torch 2.11's flight recorder and
-# shared memory, and Python 3.13: the debugger and prompts, the terminal, the notebooks, the X-ray, the
-# hand-off; and the classic Notebook in a browser (Colab's widget stack: ipywidgets 7.7.1, anywidget 0.9.21).
+# packages are the same), fresh cells, kept worlds and torch's spawn call, and what else touches IPython
+# 7.34, ipykernel 6.17's stdin and debug channels, nbclient, torch 2.11's flight recorder and shared memory,
+# and Python 3.13: the debugger and prompts, the terminal, the notebooks, the X-ray, the hand-off; and the
+# classic Notebook in a browser (Colab's widget stack: ipywidgets 7.7.1, anywidget 0.9.21).
 # What runs the same whatever the kernel packages (programs, a rank's children, where, the lifecycle, the
 # resources, shm) runs in make test, and at the ends of the torch range where torch decides it.
-COLAB_TESTS := tests/unit $(KAGGLE_TESTS) tests/kernel/test_debugger.py tests/kernel/test_debug_magic.py tests/kernel/test_terminal.py \
+COLAB_TESTS := tests/unit $(KAGGLE_TESTS) tests/kernel/test_spawn_core.py tests/kernel/test_worlds.py \
+	tests/kernel/test_torch_spawn_call.py tests/kernel/test_debugger.py tests/kernel/test_debug_magic.py tests/kernel/test_terminal.py \
 	tests/kernel/test_shell_replies.py tests/kernel/test_notebooks.py tests/kernel/test_handoff.py tests/kernel/test_handoff_leaks.py tests/kernel/test_names.py \
 	tests/kernel/test_cell_reports.py tests/kernel/test_world_on.py tests/kernel/test_show_shards.py \
 	tests/kernel/test_xray_cells.py tests/kernel/test_xray_values.py tests/browser/test_classic_notebook.py
