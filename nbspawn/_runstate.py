@@ -214,15 +214,23 @@ class Run:
         self._on_wait.append(callback)
 
     def ended(self) -> None:
-        """The run is over: ``done`` from now on, and what waited for it is told (by its supervisor)."""
-        with self._ending:
-            self._done.set()
-            callbacks, self._on_end = self._on_end, []
-        for callback in callbacks:
-            try:
-                callback(self)
-            except Exception:  # noqa: S112 - one broken display must not keep the others from their end
-                continue
+        """The run is over (by its supervisor): what waited for it is told, then it is ``done``.
+
+        In that order, so that whatever returns once the run is done (``%spawn stop``, ``wait()``) finds
+        its ``Out[]`` line already redrawn: told after, the redraw could come once the cell that stopped
+        the run had ended, and land nowhere the user looks. A callback added while others run is called
+        before the run is done too."""
+        while True:
+            with self._ending:
+                callbacks, self._on_end = self._on_end, []
+                if not callbacks:
+                    self._done.set()
+                    return
+            for callback in callbacks:
+                try:
+                    callback(self)
+                except Exception:  # noqa: S112 - one broken display must not keep the others from their end
+                    continue
 
     def _ipython_display_(self) -> None:
         """``Out[N]`` of a run (``%%spawn --bg``'s value): its line, redrawn as the run ends, however it

@@ -72,3 +72,27 @@ def test_a_run_on_a_world_knows_which_cell_it_was(tmp_path):
     run = _run(tmp_path)
     run.ran_on_world("w", 3)
     assert (run.world, run.world_cell, run.facts().world_cell) == ("w", 3, 3)
+
+
+def test_a_run_is_done_only_once_what_waited_for_its_end_has_been_told(tmp_path):
+    """``%spawn stop`` returns once the run is done: its ``Out[]`` line must be redrawn by then, inside
+    the cell that stopped it (CI saw the redraw come after that cell's end: ``done`` was set first)."""
+    import threading
+    import time
+
+    run = _run(tmp_path)
+    told: list[tuple[str, bool]] = []
+
+    def redraw(done: Run) -> None:
+        time.sleep(0.3)  # a redraw that takes its time (a busy kernel)
+        told.append(("redraw", done.done))
+        done.when_ended(lambda again: told.append(("added meanwhile", again.done)))
+
+    run.when_ended(redraw)
+    ending = threading.Thread(target=run.ended)
+    ending.start()
+    assert run.ended_within(30)  # a hang guard
+    assert told == [("redraw", False), ("added meanwhile", False)], told
+    ending.join(30)
+    run.when_ended(lambda late: told.append(("after", late.done)))  # once done, called at once
+    assert told[-1] == ("after", True)
