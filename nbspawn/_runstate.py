@@ -201,7 +201,8 @@ class Run:
         return self._done.wait(timeout)
 
     def when_ended(self, callback: Callable[[Run], None]) -> None:
-        """Call ``callback(run)`` once the run has ended, as it ends (now, if it has)."""
+        """Call ``callback(run)`` once the run has ended, as it ends (now, if it has): before the run
+        reads ``done`` (``ended``), so a callback must not wait for the run."""
         with self._ending:
             if not self.done:
                 self._on_end.append(callback)
