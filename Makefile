@@ -111,7 +111,8 @@ SPAWN_AT_THE_NEWEST_TORCH := --spawn-runs-elsewhere $(subst $(space),$(comma),$(
 # (NBSPAWN_UV_CACHE, beside their venvs, so a venv's files are hard links into it), removed when they end:
 # Kaggle's and the TPU's torch take the same CUDA 12.8 libraries, Colab's and the newest's most of CUDA
 # 13's, and a job installs what an earlier one fetched without fetching or unpacking it again (the TPU's
-# build 41 s instead of 56, measured after Kaggle's; about 10 GB for those three).
+# venv ready in 52 s instead of 83, after Kaggle's: its cache was 10 GB then). The floor's torch 2.4 shares
+# no CUDA library with another job's, so it keeps out of the cache (the disk holds less at once).
 RUNTIME_JOBS := runtime-colab-gpu runtime-kaggle-gpu runtime-floor runtime-newest runtime-tpu-cpu
 runtimes:
 	wheels="$$(mktemp -d)"; cache="$${NBSPAWN_RUNTIME_VENVS:-$(CURDIR)/.venvs}/.uv-cache"; \
@@ -133,15 +134,16 @@ COLAB_TESTS := tests/unit $(KAGGLE_TESTS) tests/kernel/test_spawn_core.py tests/
 # Of the notebooks, Colab's job leaves out what its own tests prove on this stack already and what runs
 # the same whatever the kernel packages: the cluster (no other machine reaches a hosted VM), programs and
 # background runs (subprocesses: make test), --share/--out (test_handoff runs here), and torch's spawn call
-# (its three cells, the DDP tutorial, a rank's failure as torch's exception and the routed call with
-# join=False, are test_torch_spawn_call's tests, which run here: 61 s of the job's 340 s, 2026-12-02).
+# (its cells, the DDP tutorial through nbspawn.spawn, a rank's failure as torch's exception at the user's
+# line, torch's own call routed with join=False and joined in a loop, are test_torch_spawn_call's tests,
+# which run here: 61 s of the job's 340 s, 2026-12-02).
 COLAB_NOT_NOTEBOOKS := $(foreach nb,cluster scripts_and_background shared_tensors torch_spawn,--deselect "tests/kernel/test_notebooks.py::test_notebook_runs[$(nb).ipynb]")
 runtime-colab-gpu:
 	bash .ci/runtime colab-gpu $(COLAB_TESTS) $(COLAB_NOT_NOTEBOOKS) $(HOSTED) -q
 runtime-kaggle-gpu:
 	NBSPAWN_BROWSER_WORKERS=0 bash .ci/runtime kaggle-gpu -m "not browser" $(KAGGLE_TESTS) $(HOSTED) -q
 runtime-floor:
-	NBSPAWN_BROWSER_WORKERS=0 NBSPAWN_INSTALL_WITH=uv bash .ci/runtime floor -m "not browser" $(TORCH_RANGE_TESTS) tests/kernel/test_debugger.py --start-methods fork,forkserver -q
+	NBSPAWN_BROWSER_WORKERS=0 NBSPAWN_INSTALL_WITH=uv NBSPAWN_UV_CACHE= bash .ci/runtime floor -m "not browser" $(TORCH_RANGE_TESTS) tests/kernel/test_debugger.py --start-methods fork,forkserver -q
 runtime-newest:
 	NBSPAWN_BROWSER_WORKERS=0 NBSPAWN_INSTALL_WITH=uv bash .ci/runtime newest -m "not browser" $(TORCH_RANGE_TESTS) -q
 # TPU ranks on CPU (torch 2.9.1 + torch_xla 2.9.0, pinned: the tests touch torch_xla internals): torch_xla's

@@ -124,7 +124,7 @@ def may_hold(phase: str, path: Path) -> bool:
     browser phase has a process a worker); the parallel phase collects them all, and fails a test
     that these rules would leave out of its phase (``misplaced``)."""
     if phase == "browser":
-        return path.as_posix().startswith(f"{ROOT.as_posix()}/{BROWSER_TESTS}")
+        return path.resolve().is_relative_to(ROOT / BROWSER_TESTS)
     if phase == "alone":
         return "alone" in path.read_text(encoding="utf-8").lower()
     return True

@@ -249,7 +249,8 @@ export class LiveView {
     if (key !== this._headerKey) {
       this._headerKey = key;
       const header = buildHeader(run, { meta: active ? [metaEntry('elapsed', this._clock)] : [] });
-      this._placeHeader(header, active ? [...(this._src.where ? [this._whereBtn] : []), this._stopButton(unanswered)] : []);
+      const hint = this._updateStopButton(unanswered);
+      this._placeHeader(header, active ? [...(this._src.where ? [this._whereBtn] : []), this._stopBtn] : [], active && hint);
     }
     const bannerKey = JSON.stringify([run.status, run.error, run.ranks.map(r => r.rank)]);
     if (bannerKey !== this._bannerKey) {
@@ -268,13 +269,23 @@ export class LiveView {
    * Chromium sends a click whose press and release straddle the removal of its button to the
    * button's old parent: a redraw between the two, on a busy machine, lost the user's click. So the
    * first header stays and takes the new one's rows, and `_actions` (the buttons' row) is the same
-   * element throughout, its children changed only when which buttons show changes.
+   * element throughout: of its children, only what comes or goes is put in or taken out.
    */
-  private _placeHeader(next: HTMLElement, actions: HTMLElement[]): void {
+  private _placeHeader(next: HTMLElement, actions: HTMLElement[], stopHint: boolean): void {
     const row = this._actions;
-    const same = actions.length === row.children.length && actions.every((a, i) => row.children[i] === a);
-    if (!same) {
-      row.replaceChildren(...actions);
+    // what leaves goes, what comes is put in its place: a button that stays is never moved
+    for (const child of [...row.children]) {
+      if (!actions.includes(child as HTMLElement)) {
+        child.remove();
+      }
+    }
+    let at = row.firstElementChild;
+    for (const action of actions) {
+      if (action === at) {
+        at = at.nextElementSibling;
+      } else {
+        row.insertBefore(action, at);
+      }
     }
     const old = this._header;
     if (old === null) {
@@ -296,6 +307,12 @@ export class LiveView {
       row.remove();
     } else if (row.parentNode !== main) {
       main.appendChild(row);
+    }
+    // a line of its own under the header's rows: in the buttons' row it moved them under the pointer
+    if (!stopHint) {
+      this._stopHint.remove();
+    } else if (this._stopHint.parentNode !== this._header) {
+      this._header!.appendChild(this._stopHint);
     }
   }
 
@@ -429,7 +446,8 @@ export class LiveView {
     );
   }
 
-  private _stopButton(unanswered: boolean): HTMLElement {
+  /** The Stop button drawn as the run stands; returns whether the hint that it went unanswered shows. */
+  private _updateStopButton(unanswered: boolean): boolean {
     const btn = this._stopBtn;
     const requested = this._src.stopRequested;
     btn.disabled = requested;
@@ -439,22 +457,8 @@ export class LiveView {
     if (unanswered) {
       btn.disabled = false; // let it be tried again
       btn.querySelector('.nbs-Stop-label')!.textContent = 'Stop';
-      // made once: a new one at every redraw would take the button out of the page (`_placeHeader`)
-      this._stopWrap ??= h(
-        'span',
-        { class: 'nbs-Stop-wrap' },
-        h(
-          'span',
-          { class: 'nbs-Stop-hint', role: 'note' },
-          'the kernel has not received Stop (this frontend may hold widget messages while a cell runs): use Interrupt'
-        )
-      );
-      if (btn.parentNode !== this._stopWrap) {
-        this._stopWrap.appendChild(btn);
-      }
-      return this._stopWrap;
     }
-    return btn;
+    return unanswered;
   }
 
   private _updateClock(): void {
@@ -484,7 +488,11 @@ export class LiveView {
   private _header: HTMLElement | null = null;
   /** The header's buttons' row, the same element while the view lives (`_placeHeader`). */
   private _actions: HTMLElement = h('span', { class: 'nbs-Header-actions' });
-  private _stopWrap: HTMLElement | null = null;
+  private _stopHint: HTMLElement = h(
+    'span',
+    { class: 'nbs-Stop-hint', role: 'note' },
+    'the kernel has not received Stop (this frontend may hold widget messages while a cell runs): use Interrupt'
+  );
   private _headerKey = '';
   private _banner: HTMLElement[] = [];
   private _bannerKey = '';

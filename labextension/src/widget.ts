@@ -179,7 +179,7 @@ export const KERNEL_LOST = 'kernel restarted: this run ended with it';
 function markLost(el: HTMLElement): void {
   const run = el.querySelector('.nbs-Run');
   run?.classList.remove('nbs-mod-live');
-  el.querySelectorAll('.nbs-Stop, .nbs-Stop-wrap, .nbs-Where-button, .nbs-Where').forEach(b => b.remove());
+  el.querySelectorAll('.nbs-Stop, .nbs-Stop-hint, .nbs-Where-button, .nbs-Where').forEach(b => b.remove());
   // the ranks were running when the kernel went: they ended with it (no spinner, no "running")
   el.querySelectorAll(".nbs-Chip[data-status='running']").forEach(chip => {
     chip.setAttribute('data-status', 'lost');

@@ -46,20 +46,29 @@ def ranks(*statuses: str) -> list[dict]:
     return [{"rank": r, "status": s} for r, s in enumerate(statuses)]
 
 
+def _live_run(p: Page) -> None:
+    """The widget's bundle drawing a live run of two ranks from a model the test holds (``MODEL``)."""
+    css = (STATIC / "widget.css").read_text()
+    p.page.set_content(f"<!doctype html><html><head><style>{css}</style></head><body><div id='out'></div></body></html>")
+    state = {"header": HEADER, "ranks": ranks("running", "running"), "error": None}
+    p.page.evaluate(MODEL, [(STATIC / "widget.js").read_text(), state])
+    sync_api.expect(p.page.locator(".nbs-Header .nbs-Header-counts")).to_have_text("2 running")
+
+
+def _press(p: Page, button: str) -> None:
+    box = p.page.locator(button).bounding_box()
+    assert box is not None
+    p.page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    p.page.mouse.down()
+
+
 @pytest.mark.parametrize(("button", "request_type"), [(".nbs-Where-button", "where"), (".nbs-Stop", "stop")])
 def test_a_click_whose_press_and_release_straddle_a_redraw_of_the_header_is_taken(browser, button, request_type):
     with Page(browser, width=900, height=600) as p:
         pg = p.page
-        css = (STATIC / "widget.css").read_text()
-        pg.set_content(f"<!doctype html><html><head><style>{css}</style></head><body><div id='out'></div></body></html>")
-        state = {"header": HEADER, "ranks": ranks("running", "running"), "error": None}
-        pg.evaluate(MODEL, [(STATIC / "widget.js").read_text(), state])
+        _live_run(p)
         header = pg.locator(".nbs-Header")
-        sync_api.expect(header.locator(".nbs-Header-counts")).to_have_text("2 running")
-        box = pg.locator(button).bounding_box()
-        assert box is not None
-        pg.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-        pg.mouse.down()
+        _press(p, button)
         # rank 1 ends while the button is held: the header says so before the button is let go
         pg.evaluate(f"() => window.model.set_and_tell('ranks', {json.dumps(ranks('running', 'done'))})")
         sync_api.expect(header.locator(".nbs-Header-counts")).to_have_text("1 running · 1 done")
@@ -71,4 +80,27 @@ def test_a_click_whose_press_and_release_straddle_a_redraw_of_the_header_is_take
         main = [c.split()[0] for c in pg.eval_on_selector_all(".nbs-Header-main > *", "els => els.map(e => e.className)")]
         assert main == ["nbs-Badge", "nbs-Header-title", "nbs-Header-counts", "nbs-Header-actions"], main
         assert pg.locator(".nbs-Header-meta").count() == 1 and pg.locator(".nbs-Header").count() == 1
+        assert not p.errors, p.errors
+
+
+def test_where_pressed_as_the_unanswered_stops_hint_comes_is_taken(browser):
+    """A Stop the kernel has not answered in 4 s gets a hint under the header (use Interrupt), and the
+    button says "Stop" again instead of "Stopping…": the Where? held down meanwhile stays in the page
+    and where it was, and its click is taken."""
+    with Page(browser, width=900, height=600) as p:
+        pg = p.page
+        _live_run(p)
+        where = pg.locator(".nbs-Where-button")
+        before = where.bounding_box()
+        pg.locator(".nbs-Stop").click()  # the model never says the run is stopping
+        assert where.bounding_box() == before  # "Stopping…" takes no more room than "Stop"
+        _press(p, ".nbs-Where-button")
+        hint = pg.locator(".nbs-Header > .nbs-Stop-hint")
+        sync_api.expect(hint).to_be_visible(timeout=30_000)  # 4 s after the click
+        assert where.bounding_box() == before  # nothing moved under the pointer
+        pg.mouse.up()
+        sent = pg.evaluate("() => window.sent.map(m => m.type)")
+        assert sent.count("stop") == 1 and sent.count("where") == 1, sent
+        assert "use Interrupt" in hint.inner_text()
+        assert pg.locator(".nbs-Stop").is_enabled()  # to be tried again
         assert not p.errors, p.errors

@@ -206,8 +206,9 @@ def test_a_failed_runs_report_has_no_colour_codes_under_no_color_or_nocolor(kern
 
 @pytest.mark.parametrize("method", ["forkserver"])
 def test_a_function_from_an_earlier_cell_shows_its_line_in_a_spawned_ranks_traceback(kernel, method):
-    """A spawned rank has none of the kernel's cells in its linecache: the door sends the sources of
-    those that define what the cell calls, so the traceback reads as a forked rank's does."""
+    """A rank that was not forked (spawn, forkserver: nbspawn's "spawned ranks") has none of the kernel's
+    cells in its linecache: the door sends the sources of those that define what the cell calls, so the
+    traceback reads as a forked rank's does."""
     ok(kernel, "def helper_of_a_spawned_cell(x):\n    y = x + 1\n    raise ValueError(f'bad {y}')\n")
     ok(kernel, "def step_of_a_spawned_cell(x):\n    return helper_of_a_spawned_cell(x * 2)\n")
     failed = run(kernel, f"%%spawn -n 2 --start-method {method}\nimport os\nstep_of_a_spawned_cell(int(os.environ['RANK']))\n")

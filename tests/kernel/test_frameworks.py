@@ -136,7 +136,8 @@ def _live_items(run, rank: int) -> list[dict]:
 def test_lightning_ddp_trains_in_a_fresh_cell_with_its_progress_bar(kernel, method):
     """strategy="ddp" sees launched ranks (TorchElasticEnvironment), not a notebook to fork from.
 
-    Under forkserver nothing of Lightning is in the rank (its server preloads torch and nbspawn only);
+    Under forkserver nothing of Lightning is in the rank (its server preloads torch, nbspawn and
+    IPython's shell, not Lightning);
     for fork the kernel imported Lightning first,
     so the ranks inherit the flag it computed at import (``_IS_INTERACTIVE``), and must not use it.
     """

@@ -1,6 +1,7 @@
 """A rank's children (issue #24) through a real kernel: a Dataset, collate_fn and worker_init_fn, a
 ``multiprocessing.Pool``, ``ProcessPoolExecutor`` and ``mp.Process`` target defined in the cell work in
-fresh and kept-world ranks under fork, spawn and forkserver, and in a kernel whose own default start
+fresh ranks under fork, spawn and forkserver and kept-world ranks under fork and forkserver (a world's
+children take the same path as a fresh rank's), and in a kernel whose own default start
 method is forkserver (as Python 3.14's is); a persistent-worker DataLoader lives across world cells;
 nothing is left running."""
 

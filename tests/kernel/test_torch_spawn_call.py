@@ -130,12 +130,18 @@ def test_the_ddp_tutorial_pasted_runs_with_one_import_changed(kernel, method):
 
 def test_the_tutorial_unchanged_runs_through_nbspawn_once_routed(kernel):
     """The opt-in for code pasted as it is: torch's own ``mp.spawn`` (its default, spawn) goes through
-    nbspawn, in the kernel only, until routed back."""
+    nbspawn, in the kernel only, until routed back; with ``join=False`` it gives torch's context to
+    join, as notebooks/torch_spawn.ipynb's last cell does."""
     ok(kernel, "import nbspawn")
     ok(kernel, TUTORIAL.format(port=_free_port(), import_line="import torch.multiprocessing as mp"))
     ok(kernel, "nbspawn.route_torch_spawn()")
     try:
-        ok(kernel, "world_size = 2\nmp.spawn(demo_basic, args=(world_size,), nprocs=world_size, join=True)")
+        joined = ok(
+            kernel,
+            "world_size = 2\ncontext = mp.spawn(demo_basic, args=(world_size,), nprocs=world_size, join=False)\n"
+            "while not context.join(timeout=5):\n    pass\nprint('returned', context.returned)",
+        ).stdout
+        assert "returned [None, None]" in joined, joined
         assert "Finished running basic DDP example on rank 1." in _rank_output(kernel, 1)
         ran = ok(kernel, "print(nbspawn.last_run().run_id)").stdout
         assert ok(kernel, "print(mp.spawn.__nbspawn_routed__)").stdout.strip() == "True"
