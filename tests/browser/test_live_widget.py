@@ -26,6 +26,7 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
     notebook_root,
     open_with_nbspawn,
     page_shot,
+    read_until,
     run_cell,
     save_until,
     serve,
@@ -190,9 +191,19 @@ def test_lab_live_run_stop_and_reload(lab, browser, artifacts):
         assert chip_statuses(frozen) == ["stopped", "failed", "stopped", "stopped"]
         assert frozen.locator(".nbs-Tab[aria-selected='true']").get_attribute("data-rank") == "1"
         sync_api.expect(train.locator(".jp-OutputArea")).to_contain_text("RankRaisedError")
-        frozen.locator(".nbs-Chip[data-rank='0']").click()
-        bars = [line for line in frozen.locator(".nbs-Output").inner_text().splitlines() if line.startswith("train:")]
-        assert len(bars) == 1, bars
+        # rank 0's own pane, read once it is there: the read right after the click took whatever pane the
+        # view showed, and a view JupyterLab draws anew as the cell's outputs settle shows rank 1 again.
+        # Rehearsal D's read found no bar there once (rank 0's stderr.log had it; 3 runs alone passed).
+
+        def rank0_bars() -> list[str] | None:
+            pane = frozen.locator(".nbs-Pane[data-rank='0'] .nbs-Output")
+            if pane.count() == 0:
+                frozen.locator(".nbs-Chip[data-rank='0']").click()
+                return None
+            return [line for line in pane.inner_text().splitlines() if line.startswith("train:")]
+
+        bars = read_until(pg, rank0_bars, lambda b: b is not None and len(b) > 0)
+        assert bars is not None and len(bars) == 1, bars
         frozen.locator(".nbs-Chip[data-rank='1']").click()
         shot(frozen, artifacts, "frozen-after-run.png", unhover=True)
 
