@@ -112,11 +112,10 @@ def phase_of(item: pytest.Item) -> str:
     return "browser" if item.get_closest_marker("browser") is not None else "parallel"
 
 
-ROOT = Path(__file__).resolve().parents[1]
 BROWSER_TESTS = "tests/browser/"
 
 
-def may_hold(phase: str, path: Path) -> bool:
+def may_hold(phase: str, path: Path, root: Path) -> bool:
     """Whether the test module at ``path`` may hold a test of ``phase`` (``--phase``), judged without
     importing it: the browser tests live in tests/browser/, and a module with a test that runs alone
     names the mark. The browser and alone phases collect only those modules (4.8 s of CPU each, where
@@ -124,7 +123,7 @@ def may_hold(phase: str, path: Path) -> bool:
     browser phase has a process a worker); the parallel phase collects them all, and fails a test
     that these rules would leave out of its phase (``misplaced``)."""
     if phase == "browser":
-        return path.resolve().is_relative_to(ROOT / BROWSER_TESTS)
+        return path.resolve().is_relative_to((root / BROWSER_TESTS).resolve())
     if phase == "alone":
         return "alone" in path.read_text(encoding="utf-8").lower()
     return True
@@ -133,7 +132,7 @@ def may_hold(phase: str, path: Path) -> bool:
 def misplaced(item: pytest.Item) -> str | None:
     """Why ``item`` would not be collected in its own phase (``may_hold``), or None."""
     phase = phase_of(item)
-    if phase in ("browser", "alone") and not may_hold(phase, item.path):
+    if phase in ("browser", "alone") and not may_hold(phase, item.path, item.config.rootpath):
         where = f"live in {BROWSER_TESTS}" if phase == "browser" else "name `alone` in their module"
         return f"{item.nodeid}: the {phase} phase would never collect it: its tests must {where}"
     return None
@@ -142,7 +141,7 @@ def misplaced(item: pytest.Item) -> str | None:
 def pytest_ignore_collect(collection_path: Path, config):
     phase = config.getoption("--phase")
     module = collection_path.is_file() and collection_path.name.startswith("test_") and collection_path.suffix == ".py"
-    if phase in ("browser", "alone") and module and not may_hold(phase, collection_path):
+    if phase in ("browser", "alone") and module and not may_hold(phase, collection_path, config.rootpath):
         return True
     return None
 

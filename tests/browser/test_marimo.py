@@ -135,14 +135,14 @@ def _free_port() -> int:
 def _open_and_run_all(browser, url: str):
     """A page of the notebook, its cells run: Run all, once the kernel has said each cell is not run yet
     (a click before it connects does nothing)."""
-    context = Page(browser, width=1200, height=1100)
-    pg = context.page
+    page = Page(browser, width=1200, height=1100)
+    pg = page.page
     pg.goto(url)
     outdated = pg.locator(OUTDATED)
     sync_api.expect(outdated).to_have_count(3, timeout=60_000)
     pg.locator(RUN_ALL).click()
     sync_api.expect(outdated).to_have_count(0, timeout=30_000)
-    return context, pg
+    return page, pg
 
 
 # with ``seen`` (a flag file's path), each rank holds after step 1 until the test has looked at the live
@@ -173,7 +173,7 @@ def test_a_marimo_cells_function_runs_on_every_rank_live_and_the_run_stays_as_th
         WORK,
     )
     with marimo_edit(path) as (url, server):
-        context, pg = _open_and_run_all(browser, url)
+        page, pg = _open_and_run_all(browser, url)
         try:
             run = pg.locator(RUN_VIEW)
             sync_api.expect(run).to_contain_text("rank 1 step 1", timeout=60_000)
@@ -190,7 +190,7 @@ def test_a_marimo_cells_function_runs_on_every_rank_live_and_the_run_stays_as_th
             pg.screenshot(path=str(artifacts / f"marimo-done-{method}.png"))
             assert _ranks_of(server) == []
         finally:
-            context.close()
+            page.close()
 
 
 def test_a_failing_rank_shows_as_marimo_shows_errors_at_the_cells_line(browser, artifacts, tmp_path):
@@ -202,7 +202,7 @@ def work(rank):
 """
     path = _write(tmp_path, "failing.py", "nbspawn.spawn(work, nprocs=2, start_method='spawn')", fn)
     with marimo_edit(path) as (url, server):
-        context, pg = _open_and_run_all(browser, url)
+        page, pg = _open_and_run_all(browser, url)
         try:
             error = pg.get_by_text("RankRaisedError").first
             sync_api.expect(error).to_be_visible(timeout=60_000)
@@ -212,13 +212,13 @@ def work(rank):
             pg.screenshot(path=str(artifacts / "marimo-failed.png"), full_page=True)
             assert _ranks_of(server) == []
         finally:
-            context.close()
+            page.close()
 
 
 def test_marimos_stop_button_stops_the_ranks(browser, artifacts, tmp_path):
     path = _write(tmp_path, "stopped.py", "nbspawn.spawn(work, args=(10_000,), nprocs=2, start_method='spawn')", WORK)
     with marimo_edit(path) as (url, server):
-        context, pg = _open_and_run_all(browser, url)
+        page, pg = _open_and_run_all(browser, url)
         try:
             sync_api.expect(pg.locator(RUN_VIEW)).to_contain_text("rank 1 step 2", timeout=60_000)
             assert len(_ranks_of(server)) == 2
@@ -233,7 +233,7 @@ def test_marimos_stop_button_stops_the_ranks(browser, artifacts, tmp_path):
                 time.sleep(0.2)
             assert _ranks_of(server) == []
         finally:
-            context.close()
+            page.close()
 
 
 def test_launch_draws_its_run_in_a_marimo_cell_too(browser, artifacts, tmp_path):
@@ -245,7 +245,7 @@ def test_launch_draws_its_run_in_a_marimo_cell_too(browser, artifacts, tmp_path)
         "work = None",
     )
     with marimo_edit(path) as (url, server):
-        context, pg = _open_and_run_all(browser, url)
+        page, pg = _open_and_run_all(browser, url)
         try:
             run = pg.locator(RUN_VIEW)
             sync_api.expect(run).to_contain_text("succeeded", timeout=60_000)
@@ -254,4 +254,4 @@ def test_launch_draws_its_run_in_a_marimo_cell_too(browser, artifacts, tmp_path)
             pg.screenshot(path=str(artifacts / "marimo-launch.png"))
             assert _ranks_of(server) == []
         finally:
-            context.close()
+            page.close()
