@@ -120,7 +120,9 @@ fickle = Once()
 
 @pytest.mark.parametrize("where", ["fresh", "world"])
 def test_a_send_that_fails_at_the_start_says_its_own_error_not_the_runs_files(kernel, world, where):
-    options = "-n 2 --start-method spawn" if where == "fresh" else f"--world {world} -n 2 --backend gloo --start-method spawn"
+    options = (
+        "-n 2 --start-method forkserver" if where == "fresh" else f"--world {world} -n 2 --backend gloo --start-method forkserver"
+    )
     ok(kernel, ONCE)
     result = run(kernel, f"%%spawn {options} --out x\nx = repr(fickle)")
     text = result.stderr + result.error_text
@@ -144,7 +146,9 @@ bomb = Bomb()
 
 @pytest.mark.parametrize("where", ["fresh", "world"])
 def test_a_name_that_cannot_be_rebuilt_in_a_rank_is_the_ranks_error_with_the_names_it_was_sent(kernel, world, where):
-    options = "-n 2 --start-method spawn" if where == "fresh" else f"--world {world} -n 2 --backend gloo --start-method spawn"
+    options = (
+        "-n 2 --start-method forkserver" if where == "fresh" else f"--world {world} -n 2 --backend gloo --start-method forkserver"
+    )
     ok(kernel, BOMB + "lr = 0.1")
     result = run(kernel, f"%%spawn {options} --out x\nx = (bomb, lr)")
     text = result.stderr + result.error_text
@@ -155,7 +159,7 @@ def test_a_name_that_cannot_be_rebuilt_in_a_rank_is_the_ranks_error_with_the_nam
 
 
 @pytest.mark.parametrize(
-    "options", ["-n 2 --start-method spawn", "-n 2 --start-method fork", "--world {world} -n 2 --backend gloo"]
+    "options", ["-n 2 --start-method forkserver", "-n 2 --start-method fork", "--world {world} -n 2 --backend gloo"]
 )
 def test_a_rank_that_leaves_before_sending_its_out_values_is_said_so_not_the_runs_files(kernel, world, options):
     result = run(kernel, f"%%spawn {options.format(world=world)} --out x\nimport sys\nsys.exit(0)\nx = 1")

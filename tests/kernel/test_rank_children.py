@@ -132,7 +132,7 @@ def test_torch_compile_workers_of_a_forkserver_rank_compile_a_cells_module(kerne
     """Inductor's compile workers are children too (subprocesses of torch's own, sent no cell code)."""
     result = ok(
         kernel,
-        "%%spawn -n 2 --backend gloo --start-method forkserver --env TORCHINDUCTOR_COMPILE_THREADS=2\n"
+        "%%spawn -n 1 --start-method forkserver --env TORCHINDUCTOR_COMPILE_THREADS=2\n"
         "import torch\n"
         "from torch._inductor import config\n"
         "class Net(torch.nn.Module):\n"
@@ -146,7 +146,7 @@ def test_torch_compile_workers_of_a_forkserver_rank_compile_a_cells_module(kerne
         "print(config.compile_threads, torch.allclose(torch.compile(net)(x), net(x)))",
         timeout=600,
     )
-    assert [rank_lines(result.stdout, r) for r in range(2)] == [["2 True"], ["2 True"]], result.stdout
+    assert rank_lines(result.stdout, 0) == ["2 True"], result.stdout
     nothing_left(kernel.pid)
 
 
