@@ -3,7 +3,7 @@
 #               it serves is LAB_DIR (default work/, git-ignored), seeded from notebooks/ by
 #               scripts/lab-folder.sh; the tests run only the tracked notebooks/
 #   make test   set everything up, lint and type-check, then run the whole test suite (extra pytest args: PYTEST_ARGS=...),
-#               on pytest-xdist's workers, then the browser tests two at a time, then the tests that run alone (scripts/pytest.sh);
+#               on pytest-xdist's workers, then the browser tests three at a time, then the tests that run alone (scripts/pytest.sh);
 #               all but the cluster recipes:
 #   make cluster-recipes  the guide's SSH, MPI and Slurm recipes on network-namespace nodes (root; after make test)
 #   make runtimes  the test suite again on the stacks users are on (.ci/runtime, .ci/runtimes/*.txt): Colab's
@@ -90,22 +90,24 @@ KAGGLE_TESTS := tests/runtimes/test_hosted_runtime.py tests/kernel/test_view_wid
 # and kept worlds, --share and --out (torch's storages and reductions, and what they leave behind), and
 # torch's own spawn call. The floor's Python 3.10 adds pdb's (the debugger); the newest job's Python and
 # kernel packages are the development stack's, which make test runs everything on.
-# Both ends run fork and forkserver; spawn runs at the newest end only. nbspawn's own code takes the same
-# path for a spawned rank as for a forkserver one (the spec pickled through torch's reductions, unpickled
-# and set up by the rank itself: ranks/_cell.py); what spawn adds is Python's fresh interpreter, which the
-# floor's forkserver server also is, importing torch 2.4 and nbspawn on Python 3.10. The floor's spawn
-# variants took 360 s of its 673 s of tests (2026-12-02).
+# Both ends run fork and forkserver; spawn runs at the newest end only, where spawn itself is the subject:
+# torch's spawn call (its default) and spawn_core's notebook functions sent by value to a fresh interpreter.
+# nbspawn's own code takes the same path for a spawned rank as for a forkserver one (the spec pickled
+# through torch's reductions, unpickled and set up by the rank itself: ranks/_cell.py), so kept worlds and
+# --share/--out are tested with fork and forkserver (their spawn variants, 161 s of the newest job's 391 s
+# of tests, went on 2026-12-02); what spawn adds is Python's fresh interpreter, which the floor's forkserver
+# server also is, importing torch 2.4 and nbspawn on Python 3.10.
 TORCH_RANGE_TESTS := tests/kernel/test_spawn_core.py tests/kernel/test_worlds.py tests/kernel/test_handoff.py \
 	tests/kernel/test_handoff_leaks.py tests/kernel/test_torch_spawn_call.py
 # The spawn start method (asked for by name only; a spawned rank imports torch anew, 2-2.5 s of CPU, so a
 # spawn variant costs 3-7 times its fork variant) runs these modules' spawn variants at the newest end of
 # the torch range, on make test's Python and kernel packages, and not again in make test on the torch
-# below it: 300 of the 750 s the spawn variants took there (2026-12-01). make test runs every other
-# module's spawn variants.
+# below it. make test runs every other module's spawn variants.
+SPAWN_TESTS_AT_THE_NEWEST_TORCH := tests/kernel/test_spawn_core.py tests/kernel/test_torch_spawn_call.py
 comma := ,
 empty :=
 space := $(empty) $(empty)
-SPAWN_AT_THE_NEWEST_TORCH := --spawn-runs-elsewhere $(subst $(space),$(comma),$(strip $(TORCH_RANGE_TESTS)))
+SPAWN_AT_THE_NEWEST_TORCH := --spawn-runs-elsewhere $(subst $(space),$(comma),$(strip $(SPAWN_TESTS_AT_THE_NEWEST_TORCH)))
 # nbspawn's wheel is built once for them all (NBSPAWN_WHEEL: 13 s of each job's install was pip building it
 # from the clone); a job run by hand builds its own from the clone. The jobs share one uv cache
 # (NBSPAWN_UV_CACHE, beside their venvs, so a venv's files are hard links into it), removed when they end:

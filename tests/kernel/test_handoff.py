@@ -1,4 +1,7 @@
-"""--share and --out through a real kernel, under every start method, and what they leave behind."""
+"""--share and --out through a real kernel, with forked ranks and ranks that do not inherit the kernel, and
+what they leave behind.  Those are forkserver ranks: a spawned rank takes the same path (its names and
+tensors pickled through torch's reductions, received by the rank itself: ranks/_cell.py), and Python's
+fresh interpreter, what spawn adds, is tested where it is the subject (test_shm, test_spawn_core)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from kernel_harness import (
 )
 
 pytestmark = pytest.mark.timeout(240)
-METHODS = ["fork", "spawn", "forkserver"]
+METHODS = ["fork", "forkserver"]
 
 
 def fail(kernel, code: str, timeout: float = 120):
@@ -82,10 +85,10 @@ def test_a_shared_module_and_container_are_the_kernels_own_memory(kernel, method
 
 def test_sharing_an_already_shared_tensor_copies_nothing(kernel):
     ok(kernel, "import torch\nbig = torch.ones(1 << 22)")
-    ok(kernel, "%%spawn -n 2 --start-method spawn --share big\nbig[0] += 1")
+    ok(kernel, "%%spawn -n 2 --start-method forkserver --share big\nbig[0] += 1")
     ok(kernel, "first = (big.data_ptr(), big.untyped_storage()._get_shared_fd())")
     for _ in range(2):
-        ok(kernel, "%%spawn -n 2 --start-method spawn --share big\nbig[1] += 1")
+        ok(kernel, "%%spawn -n 2 --start-method forkserver --share big\nbig[1] += 1")
     assert ok(kernel, "print((big.data_ptr(), big.untyped_storage()._get_shared_fd()) == first, big[:2].tolist())").stdout == (
         "True [3.0, 5.0]\n"
     )
@@ -130,13 +133,12 @@ def test_bad_hand_off_input_is_refused_before_any_rank_starts(kernel, setup, opt
 # -- what a run holds once it is over (issue 25) --------------------------------------------------
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_the_last_run_does_not_pin_the_tensors_its_cell_used(kernel, method):
+def test_the_last_run_does_not_pin_the_tensors_its_cell_used(kernel):
     """nbspawn.last_run() keeps the run's spec, whose payload held every object the cell used: after
     `del t` the tensor (on a GPU box its memory, or the CPU copy made for the ranks) stayed allocated.
     The payload lets go once the ranks have it (item 5)."""
     ok(kernel, "import gc, weakref, torch\nt = torch.ones(1000)\nkept = weakref.ref(t)")
-    ok(kernel, f"%%spawn -n 2 --start-method {method}\nprint(t.sum().item())")
+    ok(kernel, "%%spawn -n 2 --start-method forkserver\nprint(t.sum().item())")
     assert ok(
         kernel, "import nbspawn\nassert nbspawn.last_run() is not None\ndel t\ngc.collect()\nprint(kept() is None)"
     ).stdout == ("True\n")
@@ -232,7 +234,7 @@ def test_a_world_rank_drops_a_cpu_share_after_the_cell(kernel):
     world = f"cpu{time.monotonic_ns() % 10**8}"
     ok(kernel, "import torch\ng = torch.zeros(1000)")
     try:
-        ok(kernel, f"%%spawn --world {world} -n 1 --start-method spawn --share g\ng.add_(1)")
+        ok(kernel, f"%%spawn --world {world} -n 1 --start-method forkserver --share g\ng.add_(1)")
         assert ok(kernel, f"%%spawn --world {world}\nprint('g' in globals())").stdout.strip().endswith("False")
     finally:
         ok(kernel, f"%spawn stop {world}")
@@ -251,7 +253,7 @@ def test_a_world_rank_holds_nothing_of_a_cell_once_it_is_over(kernel):
     world = f"held{time.monotonic_ns() % 10**8}"
     ok(kernel, "import os, torch\ng = torch.zeros(1 << 16)")
     try:
-        first = ok(kernel, f"%%spawn --world {world} -n 1 --start-method spawn\nimport os\nprint('pid', os.getpid())")
+        first = ok(kernel, f"%%spawn --world {world} -n 1 --start-method forkserver\nimport os\nprint('pid', os.getpid())")
         pid = int(first.stdout.split("pid")[-1])
         ok(kernel, f"%%spawn --world {world} --share g\ng.add_(1)\ndel g")
         inode = int(ok(kernel, "print(os.fstat(g.untyped_storage()._get_shared_fd()).st_ino)").stdout)
@@ -267,7 +269,7 @@ def test_a_world_ranks_kept_failure_holds_nothing_of_what_the_kernel_sent(kernel
     world = f"dropf{time.monotonic_ns() % 10**8}"
     ok(kernel, "import torch\ng = torch.zeros(1000)")
     try:
-        ok(kernel, f"%%spawn --world {world} -n 1 --start-method spawn\nimport gc, weakref")
+        ok(kernel, f"%%spawn --world {world} -n 1 --start-method forkserver\nimport gc, weakref")
         failed = execute(
             kernel.client, f"%%spawn --world {world} --share g\nref = weakref.ref(g)\ndel g\nraise ValueError('after')"
         )
@@ -294,8 +296,7 @@ def test_a_forkserver_rank_sees_the_kernels_environment_as_it_is_now(fresh_kerne
     ok(kernel, "%spawn stop envw")
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_the_error_record_is_written_before_what_the_rank_received_is_freed(kernel, method):
+def test_the_error_record_is_written_before_what_the_rank_received_is_freed(kernel):
     """Freeing what a rank received can take the process down (on a GPU box: CUDA IPC storages on a
     broken context, std::terminate).  The rank's error record is written first, so the real traceback
     is what the kernel shows (issue 25, item 8); here the object a rank frees aborts it itself."""
@@ -305,7 +306,7 @@ def test_the_error_record_is_written_before_what_the_rank_received_is_freed(kern
         "class AbortsWhenFreedInARank:\n    def __del__(self):\n        if os.getpid() != KERNEL:\n            os.abort()\n"
         "bomb = AbortsWhenFreedInARank()",
     )
-    said = fail(kernel, f"%%spawn -n 1 --start-method {method}\nprint(type(bomb).__name__)\nraise ValueError('the real error')")
+    said = fail(kernel, "%%spawn -n 1 --start-method forkserver\nprint(type(bomb).__name__)\nraise ValueError('the real error')")
     assert "ValueError: the real error" in said, said
     ok(kernel, "del bomb")
 

@@ -12,7 +12,7 @@ import pytest
 from kernel_harness import execute, interrupt_later, kernel_segments, loaded_kernel, ok, ready_line, stop_kernel_later
 
 pytestmark = pytest.mark.timeout(240)
-METHODS = ["fork", "spawn", "forkserver"]
+METHODS = ["fork", "forkserver"]
 
 
 def kernel_fds(kernel) -> list[str]:

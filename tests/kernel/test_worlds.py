@@ -37,7 +37,7 @@ def pids_of(result, ranks: int) -> list[int]:
     return [int(re.search(r"pid (\d+)", " ".join(rank_lines(result.stdout, r))).group(1)) for r in range(ranks)]
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_state_names_and_group_are_kept_on_the_same_processes(kernel, world, method):
     ok(kernel, "lr = 0.1")
     first = ok(
@@ -87,7 +87,7 @@ def test_a_world_cell_leaves_no_garbage_cycle_in_its_ranks(kernel, world):
         assert rank_lines(result.stdout, r) == ["[]"], result.stdout
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_a_failed_cell_interrupts_the_others_and_the_world_survives(kernel, world, method, tmp_path):
     first = ok(
         kernel,
@@ -112,7 +112,7 @@ def test_a_failed_cell_interrupts_the_others_and_the_world_survives(kernel, worl
     assert all(rank_lines(after.stdout, r)[0].endswith("loaded") for r in range(3))
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_a_bug_on_every_rank_reads_failed_after_the_first_and_no_interrupt_reaches_the_next_cell(kernel, world, method, tmp_path):
     """The commonest world failure: the cell's bug raises on every rank.  The first to fail makes the
     kernel interrupt the others, which are then writing their own error down: that interrupt must not
@@ -168,7 +168,7 @@ def test_a_first_cell_that_fails_at_once_leaves_every_rank_with_the_group(kernel
         ok(kernel, f"%spawn stop {name}")
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_a_hung_collective_loses_the_world_within_the_grace_period(kernel, world, method, tmp_path):
     first = ok(
         kernel,
