@@ -91,7 +91,7 @@ def pytest_addoption(parser):
         choices=("all", "parallel", "browser", "alone"),
         default="all",
         help="which tests to run by how much of the machine they need (scripts/pytest.sh runs the three in turn): "
-        "`parallel`, the kernel and unit tests, on pytest-xdist's workers; `browser`, the browser tests, two "
+        "`parallel`, the kernel and unit tests, on pytest-xdist's workers; `browser`, the browser tests, three "
         "at a time; `alone`, the tests marked `alone` (they time a page or a Stop, or compare what the whole "
         "machine holds), one at a time with nothing beside them",
     )
