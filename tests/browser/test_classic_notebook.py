@@ -58,9 +58,11 @@ XRAY_CELLS = [
 
 # what a learner runs on Colab (issue #43's scenes, 2 ranks each): a DDP step, an FSDP2 step, a
 # reduce_scatter with its values, a hang and a mismatched collective; each cell's saved X-ray says it.
-# The hang and the mismatch end at their --timeout, counted from the run's start: 30 s, so that a cold
-# start (torch imported, the group made, on a loaded machine) has both ranks in their collectives first
-# (5 s was not always enough, audit H12); these two scenes are where that minute is paid.
+# The hang and the mismatch end at their --timeout, counted from the run's start: 10 s, so that both ranks
+# are in their collectives first (forked from a kernel that imported torch, they are there within a second
+# on a quiet machine; 5 s was not always enough with other browser tests beside it, audit H12). This
+# module is the only browser test of the one job that runs it (Colab's), so nothing runs beside it; these
+# two scenes are where those 20 s are paid (30 s each until 2026-12-02: 40 s of the job spent waiting).
 SCENES = {
     "ddp": (
         "%%spawn -n 2 --backend gloo\n"
@@ -98,7 +100,7 @@ SCENES = {
         ("reduce_scatter", "before (its input)"),
     ),
     "hang": (
-        "%%spawn -n 2 --backend gloo --timeout 30 --grace-period 2\n"
+        "%%spawn -n 2 --backend gloo --timeout 10 --grace-period 2\n"
         "import time, torch.distributed as dist\n"
         "if dist.get_rank() == 0:\n"
         "    dist.barrier()\n"
@@ -107,7 +109,7 @@ SCENES = {
         ("rank 0 entered barrier #1; rank 1 never did",),
     ),
     "mismatch": (
-        "%%spawn -n 2 --backend gloo --timeout 30 --grace-period 2\n"
+        "%%spawn -n 2 --backend gloo --timeout 10 --grace-period 2\n"
         "import torch, torch.distributed as dist\n"
         "t = torch.ones(4)\n"
         "if dist.get_rank() == 0:\n"
