@@ -62,5 +62,12 @@ if ! { [[ -x "$uv" ]] && "$uv" pip install -q --compile-bytecode --system-certs 
     "$py" -m pip install --constraint "$constraints" --editable "$root[$extras]"
 fi
 
+# jsonschema imports rfc3987_syntax wherever it is installed (jupyter-events asks for jsonschema[format-nongpl]),
+# and that import builds some 35 Lark parsers: 1.8 s of CPU in every process that imports jsonschema: each
+# Jupyter server, nbclient and nbconvert, a test process that imports nbformat (python-jsonschema/jsonschema#1428).
+# Without it jsonschema checks no "iri" format, which no Jupyter schema uses. Not on the runtime jobs' venvs,
+# which hold what their runtime holds.
+"$py" -m pip uninstall -q -y rfc3987-syntax 2>/dev/null || true
+
 echo "$extras" >"$stamp"
 say "ready: $venv"
