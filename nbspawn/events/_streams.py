@@ -84,11 +84,14 @@ class RankStreams:
         if budget is not None:
             self._apply_budget(spans, budget)
         events: list[Event] = []
-        for i, (stream, start, end, keep_from) in enumerate(spans):
+        for i, (stream, start, end, keep_from, switched) in enumerate(spans):
             # under a budget, a line still being written waits for its end (a bar being redrawn does
             # not): shown half, then skipped, it would stay cut in the view. Only the last span can
-            # wait: what the rank wrote after it, to another stream, must not come out before it.
-            hold = budget is not None and i == len(spans) - 1
+            # wait: what the rank wrote after it, to another stream, must not come out before it. Nor
+            # can a span that ends where order.bin says the rank switched to another stream: the
+            # rank wrote there next, whether or not those bytes are in their file yet (its record is
+            # written first), and a span held now would be read after them.
+            hold = budget is not None and i == len(spans) - 1 and not switched
             self._emit(stream, start, end, keep_from, events, hold)
         return events
 
@@ -129,29 +132,31 @@ class RankStreams:
         self.order_buf = buf[whole:]
 
     def _spans(self, ends: list[int]) -> list[list[int]]:
-        """[stream, start, end, keep_from] byte ranges in written order, up to ``ends``."""
+        """[stream, start, end, keep_from, switched] byte ranges in written order, up to ``ends``;
+        ``switched``: the range ends where a record says the rank switched to another stream."""
         spans: list[list[int]] = []
         pos = list(self.pos)
 
-        def upto(limits: tuple[int, ...] | list[int], first: int) -> None:
+        def upto(limits: tuple[int, ...] | list[int], first: int, switched: bool) -> None:
             for stream in (first, *(s for s in (0, 1, 2) if s != first)):
                 end = min(limits[stream], ends[stream])
                 if end > pos[stream]:
                     if spans and spans[-1][0] == stream and spans[-1][2] == pos[stream]:
                         spans[-1][2] = end
+                        spans[-1][4] = switched
                     else:
-                        spans.append([stream, pos[stream], end, end])
+                        spans.append([stream, pos[stream], end, end, switched])
                     pos[stream] = end
 
         done = 0
         for stream, sizes in self.pending:
             if any(sizes[s] > ends[s] for s in (0, 1, 2)):
                 break  # written after we looked at the files: next time
-            upto(sizes, self.current)
+            upto(sizes, self.current, True)
             self.current = stream
             done += 1
         del self.pending[:done]
-        upto(ends, self.current)
+        upto(ends, self.current, False)
         for span in spans:
             span[3] = span[1]  # keep everything unless a budget says otherwise
         return spans

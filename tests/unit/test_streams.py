@@ -64,6 +64,22 @@ def test_a_line_left_open_comes_before_what_the_rank_wrote_next_on_another_strea
     assert streams.read(budget=4096) == []
 
 
+def test_a_line_left_open_is_not_held_once_the_rank_switched_away_from_it(tmp_path):
+    """The read that falls between the rank's switch record and its display's bytes (``_Ordered.write``
+    writes the record first): the open line is whole as far as order goes, so it is shown now.  Held,
+    it was read again next time after the display, which the record had already put first (the Colab
+    job's test_a_line_left_open_comes_before_the_cells_value[widget], once, on a busy machine)."""
+    from nbspawn._rankdir import ORDER, ORDER_RECORD
+
+    streams = RankStreams(0, str(tmp_path))
+    (tmp_path / "stdout.log").write_bytes(b"abc")
+    (tmp_path / ORDER).write_bytes(ORDER_RECORD.pack(2, 3, 0, 0))  # the switch to display, its bytes not yet
+    events = [(e.kind, e.value) for e in streams.read(budget=4096)]
+    (tmp_path / "display.jsonl").write_bytes(b'{"kind": "data"}\n')
+    events += [(e.kind, e.value) for e in streams.read(budget=4096)]
+    assert events == [("stdout", "abc"), ("display", {"kind": "data"})]
+
+
 def test_a_line_longer_than_the_budget_shows_its_end_marked_as_cut(tmp_path):
     """One line of 70,000 characters under a 32 KiB budget (a JSON dump printed whole): its end is
     shown, marked ``[…]``, where it once vanished whole (counted as one skipped line)."""
