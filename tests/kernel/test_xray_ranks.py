@@ -22,15 +22,17 @@ SCRIPT = Path(__file__).parents[1] / "xray_ranks.py"
 
 def run_ranks(tmp_path: Path, scenario: str, world: int = 4, n: int = 0) -> dict[int, dict]:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), scenario, str(world), str(n)], check=True, timeout=240, env=env)
+    subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path), scenario, str(world), str(n)], check=True, timeout=300, env=env
+    )  # a hang guard: 28 s alone
     return {rank: json.loads((tmp_path / str(rank) / "xray.json").read_text()) for rank in range(world)}
 
 
-# alone: 20,000 collectives on 2 cores; other tests' ranks on the same cores would slow them
-pytestmark = pytest.mark.alone
-
-
 @pytest.mark.timeout(300)
+# alone: rank 3 is late by 0.5 s at ten all_reduces, and another rank kept off a core longer than that (the
+# parallel phase's load) would be the straggler there; the other tests here count what happened, whatever
+# the load (20,000 collectives are counted read or lost), and run beside others
+@pytest.mark.alone
 def test_four_gloo_ranks_straggler_mismatch_and_unrecorded_sends(tmp_path):
     xray = analyse(run_ranks(tmp_path, "story"))
     assert xray.count == 18
@@ -51,7 +53,7 @@ def test_a_rank_that_never_enters_a_barrier_is_named(tmp_path):
     assert [n.text for n in xray.never_entered] == ["ranks 0, 1, 2 entered barrier #2; rank 3 never did"]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(360)
 def test_20000_collectives_are_all_counted_in_a_bounded_record(tmp_path):
     """Two ranks (~1,800 all_reduces a second on the shared 2-core machine): every collective is
     accounted for, read or counted lost, and what is written stays bounded.  Whether the drain keeps up
