@@ -2,7 +2,8 @@
  * The pane of one selected tab (a rank, or every rank merged) in a run view: its head (the rank's
  * status line and traceback), its output window and the bars at its bottom, drawn from the output
  * model.  Output is drawn once per animation frame, however many messages arrived; only the newest
- * `WINDOW` entries are in the DOM (older kept ones one click away).
+ * `WINDOW` entries are in the DOM (older kept ones one click away), except while the user reads above
+ * the newest lines: then none is taken out above what they read.
  */
 
 import { h } from './dom';
@@ -19,6 +20,13 @@ export type Sel = number | 'merged';
 /** Entries of a pane in the DOM at first (the newest); "show earlier" adds `MORE` at a time. */
 export const WINDOW = 200;
 const MORE = 1000;
+/**
+ * While the user reads above the newest lines, the window grows instead of losing its oldest
+ * entries (taking them out moved the lines being read away once a rank printed past `WINDOW`),
+ * up to this many; it shrinks back to `WINDOW` once the pane follows its output again.  (The model
+ * keeps `TAIL_LINES` a rank: lines older than that leave it, and the pane, the rank's log has them.)
+ */
+const READING_MAX = 5 * MORE;
 /** Updates held for one frame beyond which the next frame redraws the pane from the model. */
 const PENDING_MAX = 20000;
 /** Output is drawn at most once per this many ms (a flood's frames would each redraw the window). */
@@ -279,10 +287,13 @@ export class Pane {
       let added = p.added.filter(e => e.inFlow && this._mine(e.rank) && !this._nodes.has(e));
       added.sort((a, b) => a.seq - b.seq);
       added = added.filter((e, i) => i === 0 || e !== added[i - 1]);
-      if (added.length > this._cap) {
-        added = added.slice(-this._cap);
+      const cap = this._stick
+        ? this._cap
+        : Math.max(this._cap, Math.min(READING_MAX, flow.childElementCount + added.length));
+      if (added.length > cap) {
+        added = added.slice(-cap);
       }
-      this._removeFirst(flow.childElementCount + added.length - this._cap);
+      this._removeFirst(flow.childElementCount + added.length - cap);
       const fresh = document.createDocumentFragment();
       for (const e of added) {
         const node = this._node(e);

@@ -85,6 +85,12 @@ for i in range(4000):
 time.sleep(60)
 """
 AT_BOTTOM = "o => o.scrollTop + o.clientHeight >= o.scrollHeight - 8"
+# the text of the first line in view at the pane's top (what the user reads)
+TOP_LINE = """o => {
+  const top = o.getBoundingClientRect().top;
+  const line = [...o.querySelectorAll('.nbs-Line')].find(l => l.getBoundingClientRect().bottom > top + 1);
+  return line ? line.textContent : null;
+}"""
 # the number of the last line the pane holds (-1: none yet)
 LAST_LINE = """o => {
   const lines = o.querySelectorAll('.nbs-Line');
@@ -180,7 +186,9 @@ def test_a_pane_follows_its_output_until_the_user_scrolls_up_and_again_from_the_
         run_cell(pg, cell)
         view = live_view(cell, widget=True)
         pane = select_pane(view, 0)
-        sync_api.expect(pane).to_contain_text("line 80", timeout=60_000)
+        # past the pane's window (its newest 200 entries, pane.ts WINDOW): from here on each new line
+        # takes the oldest out unless the user reads above them
+        sync_api.expect(pane).to_contain_text("line 260", timeout=60_000)
         assert pane.evaluate(AT_BOTTOM), "the pane did not follow its output"
         pane.hover()
         pg.mouse.wheel(0, -600)  # the user scrolls up to read
@@ -193,10 +201,11 @@ def test_a_pane_follows_its_output_until_the_user_scrolls_up_and_again_from_the_
 
         last3 = read_until(pg, scrolled, lambda s: len(s) == 3 and not s[-1][0] and s[0][1] == s[1][1] == s[2][1])
         assert not last3[-1][0], f"the wheel did not scroll up: {seen[-10:]}"
-        read_at, last = last3[-1][1], pane.evaluate(LAST_LINE)
+        read_at, last, reading = last3[-1][1], pane.evaluate(LAST_LINE), pane.evaluate(TOP_LINE)
         # 30 more lines arrive while the user reads (not a fixed while: the work, M8)
         pane.page.wait_for_function(f"o => ({LAST_LINE})(o) >= {last + 30}", arg=pane.element_handle(), timeout=60_000)
         assert not pane.evaluate(AT_BOTTOM), "the pane jumped back to its newest line while the user read"
+        assert pane.evaluate(TOP_LINE) == reading, "the lines the user read moved away"
         assert abs(pane.evaluate("o => o.scrollTop") - read_at) <= 2, "the pane moved while the user read"
         pg.mouse.wheel(0, 100_000)  # back to the bottom
         assert read_until(pg, lambda: pane.evaluate(AT_BOTTOM), bool), "the wheel did not scroll to the bottom"
