@@ -93,12 +93,15 @@ def __dir__() -> list[str]:
 def load_ipython_extension(ipython: InteractiveShell) -> None:
     from ._magic import SpawnMagics, note_cuda_culprit, report_background_failures
     from ._source import record_cell_files
+    from ._torchcall import note_pasted_torch_spawn
 
     record_cell_files(ipython)  # IPython 7: Cell In[N] in tracebacks needs it
     ipython.register_magics(SpawnMagics(shell=ipython))
     ipython.events.register("pre_run_cell", report_background_failures)
     _tell_hosted_runtime(ipython)
     ipython.events.register("post_run_cell", note_cuda_culprit)
+    if note_pasted_torch_spawn not in ipython.events.callbacks["post_run_cell"]:  # %reload_ext: said once
+        ipython.events.register("post_run_cell", note_pasted_torch_spawn)
     kernel = kernel_of(ipython)
     if kernel is not None:  # a page opened before the first run asks too
         from . import _shellreplies

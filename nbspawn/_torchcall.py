@@ -9,8 +9,11 @@ processes, ``join=False`` returning a context whose ``join()`` polls, torch's ex
 run the call as a ``%%spawn`` cell runs: the request, its checks and every start method are the
 magic's, the view is the cell's, the error names the root-cause rank in the cell's own lines.
 
-What torch lacks, they add: each rank's return value (``spawn`` returns them, a list by rank, where
-torch returns None), and the other ``%%spawn`` options as keywords (``timeout``, ``share``,
+As torch's pickler does, the tensors ``args`` holds are shared with spawn and forkserver ranks in
+place (``handoff._names.shareable_tensors``: a rank's writes are the kernel's).  What torch lacks,
+they add: each rank's return value (``spawn`` returns them, a list by rank, where torch returns
+None; one that cannot come back is None and a line, never a failed rank), and the other
+``%%spawn`` options as keywords (``timeout``, ``share``,
 ``backend``, ``env``...: the rows of the same table).  The call is a short cell nbspawn writes
 (``CALL_SOURCE``); its frame is nbspawn's, not the user's, so tracebacks start at ``fn``, whose cell's
 lines a spawned rank has as every cell's callees (``_door``: ``CellSource.kernel_cells``).
@@ -36,7 +39,13 @@ from .views._choice import view_for
 
 RETURNED = "returned"  # the --out name each rank's return value comes back under
 # the cell every rank runs: its process index, as torch passes it (LOCAL_RANK: nbspawn's env for it)
-CALL_SOURCE = f"import os\n{RETURNED} = fn(int(os.environ['LOCAL_RANK']), *args)\n"
+# and what it returned, if that can come back (else None and a line why: torch discards return values,
+# so one that cannot come back must not fail the rank)
+CALL_SOURCE = (
+    f"import os\n{RETURNED} = fn(int(os.environ['LOCAL_RANK']), *args)\n"
+    f"import nbspawn.handoff._names\n{RETURNED} = nbspawn.handoff._names.returnable("
+    f"{RETURNED}, f\"what fn returned in process {{os.environ['LOCAL_RANK']}}\")\n"
+)
 # torch's spawn sets no rendezvous: its users set MASTER_ADDR and MASTER_PORT and pass rank and
 # world_size themselves (the DDP tutorial), so rank 0 hosts the store.  nbspawn's own rendezvous
 # (the kernel hosts the store, ranks join it as clients) would leave them all waiting as clients on
@@ -44,6 +53,8 @@ CALL_SOURCE = f"import os\n{RETURNED} = fn(int(os.environ['LOCAL_RANK']), *args)
 RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
 WITHOUT_RENDEZVOUS = f"import os\nfor name in {RENDEZVOUS!r}:\n    os.environ.pop(name, None)\n"
 CALL_LABEL = "nbspawn.spawn"
+# the tensors of args shared with the ranks (a --share name of the call's own namespace)
+ARGS_SHARED = "_nbspawn_args_tensors"
 # what the call decides itself, from its own parameters
 _OWN = frozenset({"nprocs", "start_method", "out", "background", "world", "on", "cluster", "nodes"})
 
@@ -112,13 +123,20 @@ def spawn(
                 f"cannot send {name} (a {kind}) to ranks started with {start_method!r}: {err}. "
                 "Pass what pickles, or start_method='fork' (its ranks inherit the kernel's objects)"
             )
+    namespace: dict[str, Any] = {"fn": fn, "args": args}
     given = {**options, "nprocs": nprocs, "start_method": start_method, "out": [RETURNED], "background": not join}
+    if start_method != "fork":  # as torch's pickler does: args' tensors shared in place (fork: inherited as they are)
+        from .handoff._names import shareable_tensors
+
+        namespace[ARGS_SHARED] = shareable_tensors(args, start_method)
+        if namespace[ARGS_SHARED]:
+            given["share"] = [*_names_given(options.get("share")), ARGS_SHARED]
     request = read_door(
         given,
         cell=CellSource(
             CALL_SOURCE if torchrun_env else WITHOUT_RENDEZVOUS + CALL_SOURCE, label=CALL_LABEL, written_by_nbspawn=True
         ),
-        namespace={"fn": fn, "args": args},
+        namespace=namespace,
         hidden=getattr(shell, "user_ns_hidden", None),
         cell_numbers=numbers,
     )
@@ -169,6 +187,38 @@ def _routed(ours: Callable[..., Any], original: Callable[..., Any], kernel: int)
 
     call.__nbspawn_routed__ = True  # type: ignore[attr-defined]
     return call
+
+
+def note_pasted_torch_spawn(result: Any) -> None:
+    """After a cell (IPython's ``post_run_cell``): torch's own ``spawn`` or ``start_processes`` that
+    failed because its fresh interpreters cannot import a function defined in the notebook (each
+    prints "Can't get attribute 'fn' on <module '__main__'>" into the kernel's log, and torch raises
+    "process 0 terminated with exit code 1": pytorch#20375) gets one line saying what works."""
+    error = getattr(result, "error_in_exec", None)
+    if error is None or type(error).__name__ != "ProcessExitedException":
+        return
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "start_processes" and frame.f_globals.get("__name__") == "torch.multiprocessing.spawn":
+            fn, method = frame.f_locals.get("fn"), frame.f_locals.get("start_method")
+            if method in ("spawn", "forkserver") and getattr(fn, "__module__", None) == "__main__":
+                name = getattr(fn, "__qualname__", "fn")
+                print(
+                    f"nbspawn: torch's {method} ranks start a fresh Python, which cannot import {name} from this "
+                    f"notebook (\"Can't get attribute {name!r} on <module '__main__'>\" in the kernel's log): call "
+                    "nbspawn.spawn with the same arguments, or run nbspawn.route_torch_spawn() once and this cell again",
+                    file=sys.stderr,
+                )
+            return
+        tb = tb.tb_next
+
+
+def _names_given(value: Any) -> list[str]:
+    """A ``share=`` keyword as written: a name, ``"a, b"``, or a list of them (None: none)."""
+    if not value:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def _checked_call(fn: Any, args: Any, nprocs: Any, start_method: Any, daemon: Any) -> tuple[Any, ...]:

@@ -121,6 +121,7 @@ class XRay:
     # the most calls a rank made past the first ones it recorded
     values: tuple[ValueRow, ...] = ()
     values_beyond: int = 0
+    backends: tuple[str, ...] = ()  # those the recorded collectives ran on ("gloo"): a cell's own group's
 
 
 def read_records(rank_dirs: Mapping[int, str]) -> dict[int, dict[str, Any]]:
@@ -178,6 +179,16 @@ def analyse(records: Mapping[int, Mapping[str, Any]], in_flight: bool = False) -
         unrecorded={rank: n for rank, n in unrecorded.items() if n},
         lost={rank: n for rank, n in lost.items() if n},
         summary="",
+        backends=tuple(
+            sorted(
+                {
+                    str(e["backend"])
+                    for rec in records.values()
+                    for e in [*rec.get("head", []), *rec.get("tail", [])]
+                    if e.get("backend")
+                }
+            )
+        ),
     )
     return XRay(**{**xray.__dict__, "summary": summary(xray)})
 

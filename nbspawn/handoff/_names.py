@@ -15,6 +15,7 @@ import ast
 import builtins
 import io
 import os
+import sys
 import types
 from collections import ChainMap
 from collections.abc import Callable, Collection, Mapping
@@ -213,21 +214,22 @@ def pick_shared(
                 f"--share: {name!r} is a {type(obj).__module__}.{type(obj).__qualname__}; --share takes a tensor, "
                 "an nn.Module, or a dict/list/tuple of tensors (other values reach the ranks anyway, as copies)"
             )
-        if start_method == "fork" and not ranks_started and any(t.device.type == "cuda" for t in leaves):
+        why = {_why_not_shared(t, start_method, ranks_started) for t in leaves} - {None}
+        if "cuda under fork" in why:
             raise SpawnUsageError(
                 f"--share: {name!r} holds CUDA tensors, which forked ranks cannot use; "
                 "use --start-method spawn or forkserver (CUDA IPC)"
             )
-        bad = next((t for t in leaves if t.device.type == "cpu" and (t.layout != torch.strided or t.is_nested)), None)
-        if bad is not None:
+        if "not dense" in why:
+            bad = next(t for t in leaves if _why_not_shared(t, start_method, ranks_started) == "not dense")
             raise SpawnUsageError(f"--share: {name!r} holds a {bad.layout} tensor; only dense tensors can be shared")
-        if any(t.device.type == "cpu" and _shm.is_pinned(t.untyped_storage()) for t in leaves):
+        if "pinned" in why:
             raise SpawnUsageError(
                 f"--share: {name!r} holds pinned (page-locked) CPU memory: sharing moves a tensor into shared memory "
                 "in place, which would unpin it. Leave it out of --share (the ranks get a copy, and it stays pinned), "
                 "or share an unpinned tensor."
             )
-        if not all(t.device.type != "cpu" or _shm.movable_in_place(t.untyped_storage()) for t in leaves):
+        if "mapped" in why:
             raise SpawnUsageError(
                 f"--share: {name!r} is mapped from a file (torch.load(mmap=True), UntypedStorage.from_file), which torch "
                 f"{torch.__version__} cannot move into shared memory in place (torch >= 2.12 can). Share a copy "
@@ -237,6 +239,30 @@ def pick_shared(
     if ranks_visible is not False:
         check_shared_devices(list(shared.values()), ranks_visible if isinstance(ranks_visible, str) else None)
     return shared
+
+
+def _why_not_shared(t: torch.Tensor, start_method: str, ranks_started: bool) -> str | None:
+    """Why ``t`` cannot be shared with the ranks in place (None: it can): the one rule of ``--share``
+    and of the tensors ``nbspawn.spawn`` shares from its ``args``."""
+    if t.device.type == "cuda":
+        return "cuda under fork" if start_method == "fork" and not ranks_started else None
+    if t.device.type != "cpu":
+        return "not cpu"  # meta, XLA...: the pickle's own reductions send them
+    if t.layout != torch.strided or t.is_nested:
+        return "not dense"
+    if _shm.is_pinned(t.untyped_storage()):
+        return "pinned"
+    if not _shm.movable_in_place(t.untyped_storage()):
+        return "mapped"
+    return None
+
+
+def shareable_tensors(obj: Any, start_method: str) -> list[torch.Tensor]:
+    """The tensors pickling ``obj`` reaches that can be shared in place with ranks started by
+    ``start_method`` (spawn or forkserver): CPU storages moved into shared memory, CUDA by IPC.
+    ``torch.multiprocessing.spawn``'s pickler shares every tensor of its ``args`` so; those that
+    cannot be (pinned, sparse, a file mapping torch < 2.12 cannot move) travel as copies."""
+    return [t for t in _shm.tensors_reached(obj) if _why_not_shared(t, start_method, False) is None]
 
 
 def check_shared_devices(shared: Collection[Any], ranks_visible: str | None) -> None:
@@ -252,6 +278,30 @@ def check_shared_devices(shared: Collection[Any], ranks_visible: str | None) -> 
                 "a CUDA IPC handle names the kernel's device number. Leave CUDA_VISIBLE_DEVICES out of --env, "
                 "or send the tensor without --share (each rank gets its own copy on its own GPU)."
             )
+
+
+def returnable(value: Any, what: str) -> Any:
+    """``value`` if it can come back to the kernel, else None, with one line on stderr saying why:
+    what ``nbspawn.spawn`` does with a return value (torch's spawn discards them, so a value that
+    cannot come back must not fail a rank whose work is done).  It cannot when pickling it fails (a
+    lock, a DDP model after ``destroy_process_group``) or its tensors exceed the free space of
+    /dev/shm, through which they travel (Docker's default is 64 MB)."""
+    if value is None:
+        return None
+    kind = f"a {type(value).__module__}.{type(value).__qualname__}"
+    try:
+        tensors = _shm.tensors_reached(value)
+    except Exception as err:
+        why = f"{kind}, which cannot be pickled: {err}"
+    else:
+        storages = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors if t.device.type != "meta"}
+        nbytes = sum(storages.values())
+        free = _shm.free_bytes()
+        if nbytes <= free:
+            return value
+        why = f"{kind} holding {nbytes:,} bytes of tensors, and {_shm.SHM_DIR} has {free:,} bytes free"
+    print(f"nbspawn: {what} cannot come back to the kernel ({why}): None instead", file=sys.stderr, flush=True)
+    return None
 
 
 def send_outputs(namespace: dict[str, Any], names: tuple[str, ...], prefix: str, rank_dir: str) -> None:

@@ -392,6 +392,7 @@ class _Pickler(cloudpickle.Pickler):
         # copies made for the ranks, once per payload: a CUDA tensor's on CPU, a pinned storage's in shared memory
         self._copies: dict[Any, Any] = {} if copies is None else copies
         self._dry = dry
+        self.met: list[torch.Tensor] = []  # dry: every tensor the pickle reached (tensors_reached)
         if dry:  # every reduction but the data's: what would refuse to travel, found without moving a byte
             own[torch.UntypedStorage] = _no_data
         elif run_prefix is None and shared is None:
@@ -430,8 +431,10 @@ class _Pickler(cloudpickle.Pickler):
         super().__init__(file)
 
     def reducer_override(self, obj: Any) -> Any:
-        if self._dry and isinstance(obj, torch.Tensor) and obj.device.type == "cuda":
-            return _no_data(obj)  # sent as CPU data or a CUDA IPC handle: nothing to refuse, nothing to copy now
+        if self._dry and isinstance(obj, torch.Tensor):
+            self.met.append(obj)
+            if obj.device.type == "cuda":
+                return _no_data(obj)  # sent as CPU data or a CUDA IPC handle: nothing to refuse, nothing to copy now
         if self._run_prefix is None and isinstance(obj, torch.Tensor):
             if self._private_cuda and obj.device.type == "cuda" and id(obj) not in self._shared_cuda:
                 # not --share: the data goes as CPU memory (copy-on-write, like any kernel tensor) and the
@@ -464,6 +467,17 @@ def check_travels(obj: Any) -> None:
     any tensor's data: a lock, a socket, a non-leaf tensor that requires grad (torch refuses those),
     found before any process starts."""
     _Pickler(io.BytesIO(), None, dry=True).dump(obj)
+
+
+def tensors_reached(obj: Any) -> list[torch.Tensor]:
+    """Every tensor that pickling ``obj`` reaches, once each: in containers, in objects' attributes,
+    dataclasses and closures, a module's parameters and buffers.  What ``torch.multiprocessing.spawn``
+    shares of its ``args`` (its pickler moves every storage it meets into shared memory); found
+    without moving or copying a byte.  Raises what pickling ``obj`` would."""
+    pickler = _Pickler(io.BytesIO(), None, dry=True)
+    pickler.dump(obj)
+    seen: set[int] = set()
+    return [t for t in pickler.met if not (id(t) in seen or seen.add(id(t)))]  # type: ignore[func-returns-value]
 
 
 class _ByValue(cloudpickle.Pickler):
@@ -664,6 +678,12 @@ class _Sealed:
 
 
 # -- ranks -> kernel ----------------------------------------------------------------------------
+
+
+def free_bytes() -> int:
+    """What /dev/shm can take now (the bytes an unprivileged writer may still use)."""
+    st = os.statvfs(SHM_DIR)
+    return st.f_bavail * st.f_frsize
 
 
 def new_run_prefix() -> str:

@@ -100,6 +100,15 @@ def rank_record(state: RankState, elided_lines: int = 0) -> RankRecord:
     }
 
 
+def _backend(run: Run) -> str:
+    """The backend the ranks' group runs on: the one nbspawn made (``--backend``), else the one the
+    cell made itself (``init_process_group("gloo")`` in it, or in the function ``nbspawn.spawn``
+    runs), once its collectives are recorded; ``none`` while none is known."""
+    if run.spec.backend != "none" or run.xray is None or not run.xray.backends:
+        return run.spec.backend
+    return ", ".join(run.xray.backends)
+
+
 def run_record(run: Run, elided: dict[int, int] | None = None) -> RunRecord:
     """The run's facts; each rank's output tail lives in the bundle's text/html.  A cell on some ranks
     of a kept world (``--on``) is a run of those ranks: the others are not in it."""
@@ -117,7 +126,7 @@ def run_record(run: Run, elided: dict[int, int] | None = None) -> RunRecord:
         "nprocs": len(ranks) if run.ranks else run.nprocs,
         "start_method": run.spec.start_method,
         "program": str(run.spec.program) if run.spec.program is not None else None,
-        "backend": run.spec.backend,
+        "backend": _backend(run),
         # a cluster run: where each node keeps its ranks' logs (the kernel's directory has only copies of their errors)
         "log_dir": "; ".join(dict.fromkeys(run.node_log_dirs().values())) or run.run_dir,
         "started_at": run.started_at,

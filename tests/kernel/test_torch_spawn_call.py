@@ -181,6 +181,65 @@ def test_return_values_come_back_and_a_failure_is_torchs_exception_at_the_users_
     assert run_processes(kernel.pid) == []
 
 
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_args_tensors_are_shared_with_the_ranks_as_torch_shares_them(kernel, method):
+    """Pasted Hogwild-style code: each rank writes its slot of a tensor passed in ``args``, and the
+    kernel sees the writes, as under ``torch.multiprocessing.spawn`` (whose pickler moves every
+    storage of its args into shared memory in place): a tensor in a tuple beside an int, a module's
+    parameters, a tensor held by a dataclass; and torch's mark of it, the kernel's tensor is shared after."""
+    ok(kernel, "import nbspawn, torch, dataclasses, torch.multiprocessing as tmp")
+    ok(
+        kernel,
+        "@dataclasses.dataclass\nclass Slots:\n    t: torch.Tensor\n"
+        "def fill(i, results, n, model, held):\n"
+        "    results[i] = i + 1\n"
+        "    with torch.no_grad():\n        model.weight[0, i] = 10 * (i + 1)\n"
+        "    held.t[i] = 100 * (i + 1)\n"
+        "    return n\n",
+    )
+    out = ok(
+        kernel,
+        "results, model, held = torch.zeros(2), torch.nn.Linear(2, 1, bias=False), Slots(torch.zeros(2))\n"
+        "torch.nn.init.zeros_(model.weight)\n"
+        f"print(nbspawn.spawn(fill, args=(results, 7, model, held), nprocs=2, start_method={method!r}))\n"
+        "print(results.tolist(), model.weight.tolist(), held.t.tolist(), results.is_shared())",
+    ).stdout
+    assert "[7, 7]\n[1.0, 2.0] [[10.0, 20.0]] [100.0, 200.0] True" in out, out
+    assert run_processes(kernel.pid) == []
+
+
+def test_a_return_value_that_cannot_come_back_is_none_and_one_line_not_a_failed_rank(kernel):
+    """torch's spawn discards return values: a function returning a lock (or a DDP model after
+    ``destroy_process_group``) succeeds there, so it succeeds here; its value is None, and the rank's
+    output says why in one line.  Values that can come back still do."""
+    ok(kernel, "import nbspawn, threading")
+    ok(kernel, "def odd(i):\n    return threading.Lock() if i == 0 else i * 5\n")
+    out = ok(kernel, "print(nbspawn.spawn(odd, nprocs=2, start_method='fork'))").stdout
+    assert "[None, 5]" in out, out
+    said = ok(kernel, "print(open(nbspawn.last_run().ranks[0].stderr_path).read())").stdout
+    assert said.count("cannot come back") == 1, said
+    assert "what fn returned in process 0 cannot come back to the kernel (a _thread.lock, which cannot be pickled" in said
+    assert "cannot come back" not in ok(kernel, "print(open(nbspawn.last_run().ranks[1].stderr_path).read())").stdout
+    assert run_processes(kernel.pid) == []
+
+
+def test_torchs_own_spawn_of_a_notebook_function_says_what_works(kernel):
+    """Pasted ``torch.multiprocessing.spawn`` of a function defined in a cell fails in every notebook
+    (pytorch#20375): its children print "Can't get attribute" into the kernel's log, and torch raises
+    "process 0 terminated with exit code 1". Where nbspawn is loaded, one line says what works."""
+    ok(kernel, "%load_ext nbspawn")
+    ok(kernel, "import torch.multiprocessing as tmp\ndef work(i):\n    return i\n")
+    failed = run(kernel, "tmp.spawn(work, nprocs=1)")
+    assert failed.error is not None and failed.error.ename == "ProcessExitedException", failed.error_text
+    assert failed.stderr.count("nbspawn:") == 1, failed.stderr
+    assert "nbspawn: torch's spawn ranks start a fresh Python, which cannot import work from this notebook" in failed.stderr
+    assert "call nbspawn.spawn with the same arguments, or run nbspawn.route_torch_spawn()" in failed.stderr
+    # another failure says nothing of it
+    other = run(kernel, "raise ValueError('x')")
+    assert "nbspawn:" not in other.stderr, other.stderr
+    assert run_processes(kernel.pid) == []
+
+
 def test_join_false_gives_a_context_to_join(kernel):
     ok(kernel, "import nbspawn, time")
     ok(kernel, "def slow(i):\n    time.sleep(1.5)\n    return i * 10\n")
@@ -231,6 +290,9 @@ def test_torchrun_env_when_asked_and_as_torch_without_it(kernel):
     )
     out = ok(kernel, "print(nbspawn.spawn(summed, nprocs=3, start_method='fork', torchrun_env=True))").stdout
     assert "[6, 6, 6]" in out, out
+    # the run's header names the backend of the group the function made (nbspawn made none)
+    made = ok(kernel, "from nbspawn.views._bundle import run_record\nprint(run_record(nbspawn.last_run())['backend'])")
+    assert made.stdout.strip() == "gloo", made.stdout
     # as under torch's own spawn, a call without it has no rendezvous set for it: torch says what is missing
     failed = run(kernel, "nbspawn.spawn(summed, nprocs=2, start_method='fork', timeout=60)")
     assert failed.error is not None and "MASTER_ADDR" in failed.error_text, failed.error_text

@@ -274,3 +274,56 @@ def test_the_kernels_loss_is_not_sent_to_a_loop_that_binds_it():
     assert sorted(pack_namespace(ast.parse(LOOP), user_ns, world="w").obj) == ["model", "x"]
     with pytest.raises(SpawnUsageError, match="cannot send 'loss'"):  # read after a loop that may not run
         pack_namespace(ast.parse(LOOP + "\nprint(loss)"), user_ns)
+
+
+# -- what nbspawn.spawn shares of its args, as torch's pickler does ----------------------------------
+
+
+def test_tensors_reached_are_what_pickling_meets_once_each():
+    """Containers, an object's attributes (a dataclass), a closure and a module's parameters are
+    reached; an int is not a tensor; a tensor met twice is listed once; nothing is moved."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Held:
+        t: torch.Tensor
+
+    t, lin = torch.zeros(3), torch.nn.Linear(2, 2)
+    closed = torch.ones(1)
+
+    def uses() -> torch.Tensor:
+        return closed
+
+    reached = _shm.tensors_reached((t, 5, Held(t), {"k": [t]}, lin, uses))
+    assert [id(x) for x in reached] == [id(t), id(lin.weight), id(lin.bias), id(closed)]
+    assert not t.is_shared() and not lin.weight.is_shared()  # found, not moved
+    assert _shm.tensors_reached((1, "a", None)) == []
+    with pytest.raises(TypeError, match="pickle"):
+        _shm.tensors_reached((threading.Lock(),))
+
+
+def test_shareable_tensors_leave_out_what_cannot_be_shared_in_place():
+    from nbspawn.handoff._names import shareable_tensors
+
+    dense, sparse, meta = torch.zeros(2), torch.zeros(2, 2).to_sparse(), torch.empty(2, device="meta")
+    assert [id(x) for x in shareable_tensors((dense, sparse, meta, 3), "spawn")] == [id(dense)]
+
+
+def test_a_return_value_that_cannot_come_back_is_none_and_says_why(monkeypatch, capsys):
+    """nbspawn.spawn's rule for fn's return value: kept if it can come back, else None and one line."""
+    from nbspawn.handoff._names import returnable
+
+    w = torch.zeros(1000)
+    big = {"w": w, "v": w[:10]}  # 4,000 bytes: the view's storage counted once
+    assert returnable(big, "x") is big and returnable(None, "x") is None and returnable(3, "x") == 3
+    assert capsys.readouterr().err == ""
+    assert returnable(threading.Lock(), "what fn returned in process 0") is None
+    assert capsys.readouterr().err.startswith(
+        "nbspawn: what fn returned in process 0 cannot come back to the kernel (a _thread.lock, which cannot be pickled: "
+    )
+    monkeypatch.setattr(_shm, "free_bytes", lambda: 3999)  # /dev/shm's free space, as a small container has it
+    assert returnable(big, "what fn returned in process 1") is None
+    said = capsys.readouterr().err
+    assert "(a builtins.dict holding 4,000 bytes of tensors, and /dev/shm has 3,999 bytes free): None instead" in said, said
+    monkeypatch.setattr(_shm, "free_bytes", lambda: 4000)
+    assert returnable(big, "x") is big
