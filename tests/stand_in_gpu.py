@@ -32,5 +32,5 @@ _gpu = types.SimpleNamespace(  # what the thread asks of torch.cuda, once CUDA i
     device=lambda index: contextlib.nullcontext(),  # the thread makes a device its own before it asks
     get_device_properties=lambda device=None: types.SimpleNamespace(name="Stand-in GPU", total_memory={TOTAL}, uuid="GPU-5ta11d-1n"),
 )
-_devicememory._initialized_cuda = lambda: _gpu  # "CUDA is initialized, and this is its torch.cuda"
+_devicememory.initialized_cuda = lambda: _gpu  # "CUDA is initialized, and this is its torch.cuda"
 """

@@ -9,6 +9,7 @@ entries as torch dumps them.
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -89,3 +90,64 @@ def pipeline_run() -> XRay:
             add(rank, "all_reduce", t + (3 - rank) * 200_000, seq)
         t += 3_000_000
     return analyse({rank: log.as_json() for rank, log in logs.items()})
+
+
+def nccl_dump(rank: int, count: int, created0: int) -> bytes:
+    """What ``torch._C._distributed_c10d._dump_nccl_trace(includeCollectives=True, ...)`` returns on
+    an NCCL build after ``count`` all_reduces of the default group: torch's own schema (the keys of
+    ``FlightRecorder::dump``: version, comm_lib_version, pg_config, pg_status, entries; an entry's
+    record_id numbered from 0 in this recorder, ``state`` completed with the times torch discovered
+    it started and completed, the duration CUDA events timed)."""
+    import pickle
+
+    entries = [
+        {
+            "record_id": i,
+            "pg_id": 0,
+            "process_group": ("0", "default_pg"),
+            "collective_seq_id": i + 1,
+            "p2p_seq_id": 0,
+            "op_id": i + 1,
+            "profiling_name": "nccl:all_reduce",
+            "time_created_ns": created0 + 1_000_000 * i + 50_000 * rank,
+            "duration_ms": 0.02,
+            "input_sizes": [[1024]],
+            "input_dtypes": ["Float"],
+            "output_sizes": [[1024]],
+            "output_dtypes": ["Float"],
+            "state": "completed",
+            "time_discovered_started_ns": created0 + 1_000_000 * i + 60_000,
+            "time_discovered_completed_ns": created0 + 1_000_000 * i + 90_000,
+            "retired": True,
+            "timeout_ms": 600_000,
+            "is_p2p": False,
+            "thread_id": "140000000000000",
+            "thread_name": "python",
+        }
+        for i in range(count)
+    ]
+    status = {"last_enqueued_collective": count, "last_started_collective": count, "last_completed_collective": count}
+    return pickle.dumps(
+        {
+            "version": "2.10",
+            "comm_lib_version": "2.27.5",
+            "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+            "pg_status": {"0": status},
+            "entries": entries,
+        }
+    )
+
+
+# A rank's cell that stands in for an NCCL build with a GPU, on CPU: torch's ``_dump_nccl_trace`` answers
+# what NCCL's recorder holds after 20 all_reduces of a 2-rank default group (``nccl_dump``, this rank's
+# times), and the X-ray drainer's CUDA (``ranks._devicememory.initialized_cuda``) says CUDA is initialized
+# with a context on device 0.  Everything after those two reads is nbspawn's real path: the drainer, the
+# record, the kernel's analysis and the views.  tests/gpu/test_cuda.py runs NCCL for real.
+NCCL_STAND_IN = (
+    "import contextlib, os, pickle, types, torch\n"
+    "import nbspawn.ranks._devicememory as _devicememory\n" + inspect.getsource(nccl_dump) + "_rank = int(os.environ['RANK'])\n"
+    "torch._C._distributed_c10d._dump_nccl_trace = lambda includeCollectives=True, includeStackTraces=True, onlyActive=False: "
+    "nccl_dump(_rank, 20, 10**18)\n"
+    "_devicememory.initialized_cuda = lambda: types.SimpleNamespace(\n"
+    "    device_count=lambda: 1, holds_context=lambda index: True, device=lambda index: contextlib.nullcontext())\n"
+)

@@ -35,6 +35,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from .._rankdir import DEVICE_MEMORY, write_json
@@ -70,7 +71,7 @@ def _loop() -> None:
 
 def write_now() -> None:
     """Sample the GPUs this process uses and write the record if it changed (nothing without CUDA)."""
-    cuda = _initialized_cuda()
+    cuda = initialized_cuda()
     if cuda is None:
         return
     devices = sample(cuda, os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -91,7 +92,7 @@ def on_error(exc: BaseException) -> None:
             write_now()
 
 
-def _initialized_cuda() -> Any:
+def initialized_cuda() -> Any:
     """What the thread asks of CUDA (:class:`_TorchCuda`) if this process imported torch and initialized
     CUDA (never initializes it)."""
     torch = sys.modules.get("torch")
@@ -100,6 +101,22 @@ def _initialized_cuda() -> Any:
         return _TorchCuda(torch) if cuda is not None and cuda.is_initialized() else None
     except Exception:
         return None
+
+
+@contextlib.contextmanager
+def on_a_held_device() -> Iterator[bool]:
+    """For a helper thread about to make a CUDA runtime call (NCCL's flight recorder asks its entries'
+    CUDA events): True, with the thread's device made one this rank holds a context on, so the call
+    opens no context on GPU 0 (a new thread's device; the fourth GPU review's U1); False, having done
+    nothing, where CUDA is not initialized (asking would initialize it on this thread) or the rank
+    holds no context."""
+    cuda = initialized_cuda()
+    device = None if cuda is None else next((i for i in range(cuda.device_count()) if cuda.holds_context(i)), None)
+    if device is None:
+        yield False
+        return
+    with cuda.device(device):
+        yield True
 
 
 class _TorchCuda:

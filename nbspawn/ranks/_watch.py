@@ -26,6 +26,7 @@ from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
 
 from .._rankdir import COLLECTIVES, write_json
+from . import _devicememory
 from ._stackdump import HELPER_THREAD_BLOCKS, answer_stack_requests
 
 FR_ENTRIES = "256"  # the flight recorders' size unless the user set it
@@ -124,7 +125,9 @@ def recent_collectives() -> list[dict[str, Any]]:
         return []
     import torch
 
-    return collected(recorders(torch._C._distributed_c10d, bool(torch.cuda.is_initialized())))
+    # NCCL's recorder asks its entries' CUDA events: from this thread, on a device the rank holds a context on
+    with _devicememory.on_a_held_device() as held:
+        return collected(recorders(torch._C._distributed_c10d, held))
 
 
 def collected(dumps: list[Callable[[], str]]) -> list[dict[str, Any]]:
@@ -155,7 +158,8 @@ def recorders(c10d: Any, cuda_initialized: bool) -> list[Callable[[], str]]:
     torch keeps two: ProcessGroupNCCL records into its own (``FlightRecorder<at::cuda::CUDAEvent>``,
     dumped by ``_dump_nccl_trace_json``, NCCL builds only); gloo and other CPU backends into the
     generic one (``FlightRecorder<c10::Event>``, ``_dump_fr_trace_json``).  Both are read: a rank
-    may have groups of each.  The NCCL one only once CUDA is initialized (no NCCL group before)."""
+    may have groups of each.  The NCCL one only once CUDA is initialized (no NCCL group before), from
+    a thread whose device the rank holds a context on (``_devicememory.on_a_held_device``)."""
     found: list[Callable[[], str]] = []
     nccl = getattr(c10d, "_dump_nccl_trace_json", None)
     if nccl is not None and cuda_initialized:

@@ -33,6 +33,12 @@ only), so a rank's arrival is its entry's ``time_created_ns`` (wall clock, compa
 of one machine); how long the others waited for the last is the difference, and each rank's next
 issue bounds when it left.  NCCL's entries also carry started and completed times: they are kept.
 
+torch keeps two recorders (:func:`recorders_of`): gloo writes the generic one, ProcessGroupNCCL its own.
+A drain reads both, each numbering its entries apart (so a loss is counted per recorder); NCCL's only
+once CUDA is initialized and from a device the rank holds a context on (``_devicememory.on_a_held_device``).
+NCCL's sequence numbers count collectives only, so once its recorder has entries the live view's drains
+come every :data:`LIVE_EVERY` whatever the count (its sends and receives move none).
+
 The record is written to the rank's ``xray.json`` (``_rankdir.XRAY``), atomically, every
 :data:`WRITE_EVERY` while it changes and at :meth:`Drainer.stop`.
 
@@ -60,10 +66,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 from .._rankdir import XRAY, write_json
-from . import _xray_values
+from . import _devicememory, _xray_values
 from ._stackdump import HELPER_THREAD_BLOCKS
 
 XRAY_FR_ENTRIES = 4096  # the recorder's ring while X-rayed (nbspawn's default is 256)
@@ -215,31 +221,33 @@ class CollectiveLog:
         self.count = 0
         self.lost = 0  # entries that fell off torch's ring before a drain read them
         self._broken = False  # some were lost: a group first seen after it has an uncertain start
-        self.last_record_id = -1
+        self.last_record_id: dict[str, int] = {}  # each recorder's (they number their entries apart)
         self.first_ns = 0
         self.last_ns = 0
         self.gap_max_ns = 0  # the longest time between two issues
         self.ranks: dict[str, list[int]] = {}  # group name -> its global ranks (from the recorder's pg_config)
 
-    def add_entries(self, entries: Iterable[dict[str, Any]]) -> int:
-        """Adds the entries not seen yet (by ``record_id``, oldest first); how many were new."""
+    def add_entries(self, entries: Iterable[dict[str, Any]], recorder: str = "generic") -> int:
+        """Adds the entries of ``recorder`` (torch's generic one, gloo's; or NCCL's: each numbers its
+        entries from 0) not seen yet (by ``record_id``, oldest first); how many were new."""
+        last = self.last_record_id.get(recorder, -1)
         fresh = sorted(
-            (e for e in entries if int(e.get("record_id", -1)) > self.last_record_id and not self._before(e)),
+            (e for e in entries if int(e.get("record_id", -1)) > last and not self._before(e)),
             key=lambda e: int(e["record_id"]),
         )
         for entry in fresh:
             record_id = int(entry["record_id"])
             lost = 0
-            if self.last_record_id >= 0 and record_id > self.last_record_id + 1:
-                lost = record_id - self.last_record_id - 1
-            elif self.last_record_id < 0 and record_id > 0 and not self.since:
+            if last >= 0 and record_id > last + 1:
+                lost = record_id - last - 1
+            elif last < 0 and record_id > 0 and not self.since:
                 lost = record_id  # the ring had wrapped before the first drain
             if lost:
                 self.lost += lost
                 self._broken = True
                 for group in self.groups.values():
                     group.broken = True
-            self.last_record_id = record_id
+            last = self.last_record_id[recorder] = record_id
             self.add(kept(entry))
         return len(fresh)
 
@@ -288,17 +296,48 @@ class CollectiveLog:
         }
 
 
-def status_and_entries(c10d: Any) -> tuple[Callable[[], dict[str, Any]], Callable[[], dict[str, Any]]]:
-    """How to ask the rank's generic flight recorder (gloo's) for its groups' status only, and for
-    everything (no stack traces): pickled, the cheaper of torch's two dumps to read back."""
+class Recorder(NamedTuple):
+    """One of torch's flight recorders, as the drainer asks it: its groups' status only, or everything
+    (no stack traces), each a dump read back ({} while it can hold nothing)."""
 
-    def status() -> dict[str, Any]:
-        return pickle.loads(c10d._dump_fr_trace(includeCollectives=False, includeStackTraces=False))  # noqa: S301 - torch's own dump, this process's
+    name: str
+    status: Callable[[], dict[str, Any]]
+    everything: Callable[[], dict[str, Any]]
 
-    def everything() -> dict[str, Any]:
-        return pickle.loads(c10d._dump_fr_trace(includeCollectives=True, includeStackTraces=False))  # noqa: S301
 
-    return status, everything
+def recorders_of(c10d: Any) -> list[Recorder]:
+    """The rank's two flight recorders (``ranks._watch.recorders`` reads the same two for a hang):
+    the generic one, which gloo and other CPU backends write, and ProcessGroupNCCL's own
+    (``FlightRecorder<at::cuda::CUDAEvent>``, NCCL builds only), which it writes instead.  Pickled
+    dumps, the cheaper of torch's two kinds to read back."""
+
+    def generic(collectives: bool) -> Callable[[], dict[str, Any]]:
+        return lambda: pickle.loads(c10d._dump_fr_trace(includeCollectives=collectives, includeStackTraces=False))  # noqa: S301 - torch's own dump, this process's
+
+    def nccl(collectives: bool) -> Callable[[], dict[str, Any]]:
+        return lambda: _nccl_dump(c10d, collectives)
+
+    return [Recorder("generic", generic(False), generic(True)), Recorder("nccl", nccl(False), nccl(True))]
+
+
+def _nccl_dump(c10d: Any, collectives: bool) -> dict[str, Any]:
+    """NCCL's recorder, read from this helper thread without making a CUDA context it should not.
+
+    Nothing before CUDA is initialized (no NCCL group can exist; and asking would initialize it on
+    this thread, where nbspawn's queued ``set_device`` would then run: ``ranks._devicememory``).
+    The dump asks each unfinished entry's CUDA events (``cudaEventQuery``), a runtime call that opens a
+    context on the calling thread's device, 0 for a new thread: so the thread first makes its own a
+    device the rank holds a context on (the fourth GPU review's U1)."""
+    dump = getattr(c10d, "_dump_nccl_trace", None)  # looked up each time: a build without NCCL has none
+    if dump is None:
+        return {}
+    with _devicememory.on_a_held_device() as held:
+        if not held:
+            return {}
+        return cast(
+            "dict[str, Any]",
+            pickle.loads(dump(includeCollectives=collectives, includeStackTraces=False, onlyActive=False)),  # noqa: S301
+        )
 
 
 def sequence_counter() -> Callable[[], int]:
@@ -353,19 +392,19 @@ class Drainer:
             import torch
 
             c10d = torch._C._distributed_c10d
-        self.status, self.everything = status_and_entries(c10d)
+        self.recorders = recorders_of(c10d)
         if counter is None:
             try:
                 counter = sequence_counter()
-            except Exception:  # no such call in this torch: the recorder's status, as before
-                counter = lambda: enqueued(self.status())  # noqa: E731
+            except Exception:  # no such call in this torch: the recorders' status, as before
+                counter = lambda: sum(enqueued(self._status(r)) for r in self.recorders)  # noqa: E731
         self.count_now = counter
-        # what the ring held before is not this record's (a kept world's earlier cells), unless ``since`` says
-        # what to leave out ({}: everything in it is this record's, a program's from its first group)
+        # what the rings held before is not this record's (a kept world's earlier cells), unless ``since`` says
+        # what to leave out ({}: everything in them is this record's, a program's from its first group)
         before: dict[str, int] = {} if since is None else since
         if since is None:
-            with contextlib.suppress(Exception):
-                before = enqueued_by_group(self.status())
+            for recorder in self.recorders:  # group names are the process's: one recorder's never clash with the other's
+                before.update(enqueued_by_group(self._status(recorder)))
         self.log = CollectiveLog(rank, since=before)
         self.path = path
         self.poll_every = poll_every
@@ -384,6 +423,16 @@ class Drainer:
         self._stop = threading.Event()
         self._done = threading.Event()
         self._seen = (0, 0.0)  # enqueued, and when, at the last poll
+        # NCCL's recorder had entries: its point-to-point ops move no group's sequence number (NCCL's counts
+        # collectives only), so the live view's drains come on time, not on a changed count
+        self._nccl_seen = False
+
+    @staticmethod
+    def _status(recorder: Recorder) -> dict[str, Any]:
+        try:
+            return recorder.status()
+        except Exception:  # this torch cannot be asked: nothing known before
+            return {}
 
     def start(self) -> None:
         # like ranks._watch: no threading.Thread.start(), which waits for the thread to be scheduled
@@ -415,7 +464,8 @@ class Drainer:
         """A drain for the live view: something new, :data:`LIVE_EVERY` since the last drain, and at
         least a hundred times the last drain's cost (a full ring takes ~60 ms to read back: then every
         6 s), so what the view costs the rank stays under :data:`LIVE_SHARE`."""
-        return count != self.drained_at and now - self.drained_when >= max(LIVE_EVERY, self.last_drain_cost / LIVE_SHARE)
+        new = count != self.drained_at or self._nccl_seen
+        return new and now - self.drained_when >= max(LIVE_EVERY, self.last_drain_cost / LIVE_SHARE)
 
     def drain_at(self) -> int:
         """New entries that make a drain: as many as the ring holds, less what could come while a
@@ -427,11 +477,19 @@ class Drainer:
         """Reads the ring; how many entries were new."""
         with self._lock:
             began = time.perf_counter()
-            counted = self.count_now()  # before the dump: what comes meanwhile is the next drain's
-            dump = self.everything()
+            counted = self.count_now()  # before the dumps: what comes meanwhile is the next drain's
+            dumps = []
+            for recorder in self.recorders:
+                try:
+                    dumps.append((recorder.name, recorder.everything()))
+                except Exception:  # noqa: S112 - one that cannot be read leaves the other's entries
+                    continue
             self.drained_at = counted
-            self.log.note_config(dump.get("pg_config") or {})
-            fresh = self.log.add_entries(dump.get("entries") or [])
+            fresh = 0
+            for name, dump in dumps:
+                self.log.note_config(dump.get("pg_config") or {})
+                fresh += self.log.add_entries(dump.get("entries") or [], recorder=name)
+                self._nccl_seen = self._nccl_seen or (name == "nccl" and bool(dump.get("entries")))
             self.drains += 1
             self.last_drain_cost = time.perf_counter() - began
             self.drain_seconds += self.last_drain_cost

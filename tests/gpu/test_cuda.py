@@ -108,9 +108,11 @@ def test_nccl_auto_ranks_all_reduce_on_their_local_gpu_without_a_barrier_warning
 
 
 def test_nccl_collectives_reach_the_x_ray_and_a_ranks_gpu_memory_is_named(fresh_kernel):
-    """The X-ray reads torch's generic flight recorder (``_dump_fr_trace``): NCCL's collectives must be
-    in it, not only in ``_dump_nccl_trace`` (#43, unverified on CPU).  And the saved view names each
-    rank's peak host memory and what its torch held on its GPU at the most (#44)."""
+    """ProcessGroupNCCL records into its own flight recorder (``_dump_nccl_trace``), not the generic one
+    gloo writes: the X-ray's drainer reads both (#56 N1; tests/unit/test_unit_xray.py and
+    tests/kernel/test_xray_cells.py feed a stand-in dump in torch's schema through the same path on
+    CPU), and the header names NCCL.  And the saved view names each rank's peak host memory and what
+    its torch held on its GPU at the most (#44)."""
     from nbspawn.views._bundle import MIME
 
     code = (
@@ -126,6 +128,7 @@ def test_nccl_collectives_reach_the_x_ray_and_a_ranks_gpu_memory_is_named(fresh_
     assert frozen, result.outputs
     record = frozen[-1][MIME]
     assert record["xray"] and record["xray"].startswith("20 collectives"), record["xray"]
+    assert record["backend"] == "nccl", record["backend"]
     assert all(rank["peak_rss"] for rank in record["ranks"]), record["ranks"]
     # 4 KiB of float32 each: torch's allocator rounds to its 512-byte blocks, reserves a 2 MiB segment
     assert all(rank["peak_gpu_allocated"] >= 4096 and rank["peak_gpu_reserved"] >= 2 << 20 for rank in record["ranks"]), record[
@@ -467,7 +470,46 @@ def test_cuda_share_to_ranks_that_see_other_gpus_is_refused(fresh_kernel):
     assert result.status == "error" and "other GPUs than the kernel" in result.stderr + result.error_text
 
 
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_spawn_shares_cuda_args_like_torch(fresh_kernel, method):
+    """``nbspawn.spawn(fn, (g,), ...)`` with a CUDA tensor in ``args``: as under torch's spawn, each
+    rank gets the kernel's memory by CUDA IPC, on the kernel's device (cuda:0, not its own), and its
+    writes are the kernel's (#56 N2; tests/kernel/test_torch_spawn_call.py proves the CPU half)."""
+    ok(fresh_kernel, "import nbspawn, torch\ng = torch.zeros(2, device='cuda')", timeout=CUDA_TIMEOUT)
+    ok(fresh_kernel, "def fill(i, g):\n    g[i] = i + 1\n    torch.cuda.synchronize()\n    return str(g.device)\n")
+    out = ok(
+        fresh_kernel,
+        f"print(nbspawn.spawn(fill, args=(g,), nprocs=2, start_method={method!r}))\nprint(g.tolist())",
+        timeout=CUDA_TIMEOUT,
+    ).stdout
+    assert "['cuda:0', 'cuda:0']\n[1.0, 2.0]" in out, out
+    ok(fresh_kernel, "del g")
+    assert _kernel_gpu_memory(fresh_kernel) == 0
+
+
 # -- two GPUs or more -----------------------------------------------------------------------------
+
+
+@two_gpus
+def test_a_look_at_an_nccl_run_opens_no_context_on_gpu0_in_rank1(fresh_kernel):
+    """The X-ray's drainer reads NCCL's recorder every 2 s while collectives come, and a hang-watch look
+    reads it after 3 s of silence; each asks unfinished entries' CUDA events from a helper thread,
+    whose device is 0 unless set (the fourth GPU review's U1: a context there costs ~0.5 GB in every
+    rank but 0).  Rank 1 runs 6 s of collectives and 5 s of silence on GPU 1 and holds no context on
+    GPU 0 afterwards."""
+    code = (
+        "%%spawn -n 2 --backend nccl --start-method spawn\n"
+        "import time, torch, torch.distributed as dist\n"
+        "t = torch.ones(1 << 20, device='cuda')\n"
+        "end = time.monotonic() + 6\n"
+        "while time.monotonic() < end:\n    dist.all_reduce(t)\n    time.sleep(0.01)\n"
+        "torch.cuda.synchronize()\ntime.sleep(5)\n"
+        "print(torch.cuda.current_device(), [torch._C._cuda_hasPrimaryContext(i) for i in range(torch.cuda.device_count())])\n"
+    )
+    result = ok(fresh_kernel, code, timeout=CUDA_TIMEOUT)
+    contexts = [False] * GPUS
+    contexts[1] = True
+    assert rank_lines(result.stdout, 1) == [f"1 {contexts}"], result.stdout
 
 
 @two_gpus

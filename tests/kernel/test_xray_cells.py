@@ -10,6 +10,7 @@ import re
 import pytest
 from kernel_harness import execute, ok, rank_lines
 from widget_harness import live_at_once, sort_out, spawn_widget
+from xray_samples import NCCL_STAND_IN
 
 from nbspawn.views._bundle import MIME
 from nbspawn.views._widget import widget_available
@@ -141,6 +142,20 @@ def test_a_cell_that_makes_its_own_group_has_its_x_ray_too(kernel):
     result, run = spawn_widget(kernel, body, options="-n 4")
     assert result.status == "ok", result.error_text
     assert run.frozen is not None and run.frozen[MIME]["xray"].startswith("1 collective, 16 B moved"), run.frozen[MIME]
+
+
+def test_an_nccl_cells_collectives_reach_its_x_ray_from_nccls_own_recorder(kernel):
+    """ProcessGroupNCCL writes its own flight recorder, not the generic one (the fourth GPU review's
+    N1: every NCCL cell had no X-ray).  On CPU a stand-in answers torch's ``_dump_nccl_trace`` with
+    what NCCL's recorder holds after 20 all_reduces (torch's schema, tests/xray_samples.py); the
+    drainer, the record, the kernel's analysis and the saved view are the real ones, and the run's
+    header names the backend the cell's collectives ran on."""
+    result, run = spawn_widget(kernel, NCCL_STAND_IN, options="-n 2")
+    assert result.status == "ok", result.error_text
+    assert run.frozen is not None
+    record = run.frozen[MIME]
+    assert record["xray"] and record["xray"].startswith("20 collectives, 164 KB moved"), record["xray"]
+    assert record["backend"] == "nccl", record["backend"]
 
 
 def test_a_background_run_keeps_its_x_ray_for_when_the_user_asks(kernel):

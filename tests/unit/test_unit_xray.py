@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from xray_samples import nccl_dump
+
 from nbspawn.events._xray import analyse
 from nbspawn.ranks._xray import KEPT_FULL, MAX_BUCKETS, CollectiveLog, entry_bytes, kept
 
@@ -230,3 +232,65 @@ def test_the_drainers_poll_never_asks_torchs_dump_only_its_drains_do(tmp_path):
     enqueued["n"] = 4000  # nearly a ring's worth: a drain
     drainer._tick()
     assert dumps == [True] and drainer.drained_at == 4000
+
+
+def test_an_nccl_runs_collectives_are_read_from_nccls_own_recorder(tmp_path, monkeypatch):
+    """ProcessGroupNCCL records into its own flight recorder, not the generic one gloo writes (the
+    fourth GPU review's N1: the X-ray of an NCCL run was empty).  The drainer reads both, numbering
+    each one's records apart; it reads NCCL's only once CUDA is initialized, from a thread whose
+    device it first makes one the rank holds a context on (GPU 1 here, not the thread's default 0);
+    the two ranks' records line up 20 collectives on NCCL, and a gloo group's beside them."""
+    import contextlib
+    import pickle
+    import types
+
+    from nbspawn.ranks import _devicememory
+    from nbspawn.ranks._xray import Drainer
+
+    logs = {}
+    for rank in (0, 1):
+        asked_on: list[int] = []
+        current = {"device": 0}
+
+        @contextlib.contextmanager
+        def device(index: int, current=current):
+            before, current["device"] = current["device"], index
+            yield
+            current["device"] = before
+
+        def nccl(
+            includeCollectives: bool, includeStackTraces: bool, onlyActive: bool, rank=rank, asked_on=asked_on, current=current
+        ) -> bytes:
+            asked_on.append(current["device"])
+            return nccl_dump(rank, 20, 10**18)
+
+        def generic(includeCollectives: bool, includeStackTraces: bool, rank=rank) -> bytes:
+            # a gloo group beside it: records 0-4 of the generic recorder, numbered as NCCL's first ones are
+            entries = [gloo_entry(i, i + 1, created=10**18 + 100_000 * i) for i in range(5)] if includeCollectives else []
+            for entry in entries:
+                entry["process_group"] = ("1", "cpu_pg")
+            return pickle.dumps({"pg_config": {"1": {"ranks": "[0, 1]"}}, "pg_status": {}, "entries": entries})
+
+        fake = types.SimpleNamespace(_dump_fr_trace=generic, _dump_nccl_trace=nccl)
+        cuda = None  # CUDA not initialized yet: NCCL's recorder is not asked
+        monkeypatch.setattr(_devicememory, "initialized_cuda", lambda: cuda)
+        drainer = Drainer(rank, str(tmp_path / f"{rank}.json"), c10d=fake, since={}, counter=lambda: 0)
+        drainer.drain()
+        assert asked_on == [] and drainer.log.count == 5
+        cuda = types.SimpleNamespace(device_count=lambda: 2, holds_context=lambda index: index == 1, device=device)
+        drainer.drain()
+        assert asked_on == [1], "NCCL's recorder read on a device without the rank's context"
+        assert drainer.log.count == 25 and drainer.log.lost == 0
+        assert drainer.log.last_record_id == {"generic": 4, "nccl": 19}
+        drainer.drain()  # read again: nothing new, from either
+        assert drainer.log.count == 25
+        assert drainer._nccl_seen  # the live view drains NCCL's on time (its sends move no sequence number)
+        drainer.write()
+        logs[rank] = json.loads((tmp_path / f"{rank}.json").read_text())
+    xray = analyse(logs)
+    assert xray.count == 25 and xray.backends == ("gloo", "nccl")
+    nccl = [c for c in xray.collectives if c.pg == "0"]
+    assert len(nccl) == 20 and all(c.op == "all_reduce" and c.last == 1 for c in nccl)
+    assert xray.summary.startswith("25 collectives"), xray.summary
+    first = next(r for r in logs[0]["head"] if r["backend"] == "nccl")
+    assert (first["started_ns"], first["completed_ns"]) == (10**18 + 60_000, 10**18 + 90_000)
