@@ -136,6 +136,7 @@ class Run:
     reported: bool = False  # its failure was told at a later cell
     world: str | None = None  # the kept world this cell ran on
     world_cell: int | None = None  # which of that world's cells this is, from 1
+    world_dir: str | None = None  # that world's directory (its ranks' own, between cells)
     world_lost: str | None = None  # why that world could not go on, if it could not
     shown: dict[str, object] | None = field(default=None, repr=False)  # its frozen view's mime bundle (%spawn show)
     memory: MemoryLimit | None = None  # the machine's (or container's) memory at the last sample
@@ -259,9 +260,10 @@ class Run:
         machine (a cluster's, by their nodes' agents), said by their executor."""
         self._ask_elsewhere = ask
 
-    def ran_on_world(self, name: str, cell: int) -> None:
-        """This run is cell number ``cell`` (from 1) of kept world ``name``."""
-        self.world, self.world_cell = name, cell
+    def ran_on_world(self, name: str, cell: int, world_dir: str | None = None) -> None:
+        """This run is cell number ``cell`` (from 1) of kept world ``name``, whose ranks were started with
+        their directories under ``world_dir`` (where torch writes what it writes once a process)."""
+        self.world, self.world_cell, self.world_dir = name, cell, world_dir
 
     def where(self, wait: float = ANSWER_WAIT) -> str:
         """Every running rank's stack now, ranks at the same place grouped (``%spawn where``, the
@@ -298,10 +300,15 @@ class Run:
         )
 
     def nccl_dumps(self) -> tuple[str, ...]:
-        """The dumps NCCL's watchdog wrote into the ranks' directories when it timed a collective out."""
+        """The dumps NCCL's watchdog wrote into the ranks' directories when it timed a collective out.  A
+        kept world's rank has the file name it was given at its start, in the world's directory, not the
+        cell's (torch's writer is a process-wide singleton that keeps the first name it was given)."""
         offset = self.spec.rank_offset
-        found = (RankDir(state.dir).nccl_trace(offset + state.rank) for state in self.ranks if not state.node)
-        return tuple(path for path in found if os.path.exists(path))
+        dirs = [(offset + state.rank, state.dir) for state in self.ranks if not state.node]
+        if self.world_dir is not None:
+            dirs += [(rank, os.path.join(self.world_dir, str(rank))) for rank, _ in dirs]
+        found = (RankDir(rank_dir).nccl_trace(rank) for rank, rank_dir in dirs)
+        return tuple(dict.fromkeys(path for path in found if os.path.exists(path)))
 
     def nodes(self) -> dict[int, str]:
         """A cluster run's node of each rank ("node 1 (b)"); empty on one machine."""

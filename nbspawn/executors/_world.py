@@ -246,7 +246,7 @@ class WorldCell(Executor):
         if self.job.is_cell:
             bound = self.bound if self.bound is not None else names_bound(self.job.cell.tree)
             self.world.owned.update(bound)  # from now on, whatever the cell does
-        run.ran_on_world(self.world.name, self.world.cells)
+        run.ran_on_world(self.world.name, self.world.cells, self.world.spec.run_dir)
         # every rank is sent the cell (--on: those that do not run it are told to sit it out, with none
         # of the kernel's names or --share tensors): a world's first cell makes its process group
         sitting_out = replace(self.job, names=None, shared=(), out_names=())

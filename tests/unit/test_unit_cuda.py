@@ -575,3 +575,24 @@ def test_nccls_timeout_dump_goes_to_the_ranks_own_directory_and_the_error_names_
     from nbspawn.errors import SpawnTimeoutError
 
     assert f"NCCL's flight recorder, dumped at its timeout: {dump}" in str(SpawnTimeoutError(5, [], run, run.facts()))
+
+
+def test_a_kept_worlds_nccl_timeout_dump_is_found_in_the_worlds_directory(tmp_path):
+    """A kept world's rank is given its dump's name once, at the world's start, in the world's own
+    directory; torch's writer keeps the first name it was given.  A cell's run looks there too (the
+    fourth GPU review's N5: the error never named it)."""
+    from nbspawn._rankdir import RankDir
+    from nbspawn._runstate import Run
+    from nbspawn._spec import RunSpec
+
+    world_dir, cell_dir = tmp_path / "w-world-x", tmp_path / "w-cell-3"
+    world = RunSpec(run_id="w", nprocs=2, start_method="fork", backend="nccl", cell=CellSource("pass"), run_dir=str(world_dir))
+    cell = RunSpec(run_id="c", nprocs=2, start_method="fork", backend="nccl", cell=CellSource("pass"), run_dir=str(cell_dir))
+    run = Run(cell)
+    run.prepare_logs()
+    run.ran_on_world("x", 3, str(world_dir))
+    dump = RankDir(world.rank_dir(1)).nccl_trace(1)  # where the world's rank 1 was told to write it
+    os.makedirs(os.path.dirname(dump))
+    with open(dump, "wb") as fh:
+        fh.write(b"trace")
+    assert run.facts().nccl_dumps == (dump,)
