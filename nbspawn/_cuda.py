@@ -234,7 +234,18 @@ def dump_file_env(prefix: str, user_env: Mapping[str, str], environ: Mapping[str
     torch), is one file per rank number for every run and kernel of the machine."""
     if any(key in user_env or key in environ for key in DUMP_FILE):
         return {}
-    return dict.fromkeys(DUMP_FILE, prefix)
+    # only the name this torch reads: the old one on a torch from after the rename warns in every rank
+    return dict.fromkeys(DUMP_FILE[:1] if recorder_renamed() else DUMP_FILE, prefix)
+
+
+def recorder_renamed() -> bool:
+    """Whether the torch imported in this process has the generic FlightRecorder (its
+    ``_dump_fr_trace_json``): it came with the rename to ``TORCH_FR_*`` variables, after which torch
+    warns on every rank of an old name that is set.  A process that has not imported torch says no:
+    both names, the safe side for settings that must reach torch."""
+    torch_c = getattr(sys.modules.get("torch"), "_C", None)
+    c10d = getattr(torch_c, "_distributed_c10d", None)
+    return c10d is not None and hasattr(c10d, "_dump_fr_trace_json")
 
 
 def socket_interface_env(interface: str | None, user_env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:

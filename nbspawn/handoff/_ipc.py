@@ -73,9 +73,19 @@ def read_counter(handle: bytes, offset: int) -> int | None:
 
 def release_counter(handle: bytes, offset: int) -> None:
     """Decrement one counter, as the receiving process would have (torch's own call for it)."""
+    torch_release(handle, offset)
+
+
+def torch_release(handle: bytes, offset: int) -> None:
+    """torch's call that decrements a counter: ``UntypedStorage._release_ipc_counter``, the wrapper its
+    binding sits behind (``_release_ipc_counter_cuda``, renamed ``_release_ipc_counter_device`` on
+    torch's main), else the binding itself.  Raises AttributeError where this torch has neither, which
+    a unit test asserts never happens (the ledger swallows errors: a rename would leak in silence)."""
     import torch
 
-    torch.UntypedStorage._release_ipc_counter_cuda(handle, offset)  # CUDA builds only
+    storage = torch.UntypedStorage
+    release = getattr(storage, "_release_ipc_counter", None) or storage._release_ipc_counter_cuda  # type: ignore[attr-defined]
+    release(handle, offset)
 
 
 class Ledger:

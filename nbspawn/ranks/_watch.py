@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
 
+from .._cuda import recorder_renamed
 from .._rankdir import COLLECTIVES, write_json
 from . import _devicememory
 from ._stackdump import HELPER_THREAD_BLOCKS, answer_stack_requests
@@ -65,17 +66,8 @@ def recorder_env(environ: MutableMapping[str, str], renamed: bool | None = None,
     if any(key in environ for key in FR_SIZE_VARS):
         return
     if renamed is None:
-        renamed = _renamed_recorder()
+        renamed = recorder_renamed()  # a rank has imported torch (torch's start_processes started it)
     environ.update(dict.fromkeys(FR_SIZE_VARS[:1] if renamed else FR_SIZE_VARS, entries))
-
-
-def _renamed_recorder() -> bool:
-    """Whether this process's torch has the generic FlightRecorder (its ``_dump_fr_trace_json``): it came
-    with the rename.  A rank has imported torch (torch's ``start_processes`` started it); a process that
-    has not gets both names, the safe side for a recorder that must be on."""
-    torch_c = getattr(sys.modules.get("torch"), "_C", None)
-    c10d = getattr(torch_c, "_distributed_c10d", None)
-    return c10d is not None and hasattr(c10d, "_dump_fr_trace_json")
 
 
 def _loop(stack_file: TextIO) -> None:

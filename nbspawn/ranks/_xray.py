@@ -526,7 +526,9 @@ def record_path(rank_dir: str) -> str:
 
 
 _current: Drainer | None = None  # this rank's, while a cell runs X-rayed
-_starting = threading.Lock()  # a program's drainer is started, or the program ends: one at a time
+# a program's drainer is started, or the program ends: one at a time; re-entrant, as end() is also
+# SIGTERM's last words, which may come while the main thread holds it (N-m8)
+_starting = threading.RLock()
 _ended = threading.Event()  # end() was called: a program's waiting thread (begin_once_grouped) stops
 _program_rank: tuple[int, str] | None = None  # a program's rank and its directory (begin_once_grouped)
 

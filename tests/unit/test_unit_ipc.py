@@ -52,6 +52,25 @@ def test_a_counter_is_read_where_torch_keeps_it(counters_file):
     assert _ipc.read_counter(b"/torch_0_0_gone", 0) is None
 
 
+def test_torchs_call_that_releases_a_counter_is_there(counters_file):
+    """The ledger swallows every error (a rank's counter must never fail a run's end), so a torch that
+    renamed its release call would leak shared GPU memory in silence: this torch has one of the names
+    nbspawn calls, and it decrements a counter as the ranks' own release does (on a CPU build it exists
+    and refuses: no CUDA, nothing to release)."""
+    import torch
+
+    storage = torch.UntypedStorage
+    assert hasattr(storage, "_release_ipc_counter") or hasattr(storage, "_release_ipc_counter_cuda"), torch.__version__
+    name, counters = counters_file
+    counters[3] = 1
+    try:
+        _ipc.torch_release(name, 3)
+    except RuntimeError as err:  # a CPU build's binding refuses without CUDA: the call was found
+        assert "CUDA" in str(err), err
+    else:
+        assert counters[3] == 0
+
+
 def test_the_ledger_releases_only_what_the_receivers_still_hold(counters_file):
     """A rank that freed its storage set its counter to 0 itself: left alone. One killed holding it
     (or never opened it) left 1: released, once, then collected."""
