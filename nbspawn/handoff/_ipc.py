@@ -84,7 +84,7 @@ def torch_release(handle: bytes, offset: int) -> None:
     import torch
 
     storage = torch.UntypedStorage
-    release = getattr(storage, "_release_ipc_counter", None) or storage._release_ipc_counter_cuda  # type: ignore[attr-defined]
+    release = getattr(storage, "_release_ipc_counter", None) or storage._release_ipc_counter_cuda
     release(handle, offset)
 
 

@@ -80,11 +80,17 @@ def test_the_chips_and_header_show_each_ranks_memory_live_and_the_saved_view_its
         run_cell(pg, cell)
         view = live_view(cell, widget=True)
         cost = view.locator(".nbs-Chip[data-rank='1'] .nbs-Chip-cost")
-        # the chip is drawn again as its figures change: looked up anew each time
+        # the chip is drawn again as its figures change: looked up anew each time.  Waited for until rank 1's
+        # chip shows its 400 MB above rank 0's: torch.ones fills them page by page, and a sample taken
+        # meanwhile (466 MB against 180, rehearsal I) is a true figure of a rank still filling them
         pg.wait_for_function(
             """() => {
-              const el = document.querySelector(".nbs-Chip[data-rank='1'] .nbs-Chip-cost");
-              return el && (/^\\d+(\\.\\d)? GB$/.test(el.textContent) || parseFloat(el.textContent) >= 400);
+              const mb = rank => {
+                const m = /^(\\d+(?:\\.\\d)?) (MB|GB)$/.exec(
+                  document.querySelector(`.nbs-Chip[data-rank='${rank}'] .nbs-Chip-cost`)?.textContent ?? '');
+                return m ? Number(m[1]) * (m[2] === 'GB' ? 1000 : 1) : NaN;
+              };
+              return mb(1) - mb(0) >= 360;
             }""",
             timeout=60_000,
         )
