@@ -20,8 +20,15 @@ k-th send to a peer pairs with the peer's k-th receive from it.
 Bounded: the first :data:`MAX_CALLS` calls of the cell, :data:`MAX_TENSORS` tensors of a list, and
 :data:`MAX_NUMBERS` numbers in all; past those, calls are counted only.  An async call
 (``async_op=True``, ``isend``, ``irecv``) has its output read when its work completes (a callback on
-its future: for NCCL that is when it is enqueued, and reading the values waits for it); where its
-work has no future, its inputs only are kept, and the record says so.
+its future); where its work has no future, its inputs only are kept, and the record says so.
+
+A CUDA tensor is never read at the call: ``.tolist()`` would make the rank's CPU wait for its stream,
+so a receive posted before a collective its sender must pass first would never let the rank reach
+that collective (NCCL completes a work's future once enqueued and runs its callbacks at once; the
+fourth GPU review's N3).  Its values are copied instead, without blocking, into pinned host memory on
+the stream the call's result is ordered on (the caller's; an async work's callback runs on streams
+that wait for the work), and read at :func:`end`, once the copy is done: a copy still waiting then
+(a collective that never completed) leaves the call's shape and dtype, and says so.
 
 Never the user's failure: whatever recording raises is swallowed, and the call goes on as torch's.
 """
@@ -42,6 +49,7 @@ MAX_CALLS = 200  # calls recorded a cell, at the most
 MAX_ELEMENTS = 64  # a tensor with more has its shape recorded, not its values
 MAX_TENSORS = 64  # tensors of one list argument recorded (all_gather's output list ...)
 MAX_NUMBERS = 32_768  # numbers recorded a cell, all calls together
+COPIES_WAIT = 2.0  # seconds end() waits, all copies together, for CUDA copies still on their way
 FORMAT = 1
 
 # op -> (the argument read before the call, the argument read after it, what else is said of it)
@@ -79,6 +87,8 @@ class ValuesLog:
         self.counters: dict[tuple[Any, ...], int] = {}
         self.groups: dict[str, dict[str, Any]] = {}  # name -> its global ranks and description
         self._names: dict[int, str] = {}  # id(group) -> its name
+        # CUDA tensors' values on their way to host memory: (the record they go in, the copy, its event)
+        self.copies: list[tuple[dict[str, Any], Any, Any]] = []
 
     # -- what one call was -------------------------------------------------------------------------
 
@@ -182,10 +192,29 @@ class ValuesLog:
         count = int(tensor.numel())
         if count <= MAX_ELEMENTS and self.numbers + count <= MAX_NUMBERS:
             with contextlib.suppress(Exception):  # a meta or sparse tensor, a dtype .tolist() cannot read
-                values = tensor.detach().tolist()
-                found["values"] = _plain(values) if tensor.is_complex() else values
+                if getattr(tensor, "is_cuda", False):
+                    self.copies.append(_copy_to_host(found, tensor))
+                else:
+                    values = tensor.detach().tolist()
+                    found["values"] = _plain(values) if tensor.is_complex() else values
                 self.numbers += count
         return found
+
+    def read_copies(self, wait: float = COPIES_WAIT) -> None:
+        """The CUDA tensors' values, from their copies once done (waiting ``wait`` seconds at the most,
+        all of them together: never for good, as a copy behind a collective that never completed would)."""
+        import time
+
+        deadline = time.monotonic() + wait
+        copies, self.copies = self.copies, []
+        for found, host, done in copies:
+            while not done.query() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            if done.query():
+                values = host.tolist()
+                found["values"] = _plain(values) if host.is_complex() else values
+            else:
+                found["note"] = "its values had not reached host memory when the cell ended"
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -197,6 +226,18 @@ class ValuesLog:
             "groups": self.groups,
             "calls": self.calls,
         }
+
+
+def _copy_to_host(found: dict[str, Any], tensor: Any) -> tuple[dict[str, Any], Any, Any]:
+    """A CUDA tensor's values on their way to pinned host memory, ordered on the current stream, which
+    the CPU does not wait for; with the event that says they have arrived."""
+    import torch
+
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor.detach(), non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return found, host, done
 
 
 def _plain(values: Any) -> Any:
@@ -302,5 +343,7 @@ def end() -> None:
                 setattr(dist, op, original)
     if log is None:
         return
+    with contextlib.suppress(Exception):
+        log.read_copies()
     with contextlib.suppress(Exception):
         write_json(_path, log.as_json())

@@ -8,6 +8,7 @@ tests/unit/test_unit_cuda.py.  Run this file on a GPU machine: it takes a few mi
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -487,7 +488,53 @@ def test_spawn_shares_cuda_args_like_torch(fresh_kernel, method):
     assert _kernel_gpu_memory(fresh_kernel) == 0
 
 
+def test_xray_values_of_cuda_tensors_are_read_at_the_cells_end_not_at_each_call(fresh_kernel):
+    """``--xray values`` under NCCL copies each small CUDA tensor to host memory without waiting and
+    reads the copies at the cell's end (#56 N3): an all_reduce's input and output, and an async one's
+    output once its work is done, have their values."""
+    code = (
+        "%%spawn -n 1 --backend nccl --xray values --view text\n"
+        "import torch, torch.distributed as dist\n"
+        "t = torch.tensor([3.0], device='cuda')\ndist.all_reduce(t)\n"
+        "w = dist.all_reduce(t * 2, async_op=True)\nw.wait()\n"
+    )
+    ok(fresh_kernel, code, timeout=CUDA_TIMEOUT)
+    said = ok(
+        fresh_kernel,
+        "import json, nbspawn\nrows = nbspawn.last_run().xray.values\n"
+        "print(json.dumps([[r.op, r.inputs, r.outputs] for r in rows]))",
+    ).stdout
+    rows = json.loads(said)
+    assert [(op, inputs["0"]["values"], outputs["0"]["values"]) for op, inputs, outputs in rows] == [
+        ("all_reduce", [3.0], [3.0]),
+        ("all_reduce", [6.0], [6.0]),
+    ], rows
+
+
 # -- two GPUs or more -----------------------------------------------------------------------------
+
+
+@two_gpus
+def test_xray_values_does_not_turn_irecv_into_a_blocking_recv(fresh_kernel):
+    """A receive posted before a collective its sender must pass first (the fourth GPU review's N3):
+    reading the receive's output at the call made rank 0 wait for it, and rank 1 waited in the barrier
+    for rank 0, until NCCL's watchdog.  With ``--xray values`` the cell ends as it does without, and the
+    receive's values are recorded."""
+    code = (
+        "%%spawn -n 2 --backend nccl --xray values --timeout 90 --view text\n"
+        "import torch, torch.distributed as dist\n"
+        "r = dist.get_rank(); buf = torch.zeros(4, device='cuda'); t = torch.full((4,), 7.0, device='cuda')\n"
+        "if r == 0:\n    req = dist.irecv(buf, src=1); dist.barrier(); req.wait(); print(buf.tolist())\n"
+        "else:\n    dist.barrier(); dist.send(t, dst=1 - r)\n"
+    )
+    result = ok(fresh_kernel, code, timeout=CUDA_TIMEOUT)
+    assert rank_lines(result.stdout, 0) == ["[7.0, 7.0, 7.0, 7.0]"], result.stdout
+    said = ok(
+        fresh_kernel,
+        "import json, nbspawn\nrows = nbspawn.last_run().xray.values\n"
+        "print(json.dumps([r.outputs for r in rows if r.op == 'send/recv']))",  # a send and its receive: one row
+    ).stdout
+    assert json.loads(said)[0]["0"]["values"] == [7.0] * 4, said
 
 
 @two_gpus

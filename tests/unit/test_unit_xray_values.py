@@ -170,3 +170,59 @@ def test_the_table_is_bounded_and_says_what_it_leaves_out():
 
 def test_nothing_to_show_is_no_table():
     assert values_html([]) == ""
+
+
+class _OnAGpu:
+    """What ``ValuesLog`` asks of a CUDA tensor (``is_cuda``, its shape, dtype, size); reading its values
+    at the call (``tolist``) is what made an NCCL rank wait for its stream: refused here."""
+
+    is_cuda = True
+
+    def __init__(self, values: list[float]) -> None:
+        self._values = torch.tensor(values)
+        self.shape, self.dtype = self._values.shape, self._values.dtype
+
+    def numel(self) -> int:
+        return self._values.numel()
+
+    def tolist(self) -> list[float]:
+        raise AssertionError("a CUDA tensor read at the call: the rank's CPU waits for its stream")
+
+    def detach(self) -> _OnAGpu:
+        return self
+
+
+class _Copy:
+    """A copy to host memory on its way: done after ``after`` looks (never, if None)."""
+
+    def __init__(self, after: int | None) -> None:
+        self.after, self.looks = after, 0
+
+    def query(self) -> bool:
+        self.looks += 1
+        return self.after is not None and self.looks > self.after
+
+
+def test_a_cuda_tensor_is_copied_without_waiting_and_read_at_the_cells_end(monkeypatch):
+    """The fourth GPU review's N3: never ``.tolist()`` at the call; a non-blocking copy, read at the end
+    once done; one still on its way when the cell ends (behind a collective that never completed)
+    leaves its shape, and says so, after a bounded wait."""
+    from nbspawn.ranks import _xray_values
+
+    copies = {"done": _Copy(after=3), "never": _Copy(after=None)}
+    started = []
+
+    def copy_to_host(found, tensor):
+        started.append(found)
+        which = "done" if len(started) == 1 else "never"
+        return found, tensor._values.clone(), copies[which]
+
+    monkeypatch.setattr(_xray_values, "_copy_to_host", copy_to_host)
+    log = ValuesLog(0, dist=None)
+    received, hung = log.snapshot(_OnAGpu([1.0, 2.0])), log.snapshot(_OnAGpu([5.0]))
+    assert received == {"shape": [2], "dtype": "float32"} and hung == {"shape": [1], "dtype": "float32"}
+    assert len(log.copies) == 2 and log.numbers == 3
+    log.read_copies(wait=0.2)
+    assert received == {"shape": [2], "dtype": "float32", "values": [1.0, 2.0]}
+    assert hung == {"shape": [1], "dtype": "float32", "note": "its values had not reached host memory when the cell ended"}
+    assert log.copies == [] and copies["never"].looks >= 2
