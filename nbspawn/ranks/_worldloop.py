@@ -109,15 +109,24 @@ def keep_failure(exc: BaseException, cell: CellSource, shared: Iterable[Any] = (
             )
 
 
+REACH_BUDGET = 100_000  # objects a kept failure's locals are followed through, at the most
+
+
 def _holding(exc: BaseException, shared: Iterable[Any]) -> str | None:
-    """Where a frame of ``exc`` (or of the exceptions chained to it) holds a --share object's memory:
-    ``x in step()``; None if none does."""
+    """Where a frame of ``exc`` (or of the exceptions chained to it) reaches a --share object's memory:
+    ``x in step()``, ``self in run()`` (an object whose attribute holds it, a dataclass, a closure's
+    cell: whatever the garbage collector sees it refer to); None if none does.  Modules, classes and
+    namespaces (a function's globals) are not followed: what they hold is alive whatever is kept.
+    Past :data:`REACH_BUDGET` objects it cannot tell, and says so: kept frames that pin GPU memory
+    are worse than a failure ``%spawn debug`` cannot open."""
     from ..handoff._shm import storage_keys
 
     keys = storage_keys(list(shared))
     if not keys:
         return None
+    namespaces = {id(vars(module)) for module in list(sys.modules.values()) if hasattr(module, "__dict__")}
     seen: set[int] = set()
+    budget = [REACH_BUDGET]
     todo: list[BaseException | None] = [exc]
     while todo:
         current = todo.pop()
@@ -131,10 +140,37 @@ def _holding(exc: BaseException, shared: Iterable[Any]) -> str | None:
             tb = tb.tb_next
             if frame.f_code.co_filename in _rank._OWN_FILES or frame.f_locals is frame.f_globals:
                 continue  # nbspawn's, or the cell's top level: the names --share sent are popped from there
+            namespaces.add(id(frame.f_globals))
             for name, value in frame.f_locals.items():
-                if storage_keys(value) & keys:
-                    return f"{name} in {frame.f_code.co_name}()"
+                reached = _reaches(value, keys, storage_keys, seen, namespaces, budget)
+                if reached is not False:
+                    where = f"{name} in {frame.f_code.co_name}()"
+                    return where if reached else f"{where} holds more objects than could be followed"
     return None
+
+
+def _reaches(
+    root: Any, keys: set[int], storage_keys: Any, seen: set[int], namespaces: set[int], budget: list[int]
+) -> bool | None:
+    """Whether ``root`` reaches memory of ``keys`` (None: the budget ran out first)."""
+    import gc
+    import types
+
+    todo = [root]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or id(obj) in namespaces or isinstance(obj, (type, types.ModuleType)):
+            continue
+        seen.add(id(obj))
+        budget[0] -= 1
+        if budget[0] < 0:
+            return None
+        if storage_keys(obj) & keys:
+            return True
+        if type(obj).__module__.startswith("torch") and hasattr(obj, "untyped_storage"):
+            continue  # a tensor: its storage was just asked
+        todo.extend(gc.get_referents(obj))
+    return False
 
 
 def debug_kept(rank: int) -> None:

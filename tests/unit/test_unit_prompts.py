@@ -249,3 +249,74 @@ def test_input_at_a_rank_gives_its_process_groups_an_hour_as_the_debugger_does(t
         _prompt.use(None, None)
         channel.close()
     assert calls == [(timedelta(seconds=_prompt.LONG_TIMEOUT_S), "default"), (timedelta(seconds=_prompt.LONG_TIMEOUT_S), "sub")]
+
+
+def test_a_kept_failure_that_reaches_a_shared_tensor_through_any_object_keeps_only_a_note():
+    """A world rank keeps a failed cell's frames for ``%spawn debug``, unless they reach memory the
+    kernel sent with ``--share`` (they would pin it while the world lives: a CUDA tensor's GPU memory
+    stays allocated after the kernel's ``del``).  Reached as the garbage collector sees it: a local,
+    an attribute of ``self``, a dataclass's field, a closure's cell, a module's parameter (the fourth
+    GPU review's C3: only locals that were tensors, modules or containers were seen).  A frame that
+    reaches no shared memory keeps its frames."""
+    import dataclasses
+    import functools
+
+    import torch
+
+    from nbspawn._source import CellSource
+    from nbspawn.ranks import _worldloop as rank_world
+
+    g = torch.zeros(4)
+    g_view = g[1:]
+
+    class Step:
+        def __init__(self, t):
+            self.t = t
+
+        def __call__(self):
+            raise ValueError("inside the step")
+
+    @dataclasses.dataclass
+    class Batch:
+        x: torch.Tensor
+
+    def takes(batch):
+        raise ValueError("inside takes")
+
+    def closing_over(t):
+        def inner():
+            return t.sum()
+
+        def fails(fn):
+            raise ValueError("inside fails")
+
+        return functools.partial(fails, inner)
+
+    def failure(call) -> BaseException:
+        """What ``call()`` raised, its traceback from the call on (a rank's begins at the cell's top level,
+        which is not looked at: the names --share sent are popped from there)."""
+        try:
+            call()
+        except ValueError as exc:
+            return exc.with_traceback(exc.__traceback__.tb_next)
+        raise AssertionError("no failure")
+
+    model = torch.nn.Linear(2, 2)  # shared as a module: its parameters' memory
+    cases = {
+        "self in __call__()": (failure(Step(g_view)), [g]),
+        "batch in takes()": (failure(functools.partial(takes, Batch(g))), [g]),
+        "fn in fails()": (failure(closing_over(g)), [g]),
+        "self in __call__() ": (failure(Step({"layers": [model]})), [model]),
+    }
+    for where, (exc, shared) in cases.items():
+        assert rank_world._holding(exc, shared) == where.strip(), where
+    unrelated = failure(Step(torch.ones(2)))
+    assert rank_world._holding(unrelated, [g]) is None
+    before = rank_world._kept
+    try:
+        rank_world.keep_failure(cases["self in __call__()"][0], CellSource("x"), [g])
+        assert isinstance(rank_world._kept[0], str) and "self in __call__()" in rank_world._kept[0]
+        rank_world.keep_failure(unrelated, CellSource("x"), [g])
+        assert rank_world._kept[0] is unrelated
+    finally:
+        rank_world._kept = before
