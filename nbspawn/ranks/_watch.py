@@ -27,7 +27,7 @@ from typing import Any, TextIO
 
 from .._cuda import recorder_renamed
 from .._rankdir import COLLECTIVES, write_json
-from . import _devicememory
+from . import _devicememory, _xray
 from ._stackdump import HELPER_THREAD_BLOCKS, answer_stack_requests
 
 FR_ENTRIES = "256"  # the flight recorders' size unless the user set it
@@ -117,6 +117,13 @@ def recent_collectives() -> list[dict[str, Any]]:
         return []
     import torch
 
+    # not while the rank's groups are being made, as far as the X-ray's drainer has seen (_xray.GroupsWatch)
+    waited = 0.0
+    while not _xray.groups_settled():
+        if waited >= 2 * _xray.SETTLED:
+            raise RuntimeError("the rank was making process groups: their recorders were not read (torch's dump could crash it)")
+        time.sleep(0.05)
+        waited += 0.05
     # NCCL's recorder asks its entries' CUDA events: from this thread, on a device the rank holds a context on
     with _devicememory.on_a_held_device() as held:
         return collected(recorders(torch._C._distributed_c10d, held))

@@ -351,12 +351,51 @@ def sequence_counter() -> Callable[[], int]:
 
     def count() -> int:
         total = 0
-        for pg in list(world.pg_map):  # list(): one C call, under the GIL, whatever the main thread adds
-            total += int(pg._get_sequence_number_for_group())  # type: ignore[attr-defined]  # (not in torch's stubs)
+        young = []
+        groups = list(world.pg_map)  # list(): one C call, under the GIL, whatever the main thread adds
+        for pg in groups:
+            seq = int(pg._get_sequence_number_for_group())  # type: ignore[attr-defined]  # (not in torch's stubs)
+            total += seq
+            if seq == 0:  # its first collective will insert its status
+                young.append(id(pg))
+        _groups.saw((len(groups), tuple(young)))
         return total
 
     count()  # this torch has what it needs, or the caller falls back to the recorder's status
     return count
+
+
+class GroupsWatch:
+    """When this rank's groups last changed in the way torch's dump cannot bear (the module's docstring:
+    it walks the recorders' maps of groups without their lock): a group made, or a group's first
+    collective (the one insert into its status map, just after its sequence number goes 0 -> 1).  Seen
+    at each of the drainer's polls; a dump waits until they have been still for :data:`SETTLED` (the
+    fourth GPU review's N-m1: narrowed, not closed; only torch taking its lock would close it).  The
+    drainer's last drain, at the cell's end, does not wait: the main thread makes no group then."""
+
+    def __init__(self) -> None:
+        self._seen: Any = None
+        self._changed = 0.0
+
+    def saw(self, signature: Any) -> None:
+        if signature != self._seen:
+            self._seen, self._changed = signature, time.monotonic()
+
+    def settled(self) -> bool:
+        return time.monotonic() - self._changed >= SETTLED
+
+
+# seconds the groups must have been still before the drainer (or a hang watch's look) dumps: group set-ups come
+# in bursts (a device mesh's), and the first collective's insert follows its sequence number within microseconds;
+# short, as a tight loop's ring (6,000 collectives a second here) must still be drained before it wraps
+SETTLED = 0.25
+_groups = GroupsWatch()  # this process's (its drainer's polls keep it)
+
+
+def groups_settled() -> bool:
+    """Whether a dump now is clear of the groups' set-up, as far as the drainer's polls have seen (with no
+    drainer, nothing seen: True)."""
+    return _groups.settled()
 
 
 def enqueued_by_group(status: dict[str, Any]) -> dict[str, int]:
@@ -455,7 +494,8 @@ class Drainer:
         if now > seen_at:
             self.rate = 0.7 * self.rate + 0.3 * max(0, count - seen) / (now - seen_at)
         self._seen = (count, now)
-        if count - self.drained_at >= self.drain_at() or self._live_drain_due(count, now):
+        due = count - self.drained_at >= self.drain_at() or self._live_drain_due(count, now)
+        if due and _groups.settled():  # not while groups are being made (at most SETTLED late: see GroupsWatch)
             self.drain()
         if time.monotonic() - self.written_at >= WRITE_EVERY and self.written_count != self.log.count:
             self.write()

@@ -294,3 +294,31 @@ def test_an_nccl_runs_collectives_are_read_from_nccls_own_recorder(tmp_path, mon
     assert xray.summary.startswith("25 collectives"), xray.summary
     first = next(r for r in logs[0]["head"] if r["backend"] == "nccl")
     assert (first["started_ns"], first["completed_ns"]) == (10**18 + 60_000, 10**18 + 90_000)
+
+
+def test_no_drain_while_the_ranks_groups_are_being_made(tmp_path, monkeypatch):
+    """torch's dump walks its maps of groups without their lock: the drainer waits until no group was
+    made, nor had its first collective, for a moment (the fourth GPU review's N-m1), then drains."""
+    import pickle
+
+    from nbspawn.ranks import _xray
+    from nbspawn.ranks._xray import Drainer, GroupsWatch
+
+    dumps: list[bool] = []
+    enqueued = {"n": 0}
+
+    def dump(includeCollectives: bool, includeStackTraces: bool) -> bytes:
+        dumps.append(includeCollectives)
+        return pickle.dumps({"pg_status": {}, "entries": []})
+
+    watch = GroupsWatch()
+    monkeypatch.setattr(_xray, "_groups", watch)
+    fake = type("C10d", (), {"_dump_fr_trace": staticmethod(dump)})
+    drainer = Drainer(0, str(tmp_path / "xray.json"), c10d=fake, ring=4096, since={}, counter=lambda: enqueued["n"])
+    watch.saw((2, (1,)))  # a second group, made just now, its first collective to come
+    enqueued["n"] = 4000  # a ring's worth: a drain is due
+    drainer._tick()
+    assert dumps == [] and not _xray.groups_settled()
+    watch._changed -= _xray.SETTLED  # still since
+    drainer._tick()
+    assert dumps == [True] and _xray.groups_settled()
