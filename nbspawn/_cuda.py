@@ -30,10 +30,12 @@ import os
 import re
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any, cast
 
 from .errors import SpawnUsageError
 
@@ -354,16 +356,29 @@ def gpu_count(visible: str | None, torch: ModuleType | None = None) -> int:
     return count_visible(visible, physical)
 
 
+_libcuda_at: list[Any] = [None, -1.0]  # the driver's path once mapped (it stays); else when it was last looked for
+LIBCUDA_RECHECK = 1.0  # seconds an answer "not mapped" is trusted: one look per payload, not one per tensor
+
+
 def _libcuda() -> str | None:
-    """The path of the CUDA driver library if this process has it mapped."""
+    """The path of the CUDA driver library if this process has it mapped.  Read from /proc/self/maps
+    once it is (a library stays mapped), and at most once per :data:`LIBCUDA_RECHECK` before: a payload
+    asks for each of its CPU storages (a 1,000-tensor model for 8 ranks: 8,000 reads; the fourth GPU
+    review's N-m5)."""
+    path, looked = _libcuda_at
+    if path is not None or time.monotonic() - looked < LIBCUDA_RECHECK:
+        return cast("str | None", path)
+    path = None
     try:
         with open("/proc/self/maps") as fh:
             for line in fh:
                 if "libcuda.so" in line:
-                    return line.split(None, 5)[-1].strip()
+                    path = line.split(None, 5)[-1].strip()
+                    break
     except OSError:
-        return None
-    return None
+        pass
+    _libcuda_at[:] = [path, time.monotonic()]
+    return path
 
 
 def driver_initialized() -> bool | None:
@@ -475,7 +490,23 @@ def may_hold_pinned() -> bool:
     torch = _torch()
     if torch is None or not compiled_with_cuda(torch):
         return False
-    return bool(torch.cuda.is_initialized()) or driver_initialized() is not False
+    if torch.cuda.is_initialized():
+        return True
+    if driver_initialized() is False:
+        return False
+    if _release(torch.__version__) >= (2, 7):
+        return True
+    # torch < 2.7 asks cudaPointerGetAttributes, which makes a context on GPU 0 unless the process has one
+    # somewhere: a kernel that only asked torch.cuda.is_available() has the driver but none (N-m4)
+    try:
+        return any(torch._C._cuda_hasPrimaryContext(i) for i in range(torch.cuda.device_count()))
+    except Exception:
+        return False
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"2.6.0+cu124"`` -> (2, 6): what a torch version is, for comparing."""
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:2])
 
 
 def collect_ipc() -> None:

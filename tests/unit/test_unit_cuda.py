@@ -605,3 +605,61 @@ def test_a_kept_worlds_nccl_timeout_dump_is_found_in_the_worlds_directory(tmp_pa
     with open(dump, "wb") as fh:
         fh.write(b"trace")
     assert run.facts().nccl_dumps == (dump,)
+
+
+def test_pinned_memory_is_asked_of_an_old_torch_only_where_a_context_exists(monkeypatch):
+    """torch < 2.7 answers ``is_pinned`` with cudaPointerGetAttributes, which makes a CUDA context on
+    GPU 0 in a process that has none (300-500 MB): a kernel that only asked ``is_available()`` has the
+    driver initialized and no context (the fourth GPU review's N-m4).  torch >= 2.7 asks without one."""
+    import types
+
+    contexts: list[int] = []
+    asked: list[int] = []
+
+    def has_context(index: int) -> bool:
+        asked.append(index)
+        return index in contexts
+
+    def a_torch(version: str) -> types.SimpleNamespace:
+        return types.SimpleNamespace(
+            __version__=version,
+            _C=types.SimpleNamespace(_cuda_getDeviceCount=lambda: 2, _cuda_hasPrimaryContext=has_context),
+            cuda=types.SimpleNamespace(is_initialized=lambda: False, device_count=lambda: 2),
+        )
+
+    monkeypatch.setattr(_cuda, "driver_initialized", lambda: True)
+    monkeypatch.setattr(_cuda, "_torch", lambda: a_torch("2.6.0+cu124"))
+    assert not _cuda.may_hold_pinned() and asked == [0, 1]
+    contexts.append(1)  # a context on GPU 1 (a --share tensor's, say): pinned memory may exist, and asking opens none
+    assert _cuda.may_hold_pinned()
+    monkeypatch.setattr(_cuda, "_torch", lambda: a_torch("2.7.1"))
+    contexts.clear()
+    asked.clear()
+    assert _cuda.may_hold_pinned() and asked == []
+    monkeypatch.setattr(_cuda, "driver_initialized", lambda: False)
+    assert not _cuda.may_hold_pinned()
+
+
+def test_the_driver_library_is_looked_for_once_per_moment_and_kept_once_found(monkeypatch):
+    """/proc/self/maps is read once per LIBCUDA_RECHECK while libcuda is not mapped (a payload asks for
+    each storage: N-m5), and never again once it is (a library stays mapped)."""
+    import builtins
+
+    reads: list[str] = []
+    real_open = builtins.open
+
+    def counting_open(path, *args, **kwargs):
+        if path == "/proc/self/maps":
+            reads.append(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    monkeypatch.setattr(_cuda, "_libcuda_at", [None, -1.0])
+    for _ in range(100):
+        _cuda._libcuda()
+    assert len(reads) == 1
+    _cuda._libcuda_at[1] -= _cuda.LIBCUDA_RECHECK
+    _cuda._libcuda()
+    assert len(reads) == 2
+    monkeypatch.setattr(_cuda, "_libcuda_at", ["/usr/lib/libcuda.so.1", 0.0])
+    assert _cuda._libcuda() == "/usr/lib/libcuda.so.1" and len(reads) == 2
