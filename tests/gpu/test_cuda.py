@@ -740,6 +740,26 @@ def test_the_shared_gpu_memory_comes_back_after_a_timeout(fresh_kernel):
     code = "%%spawn -n 1 --start-method spawn --timeout 20 --share g\nimport torch\ng.add_(1)\n" + _WAITS["in_cuda"]
     result = execute(fresh_kernel.client, code, timeout=CUDA_TIMEOUT)
     assert result.status == "error"
+    # the rank had opened g (a rank still importing at the timeout would pass the rest without a release to make)
+    assert ok(fresh_kernel, "print(g[0].item())").stdout == "1.0\n"
+    ok(fresh_kernel, "del g")
+    assert _kernel_gpu_memory(fresh_kernel) == 0
+
+
+def test_rank_side_drop_alone_in_python(fresh_kernel):
+    """The rank's own half of giving g back, with the kernel's half switched off: a rank stopped by
+    SIGTERM while in Python drops g itself before it dies, so `del g` frees it with no release by the
+    kernel's ledger (the test above passes through the ledger alone whether or not the rank side
+    works; the fourth review's item 7).  A rank stuck in CUDA cannot: that is what the ledger is for."""
+    ok(fresh_kernel, "import torch\ng = torch.zeros(1 << 20, device='cuda')", timeout=CUDA_TIMEOUT)
+    ok(fresh_kernel, "from nbspawn.handoff import _ipc\n_ipc.Ledger.release = lambda self: 0")
+    code = (
+        "%%spawn -n 2 --start-method forkserver --share g\nimport os, time, torch\ng.add_(1)\n"
+        f"if os.environ['RANK'] == '1':\n    raise ValueError('rank 1 failed')\n{_WAITS['in_python']}\n"
+    )
+    result = execute(fresh_kernel.client, code, timeout=CUDA_TIMEOUT)
+    assert result.status == "error" and "rank 1 failed" in result.stderr + result.error_text
+    assert ok(fresh_kernel, "print(g[0].item())").stdout == "2.0\n"  # both ranks had opened it
     ok(fresh_kernel, "del g")
     assert _kernel_gpu_memory(fresh_kernel) == 0
 
