@@ -72,7 +72,9 @@ def test_each_ranks_memory_is_live_in_the_widget_and_its_peak_saved_within_ten_p
     # live: while they ran, the widget's ranks carried what each held then
     live = [u["ranks"] for u in widget.updates if u.get("ranks") and any(r.get("rss") for r in u["ranks"])]
     assert live, "no live update carried the ranks' memory"
-    assert max(r["rss"] or 0 for r in live[-1]) >= ALLOCATED
+    # the one the test waited for (not the last: a sample taken as rank 1 left, its tensor freed, is a true
+    # figure too: 181 MB in rehearsal J)
+    assert any(max(r["rss"] or 0 for r in ranks) >= ALLOCATED for ranks in live), [[r["rss"] for r in ranks] for ranks in live]
     # and what each used of a core since the last sample, from the second sample on
     assert any(all(r["cpu"] is not None for r in ranks if r["status"] == "running") for ranks in live[1:]), live
     # saved: each rank's peak, and rank 1's exceeds rank 0's by what it allocated, within 10 %
