@@ -397,6 +397,9 @@ export class LiveView {
   /** The X-ray's panel in place of the pane (or the pane back). */
   private _showXRay(on: boolean): void {
     this._xrayShown = on;
+    if (on) {
+      this._xray.retheme(); // a panel that was out of the page when the theme changed
+    }
     this._xray.node.hidden = !on;
     this._host.hidden = on;
     markSelected(this._tabs, on ? 'xray' : this._selected ?? 'merged');

@@ -67,17 +67,46 @@ export function themeStyle(from: Element = document.body): string {
   return `<style>:root{${decls}color-scheme:${dark ? 'dark' : 'light'}}body{margin:0;background:transparent;}</style>`;
 }
 
+/** The page's theme, as far as the drawing's colours go (JupyterLab's body attributes). */
+function themeKey(): string {
+  return `${document.body.dataset.jpThemeName ?? ''}|${document.body.dataset.jpThemeLight ?? ''}`;
+}
+
+/** The panels in the page, by node: a theme change redraws theirs (a frame keeps the colours it was given). */
+const panels = new WeakMap<Element, XRayPanel>();
+let watchingTheme = false;
+
+/** Once per page: when JupyterLab switches theme (it sets the body's attributes once the theme's CSS is
+ * in), every X-ray drawn in the page is drawn again in the new one.  A panel not in the page then
+ * is drawn again when it is next updated or shown. */
+function watchTheme(): void {
+  if (watchingTheme || typeof MutationObserver === 'undefined' || !document.body) {
+    return;
+  }
+  watchingTheme = true;
+  new MutationObserver(() => {
+    requestAnimationFrame(() => document.querySelectorAll('.nbs-XRay').forEach(node => panels.get(node)?.retheme()));
+  }).observe(document.body, { attributes: true, attributeFilter: ['data-jp-theme-light', 'data-jp-theme-name'] });
+}
+
 /** The X-ray's panel: its words while there is no drawing yet, else the drawing in a sandboxed frame. */
 export class XRayPanel {
   readonly node: HTMLElement = h('div', { class: 'nbs-XRay', role: 'tabpanel', hidden: '' });
 
-  /** Show `summary` and `html` (the kernel's), redrawn only when they changed. */
+  constructor() {
+    panels.set(this.node, this);
+    watchTheme();
+  }
+
+  /** Show `summary` and `html` (the kernel's), redrawn only when they (or the page's theme) changed. */
   update(summary: string | null, html: string | null): void {
-    const key = JSON.stringify([summary, html]);
+    const key = JSON.stringify([summary, html, themeKey()]);
     if (key === this._key) {
       return;
     }
     this._key = key;
+    this._summary = summary;
+    this._html = html;
     if (!html) {
       this.node.replaceChildren(h('div', { class: 'nbs-XRay-summary' }, summary ?? 'no collective yet'));
       return;
@@ -91,5 +120,12 @@ export class XRayPanel {
     this.node.replaceChildren(frame);
   }
 
+  /** The page's theme may have changed: drawn again in it, if it did. */
+  retheme(): void {
+    this.update(this._summary, this._html);
+  }
+
   private _key = '';
+  private _summary: string | null = null;
+  private _html: string | null = null;
 }

@@ -1,4 +1,4 @@
-"""The collectives X-ray in real JupyterLab, light and dark (issue #43): a "collectives" tab beside the
+"""The collectives X-ray in real JupyterLab, light and then dark (issue #43): a "collectives" tab beside the
 rank tabs, live while the cell runs and in the saved view, drawing a lane per rank with the straggler
 marked, in a frame that runs nothing and is coloured as the page is.
 
@@ -14,6 +14,7 @@ import pytest
 from lab_harness import (
     NEEDS_WIDGET,
     Page,
+    dark_theme,
     frozen_run,
     live_view,
     open_with_nbspawn,
@@ -69,8 +70,7 @@ DRAWN = """tab => {
 
 
 def _write(root: Path) -> None:
-    for theme in ("light", "dark"):
-        write_notebook(root, f"xray-{theme}.ipynb", ["%load_ext nbspawn", STRAGGLER.format(seen=_seen(theme))])
+    write_notebook(root, "xray-light.ipynb", ["%load_ext nbspawn", STRAGGLER.format(seen=_seen("light"))])
 
 
 @pytest.fixture(scope="module")
@@ -87,41 +87,55 @@ def _collectives(view, pg) -> dict:
     return read_until(pg, lambda: panel.evaluate(DRAWN), lambda d: d is not None and d["cut"] <= 0 and d["height"] > 100)
 
 
-@pytest.mark.parametrize("theme", ["light", "dark"])
-def test_the_collectives_tab_draws_the_straggler_live_and_saved(lab, browser, artifacts, theme):
+def _colours(drawn: dict, theme: str) -> None:
+    """The drawing's text in the page's theme: dark on light, light on dark."""
+    red, green, blue = (int(c) for c in re.findall(r"\d+", drawn["colour"])[:3])
+    assert (red + green + blue > 3 * 128) == (theme == "dark"), drawn["colour"]
+    assert drawn["dark"] == theme, drawn
+
+
+def test_the_collectives_tab_draws_the_straggler_live_and_saved_in_the_pages_theme(lab, browser, artifacts):
+    """Live and saved in the light theme; then, the user switching JupyterLab to its dark theme, the saved
+    drawing is drawn again in it (a frame keeps the colours it was given: finished X-rays stayed light on
+    a dark page until a reload, issue #57 item 6)."""
     settings = lab.settings
-    write_settings(settings, theme="JupyterLab Dark" if theme == "dark" else "JupyterLab Light")
+    write_settings(settings, theme="JupyterLab Light")
     try:
-        with Page(browser, width=1200, height=1100, color_scheme=theme) as p:
+        with Page(browser, width=1200, height=1100) as p:
             pg = p.page
-            cells = open_with_nbspawn(pg, lab, f"xray-{theme}.ipynb")
-            pg.wait_for_function(
-                f"document.body.dataset.jpThemeLight === '{'false' if theme == 'dark' else 'true'}'", timeout=30_000
-            )
+            cells = open_with_nbspawn(pg, lab, "xray-light.ipynb")
+            pg.wait_for_function("document.body.dataset.jpThemeLight === 'true'", timeout=30_000)
             cell = cells.nth(1)
             run_cell(pg, cell)
             view = live_view(cell, widget=True)
             view.locator(".nbs-Tab-xray").wait_for(timeout=60_000)  # once the ranks' first records are read
             live = _collectives(view, pg)
-            shot(view, artifacts, f"xray-{theme}-live.png", unhover=True)
-            (lab.root / _seen(theme)).write_text("")  # the ranks go on
+            shot(view, artifacts, "xray-light-live.png", unhover=True)
+            (lab.root / _seen("light")).write_text("")  # the ranks go on
             assert live["sandbox"] == "allow-same-origin" and live["scripts"] == 0, live
             assert live["width"] > 400 and live["height"] > 100 and live["marks"] > 10, live
             assert all(f"rank {r}" in live["text"] for r in range(4)), live["text"]
 
             saved = frozen_run(cell, timeout=120_000)
             drawn = _collectives(saved, pg)
-            shot(saved, artifacts, f"xray-{theme}-saved.png", unhover=True)
+            shot(saved, artifacts, "xray-light-saved.png", unhover=True)
             assert "rank 3 is the straggler" in drawn["text"], drawn["text"]
             assert drawn["scripts"] == 0 and drawn["marks"] > 30 and drawn["cut"] <= 0, drawn
-            # the drawing's text in the page's theme: dark on light, light on dark
-            red, green, blue = (int(c) for c in re.findall(r"\d+", drawn["colour"])[:3])
-            assert (red + green + blue > 3 * 128) == (theme == "dark"), drawn["colour"]
-            assert drawn["dark"] == theme, drawn
-            # back to a rank: its pane again, the X-ray hidden
-            saved.locator(".nbs-Chip[data-rank='3']").click()
-            saved.locator(".nbs-Pane[data-rank='3']").wait_for(timeout=10_000)
-            assert saved.locator(".nbs-XRay").is_hidden()
+            _colours(drawn, "light")
+
+            with dark_theme(pg):  # as the user switches it, from the command palette
+                panel = saved.locator(".nbs-XRay")
+                dark = read_until(
+                    pg, lambda: panel.evaluate(DRAWN), lambda d: d is not None and d["dark"] == "dark" and d["cut"] <= 0
+                )
+                assert dark is not None and dark["dark"] == "dark", dark
+                _colours(dark, "dark")
+                assert "rank 3 is the straggler" in dark["text"] and dark["marks"] == drawn["marks"], dark
+                shot(saved, artifacts, "xray-dark-saved.png", unhover=True)
+                # back to a rank: its pane again, the X-ray hidden
+                saved.locator(".nbs-Chip[data-rank='3']").click()
+                saved.locator(".nbs-Pane[data-rank='3']").wait_for(timeout=10_000)
+                assert saved.locator(".nbs-XRay").is_hidden()
     finally:
         write_settings(settings)
 
