@@ -14,6 +14,7 @@ import pytest
 from lab_harness import (
     NEEDS_WIDGET,
     Page,
+    dark_theme,
     frozen_run,
     live_view,
     open_with_nbspawn,
@@ -119,8 +120,7 @@ HEADLINE = """out => {
 
 
 def _write(root: Path) -> None:
-    for theme in ("light", "dark"):  # one each: a notebook opened again keeps its kernel, and its prompt count
-        write_notebook(root, f"shows-{theme}.ipynb", ["%load_ext nbspawn", SHOWS, FAILS])
+    write_notebook(root, "shows-light.ipynb", ["%load_ext nbspawn", SHOWS, FAILS])
 
 
 @pytest.fixture(scope="module")
@@ -129,48 +129,62 @@ def lab(tmp_path_factory):
 
 
 @pytest.mark.skipif(bool(MISSING), reason=f"not installed here: {', '.join(MISSING)}")
-@pytest.mark.parametrize("theme", ["light", "dark"])
-def test_a_dataframe_a_rich_bar_and_an_error_headline_read_as_in_jupyterlab(lab, browser, artifacts, theme):
+def test_a_dataframe_a_rich_bar_and_an_error_headline_read_as_in_jupyterlab(lab, browser, artifacts):
+    """Each read in the light theme, then again once the user switched JupyterLab to its dark one (one
+    run for both themes: issue #55)."""
     settings = lab.settings
-    write_settings(settings, theme="JupyterLab Dark" if theme == "dark" else "JupyterLab Light")
+    write_settings(settings, theme="JupyterLab Light")
     try:
-        with Page(browser, width=1200, height=1200, color_scheme=theme) as p:
+        with Page(browser, width=1200, height=1200) as p:
             pg = p.page
-            cells = open_with_nbspawn(pg, lab, f"shows-{theme}.ipynb")
-            pg.wait_for_function(
-                f"document.body.dataset.jpThemeLight === '{'false' if theme == 'dark' else 'true'}'", timeout=30_000
-            )
+            cells = open_with_nbspawn(pg, lab, "shows-light.ipynb")
+            pg.wait_for_function("document.body.dataset.jpThemeLight === 'true'", timeout=30_000)
             cell = cells.nth(1)
             run_cell(pg, cell)
             view = live_view(cell, widget=True)
             pane = select_pane(view, 0)
             sync_api.expect(pane).to_contain_text("shown", timeout=90_000)
-            # read once the frame is loaded and sized and the pane scrolled (not after a fixed second, M7)
-            df = read_until(
-                pg,
-                lambda: _try(pane, DATAFRAME),
-                lambda d: (
-                    d is not None and d["frameTop"] >= -1 and d["frameBottom"] <= 1 and d["inner"] == 0 and d["headerShown"]
-                ),
-            )
-            assert df is not None, "the DataFrame's frame never loaded"
-            shot(view, artifacts, f"polish-{theme}-dataframe.png", unhover=True)
-            # the pane opens at its bottom; the DataFrame, no taller than it, is whole in it, at its header
-            assert df["frameTop"] >= -1 and df["frameBottom"] <= 1, df
-            assert df["inner"] == 0 and df["headerShown"], df
-            assert df["borders"] == ["none", "none", "none"], df  # not the browser's grid (border="1")
-            assert df["rows"][0] != df["rows"][1], df  # JupyterLab's striped rows
 
-            merged = select_pane(view, "merged")
-            pg.wait_for_function(
-                "el => [...el.querySelectorAll('iframe.nbs-Rich-frame')].some(f => /100%/.test(f.contentDocument?.body?.innerText || ''))",
-                arg=merged.element_handle(),
-                timeout=60_000,
-            )
-            # scrolled to it, for the picture; read once laid out (not after a fixed 500 ms, M7)
-            below = read_until(pg, lambda: merged.evaluate(RICH_BAR), lambda b: b is not None and abs(b) <= 4)
-            shot(view, artifacts, f"polish-{theme}-merged-rich-bar.png", unhover=True)
-            assert below is not None and abs(below) <= 4, f"rich's bar is {below}px below its [rank1] prefix"
+            def dataframe_and_bar(theme: str) -> None:
+                pane = select_pane(view, 0)
+                # read once the frame is loaded and sized and the pane scrolled (not after a fixed second, M7)
+                df = read_until(
+                    pg,
+                    lambda: _try(pane, DATAFRAME),
+                    lambda d: (
+                        d is not None and d["frameTop"] >= -1 and d["frameBottom"] <= 1 and d["inner"] == 0 and d["headerShown"]
+                    ),
+                )
+                assert df is not None, "the DataFrame's frame never loaded"
+                shot(view, artifacts, f"polish-{theme}-dataframe.png", unhover=True)
+                # the pane opens at its bottom; the DataFrame, no taller than it, is whole in it, at its header
+                assert df["frameTop"] >= -1 and df["frameBottom"] <= 1, df
+                assert df["inner"] == 0 and df["headerShown"], df
+                assert df["borders"] == ["none", "none", "none"], df  # not the browser's grid (border="1")
+                assert df["rows"][0] != df["rows"][1], df  # JupyterLab's striped rows
+
+                merged = select_pane(view, "merged")
+                pg.wait_for_function(
+                    "el => [...el.querySelectorAll('iframe.nbs-Rich-frame')].some(f => /100%/.test(f.contentDocument?.body?.innerText || ''))",
+                    arg=merged.element_handle(),
+                    timeout=60_000,
+                )
+                # scrolled to it, for the picture; read once laid out (not after a fixed 500 ms, M7)
+                below = read_until(pg, lambda: merged.evaluate(RICH_BAR), lambda b: b is not None and abs(b) <= 4)
+                shot(view, artifacts, f"polish-{theme}-merged-rich-bar.png", unhover=True)
+                assert below is not None and abs(below) <= 4, f"rich's bar is {below}px below its [rank1] prefix"
+
+            def headline(theme: str) -> None:
+                head = out.evaluate(HEADLINE)
+                shot(failing, artifacts, f"polish-{theme}-error-headline.png", unhover=True)
+                ratio = contrast(tuple(head["fg"]), tuple(head["bg"]))
+                assert ratio >= 4.5, (
+                    f"{theme}: the headline {head['text']!r} is {head['fg']} on {head['bg']}: contrast {ratio:.1f}"
+                )
+
+            dataframe_and_bar("light")
+            with dark_theme(pg):
+                dataframe_and_bar("dark")
             view.locator(".nbs-Stop").click()
             frozen_run(cell, timeout=120_000)
 
@@ -178,9 +192,8 @@ def test_a_dataframe_a_rich_bar_and_an_error_headline_read_as_in_jupyterlab(lab,
             run_cell(pg, failing)
             out = failing.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
             sync_api.expect(out).to_contain_text("RankRaisedError", timeout=120_000)
-            head = out.evaluate(HEADLINE)
-            shot(failing, artifacts, f"polish-{theme}-error-headline.png", unhover=True)
-            ratio = contrast(tuple(head["fg"]), tuple(head["bg"]))
-            assert ratio >= 4.5, f"the headline {head['text']!r} is {head['fg']} on {head['bg']}: contrast {ratio:.1f}"
+            headline("light")
+            with dark_theme(pg):
+                headline("dark")
     finally:
         write_settings(settings)
