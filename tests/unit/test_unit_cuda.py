@@ -554,16 +554,16 @@ def test_nccls_timeout_dump_goes_to_the_ranks_own_directory_and_the_error_names_
         monkeypatch.delenv(key, raising=False)
     spec = RunSpec(run_id="r", nprocs=2, start_method="fork", backend="nccl", cell=CellSource("pass"), run_dir=str(tmp_path))
     prefix = str(tmp_path / "1" / "nccl_trace_")
-    # the name this torch reads (the generic FlightRecorder's; torch 2.13 here): the old one set too would
-    # make torch warn of its deprecation on every rank (the fourth GPU review's N-m3)
-    assert _cuda.recorder_renamed()
+    # only the name the ranks' torch reads: on a torch from after the FlightRecorder rename the old one set
+    # too would make it warn of its deprecation on every rank (the fourth GPU review's N-m3); before it,
+    # torch reads only the old one, and both are set
+    renamed = _cuda.recorder_renamed()
+    monkeypatch.setattr(_cuda, "recorder_renamed", lambda: True)
     assert spec.rank_env(1)["TORCH_FR_DUMP_TEMP_FILE"] == prefix
     assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in spec.rank_env(1)
-    monkeypatch.setattr(_cuda, "recorder_renamed", lambda: False)  # a torch from before the rename reads only the old
+    monkeypatch.setattr(_cuda, "recorder_renamed", lambda: False)
     assert {k: spec.rank_env(1)[k] for k in _cuda.DUMP_FILE} == dict.fromkeys(_cuda.DUMP_FILE, prefix)
-    monkeypatch.undo()
-    for key in _cuda.DUMP_FILE:
-        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(_cuda, "recorder_renamed", lambda: renamed)
     theirs = {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/scratch/trace_"}  # the older name alone: torch reads it, it wins
     spec_theirs = RunSpec(
         run_id="r", nprocs=1, start_method="fork", backend="nccl", cell=CellSource("pass"), run_dir=str(tmp_path), env=theirs
