@@ -168,7 +168,10 @@ def _start_and_reload(pg, cells, index: int, artifacts: Path, prefix: str, path:
     # the widget is drawn by way of the reattaching renderer, which only delegates on this page
     reattach = cells.nth(index).locator(".nbs-Reattach")
     assert reattach.get_attribute("data-mode") in (None, "delegate")
-    wait_for_js(live, "v => (v.textContent.match(/tick \\d+/g) || []).length >= 4")
+    # the run 5 s old (tick 20, 0.25 s apart) before the page is: a reattached clock that counted from the page's
+    # load instead of the run's start would read 5 s less, where its whole seconds lag by up to one (rehearsal K
+    # reloaded 2 s in: 8 s shown, the run 9.1 s old, the page 7.0)
+    wait_for_js(live, "v => /tick (2\\d|[3-9]\\d|\\d{3,})\\b/.test(v.textContent)", 60_000)
     shot(live, artifacts, f"{prefix}-before-reload.png", unhover=True)
     # saved with its live display (a save is asynchronous: Ctrl+S until the file holds it, not a fixed wait)
     _save(pg, path, lambda nb: any(LIVE_MIME in o.get("data", {}) for o in nb["cells"][index]["outputs"]))
