@@ -291,8 +291,14 @@ def test_torchrun_env_when_asked_and_as_torch_without_it(kernel):
     out = ok(kernel, "print(nbspawn.spawn(summed, nprocs=3, start_method='fork', torchrun_env=True))").stdout
     assert "[6, 6, 6]" in out, out
     # the run's header names the backend of the group the function made (nbspawn made none)
-    made = ok(kernel, "from nbspawn.views._bundle import run_record\nprint(run_record(nbspawn.last_run())['backend'])")
-    assert made.stdout.strip() == "gloo", made.stdout
+    # (known from the X-ray's record: a torch whose flight recorder keeps no gloo collective, the floor's
+    # 2.4, has none, and the header says none as before)
+    made = ok(
+        kernel,
+        "from nbspawn.views._bundle import run_record\n"
+        "print(run_record(nbspawn.last_run())['backend'], hasattr(torch._C._distributed_c10d, '_dump_fr_trace'))",
+    ).stdout.split()
+    assert made == ["gloo", "True"] or made == ["none", "False"], made
     # as under torch's own spawn, a call without it has no rendezvous set for it: torch says what is missing
     failed = run(kernel, "nbspawn.spawn(summed, nprocs=2, start_method='fork', timeout=60)")
     assert failed.error is not None and "MASTER_ADDR" in failed.error_text, failed.error_text
