@@ -784,45 +784,34 @@ def test_a_stopped_world_gives_back_what_its_ddp_model_and_optimizer_hold(fresh_
     assert _kernel_gpu_memory(fresh_kernel) == 0
 
 
-def test_a_worlds_kept_failure_does_not_pin_a_shared_gpu_tensor(fresh_kernel):
-    """`step(g)` raising in a world cell: the failure kept for %spawn debug held `x`, the kernel's g,
-    in its frame, so `del g` freed nothing while the world lived.  Such a failure keeps no frames, and
-    says so at %spawn debug (issue 41, C3)."""
+# how a failing world cell holds the kernel's g: `x` in a frame (issue 41, C3), or `self`, whose attribute it is
+# (reached through any object, not only a local that is a tensor: #56, C3's residual)
+KEPT_FAILURES = {
+    "a_local": ("def step(x):\n    x.add_(1)\n    raise ValueError('in step')\nstep(g)", "(x in step())"),
+    "an_attribute": (
+        "class Step:\n    def __init__(self, t):\n        self.t = t\n"
+        "    def __call__(self):\n        self.t.add_(1)\n        raise ValueError('in step')\nStep(g)()",
+        "(self in __call__())",
+    ),
+}
+
+
+@pytest.mark.parametrize("held", sorted(KEPT_FAILURES))
+def test_a_worlds_kept_failure_does_not_pin_a_shared_gpu_tensor(fresh_kernel, held):
+    """A world cell raising while a frame holds the kernel's g: the failure kept for %spawn debug would
+    pin it, so `del g` freed nothing while the world lived.  Such a failure keeps no frames, and says so
+    at %spawn debug, naming what held g."""
+    code, where = KEPT_FAILURES[held]
     ok(fresh_kernel, "import torch\ng = torch.zeros(1 << 20, device='cuda')", timeout=CUDA_TIMEOUT)
     ok(fresh_kernel, "%%spawn --world pinw -n 1 --start-method forkserver\nimport torch", timeout=CUDA_TIMEOUT)
-    failed = execute(
-        fresh_kernel.client,
-        "%%spawn --world pinw --share g\ndef step(x):\n    x.add_(1)\n    raise ValueError('in step')\nstep(g)",
-        timeout=CUDA_TIMEOUT,
-    )
+    failed = execute(fresh_kernel.client, f"%%spawn --world pinw --share g\n{code}", timeout=CUDA_TIMEOUT)
     assert failed.status == "error" and "in step" in failed.stderr + failed.error_text
     assert ok(fresh_kernel, "print(g[0].item())").stdout == "1.0\n"
     ok(fresh_kernel, "del g")
     assert _kernel_gpu_memory(fresh_kernel) == 0  # while the world lives
     talk = converse(fresh_kernel, "%spawn debug pinw", [])
-    assert "cannot be debugged" in talk.text and "(x in step())" in talk.text, talk.text
+    assert "cannot be debugged" in talk.text and where in talk.text, talk.text
     ok(fresh_kernel, "%spawn stop pinw")
-
-
-def test_a_kept_failure_holding_share_through_an_attribute_does_not_pin_it(fresh_kernel):
-    """`Step(g)()` raising in a world cell: the failing frame holds `self`, whose attribute is the
-    kernel's g.  Reached through any object, not only a local that is a tensor (#56, C3's residual):
-    the failure keeps no frames, `del g` frees it while the world lives."""
-    ok(fresh_kernel, "import torch\ng = torch.zeros(1 << 20, device='cuda')", timeout=CUDA_TIMEOUT)
-    ok(fresh_kernel, "%%spawn --world pinattr -n 1 --start-method forkserver\nimport torch", timeout=CUDA_TIMEOUT)
-    failed = execute(
-        fresh_kernel.client,
-        "%%spawn --world pinattr --share g\nclass Step:\n    def __init__(self, t):\n        self.t = t\n"
-        "    def __call__(self):\n        self.t.add_(1)\n        raise ValueError('in step')\nStep(g)()",
-        timeout=CUDA_TIMEOUT,
-    )
-    assert failed.status == "error" and "in step" in failed.stderr + failed.error_text
-    assert ok(fresh_kernel, "print(g[0].item())").stdout == "1.0\n"
-    ok(fresh_kernel, "del g")
-    assert _kernel_gpu_memory(fresh_kernel) == 0  # while the world lives
-    talk = converse(fresh_kernel, "%spawn debug pinattr", [])
-    assert "cannot be debugged" in talk.text and "(self in __call__())" in talk.text, talk.text
-    ok(fresh_kernel, "%spawn stop pinattr")
 
 
 def test_the_last_run_does_not_pin_a_cuda_tensor_its_cell_used(fresh_kernel):
