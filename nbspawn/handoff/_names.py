@@ -214,14 +214,15 @@ def pick_shared(
                 f"--share: {name!r} is a {type(obj).__module__}.{type(obj).__qualname__}; --share takes a tensor, "
                 "an nn.Module, or a dict/list/tuple of tensors (other values reach the ranks anyway, as copies)"
             )
-        why = {_why_not_shared(t, start_method, ranks_started) for t in leaves} - {None}
+        reasons = {t: _why_not_shared(t, start_method, ranks_started) for t in leaves}  # each tensor asked once
+        why = set(reasons.values()) - {None}
         if "cuda under fork" in why:
             raise SpawnUsageError(
                 f"--share: {name!r} holds CUDA tensors, which forked ranks cannot use; "
                 "use --start-method spawn or forkserver (CUDA IPC)"
             )
         if "not dense" in why:
-            bad = next(t for t in leaves if _why_not_shared(t, start_method, ranks_started) == "not dense")
+            bad = next(t for t, reason in reasons.items() if reason == "not dense")
             raise SpawnUsageError(f"--share: {name!r} holds a {bad.layout} tensor; only dense tensors can be shared")
         if "pinned" in why:
             raise SpawnUsageError(

@@ -142,19 +142,19 @@ def _holding(exc: BaseException, shared: Iterable[Any]) -> str | None:
                 continue  # nbspawn's, or the cell's top level: the names --share sent are popped from there
             namespaces.add(id(frame.f_globals))
             for name, value in frame.f_locals.items():
-                reached = _reaches(value, keys, storage_keys, seen, namespaces, budget)
+                reached = _reaches(value, keys, seen, namespaces, budget)
                 if reached is not False:
                     where = f"{name} in {frame.f_code.co_name}()"
                     return where if reached else f"{where} holds more objects than could be followed"
     return None
 
 
-def _reaches(
-    root: Any, keys: set[int], storage_keys: Any, seen: set[int], namespaces: set[int], budget: list[int]
-) -> bool | None:
+def _reaches(root: Any, keys: set[int], seen: set[int], namespaces: set[int], budget: list[int]) -> bool | None:
     """Whether ``root`` reaches memory of ``keys`` (None: the budget ran out first)."""
     import gc
     import types
+
+    from ..handoff._shm import storage_keys
 
     todo = [root]
     while todo:
