@@ -47,7 +47,9 @@ export function chipCost(r: IRankInfo): string {
  * one that failed after the first failure, ■ with the signal).
  */
 export function buildChip(r: IRankInfo, run: IRunBundle): HTMLElement {
-  const note = r.status === 'running' && r.note ? r.note : null;
+  // a rank that finished the cell (a kept world's: back at its prompt) without entering the collective
+  // the others wait in says so: "never entered all_reduce #1", the hang's cause (issue #57)
+  const note = (r.status === 'running' || r.status === 'done') && r.note ? r.note : null;
   const cost = chipCost(r);
   // stopped in a hang: where it was then, as its chip said while it ran (the signal goes in the title);
   // failed for lack of GPU memory: what each rank held on that GPU (in the title: the chip says the error)
@@ -64,7 +66,9 @@ export function buildChip(r: IRankInfo, run: IRunBundle): HTMLElement {
             ? shortNote(where)
             : r.signal ?? 'stopped'
         : r.status === 'done'
-          ? formatDuration(r.duration)
+          ? note
+            ? shortNote(note)
+            : formatDuration(r.duration)
           : note
             ? shortNote(note)
             : 'running';

@@ -124,7 +124,7 @@ class ClusterWorld(KeptWorld):
         ranks = [RankToAsk(r, None, "", self.cluster.node_of(r).label) for r in range(self.spec.nprocs)]
         text = describe(ranks, stacks, None, idle="idle: waiting for the next cell", collectives=collectives)
         text += f"\n({', '.join(silent)} did not answer)" if silent else ""
-        return f"world {self.name!r} ({self.state}, {self.cells} cells, on a cluster):\n{text}"
+        return f"world {self.name!r} ({self.state}, {self.cells} cell{'s' if self.cells != 1 else ''}, on a cluster):\n{text}"
 
     def describe(self, expression: str) -> list[dict[str, Any]]:
         """``%spawn show WORLD NAME``: each node's agent asks its own ranks (as a world here is asked),

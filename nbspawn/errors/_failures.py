@@ -217,12 +217,20 @@ class SpawnError(Exception):
 
 
 class RootCauseError(SpawnError):
-    """A run whose first failing rank is its root cause: ``_torch.RankRaisedError``, ``RankExitedError``."""
+    """A run whose first failing rank is its root cause: ``_torch.RankRaisedError``, ``RankExitedError``.
 
-    def __init__(self, failures: list[RankFailure], run: Any = None, facts: RunFacts | None = None) -> None:
+    ``cause``: what made that rank fail when another rank's doing did, said first ("rank 1 never entered
+    all_reduce #1 (it finished the cell); rank 0 waited in it at Cell In[2], line 6: ..."): gloo's
+    "Connection closed by peer" on the waiting rank is the consequence of a peer that skipped the
+    collective and left, and blamed the rank that did nothing wrong (issue #57)."""
+
+    def __init__(
+        self, failures: list[RankFailure], run: Any = None, facts: RunFacts | None = None, cause: str | None = None
+    ) -> None:
         self.failures = failures
         self.root = failures[0]
         self.run, self.facts = run, facts
+        self.cause = cause
 
     @property
     def rank(self) -> int:
@@ -230,8 +238,10 @@ class RootCauseError(SpawnError):
 
     def _report(self, color: bool) -> list[str]:
         root = self.root
-        head = f"{type(self).__name__}: {root.headline()}"
+        head = f"{type(self).__name__}: {self.cause or root.headline()}"
         lines = [f"{_HEAD}{head}{_RESET}" if color else head]
+        if self.cause:
+            lines.append(f"Because of it, {root.headline()}")
         if root.traceback:
             for ln in root.traceback.rstrip().splitlines():
                 lines.append(f"{_GREEN}{ln}{_RESET}" if color and ln.lstrip().startswith("Cell In") else ln)
@@ -259,7 +269,7 @@ class SpawnTimeoutError(SpawnError, TimeoutError):
 
     def _report(self, color: bool) -> list[str]:
         running = [f for f in self.failures if f.stopped]
-        head = f"SpawnTimeoutError: the run timed out after {self.seconds:g} s with {len(running)} rank(s) still running"
+        head = f"SpawnTimeoutError: the run timed out after {self.seconds:g} s with {len(running)} rank{'s' if len(running) != 1 else ''} still running"
         lines = [f"{_HEAD}{head}{_RESET}" if color else head, *_verdict(self.verdict, color)]
         return lines + _describe(self.failures) + self._logs_line(color)
 

@@ -27,6 +27,7 @@ from .._program import Program
 from .._rankdir import COLLECTIVES
 from .._source import STILL_STARTING, CellSource, main_thread_stack, program_stack, rewrite_notebook_frames
 from ..errors import rank_spans
+from ._xray import XRay
 
 ANSWER_WAIT = 2.0  # seconds for every rank's dump to arrive
 SETTLED = 0.05  # a dump that has not grown for this long is whole
@@ -315,6 +316,9 @@ def _place(stack: str) -> str:
     return _innermost(stack).split("  (in ", 1)[0]
 
 
+FINISHED = "finished the cell"  # the place of a rank that left the cell (a kept world's: back at its prompt)
+
+
 @dataclass
 class _Seen:
     """What one look at the ranks says of a hang."""
@@ -326,7 +330,12 @@ class _Seen:
 
 
 def _seen(
-    stacks: dict[int, str], collectives: dict[int, list[dict[str, Any]]], now: float, run_timeout: float | None, at_stop: bool
+    stacks: dict[int, str],
+    collectives: dict[int, list[dict[str, Any]]],
+    now: float,
+    run_timeout: float | None,
+    at_stop: bool,
+    finished: tuple[int, ...] = (),
 ) -> _Seen:
     """Which ranks wait in a collective, and which have not entered it.
 
@@ -334,7 +343,12 @@ def _seen(
     stopped, by its ``--timeout``, an interrupt or Stop; where each rank was is the evidence, however
     long it had waited).  A rank elsewhere has not entered the collective only if its own flight
     recorder does not say otherwise: a peer whose newest number on that group is as high has issued
-    it (an NCCL collective returns once enqueued) and is no straggler to blame."""
+    it (an NCCL collective returns once enqueued) and is no straggler to blame.
+
+    ``finished``: ranks that have finished the cell (a fresh rank that ended, a kept world's back at
+    its prompt): the commonest hang (``if rank != 1: dist.all_reduce(t)``, issue #57) is a rank that
+    skipped the collective and went on.  One that has not entered the collective waited in, on a group
+    it belongs to, never will: its place is :data:`FINISHED`."""
     seen = _Seen({}, {}, {}, None)
     for rank, stack in sorted(stacks.items()):
         if not stack.strip() or stack == STILL_STARTING:
@@ -353,7 +367,23 @@ def _seen(
     known = next((e for e in seen.entry.values() if e is not None and not _is_p2p(e)), None)
     if known is not None:
         seen.elsewhere = {r: place for r, place in seen.elsewhere.items() if not _entered(collectives.get(r), known)}
+    if seen.waiting:
+        for rank in finished:
+            if rank not in seen.waiting and rank not in seen.elsewhere and _skipped(collectives.get(rank), known, seen.entry):
+                seen.elsewhere[rank] = FINISHED
     return seen
+
+
+def _skipped(
+    entries: list[dict[str, Any]] | None, known: dict[str, Any] | None, waited: dict[int, dict[str, Any] | None]
+) -> bool:
+    """Whether a rank that finished the cell left without entering the collective the others wait in:
+    it has not issued it, and it is a member of its group (the default group's, or one its own recorder names)."""
+    if known is None:
+        return _world_wide(waited)
+    if _entered(entries, known):
+        return False
+    return _world_wide({0: known}) or any(_group(e) == _group(known) for e in entries or [])
 
 
 def _entered(entries: list[dict[str, Any]] | None, waited: dict[str, Any]) -> bool:
@@ -384,6 +414,7 @@ def hang_verdict(
     run_timeout: float | None = None,
     at_stop: bool = False,
     nodes: dict[int, str] | None = None,
+    finished: tuple[int, ...] = (),
 ) -> str | None:
     """One line saying why ranks that were stopped were stuck, from where each one was, or None.
 
@@ -396,13 +427,14 @@ def hang_verdict(
     While the run goes on, a collective is a hang suspect once it is old (:func:`suspect_after`, with
     the run's ``run_timeout``); ``at_stop``: the run was stopped, and its ranks' places are the verdict's.
     ``nodes``: a cluster run's node of each rank ("node 13 (b13)"), named beside the ranks that never
-    entered (on 16 nodes, which machine to look at is half the answer).
+    entered (on 16 nodes, which machine to look at is half the answer).  ``finished``: ranks that have
+    finished the cell (``_seen``): one that skipped the collective is named as never having entered it.
     """
     now = time.time() if now is None else now
     verdict = _verdict(
         stacks,
         collectives or {},
-        _seen(stacks, collectives or {}, now, run_timeout, at_stop),
+        _seen(stacks, collectives or {}, now, run_timeout, at_stop, finished),
         now,
         bool(sitting_out),
         nodes or {},
@@ -443,13 +475,24 @@ def _verdict(
     after = {r: f", after {_named(c[-1])}" if (c := collectives.get(r)) else "" for r in elsewhere}
     if len(groups) == 1:
         one = next(iter(elsewhere))
-        subject = "it is" if len(elsewhere) == 1 else "they are"
-        where_they_are = f"{subject} at {next(iter(groups))}{after[one] if len(set(after.values())) == 1 else ''}"
+        subject = "it" if len(elsewhere) == 1 else "they"
+        where_they_are = (
+            f"{subject} {_at(next(iter(groups)), len(elsewhere))}{after[one] if len(set(after.values())) == 1 else ''}"
+        )
     else:
-        where_they_are = "; ".join(f"{_ranks(ranks)} at {place}{after[ranks[0]]}" for place, ranks in groups.items())
+        where_they_are = "; ".join(
+            f"{_ranks(ranks)} {place if place == FINISHED else 'at ' + place}{after[ranks[0]]}" for place, ranks in groups.items()
+        )
     on = sorted({nodes[r] for r in elsewhere if r in nodes})
     on_nodes = f" on {on[0]}" if len(on) == 1 else f" (on {', '.join(on)})" if on else ""
     return f"{_ranks(list(elsewhere))}{on_nodes} never entered {named[first]} ({where_they_are}); {_ranks(list(waiting))} waited in it{at}"
+
+
+def _at(place: str, count: int) -> str:
+    """Where ranks are, after their subject: ``is at Cell In[3], line 6: ...``, or ``finished the cell``."""
+    if place == FINISHED:
+        return FINISHED
+    return f"{'is' if count == 1 else 'are'} at {place}"
 
 
 def _world_wide(entries: dict[int, dict[str, Any] | None]) -> bool:
@@ -478,6 +521,40 @@ def _ranks(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_spans(sorted(ranks))}"
 
 
+class Skipped(NamedTuple):
+    """A collective that ranks which finished the cell never entered, while others waited in it."""
+
+    text: str  # "rank 1 never entered all_reduce #1 (it finished the cell); rank 0 waited in it at Cell In[2], ..."
+    collective: str  # "all_reduce #1"
+    left: tuple[int, ...]  # the ranks that finished the cell without entering it
+    waited: tuple[int, ...]  # those that entered it
+
+    def notes(self) -> dict[int, str]:
+        """What each one's chip says, as a hang's would."""
+        left = {rank: f"never entered {self.collective} (it {FINISHED})" for rank in self.left}
+        why = f"{_ranks(list(self.left))} {FINISHED} without entering it"
+        return {**{rank: f"waited in {self.collective}; {why}" for rank in self.waited}, **left}
+
+
+def left_without(xray: XRay | None, failed: int, finished: tuple[int, ...], traceback: str | None) -> Skipped | None:
+    """Why rank ``failed`` failed in a collective, when ranks that ``finished`` the cell never entered it:
+    ``rank 1 never entered all_reduce #1 (it finished the cell); rank 0 waited in it at Cell In[2], line
+    6: dist.all_reduce(t)``.  gloo fails the waiting rank with "Connection closed by peer" the moment the
+    rank that skipped the collective ends; the X-ray (read once the ranks are gone) says which it was.
+    None when no collective ``failed`` entered was left that way."""
+    for never in xray.never_entered if xray is not None else ():
+        left = tuple(sorted(set(never.absent) & set(finished)))
+        if failed not in never.entered or not left:
+            continue
+        group = f" ({never.group})" if never.group and never.group != "default_pg" else ""
+        named = f"{called(never.op)} #{never.seq}{group}" if never.op != "a collective" else f"collective #{never.seq}{group}"
+        subject = "it" if len(left) == 1 else "they"
+        at = _place(traceback) if traceback and "Cell " in traceback else ""
+        text = f"{_ranks(list(left))} never entered {named} ({subject} {FINISHED}); {_ranks(list(never.entered))} waited in it"
+        return Skipped(text + (f" at {at}" if at else ""), named, left, tuple(never.entered))
+    return None
+
+
 def live_notes(
     stacks: dict[int, str],
     collectives: dict[int, list[dict[str, Any]]] | None = None,
@@ -485,6 +562,7 @@ def live_notes(
     sitting_out: str = "",
     run_timeout: float | None = None,
     at_stop: bool = False,
+    finished: tuple[int, ...] = (),
 ) -> dict[int, str]:
     """What each rank's chip says while a run seems hung (empty: nothing to say); ``at_stop``: where
     each was when the run was stopped, as the verdict (``hang_verdict(..., at_stop=True)``) says it.
@@ -493,18 +571,23 @@ def live_notes(
     has not entered it``; that other rank: ``has not entered barrier #3 (Cell In[5], line 6)``.  With
     ``sitting_out`` (``--on``: "ranks 1-3 do not run this cell (--on 0)") ranks in a collective wait
     for ranks that do not run the cell, and their chips say so.  Only a collective waited in long
-    enough is a hang suspect (:func:`suspect_after`): before, the others may be stragglers.
+    enough is a hang suspect (:func:`suspect_after`): before, the others may be stragglers.  A rank that
+    ``finished`` the cell without entering it: ``never entered barrier #3 (it finished the cell)``, and
+    the ranks waiting: ``rank 2 finished the cell without entering it``.
     """
     collectives = collectives or {}
     now = time.time() if now is None else now
-    seen = _seen(stacks, collectives, now, run_timeout, at_stop=at_stop)
+    seen = _seen(stacks, collectives, now, run_timeout, at_stop=at_stop, finished=finished)
     waiting, elsewhere = seen.waiting, list(seen.elsewhere)
     if not waiting or len(set(waiting.values())) > 1:
         return {}
     if not elsewhere and not (sitting_out and _world_wide(seen.entry)):
         return {}
     notes: dict[int, str] = {}
-    absent = [f"{_ranks(sorted(elsewhere))} {'has' if len(elsewhere) == 1 else 'have'} not entered it"] if elsewhere else []
+    left = sorted(r for r in elsewhere if seen.elsewhere[r] == FINISHED)
+    behind = sorted(r for r in elsewhere if seen.elsewhere[r] != FINISHED)
+    absent = [f"{_ranks(behind)} {'has' if len(behind) == 1 else 'have'} not entered it"] if behind else []
+    absent += [f"{_ranks(left)} {FINISHED} without entering it"] if left else []
     absent += [sitting_out] if sitting_out else []
     for rank, op in waiting.items():
         entry = seen.entry[rank]
@@ -514,8 +597,10 @@ def live_notes(
     first = min(waiting)
     entry = seen.entry[first]
     name = f"{waiting[first]} #{_seq(entry)}" if entry else waiting[first]
-    for rank in elsewhere:
+    for rank in behind:
         notes[rank] = f"has not entered {name} ({_place(stacks[rank])})"
+    for rank in left:
+        notes[rank] = f"never entered {name} (it {FINISHED})"
     return notes
 
 

@@ -214,7 +214,12 @@ def summary(xray: XRay) -> str:
     if xray.lost:
         listed = ", ".join(f"rank {rank}: {n}" for rank, n in sorted(xray.lost.items()))
         sentences.append(f"collectives lost before they were read: {listed}")
-    return ". ".join(sentences)
+    return ". ".join(sentence(text) for text in sentences)
+
+
+def sentence(text: str) -> str:
+    """``text`` as a sentence of the summary: its first letter a capital ("rank 3 never did" -> "Rank 3 never did")."""
+    return text[:1].upper() + text[1:]
 
 
 def _size(count: int) -> str:
@@ -389,7 +394,9 @@ def _never_entered(
         absent = tuple(rank for rank in ranks if last[rank] < top)
         if not absent:
             continue
-        seq = min(last[rank] for rank in absent) + 1
+        # a kept world's later cell: a rank that issued nothing in it has last 0, yet the cell's first is past 1
+        firsts = [_first_seq(records.get(rank, {}), pg) for rank in ranks if last[rank]]
+        seq = max(min(last[rank] for rank in absent) + 1, min(firsts, default=1))
         entered = tuple(rank for rank in ranks if last[rank] >= seq)
         marks = full.get((pg, seq), {})
         op = str(next(iter(marks.values()))["op"]) if marks else "a collective"
@@ -398,6 +405,15 @@ def _never_entered(
         text = f"{_ranks_text(entered)} entered {op} #{seq}{where}; {_ranks_text(absent)} never did"
         found.append(NeverEntered(pg, group, seq, op, entered, absent, text))
     return found
+
+
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
+
+
+def _first_seq(record: Mapping[str, Any], pg: str) -> int:
+    group = record.get("groups", {}).get(pg, {})
+    return int(group.get("first_seq", 1) or 1)
 
 
 def _pairs(records: Mapping[int, Mapping[str, Any]], members: Mapping[str, tuple[int, ...]]) -> tuple[list[P2PPair], list[str]]:
@@ -430,10 +446,10 @@ def _pairs(records: Mapping[int, Mapping[str, Any]], members: Mapping[str, tuple
             pairs.append(P2PPair(key[0], key[1], key[2], _shape(sent), int(sent["created_ns"]), int(received["created_ns"])))
         if len(out) > len(into):
             unpaired.append(
-                f"rank {key[1]} sent to rank {key[2]} {len(out) - len(into)} time(s) more than rank {key[2]} received"
+                f"rank {key[1]} sent to rank {key[2]} {_times(len(out) - len(into))} more than rank {key[2]} received"
             )
         elif len(into) > len(out):
             unpaired.append(
-                f"rank {key[2]} received from rank {key[1]} {len(into) - len(out)} time(s) more than rank {key[1]} sent"
+                f"rank {key[2]} received from rank {key[1]} {_times(len(into) - len(out))} more than rank {key[1]} sent"
             )
     return pairs, unpaired

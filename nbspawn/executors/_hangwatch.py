@@ -38,6 +38,8 @@ class HangWatch:
         self.executor = executor
         self.seen_at_stop: dict[int, str] = {}  # where each rank was when the run was stopped
         self.collectives_at_stop: dict[int, list[dict[str, Any]]] = {}  # and how far in its collectives
+        # when it was asked: how long a rank had waited is counted to then, not to the end of the grace after it
+        self.looked_at_stop: float | None = None
         self.quiet_since = time.monotonic()  # when the ranks last wrote anything
         self.hang_look_after = HANG_FIRST_LOOK
         self.noticed = False  # the ranks' chips say they look hung
@@ -79,9 +81,12 @@ class HangWatch:
         stacks = {r: main_thread_stack(d, self.spec.cell) for r, d in dumps.items() if d} if self.spec.program is None else {}
         sitting_out = self.spec.sitting_out()  # --on: ranks a collective may wait for, which do not run the cell
         timeout = self.spec.asked.timeout  # a collective is a hang suspect once old: sooner under a short --timeout
-        notes = live_notes(stacks, collectives, sitting_out=sitting_out, run_timeout=timeout)
+        finished = self.finished()
+        notes = live_notes(stacks, collectives, sitting_out=sitting_out, run_timeout=timeout, finished=finished)
         verdict = (
-            hang_verdict(stacks, collectives, sitting_out=sitting_out, run_timeout=timeout, nodes=self.run.nodes())
+            hang_verdict(
+                stacks, collectives, sitting_out=sitting_out, run_timeout=timeout, nodes=self.run.nodes(), finished=finished
+            )
             if notes
             else None
         )
@@ -107,13 +112,21 @@ class HangWatch:
         self.notes_counted_at = now
         stacks, collectives, sitting_out = self.last_look
         timeout = self.spec.asked.timeout
-        notes = live_notes(stacks, collectives, sitting_out=sitting_out, run_timeout=timeout)
+        finished = self.finished()
+        notes = live_notes(stacks, collectives, sitting_out=sitting_out, run_timeout=timeout, finished=finished)
         if not notes or all(state.note == notes.get(state.rank) for state in self.run.ranks):
             return
         for state in self.run.ranks:
             state.note = notes.get(state.rank)
-        verdict = hang_verdict(stacks, collectives, sitting_out=sitting_out, run_timeout=timeout, nodes=self.run.nodes())
+        verdict = hang_verdict(
+            stacks, collectives, sitting_out=sitting_out, run_timeout=timeout, nodes=self.run.nodes(), finished=finished
+        )
         self.view.hang_noticed(self.run, verdict)
+
+    def finished(self) -> tuple[int, ...]:
+        """The ranks that have finished the cell while others run it (a fresh rank that ended well, a kept
+        world's rank back at its prompt): one that skipped a collective the others wait in is its cause."""
+        return tuple(state.rank for state in self.run.ranks if state.status == "done")
 
     def look_before_stopping(self, running: list[int]) -> None:
         """Where each running rank is, asked before it is interrupted (an interrupt unwinds it, and
@@ -122,6 +135,7 @@ class HangWatch:
         On a cluster this asks the nodes' agents too: each agent also looks at its own ranks before
         it stops them, but the agents stop at different moments, and a rank whose peer on another
         node was stopped first fails ("Connection closed") before its own agent looks."""
+        self.looked_at_stop = time.time()
         dumps, collectives = self.executor.look(self.run, running, STACK_DUMP_WAIT)
         self.collectives_at_stop = collectives  # a cell's ranks write them down (ranks._watch); a program's do not
         for rank, dump in dumps.items():
@@ -129,14 +143,16 @@ class HangWatch:
                 stack = program_stack(dump) if self.spec.program is not None else main_thread_stack(dump, self.spec.cell)
                 if stack:
                     self.seen_at_stop[rank] = stack
-        self.mark_where_stopped(self.seen_at_stop)
+        self.mark_where_stopped(self.seen_at_stop, self.looked_at_stop)
 
     def mark_where_stopped(self, stacks: dict[int, str], now: float | None = None) -> None:
         """Each rank's note becomes where it was when the run was stopped (``live_notes`` of the look
         before stopping: "waiting in barrier #1 for 10 s", "has not entered barrier #1 (Cell In[2], line
         4: ...)"), or none: the chips keep it while the ranks end, in the frozen view and in the saved
         notebook, as the verdict does in the banner.  From now on nothing recounts or clears them."""
-        notes = live_notes(stacks, self.collectives_at_stop, now=now, sitting_out=self.spec.sitting_out(), at_stop=True)
+        notes = live_notes(
+            stacks, self.collectives_at_stop, now=now, sitting_out=self.spec.sitting_out(), at_stop=True, finished=self.finished()
+        )
         for state in self.run.ranks:
             if state.prompt is None:  # a rank at a prompt keeps saying so
                 state.note = notes.get(state.rank)

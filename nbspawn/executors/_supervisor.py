@@ -57,7 +57,7 @@ from ..errors import (
 )
 from ..events._gpumemory import is_cuda_out_of_memory
 from ..events._prompts import stdin_answerable
-from ..events._where import await_dumps, hang_verdict
+from ..events._where import await_dumps, hang_verdict, left_without
 from ..handoff import _shm
 from ..handoff._names import discard_outputs
 from ..ranks._cell import EXIT_INTERRUPTED
@@ -143,6 +143,7 @@ def _finish(run: Run, view: RunView, supervisor: _Supervisor, supervise: bool = 
             with interrupts_deferred():
                 supervisor.cleanup()
                 remove_partial_writes([state.dir for state in run.ranks])
+                _read_xray(run)  # written for good: the outcome reads which collective a rank that left skipped
                 try:
                     run.error = supervisor.outcome()
                     # a start that raised is the root cause (re-raised by execute): no rank ran to write values
@@ -152,7 +153,6 @@ def _finish(run: Run, view: RunView, supervisor: _Supervisor, supervise: bool = 
                     if spec.shm_prefix:  # whatever a failed or killed run left: /dev/shm files and their handles
                         _shm.sweep(spec.shm_prefix)
                         discard_outputs([state.dir for state in run.ranks])
-                _read_xray(run)
                 view.finished(run)
     finally:
         _supervising.run = None
@@ -600,13 +600,20 @@ class _Supervisor:
             root = ranks[self.root].failure
             assert root is not None  # the root cause is chosen once its failure is recorded
             kind = RankRaisedError if root.exc_type else RankExitedError
-            return kind([root, *stopped], run, run.facts())
+            return kind([root, *stopped], run, run.facts(), cause=self._left_without(root))
         # what the look before stopping saw; on a cluster whose agents did not answer it in time, the
         # stacks each agent sent with its ranks' ends are what there is
         seen = self.hangs.seen_at_stop or {f.rank: f.stack for f in stopped if f.stack and self.policy.remote}
-        now = time.time()  # the verdict and the chips' notes count the same seconds
+        # the verdict and the chips' notes count the same seconds: to the look before stopping, where there was one
+        now = self.hangs.looked_at_stop or time.time()
         verdict = hang_verdict(
-            seen, self.hangs.collectives_at_stop, now=now, sitting_out=self.spec.sitting_out(), at_stop=True, nodes=run.nodes()
+            seen,
+            self.hangs.collectives_at_stop,
+            now=now,
+            sitting_out=self.spec.sitting_out(),
+            at_stop=True,
+            nodes=run.nodes(),
+            finished=self.hangs.finished(),
         )
         self.hangs.mark_where_stopped(seen, now)
         if self.stop_reason == "timeout":
@@ -615,6 +622,17 @@ class _Supervisor:
         # interrupt, Stop, or (a node agent's run) stopped for the kernel's reasons
         run.status = "interrupted" if self.stop_reason == "interrupt" else "stopped"
         return SpawnInterrupted(stopped, run, stopped_by=self.stopped_by, facts=run.facts(), verdict=verdict)
+
+    def _left_without(self, root: RankFailure) -> str | None:
+        """The cause of the root rank's failure when it is a peer that skipped a collective and finished
+        the cell (``events._where.left_without``); the chips of both say it, as a hang's would."""
+        finished = self.hangs.finished()
+        skipped = left_without(self.run.xray, root.rank, finished, root.traceback) if finished else None
+        if skipped is None:
+            return None
+        for rank, note in skipped.notes().items():
+            self.run.ranks[rank].note = note
+        return skipped.text
 
 
 def _failed_after(state: RankState, root: int) -> None:

@@ -207,7 +207,7 @@ class World(KeptWorld):
 
         asked = [RankToAsk(r, pid, RankDir(self.spec.rank_dir(r)).stacks) for r, pid in enumerate(self.pids)]
         text = where_now(asked, None, idle="idle: waiting for the next cell")
-        return f"world {self.name!r} ({self.state}, {self.cells} cells):\n{text}"
+        return f"world {self.name!r} ({self.state}, {self.cells} cell{'s' if self.cells != 1 else ''}):\n{text}"
 
 
 class WorldCell(Executor):

@@ -285,8 +285,9 @@ def to_html(record: RunRecord, outputs: dict[int, list[Entry]], xray: str = "") 
             status += f", peak {gigabytes(rank['peak_rss'])}"
         if rank.get("peak_gpu_allocated") is not None:
             status += f", {rank['gpu']} peak {gigabytes(rank['peak_gpu_allocated'] or 0)} ({gigabytes(rank['peak_gpu_reserved'] or 0)} reserved)"
-        if rank["status"] in ("failed", "stopped") and rank["note"]:
-            # stopped: where it was ("has not entered barrier #1 (Cell In[2], ...)"); failed: out of GPU memory, what each rank held there
+        if rank["status"] in ("failed", "stopped", "done") and rank["note"]:
+            # stopped: where it was ("has not entered barrier #1 (Cell In[2], ...)"); failed: out of GPU memory, what each rank held there;
+            # done: a rank that finished the cell without entering the collective the others waited in ("never entered all_reduce #1")
             status += f" — {rank['note']}"
         open_attr = " open" if rank["status"] == "failed" or record["nprocs"] <= 4 else ""
         parts.append(

@@ -42,7 +42,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..events._xray import Collective, Mismatch, NeverEntered, XRay
+from ..events._xray import Collective, Mismatch, NeverEntered, XRay, sentence
 from ._xray_values_html import values_html
 
 VERSION = 1  # data-xray: the drawing's version, for a renderer that reads it
@@ -132,6 +132,7 @@ def _summary_html(xray: XRay) -> str:
     rest = xray.summary
     lines: list[tuple[str, str]] = []
     for text in [m.text for m in xray.mismatches] + [n.text for n in xray.never_entered]:
+        text = sentence(text)  # as the summary says it
         at = rest.find(text)
         if at < 0:
             continue

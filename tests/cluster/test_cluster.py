@@ -151,7 +151,7 @@ def test_a_hang_across_nodes_gets_its_verdict_at_the_timeout(kernel, nodes):
     ), text
     # the X-ray draws it too: each node's agent sent its ranks' records with their ends
     xray = ok(kernel, "import nbspawn\nprint(nbspawn.last_run().xray.summary)").stdout
-    assert "ranks 0, 1, 3 entered barrier #1; rank 2 never did" in xray, xray
+    assert "Ranks 0, 1, 3 entered barrier #1; rank 2 never did" in xray, xray
     assert_nothing_left(nodes)
     engines_idle(nodes)
 

@@ -279,7 +279,7 @@ HANG = "import time, torch.distributed as dist\nif dist.get_rank() == 3:\n    ti
 def test_where_on_a_cluster_world_between_cells_and_a_hung_background_run(kernel, nodes):
     ok(kernel, "%%spawn --cluster rc --world ww -n 2 --backend gloo\nimport torch")
     text = ok(kernel, "%spawn where ww").stdout
-    assert "world 'ww' (idle, 1 cells, on a cluster):\nranks 0-3: idle: waiting for the next cell" in text, text
+    assert "world 'ww' (idle, 1 cell, on a cluster):\nranks 0-3: idle: waiting for the next cell" in text, text
     ok(kernel, "%spawn stop ww")
     ok(kernel, f"%%spawn --cluster rc --bg -n 2 --backend gloo\n{HANG}")
     ok(kernel, "import nbspawn\nhung = nbspawn.last_run()")

@@ -392,7 +392,7 @@ def test_timeout_stops_every_rank_and_shows_where_each_was(kernel):
     result = run(kernel, code, timeout=60)
     assert result.error.ename == "SpawnTimeoutError"
     text = result.error.traceback_text
-    assert "timed out after 10 s with 2 rank(s) still running" in text
+    assert "timed out after 10 s with 2 ranks still running" in text
     assert f"Cell In[{n}], line 4, in stuck" in text and "time.sleep(100)" in text
 
 

@@ -74,7 +74,7 @@ def test_where_on_an_idle_world_and_a_program(kernel):
     try:
         program_in_place = r'^ranks 0-1: File "<string>", line 1 in <module>'
         text = where_until(kernel, program_in_place, names="wh {prog.run_id}")
-        assert "world 'wh' (idle, 1 cells):\nranks 0-1: idle: waiting for the next cell" in text, text
+        assert "world 'wh' (idle, 1 cell):\nranks 0-1: idle: waiting for the next cell" in text, text
     finally:
         ok(kernel, "%spawn stop wh {prog.run_id}")
 
@@ -274,3 +274,53 @@ def test_a_hung_ranks_note_counts_each_second(kernel):
         assert "rank 2 has not entered it" in seen[-1]
     finally:
         ok(kernel, "hung.stop(); hung._done.wait(30)")
+
+
+# issue #57, item 1: the commonest hang, a rank that skips a collective and goes on to the end of the cell
+SKIP = "import torch, torch.distributed as dist\nt = torch.ones(3)\nif dist.get_rank() != 1:\n    dist.all_reduce(t)\nprint('done')\n"
+
+
+def test_a_rank_that_skipped_the_collective_and_finished_is_the_cause_not_the_rank_gloo_failed(kernel):
+    """Fresh ranks: rank 1 ends its cell, its connections close, and gloo fails rank 0 in the all_reduce
+    ("Connection closed by peer").  The cell leads with the cause, gloo's words after it as the consequence,
+    and the chips say the same (rank 1: ✓, never entered all_reduce #1)."""
+    result = run(kernel, "%%spawn -n 2 --backend gloo --timeout 60\n" + SKIP)
+    assert result.status == "error" and result.error.ename == "RankRaisedError", result.error_text
+    lines = result.error.traceback_text.splitlines()
+    assert re.fullmatch(
+        r"RankRaisedError: rank 1 never entered all_reduce #1 \(it finished the cell\); "
+        r"rank 0 waited in it at Cell In\[\d+\], line 5: dist\.all_reduce\(t\)",
+        lines[0],
+    ), lines[:3]
+    assert re.match(r"Because of it, rank 0 \(pid \d+\) failed: RuntimeError: ", lines[1]), lines[:3]
+    record, html, _plain = _frozen(kernel)
+    ranks = {r["rank"]: r for r in record["ranks"]}
+    assert ranks[1]["status"] == "done" and ranks[1]["note"] == "never entered all_reduce #1 (it finished the cell)", ranks
+    assert ranks[0]["note"] == "waited in all_reduce #1; rank 1 finished the cell without entering it", ranks
+    assert "Rank 0 entered all_reduce #1; rank 1 never did" in record["xray"], record["xray"]
+    assert "— never entered all_reduce #1 (it finished the cell)" in html
+
+
+def test_in_a_kept_world_the_rank_back_at_its_prompt_is_named_live_with_torchs_numbers(kernel):
+    """A kept world: rank 1 is back at its prompt while rank 0 waits, so nothing fails, and the hang watch
+    must count the rank at the prompt as one that will never come: the live signal fires, both chips say
+    it, and the timeout's verdict leads.  The world's first cell ran a barrier, so the all_reduce is torch's
+    #2 on every rank's recorder: the verdict, the chips and the X-ray all say #2, with the op's name.
+    gloo's wait cannot be interrupted (its abort does not wake it), so the world is lost, and says why."""
+    ok(kernel, "%%spawn --world skip -n 2 --backend gloo\nimport torch.distributed as dist\ndist.barrier()")
+    result = run(kernel, "%%spawn --world skip --timeout 14\n" + SKIP)
+    assert result.status == "error" and result.error.ename == "SpawnTimeoutError", result.error_text
+    said = [ln for ln in result.stderr.splitlines() if ln.startswith("nbspawn: looks hung: ")]
+    cause = (
+        r"rank 1 never entered all_reduce #2 \(it finished the cell\); rank 0 waited in it for (\d+) s at Cell In\[\d+\], line 5"
+    )
+    assert len(said) == 1 and re.match("nbspawn: looks hung: " + cause, said[0]), result.stderr
+    lines = result.error.traceback_text.splitlines()
+    assert lines[0] == "SpawnTimeoutError: the run timed out after 14 s with 1 rank still running", lines[:3]
+    waited = re.match("Hang: " + cause, lines[1])
+    assert waited and int(waited[1]) <= 15, lines[:3]  # counted to the look at the timeout, not past the interrupt's grace
+    record, _html, _plain = _frozen(kernel)
+    ranks = {r["rank"]: r for r in record["ranks"]}
+    assert ranks[1]["status"] == "done" and ranks[1]["note"] == "never entered all_reduce #2 (it finished the cell)", ranks
+    assert ranks[0]["note"].startswith("waiting in all_reduce #2 for "), ranks
+    assert "Rank 0 entered all_reduce #2; rank 1 never did" in record["xray"], record["xray"]

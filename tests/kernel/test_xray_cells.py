@@ -103,7 +103,7 @@ def test_a_hang_is_drawn_where_it_happened_and_said_in_words(kernel):
     assert run.frozen is not None
     record = run.frozen[MIME]
     assert record["error"]["verdict"], record["error"]  # the hang's verdict stands
-    assert "ranks 0, 2 entered barrier #2; rank 1 never did" in record["xray"], record["xray"]
+    assert "Ranks 0, 2 entered barrier #2; rank 1 never did" in record["xray"], record["xray"]
 
 
 def test_the_text_view_says_it_in_words(kernel):

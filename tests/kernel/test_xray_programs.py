@@ -97,7 +97,7 @@ def test_a_programs_hang_is_drawn_where_it_happened(kernel, programs):
     ).stdout
     status, words = json.loads(saved)
     assert status == "stopped", status
-    assert words is not None and "ranks 0, 2 entered barrier #2; rank 1 never did" in words, (words, text)
+    assert words is not None and "Ranks 0, 2 entered barrier #2; rank 1 never did" in words, (words, text)
 
 
 def test_xray_off_and_a_program_without_a_group_record_nothing(kernel, programs):

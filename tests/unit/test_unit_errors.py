@@ -192,7 +192,7 @@ def test_errors_survive_pickling(error):
 def test_a_timeout_counts_the_ranks_still_running():
     error = SpawnTimeoutError(2.5, [stopped(0), stopped(1)])
     assert str(error).splitlines() == [
-        "SpawnTimeoutError: the run timed out after 2.5 s with 2 rank(s) still running",
+        "SpawnTimeoutError: the run timed out after 2.5 s with 2 ranks still running",
         "ranks 0-1 were stopped the same way: killed by SIGTERM",
         "  where it was (most recent call last):",
         "    Cell In[3], line 4",
@@ -200,7 +200,7 @@ def test_a_timeout_counts_the_ranks_still_running():
     ]
     assert isinstance(error, TimeoutError)
     assert str(SpawnTimeoutError(10.0, [RankFailure(0, 1, exit_code=1), stopped(1, None)])).splitlines()[0] == (
-        "SpawnTimeoutError: the run timed out after 10 s with 1 rank(s) still running"
+        "SpawnTimeoutError: the run timed out after 10 s with 1 rank still running"
     )
 
 

@@ -494,7 +494,7 @@ def test_the_hang_watch_looks_again_when_a_young_wait_is_old_enough():
     spec = types.SimpleNamespace(
         cell=CellSource("x = 1\n" * 6), program=None, sitting_out=lambda: "", asked=Settings(timeout=None)
     )
-    ranks = [types.SimpleNamespace(rank=r, note=None) for r in (0, 1)]
+    ranks = [types.SimpleNamespace(rank=r, note=None, status="running") for r in (0, 1)]
     told: list[str | None] = []
     executor = types.SimpleNamespace(
         supervision=types.SimpleNamespace(watches_hangs=True),
@@ -518,3 +518,34 @@ def test_the_hang_watch_looks_again_when_a_young_wait_is_old_enough():
     time.sleep(max(0.0, built + 2.1 - time.time()))  # the all_reduce is past 10 s old now
     watch.quiet([0, 1], stopping=False)
     assert told[-1] is not None and told[-1].startswith("rank 1 never entered all_reduce #7"), told
+
+
+def test_a_rank_that_finished_the_cell_without_entering_the_collective_is_named_as_never_entering_it():
+    """Issue #57, item 1: ``if rank != 1: dist.all_reduce(t)``: rank 1 went on and finished the cell (a kept
+    world's rank is back at its prompt) while rank 0 waits.  Rank 1 has no stack in the cell to show, yet it
+    is the cause: the verdict and both chips say so, in torch's numbering with the op's name."""
+    entries = {0: [{"op": "all_reduce", "seq": 46, "pg": "0", "group": "default_pg", "issued": 100.0, "sizes": [[3]]}]}
+    assert hang_verdict({0: ALL_REDUCE}, entries, now=115.0, at_stop=True, finished=(1,)) == (
+        "rank 1 never entered all_reduce #46 (it finished the cell); "
+        "rank 0 waited in it for 15 s at Cell In[3], line 8: dist.all_reduce(t)"
+    )
+    assert hang_verdict({0: ALL_REDUCE}, entries, now=115.0, at_stop=True) is None  # without the finished rank: no cause
+    notes = live_notes({0: ALL_REDUCE}, entries, now=115.0, finished=(1,))
+    assert notes == {
+        0: "waiting in all_reduce #46 for 15 s; rank 1 finished the cell without entering it",
+        1: "never entered all_reduce #46 (it finished the cell)",
+    }
+
+
+def test_a_finished_rank_that_entered_the_collective_or_is_not_in_its_group_is_not_blamed():
+    waited = {"op": "all_reduce", "seq": 46, "pg": "0", "group": "default_pg", "issued": 100.0, "sizes": [[3]]}
+    entered = {0: [waited], 1: [{**waited, "issued": 99.0}]}  # NCCL: rank 1 enqueued it and went on
+    assert live_notes({0: ALL_REDUCE}, entered, now=115.0, finished=(1,)) == {}
+    subgroup = {**waited, "pg": "1", "group": "pairs", "seq": 2}
+    others = {0: [subgroup], 1: [{**waited, "seq": 45}]}  # rank 1's recorder has no collective of group "1"
+    assert hang_verdict({0: ALL_REDUCE}, others, now=115.0, at_stop=True, finished=(1,)) is None
+    member = {0: [subgroup], 1: [{**subgroup, "seq": 1}]}  # a member that left after the group's #1
+    assert hang_verdict({0: ALL_REDUCE}, member, now=115.0, at_stop=True, finished=(1,)) == (
+        "rank 1 never entered all_reduce #2 (it finished the cell, after all_reduce #1); "
+        "rank 0 waited in it for 15 s at Cell In[3], line 8: dist.all_reduce(t)"
+    )

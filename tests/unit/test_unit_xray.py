@@ -14,7 +14,7 @@ from pathlib import Path
 
 from xray_samples import nccl_dump
 
-from nbspawn.events._xray import analyse
+from nbspawn.events._xray import analyse, sentence
 from nbspawn.ranks._xray import KEPT_FULL, MAX_BUCKETS, CollectiveLog, entry_bytes, kept
 
 RECORDS = Path(__file__).parent / "xray_records"
@@ -54,7 +54,7 @@ def test_story_finds_the_mismatched_collective():
     (mismatch,) = analyse(records("story")).mismatches
     assert (mismatch.pg, mismatch.seq) == ("0", 18)
     assert mismatch.text == "rank 1 called all_gather [4, 8] where ranks 0, 2, 3 called all_reduce [4, 8] at #18"
-    assert mismatch.text in analyse(records("story")).summary
+    assert sentence(mismatch.text) in analyse(records("story")).summary
 
 
 def test_story_counts_the_sends_and_receives_gloo_does_not_record():
@@ -71,7 +71,7 @@ def test_hang_names_the_collective_a_rank_never_entered():
     assert (never.seq, never.op, never.entered, never.absent) == (2, "barrier", (0, 1, 2), (3,))
     assert never.text == "ranks 0, 1, 2 entered barrier #2; rank 3 never did"
     assert xray.straggler is None  # one collective all four entered: too few to blame anyone
-    assert never.text in xray.summary
+    assert sentence(never.text) in xray.summary
 
 
 def test_a_mismatch_of_shapes_alone_is_found_and_one_of_uneven_ops_is_not():
@@ -114,7 +114,7 @@ def test_nccl_sends_pair_with_receives_in_global_ranks():
     assert sender.head[0]["started_ns"] == 5 and sender.head[0]["completed_ns"] == 7
     xray = analyse({2: sender.as_json(), 3: receiver.as_json()})
     assert [(p.src, p.dst, p.sizes) for p in xray.pairs] == [(2, 3, ((3,),))]
-    assert xray.unpaired == ("rank 2 sent to rank 3 1 time(s) more than rank 3 received",)
+    assert xray.unpaired == ("rank 2 sent to rank 3 once more than rank 3 received",)
 
 
 def gloo_entry(record_id: int, seq: int, op_id: int | None = None, created: int = 0) -> dict:
@@ -206,7 +206,20 @@ def test_a_rank_that_recorded_nothing_never_entered_the_default_groups_first_col
     rank1 = {"rank": 1, "groups": {}, "group_ranks": {"": [0, 1]}, "head": [], "tail": []}
     xray = analyse({0: rank0, 1: rank1})
     assert [(n.entered, n.absent, n.seq) for n in xray.never_entered] == [((0,), (1,), 1)]
-    assert xray.summary == "1 collective, 0 B moved. rank 0 entered a collective #1; rank 1 never did"
+    assert xray.summary == "1 collective, 0 B moved. Rank 0 entered a collective #1; rank 1 never did"
+
+
+def test_in_a_kept_worlds_later_cell_the_collective_never_entered_keeps_torchs_number_and_its_name():
+    """Issue #57, item 1: the world's 46th collective, the first of this cell, which rank 1 skipped (it
+    finished the cell): rank 1's record of the cell has no group, so the collective is not "#1" (its last
+    number, 0, plus one) but the cell's own first, named as the op it is, as Where? and the chips name it."""
+    entry = {"pg": "0", "group": "default_pg", "seq": 46, "op": "all_reduce", "sizes": [[3]], "created_ns": 1}
+    group = {"desc": "default_pg", "count": 1, "bytes": 12, "ops": {"all_reduce": [1, 12]}, "first_seq": 46, "last_seq": 46}
+    rank0 = {"rank": 0, "groups": {"0": group}, "group_ranks": {"": [0, 1]}, "head": [entry], "tail": []}
+    rank1 = {"rank": 1, "groups": {}, "group_ranks": {"": [0, 1]}, "head": [], "tail": []}
+    (never,) = analyse({0: rank0, 1: rank1}).never_entered
+    assert (never.seq, never.op, never.entered, never.absent) == (46, "all_reduce", (0,), (1,))
+    assert never.text == "rank 0 entered all_reduce #46; rank 1 never did"
 
 
 def test_the_drainers_poll_never_asks_torchs_dump_only_its_drains_do(tmp_path):

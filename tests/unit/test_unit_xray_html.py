@@ -17,7 +17,7 @@ from html.parser import HTMLParser
 import pytest
 from xray_samples import long_run, pipeline_run, records, sample
 
-from nbspawn.events._xray import analyse
+from nbspawn.events._xray import analyse, sentence
 from nbspawn.views._bundle import json_size
 from nbspawn.views._xray_html import LANE_H, MARK_W, MAX_MARKS, xray_html
 
@@ -198,7 +198,9 @@ def test_the_mismatch_is_red_on_its_collective_with_its_text():
     assert mismatch.text in area.title()
     (band,) = marks(svg, "band")
     assert abs(band[0] - odd[0]) < 20
-    assert mismatch.text in [d.words() for d in view.one("div", data_xray_summary=...).all("div")]
+    # a sentence of its own in the summary, which begins with a capital (issue #57, item 10)
+    assert "Rank 1 called all_gather" in sentence(mismatch.text)
+    assert sentence(mismatch.text) in [d.words() for d in view.one("div", data_xray_summary=...).all("div")]
 
 
 def test_a_hang_draws_the_ranks_that_entered_waiting_and_a_hollow_mark_for_the_one_that_never_came():
