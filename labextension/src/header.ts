@@ -166,7 +166,7 @@ function oneLine(text: string): string {
 export function buildBanner(run: IRunBundle, pick?: (rank: number) => void): HTMLElement[] {
   const err =
     run.status === 'stopped' && !run.error
-      ? { rank: null, summary: '', traceback: '', stopped_by: null, verdict: null }
+      ? { rank: null, summary: '', traceback: '', stopped_by: null, verdict: null, cause: null }
       : run.error;
   if (!err || !(err.summary || err.traceback || run.status === 'stopped')) {
     return [];
@@ -181,7 +181,8 @@ export function buildBanner(run: IRunBundle, pick?: (rank: number) => void): HTM
     'div',
     { class: err.verdict ? 'nbs-Banner nbs-mod-hang' : 'nbs-Banner', role: 'alert', title: err.verdict ? stopped : undefined },
     h('span', { class: 'nbs-Banner-icon', 'aria-hidden': 'true' }, '!'),
-    h('span', { class: 'nbs-Banner-text' }, errRankKnown ? h('strong', {}, `rank ${errRank}: `) : null, text)
+    // a peer's skipped collective: the summary names the ranks itself ("rank 1 never entered ...; rank 0 waited")
+    h('span', { class: 'nbs-Banner-text' }, errRankKnown && !err.cause ? h('strong', {}, `rank ${errRank}: `) : null, text)
   );
   if (errRankKnown && pick) {
     banner.classList.add('nbs-mod-link');

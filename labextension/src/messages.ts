@@ -72,6 +72,8 @@ export interface IRunErrorRecord {
   stopped_by?: string | null;
   /** A run stopped while hung (timeout, interrupt, Stop): why, "rank 1 never entered barrier #1 (…)". */
   verdict?: string | null;
+  /** The root rank failed because a peer skipped a collective and finished the cell: that, which the summary leads with. */
+  cause?: string | null;
 }
 
 export interface IRankRecord {
@@ -256,6 +258,8 @@ export interface IRunError {
   stopped_by: string | null;
   /** A run stopped while hung: why (null: not hung, or a bundle saved before verdicts were kept). */
   verdict: string | null;
+  /** A peer's skipped collective that made the root rank fail (null: none); the summary leads with it. */
+  cause: string | null;
   /** Not sent by the kernel today (the rank's record has it); `""` then. */
   traceback: string;
 }
@@ -351,7 +355,8 @@ export function parseBundle(data: unknown): IRunBundle {
           summary: str(e.summary),
           traceback: str(e.traceback),
           stopped_by: strOrNull(e.stopped_by),
-          verdict: strOrNull(e.verdict)
+          verdict: strOrNull(e.verdict),
+          cause: strOrNull(e.cause)
         }
       : null,
     output_in: str(d.output_in),

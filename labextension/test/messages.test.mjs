@@ -56,7 +56,7 @@ test('parseBundle keeps a well-formed run record as it is', () => {
   assert.equal(run.status, 'failed');
   assert.equal(run.started_at, 1700000000.5);
   // the kernel sends no error traceback (the rank record has it): neutral value
-  assert.deepEqual(run.error, { rank: 1, summary: 'ValueError: boom', traceback: '', stopped_by: null, verdict: null });
+  assert.deepEqual(run.error, { rank: 1, summary: 'ValueError: boom', traceback: '', stopped_by: null, verdict: null, cause: null });
   assert.equal(run.ranks.length, 2);
   assert.deepEqual(run.ranks[1], { ...RUN.ranks[1], output: [] });
   assert.deepEqual(run.ranks[0], { ...RUN.ranks[0], output: [] }); // a rank at a prompt: its note and prompt kept

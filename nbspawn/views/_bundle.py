@@ -141,6 +141,7 @@ def run_record(run: Run, elided: dict[int, int] | None = None) -> RunRecord:
             "summary": ESCAPE.sub("", summary or ""),
             "stopped_by": error.stopped_by if isinstance(error, SpawnInterrupted) and run.status == "stopped" else None,
             "verdict": error.verdict if isinstance(error, (SpawnInterrupted, SpawnTimeoutError)) else None,
+            "cause": getattr(error, "cause", None),
         },
         "output_in": "text/html",
         "xray": run.xray.summary if run.xray is not None else None,

@@ -57,6 +57,9 @@ class RunErrorRecord(TypedDict):
     stopped_by: str | None  # a stopped run: what stopped it ("%spawn stop", "run.stop()", "Stop button")
     # a run stopped (timeout, interrupt, Stop) while hung: why, the banner's line ("rank 1 never entered barrier #1 ...")
     verdict: str | None
+    # a rank failed because a peer skipped a collective and finished the cell: the summary leads with that
+    # peer ("rank 1 never entered all_reduce #1 ..."), not with the failed rank the banner would name first
+    cause: str | None
 
 
 class MemoryRecord(TypedDict):

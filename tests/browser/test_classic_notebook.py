@@ -118,7 +118,19 @@ SCENES = {
         "    dist.broadcast(t, src=0)",
         ("mismatch: ",),
     ),
+    # issue #57, item 1: rank 1 skips the all_reduce and finishes the cell; gloo fails rank 0 as rank 1 ends
+    "skip": (
+        "%%spawn -n 2 --backend gloo\n"
+        "import torch, torch.distributed as dist\n"
+        "t = torch.ones(3)\n"
+        "if dist.get_rank() != 1:\n"
+        "    dist.all_reduce(t)\n"
+        "print('finished the cell')",
+        ("rank 0 entered all_reduce #1; rank 1 never did",),
+    ),
 }
+# what each scene's saved view says besides its X-ray: the cause the error leads with
+SCENE_CAUSES = {"skip": "RankRaisedError: rank 1 never entered all_reduce #1 (it finished the cell); rank 0 waited in it at"}
 
 
 # Colab's GPU runtime, with its T4 stood in (this machine has none: tests/stand_in_gpu.py): rank r's torch
@@ -269,6 +281,10 @@ def test_each_scene_of_the_collectives_is_saved_with_its_x_ray_in_the_classic_no
         text = xray.inner_text()
         for words in said:
             assert words in text, (name, words, text[:1500])
+        if name in SCENE_CAUSES:
+            assert SCENE_CAUSES[name] in frozen.inner_text(), (name, frozen.inner_text()[:1500])
+            chip = frozen.locator("details[data-rank='1'] summary")
+            assert "— never entered all_reduce #1 (it finished the cell)" in chip.inner_text(), chip.inner_text()
         assert frozen.locator("script").count() == 0
         shot(cell, artifacts, f"classic-notebook-xray-{name}.png", unhover=True)
     assert not page.nbspawn_errors(), page.nbspawn_errors()

@@ -47,8 +47,16 @@ else:
 """
 
 
+# issue #57, item 1: rank 1 skips the all_reduce and finishes the cell; on a kept world (after a first cell
+# that ran a barrier: torch's #2) it is back at its prompt, with fresh ranks it ends and gloo fails rank 0
+SKIP = "t = torch.ones(3)\nif dist.get_rank() != 1:\n    dist.all_reduce(t)\nprint('finished the cell')\n"
+WORLD = "%%spawn --world skip -n 2 --backend gloo\nimport torch\nimport torch.distributed as dist\ndist.barrier()"
+
+
 def _write(root: Path) -> None:
     write_notebook(root, "hang.ipynb", ["%load_ext nbspawn", HANG])
+    fresh = "%%spawn -n 2 --backend gloo\nimport torch\nimport torch.distributed as dist\n" + SKIP
+    write_notebook(root, "skip.ipynb", ["%load_ext nbspawn", WORLD, "%%spawn --world skip\n" + SKIP, fresh])
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +148,47 @@ def _where_they_were(run) -> None:
     assert absent.locator(".nbs-Chip-detail").inner_text() == "has not entered barrier #1"
     assert "Cell In[2], line 7: time.sleep(300)" in (absent.get_attribute("title") or "")
     assert run.locator(".nbs-mod-waiting").count() == 0  # stopped: not amber, as a rank that looks hung now
+
+
+def test_a_rank_that_skipped_the_collective_and_finished_the_cell_is_named(lab, browser, artifacts):
+    """A kept world: rank 1 is back at its prompt (✓), rank 0 waits; a few seconds in both chips turn
+    amber, rank 1's saying it never entered all_reduce #2, and Stop's verdict leads with it.  Fresh ranks:
+    gloo fails rank 0 as rank 1 ends, and the banner leads with the cause, not gloo's words."""
+    with Page(browser, width=1200, height=1000) as p:
+        pg = p.page
+        cells = open_with_nbspawn(pg, lab, "skip.ipynb")
+        run_cell(pg, cells.nth(1), until="[2]:")
+        kept = cells.nth(2)
+        run_cell(pg, kept)
+        view = live_view(kept, widget=True)
+        gone_on = view.locator(".nbs-Chip[data-rank='1']")
+        sync_api.expect(gone_on).to_have_class(re.compile("nbs-mod-waiting"), timeout=60_000)
+        assert gone_on.get_attribute("data-status") == "done"
+        assert gone_on.locator(".nbs-Chip-detail").inner_text() == "never entered all_reduce #2"
+        assert "never entered all_reduce #2 (it finished the cell)" in (gone_on.get_attribute("title") or "")
+        waits = view.locator(".nbs-Chip[data-rank='0']")
+        assert re.fullmatch(r"waiting in all_reduce #2 for \d+ s", waits.locator(".nbs-Chip-detail").inner_text())
+        assert "rank 1 finished the cell without entering it" in (waits.get_attribute("title") or "")
+        shot(view, artifacts, "skip-kept-live.png", unhover=True)
+        view.locator(".nbs-Stop").click()
+        frozen = frozen_run(kept)
+        banner = frozen.locator(".nbs-Banner")
+        sync_api.expect(banner).to_contain_text("Hang: rank 1 never entered all_reduce #2 (it finished the cell); rank 0 waited")
+        shot(kept, artifacts, "skip-kept-stopped.png", unhover=True)
+
+        fresh = cells.nth(3)
+        run_cell(pg, fresh)
+        ended = frozen_run(fresh)
+        banner = ended.locator(".nbs-Banner")
+        # the cause, not "rank 0: ..." (the rank gloo failed), though a click still shows rank 0's traceback
+        assert re.fullmatch(
+            r"!?\s*RankRaisedError: rank 1 never entered all_reduce #1 \(it finished the cell\); "
+            r"rank 0 waited in it at Cell In\[4\], line 6: dist\.all_reduce\(t\)",
+            banner.inner_text().strip(),
+        ), banner.inner_text()
+        left = ended.locator(".nbs-Chip[data-rank='1']")
+        assert left.get_attribute("data-status") == "done"
+        assert left.locator(".nbs-Chip-detail").inner_text() == "never entered all_reduce #1"
+        output = fresh.locator(".jp-OutputArea")
+        sync_api.expect(output).to_contain_text("Because of it, rank 0 (pid ")
+        shot(ended, artifacts, "skip-fresh.png", unhover=True)

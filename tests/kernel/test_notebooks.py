@@ -156,11 +156,28 @@ def test_notebook_runs(path: Path, tmp_path: Path):
         errors = [o for o in cell.outputs if o.output_type == "error"]
         if "raises-exception" not in cell.metadata.get("tags", []):
             assert not errors, (cell.source, errors)
+        # what the notebook's text tells the reader the cell shows: {"nbspawn": {"says": [...]}} in its metadata
+        shown = _shown(cell)
+        for words in cell.metadata.get("nbspawn", {}).get("says", []):
+            assert words in shown, (cell.source, words, shown[-3000:])
         if cell.source.startswith(("%%spawn", "%spawn -")) and not cell.source.startswith("%%spawn?"):
             # the live widget was replaced by the frozen run: no widget left in the saved notebook
             data = [o.data for o in cell.outputs if o.output_type == "display_data"]
             assert data and all(WIDGET_MIME not in d for d in data), cell.source
             assert any(MIME in d and "text/html" in d and "text/plain" in d for d in data), cell.source
+
+
+def _shown(cell) -> str:
+    """What a cell's outputs say in words: its error's traceback, its streams, its displays' text/plain."""
+    texts = []
+    for output in cell.outputs:
+        if output.output_type == "error":
+            texts.append("\n".join(output.traceback))
+        elif output.output_type == "stream":
+            texts.append(output.text)
+        elif "text/plain" in output.get("data", {}):
+            texts.append(output.data["text/plain"])
+    return re.sub(r"\x1b\[[0-?]*[ -/]*[@-~]", "", "\n".join(texts))
 
 
 class _RunRegions(HTMLParser):
