@@ -44,6 +44,9 @@ class RankState:
     signal_name: str | None = None
     started_at: float | None = None
     ended_at: float | None = None
+    # a kept world's rank that ended the cell and not its process (it raised, say, and runs the next cell):
+    # its exit_code is the cell's outcome (1: it raised), not a process's, so the views show none (issue #57)
+    lives_on: bool = False
     failure: RankFailure | None = None
     # A cluster run's rank: its node ("node 1 (hostb)") and where its logs are there ("hostb:/tmp/...");
     # ``dir`` is then the kernel's copy of what the rank's agent reported (error.json, stacks.log).

@@ -367,7 +367,7 @@ class _Supervisor:
         code, died = ended.exit_code, ended.died
         state = self.run.ranks[rank]
         state.ended_at = time.time()
-        state.exit_code = code
+        state.exit_code, state.lives_on = code, not died
         self.costs.read_gpu(state)  # what it held on its GPUs at the last (its peaks, for the saved view)
         self.end_order.append(rank)
         if died and self._world_goes_on:

@@ -76,7 +76,7 @@ def rank_record(state: RankState, elided_lines: int = 0) -> RankRecord:
         "pid": state.pid,
         "status": state.status,
         "after": failure.after if failure and state.status == "failed_after" else None,
-        "exit_code": state.exit_code,
+        "exit_code": None if state.lives_on else state.exit_code,  # a kept world's rank back at its prompt has no exit
         "signal": state.signal_name,
         "duration": state.duration,
         "summary": failure.summary if failure else None,

@@ -4,6 +4,7 @@ or a dead rank that loses it, interrupt, Stop, %spawn stop, kernel death, and 50
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -107,6 +108,15 @@ def test_a_failed_cell_interrupts_the_others_and_the_world_survives(kernel, worl
     assert "time.sleep(300)" in text  # where the stopped ranks were
     assert "was lost" not in text
     assert f"World {world!r} is intact: its ranks are back at the prompt" in text  # its fate, said either way
+    # the rank that raised lives on, as the ones interrupted do: no process ended, so none has an exit code
+    # to show (it read "failed · exit code 1" beside live ranks' "exit code 0": issue #57, item 7)
+    saved = ok(
+        kernel,
+        "import json, nbspawn\nfrom nbspawn.views._bundle import FrozenRun\n"
+        "print(json.dumps(FrozenRun(nbspawn.last_run(), {}).record['ranks']))",
+    ).stdout
+    ranks = {r["rank"]: r for r in json.loads(saved)}
+    assert ranks[1]["status"] == "failed" and [ranks[r]["exit_code"] for r in range(3)] == [None] * 3, ranks
     after = ok(kernel, f"%%spawn --world {world}\nprint('pid', os.getpid(), model)")
     assert pids_of(after, 3) == pids_of(first, 3)
     assert all(rank_lines(after.stdout, r)[0].endswith("loaded") for r in range(3))
