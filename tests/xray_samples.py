@@ -46,7 +46,7 @@ def entry(record_id: int, op: str, created_ns: int, seq: int = 0, p2p: bool = Fa
 
 
 def long_run(ranks: int = 16, count: int = 10_000, slow: int = 5, odd: int = 9, absent: int = 7) -> XRay:
-    """``ranks`` ranks, ``count`` collectives 10 ms apart: rank ``slow`` 4 ms late at two in three (the
+    """``ranks`` ranks, ``count`` collectives 10 ms apart: rank ``slow`` 9 ms late at two in three (the
     straggler), rank ``odd`` calling another op 3 from the end (a mismatch), rank ``absent`` never
     entering the last (a hang)."""
     logs = {}
@@ -57,7 +57,7 @@ def long_run(ranks: int = 16, count: int = 10_000, slow: int = 5, odd: int = 9, 
             op = LONG_OPS[seq % len(LONG_OPS)]
             if rank == odd and seq == count - 3:
                 op = "broadcast" if op == "all_gather" else "all_gather"
-            late = 4_000_000 if rank == slow and seq % 3 else 0
+            late = 9_000_000 if rank == slow and seq % 3 else 0
             entries.append(entry(seq - 1, op, 1_000_000_000 + seq * 10_000_000 + rank * 20_000 + late, seq))
         for start in range(0, len(entries), 1000):  # as the drainer reads the ring: a part at a time
             log.add_entries(entries[start : start + 1000])

@@ -11,9 +11,13 @@ that draw it (``views._xray_html``).
   ``ranks._xray``).  The last to arrive is the one the others waited for; its lateness is its arrival
   minus the mean arrival of the others (how long they waited, on average).  Over the whole run it is
   counted from the timelines: per bucket of sequence numbers, each rank's mean arrival (exact while a
-  group has ≤ 4,096 collectives, one a bucket; past that, a bucket's means).  A rank last at more than
-  half of them (and at :data:`STRAGGLER_MIN_COUNT` or more), on average :data:`STRAGGLER_MIN_LATE` or
-  later, is *the straggler*.
+  group has ≤ 4,096 collectives, one a bucket; past that, a bucket's means).  *The straggler* is named
+  only when it is consistent and large (issue #57: a 3 ms lead over three collectives is a scheduler's
+  jitter, not a slow rank): last at :data:`STRAGGLER_MIN_COUNT` collectives or more and at two thirds
+  of those compared, on average :data:`STRAGGLER_MIN_LATE` or later, and the others' waiting for it
+  (its lateness summed) is :data:`STRAGGLER_MIN_SHARE` or more of the time the collectives spanned
+  (the first arrival to the last): a delay the run would notice.  Who came last, and by how much, is
+  said only then.
 * **Clocks:** the ranks of one machine share its wall clock.  Across nodes each node's clock would be
   offset first: all ranks leave a collective at nearly the same moment, so the per-node median of
   (next issue − the collective's last arrival) over many collectives estimates the offset, or the
@@ -40,8 +44,11 @@ from typing import Any
 from .._rankdir import XRAY
 from ._xray_values import ValueRow
 
-STRAGGLER_MIN_LATE = 0.002  # seconds: a rank last by less, on average, is not called the straggler
-STRAGGLER_MIN_COUNT = 3  # nor one last at fewer collectives than this
+# seconds: a rank last by less, on average, is not called the straggler: a busy core's scheduler slice
+# (Linux's CFS: a few ms) keeps a rank off it that long with nothing wrong with the rank
+STRAGGLER_MIN_LATE = 0.005
+STRAGGLER_MIN_COUNT = 5  # nor one last at fewer collectives than this
+STRAGGLER_MIN_SHARE = 0.1  # nor one the others waited for less than this share of the collectives' span
 # ops whose input shapes may differ between ranks, rightly: only their op is compared
 UNEVEN_OPS = frozenset({"all_to_all", "alltoall", "alltoall_base", "gather", "scatter", "all_to_all_single", "coalesced"})
 
@@ -151,12 +158,7 @@ def analyse(records: Mapping[int, Mapping[str, Any]], in_flight: bool = False) -
     )
     last_at, late_sums = _lateness(records, members)
     mean_late = {rank: late_sums[rank] / last_at[rank] for rank in last_at if last_at[rank]}
-    counted = sum(last_at.values())
-    straggler = None
-    if counted and len(ranks) > 1:
-        top = max(last_at, key=lambda rank: (last_at[rank], -rank))
-        if last_at[top] * 2 > counted and last_at[top] >= STRAGGLER_MIN_COUNT and mean_late.get(top, 0.0) >= STRAGGLER_MIN_LATE:
-            straggler = top
+    straggler = _straggler(last_at, mean_late, _span_s(full)) if len(ranks) > 1 else None
     count = sum(_collectives_in(records, pg) for pg in members)
     total_bytes = sum(int(group.get("bytes", 0)) for rec in records.values() for group in rec.get("groups", {}).values())
     mismatches = tuple(m for m in (_mismatch(key, marks) for key, marks in sorted(full.items())) if m is not None)
@@ -193,15 +195,35 @@ def analyse(records: Mapping[int, Mapping[str, Any]], in_flight: bool = False) -
     return XRay(**{**xray.__dict__, "summary": summary(xray)})
 
 
+def _straggler(last_at: Mapping[int, int], mean_late: Mapping[int, float], span_s: float) -> int | None:
+    """The rank the others consistently waited long for (the module's rule), or None."""
+    counted = sum(last_at.values())
+    if not counted:
+        return None
+    top = max(last_at, key=lambda rank: (last_at[rank], -rank))
+    late = mean_late.get(top, 0.0)
+    consistent = last_at[top] >= STRAGGLER_MIN_COUNT and last_at[top] * 3 >= counted * 2
+    large = late >= STRAGGLER_MIN_LATE and (not span_s or last_at[top] * late >= STRAGGLER_MIN_SHARE * span_s)
+    return top if consistent and large else None
+
+
+def _span_s(full: Mapping[tuple[str, int], Mapping[int, Mapping[str, Any]]]) -> float:
+    """Seconds from the first arrival at a collective held in full to the last (0: fewer than two)."""
+    times = [int(e["created_ns"]) for marks in full.values() for e in marks.values() if e.get("created_ns")]
+    return (max(times) - min(times)) / 1e9 if len(times) > 1 else 0.0
+
+
 def summary(xray: XRay) -> str:
     """The run in words: "412 collectives, 38 MB moved; rank 3 arrived last at 390 of them, 14 ms late
-    on average: rank 3 is the straggler", then what went wrong, a sentence each."""
+    on average: rank 3 is the straggler", then what went wrong, a sentence each.  Who came last is said
+    only of a straggler: of a few collectives, or by a few milliseconds, it is noise a learner would read
+    as meaning (issue #57)."""
     parts = [f"{xray.count} collective{'s' if xray.count != 1 else ''}, {_size(xray.bytes)} moved"]
-    if any(xray.last_at.values()):
-        top = max(xray.last_at, key=lambda rank: (xray.last_at[rank], -rank))
+    if xray.straggler is not None:
+        top = xray.straggler
         late_ms = xray.mean_late_s.get(top, 0.0) * 1000
         text = f"rank {top} arrived last at {xray.last_at[top]} of them, {late_ms:.0f} ms late on average"
-        parts[0] += "; " + text + (f": rank {top} is the straggler" if xray.straggler == top else "")
+        parts[0] += "; " + text + f": rank {top} is the straggler"
     sentences = [parts[0]]
     sentences += [m.text for m in xray.mismatches]
     sentences += [n.text for n in xray.never_entered]

@@ -335,3 +335,28 @@ def test_no_drain_while_the_ranks_groups_are_being_made(tmp_path, monkeypatch):
     watch._changed -= _xray.SETTLED  # still since
     drainer._tick()
     assert dumps == [True] and _xray.groups_settled()
+
+
+def _paced(count: int, every_ms: float, late_ms: float, ranks: int = 2, slow: int = 1):
+    """``count`` all_reduces ``every_ms`` apart on ``ranks`` ranks, rank ``slow`` ``late_ms`` late to each."""
+    from xray_samples import entry
+
+    logs = {rank: CollectiveLog(rank=rank) for rank in range(ranks)}
+    for rank, log in logs.items():
+        late = int(late_ms * 1e6) if rank == slow else 0
+        log.add_entries([entry(seq - 1, "all_reduce", 10**9 + int(seq * every_ms * 1e6) + late, seq) for seq in range(1, count + 1)])
+    return analyse({rank: log.as_json() for rank, log in logs.items()})
+
+
+def test_a_straggler_is_named_only_when_consistent_and_large_beside_the_collectives_time():
+    """Issue #57, item 3: the reduce_scatter cell (4 collectives, 3 ms), a DDP world's first cell (3), a single
+    all_reduce: millisecond leads over a few collectives are a scheduler's jitter.  Named: last at 5 or
+    more and two thirds of them, 5 ms or more late, the others' waiting 10 % or more of the collectives' span."""
+    for count, every, late in ((1, 10, 3), (3, 10, 3), (4, 1, 3)):  # too few
+        few = _paced(count, every, late)
+        assert few.straggler is None and "arrived last" not in few.summary and "straggler" not in few.summary, few.summary
+    assert _paced(20, 10, 3).straggler is None  # consistent, but within a scheduler's slice
+    assert _paced(20, 1000, 40).straggler is None  # 40 ms late each second: 4 % of the time, the run would not notice
+    named = _paced(20, 100, 40)  # 40 ms late every 100 ms
+    assert named.straggler == 1
+    assert named.summary == "20 collectives, 21 MB moved; rank 1 arrived last at 20 of them, 40 ms late on average: rank 1 is the straggler"
