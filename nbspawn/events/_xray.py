@@ -13,8 +13,8 @@ that draw it (``views._xray_html``).
   counted from the timelines: per bucket of sequence numbers, each rank's mean arrival (exact while a
   group has ≤ 4,096 collectives, one a bucket; past that, a bucket's means).  *The straggler* is named
   only when it is consistent and large (issue #57: a 3 ms lead over three collectives is a scheduler's
-  jitter, not a slow rank): last at :data:`STRAGGLER_MIN_COUNT` collectives or more and at two thirds
-  of those compared, on average :data:`STRAGGLER_MIN_LATE` or later, and the others' waiting for it
+  jitter, not a slow rank): last at :data:`STRAGGLER_MIN_COUNT` collectives or more and at more than
+  half of those compared, on average :data:`STRAGGLER_MIN_LATE` or later, and the others' waiting for it
   (its lateness summed) is :data:`STRAGGLER_MIN_SHARE` or more of the time the collectives spanned
   (the first arrival to the last): a delay the run would notice.  Who came last, and by how much, is
   said only then.
@@ -202,7 +202,7 @@ def _straggler(last_at: Mapping[int, int], mean_late: Mapping[int, float], span_
         return None
     top = max(last_at, key=lambda rank: (last_at[rank], -rank))
     late = mean_late.get(top, 0.0)
-    consistent = last_at[top] >= STRAGGLER_MIN_COUNT and last_at[top] * 3 >= counted * 2
+    consistent = last_at[top] >= STRAGGLER_MIN_COUNT and last_at[top] * 2 > counted
     large = late >= STRAGGLER_MIN_LATE and (not span_s or last_at[top] * late >= STRAGGLER_MIN_SHARE * span_s)
     return top if consistent and large else None
 

@@ -351,7 +351,7 @@ def _paced(count: int, every_ms: float, late_ms: float, ranks: int = 2, slow: in
 def test_a_straggler_is_named_only_when_consistent_and_large_beside_the_collectives_time():
     """Issue #57, item 3: the reduce_scatter cell (4 collectives, 3 ms), a DDP world's first cell (3), a single
     all_reduce: millisecond leads over a few collectives are a scheduler's jitter.  Named: last at 5 or
-    more and two thirds of them, 5 ms or more late, the others' waiting 10 % or more of the collectives' span."""
+    more and more than half of them, 5 ms or more late, the others' waiting 10 % or more of the collectives' span."""
     for count, every, late in ((1, 10, 3), (3, 10, 3), (4, 1, 3)):  # too few
         few = _paced(count, every, late)
         assert few.straggler is None and "arrived last" not in few.summary and "straggler" not in few.summary, few.summary
