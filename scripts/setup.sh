@@ -36,13 +36,15 @@ if [[ -f "$stamp" && "$stamp" -nt "$root/pyproject.toml" && "$(cat "$stamp")" ==
     exit 0
 fi
 
-if ! "$py" -c "import torch" 2>/dev/null; then
+# torch is looked up, never imported: imported before the extras bring numpy, it warns "Failed to
+# initialize NumPy" into a newcomer's first setup (issue #57, item 10)
+if ! "$py" -c "import importlib.util as u, sys; sys.exit(not u.find_spec('torch'))"; then
     say "installing $torch_spec"
     "$py" -m pip install "$torch_spec"
 fi
 
 # Pin whatever torch is now installed, so resolving the extras can never swap it for another build.
-torch_version="$("$py" -c "import torch; print(torch.__version__)")"
+torch_version="$("$py" -c "import importlib.metadata as m; print(m.version('torch'))")"
 constraints="$(mktemp)"
 trap 'rm -f "$constraints"' EXIT
 echo "torch==$torch_version" >"$constraints"

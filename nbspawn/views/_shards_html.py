@@ -12,6 +12,7 @@ this rank holds of them, devices, and its first DTensor parameters' placements).
 from __future__ import annotations
 
 import html
+import re
 from typing import Any
 
 from ..events._resources import gigabytes
@@ -42,6 +43,11 @@ def _bytes(value: int | None) -> str:
     if value is None:
         return ""
     return gigabytes(value) if value >= 10**6 else f"{value / 1000:.1f} KB" if value >= 1000 else f"{value} B"
+
+
+def _dotted(text: str) -> str:
+    """``text`` escaped, a line allowed to break after each dot of a dotted path (``torch.distributed.fsdp.<wbr>...``)."""
+    return re.sub(r"\.(?=[A-Za-z_])", ".<wbr>", _e(text))
 
 
 def span_text(shape: list[int], offset: list[int]) -> str:
@@ -126,7 +132,8 @@ def shown_html(world: str, expression: str, answers: list[dict[str, Any]]) -> st
             f'<div data-rank="{answer["rank"]}" style="border:1px solid {LINE};border-top:3px solid hsl({hue},60%,50%);'
             f'border-radius:4px;padding:6px;min-width:9em;max-width:{PICTURE + 120}px">'
             f'<div style="font-weight:600">rank {answer["rank"]}</div>{picture}'
-            f'<div style="color:{TEXT2};font-size:12px;margin-top:4px">{_e(words)}</div></div>'
+            # a module's type is one long word (FSDPSequential, a dotted path): broken anywhere, it stays in its card
+            f'<div style="color:{TEXT2};font-size:12px;margin-top:4px;overflow-wrap:anywhere">{_dotted(words)}</div></div>'
         )
     dimensions = ""
     first = next((a for a in answers if a.get("dtensor")), None)

@@ -21,11 +21,15 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
 w = distribute_tensor(torch.arange(64.).reshape(8, 8), mesh, [Shard(0), Shard(1)])
+from torch.distributed.fsdp import fully_shard
+net = fully_shard(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1)), mesh=init_device_mesh("cpu", (4,)))
 """
 
 
 def _write(root: Path) -> None:
-    write_notebook(root, "shards.ipynb", ["%load_ext nbspawn", WORLD, "%spawn show shards w", "%spawn stop shards"])
+    write_notebook(
+        root, "shards.ipynb", ["%load_ext nbspawn", WORLD, "%spawn show shards w", "%spawn show shards net", "%spawn stop shards"]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,4 +60,17 @@ def test_a_dtensors_shards_are_drawn_rank_by_rank_on_the_global_tensor(lab, brow
             assert box and svg and 0.4 < box["width"] / svg["width"] < 0.6 and 0.4 < box["height"] / svg["height"] < 0.6
         assert boxes[1]["x"] - outer[1]["x"] > boxes[0]["x"] - outer[0]["x"]  # rank 1's quarter is to the right
         assert boxes[2]["y"] - outer[2]["y"] > boxes[0]["y"] - outer[0]["y"]  # rank 2's is below
+        # an FSDP module's card: its long type name stays inside the card (issue #57, item 5)
         run_cell(pg, cells.nth(3))
+        module = cells.nth(3).locator(".nbspawn-shards")
+        module.wait_for(timeout=60_000)
+        cards = module.locator("[data-rank]")
+        assert cards.count() == 4 and "FSDPSequential" in cards.nth(0).inner_text(), cards.nth(0).inner_text()
+        for i in range(4):
+            spill = cards.nth(i).evaluate(
+                "e => { const r = document.createRange(); r.selectNodeContents(e);"
+                " return r.getBoundingClientRect().right - e.getBoundingClientRect().right; }"
+            )
+            assert spill <= 0.5, (i, spill)  # the words' own extent, not their box's: text can run out of its box
+        shot(cells.nth(3), artifacts, "show-module.png", unhover=True)
+        run_cell(pg, cells.nth(4))
