@@ -344,7 +344,9 @@ def _paced(count: int, every_ms: float, late_ms: float, ranks: int = 2, slow: in
     logs = {rank: CollectiveLog(rank=rank) for rank in range(ranks)}
     for rank, log in logs.items():
         late = int(late_ms * 1e6) if rank == slow else 0
-        log.add_entries([entry(seq - 1, "all_reduce", 10**9 + int(seq * every_ms * 1e6) + late, seq) for seq in range(1, count + 1)])
+        log.add_entries(
+            [entry(seq - 1, "all_reduce", 10**9 + int(seq * every_ms * 1e6) + late, seq) for seq in range(1, count + 1)]
+        )
     return analyse({rank: log.as_json() for rank, log in logs.items()})
 
 
@@ -359,4 +361,7 @@ def test_a_straggler_is_named_only_when_consistent_and_large_beside_the_collecti
     assert _paced(20, 1000, 40).straggler is None  # 40 ms late each second: 4 % of the time, the run would not notice
     named = _paced(20, 100, 40)  # 40 ms late every 100 ms
     assert named.straggler == 1
-    assert named.summary == "20 collectives, 21 MB moved; rank 1 arrived last at 20 of them, 40 ms late on average: rank 1 is the straggler"
+    assert (
+        named.summary
+        == "20 collectives, 21 MB moved; rank 1 arrived last at 20 of them, 40 ms late on average: rank 1 is the straggler"
+    )
