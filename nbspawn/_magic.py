@@ -347,14 +347,18 @@ def note_cuda_culprit(result: Any) -> None:
         _tpu.note_cell(f"Cell In[{count}]" if count is not None else "a cell", source)
 
 
+_ENDED = {"failed": "failed", "timeout": "timed out", "interrupted": "was interrupted"}
+
+
 def report_background_failures(*_info: object) -> None:
-    """Before each cell: a background run that failed, unwaited, is not silent (told once)."""
+    """Before each cell: a background run that failed, unwaited, and whose view could not show it in its
+    own cell (a text view's cell had ended), is not silent (told once).  On stdout, naming the cell it
+    came from: it is news of that cell, not an error of the one about to run (issue #57, item 9)."""
     from .executors._registry import unreported_failures
 
     for run in unreported_failures():
         summary = str(run.error).splitlines()[0] if str(run.error) else type(run.error).__name__
         print(
-            f"nbspawn: background run {run.run_id} {run.status}: {summary}\n"
-            f"  run.wait() raises its error (the run is also nbspawn.last_run() or in %spawn status); logs: {run.run_dir}",
-            file=sys.stderr,
+            f"nbspawn: the background run of {run.spec.cell.label} ({run.run_id}) {_ENDED.get(run.status, run.status)}: {summary}\n"
+            f"  run.wait() raises its error (the run is also nbspawn.last_run() or in %spawn status); logs: {run.run_dir}"
         )

@@ -137,6 +137,7 @@ class Run:
     background: bool = ROW["background"].typed_default  # supervised by a thread of its own (%%spawn --bg)
     waited: bool = False  # run.wait() was called after it ended (its error, if any, was raised)
     reported: bool = False  # its failure was told at a later cell
+    end_shown: bool = False  # its view draws how it ended in its own cell (the widget): nothing to tell later
     world: str | None = None  # the kept world this cell ran on
     world_cell: int | None = None  # which of that world's cells this is, from 1
     world_dir: str | None = None  # that world's directory (its ranks' own, between cells)

@@ -37,11 +37,13 @@ def background_runs() -> dict[str, Run]:
 
 def unreported_failures() -> list[Run]:
     """Background runs that failed and were neither waited for nor reported yet (each reported once).
-    A run someone stopped (``%spawn stop``, ``run.stop()``, its Stop button) did not fail: it is not told."""
+    A run someone stopped (``%spawn stop``, ``run.stop()``, its Stop button) did not fail: it is not told;
+    nor one whose view drew its end in its own cell (the widget): told again in a later cell, unrelated to
+    it, the failure read as that cell's (issue #57, item 9)."""
     found = [
         r
         for r in _background_runs.values()
-        if r.done and r.error is not None and r.status != "stopped" and not r.waited and not r.reported
+        if r.done and r.error is not None and r.status != "stopped" and not r.waited and not r.reported and not r.end_shown
     ]
     for run in found:
         run.reported = True

@@ -94,6 +94,7 @@ def execute(spec: RunSpec, view: RunView, executor: Executor, background: bool =
     own: this returns at once, ``run.wait()`` joins it (and raises its error), ``run.stop()`` stops it.
     """
     run = Run(spec, background=background)
+    run.end_shown = view.shows_its_end
     try:
         run.prepare_logs(ranks_make_theirs=executor.supervision.ranks_make_their_dirs)
     except OSError as err:

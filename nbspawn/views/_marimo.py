@@ -40,6 +40,7 @@ class MarimoView(RunView):
 
     rich = True  # a rank's displays (HTML, images) are kept as the saved view draws them
     read_budget: int | None = READ_BUDGET  # the widget's: what a page can show of a flood per poll
+    shows_its_end = True  # drawn in its own cell's output at the end
 
     def __init__(self, every: float = EVERY) -> None:
         self.every = every

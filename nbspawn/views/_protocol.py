@@ -9,6 +9,8 @@ rank ``output`` and ``display`` come in the order the rank wrote them.
   ``skipped`` (counted, and kept in the logs);
 * ``prints_output``: the ranks' output is printed to the kernel's stdout (a cell attached to a
   background run then need not show it again);
+* ``shows_its_end``: the view draws how the run ended in its own cell, whenever that is (the widget, a
+  marimo cell's output): a background run that failed need not be told in a later cell;
 * ``wants_stop()``: a Stop button (True), or a reason to stop as a failure does (a string: a node
   agent's view, told by the kernel);
 * ``interrupts()``: interrupts that came through the view, not as ``KeyboardInterrupt`` (a node
@@ -32,6 +34,7 @@ class RunView:
     rich: bool = False
     read_budget: int | None = 0
     prints_output: bool = False  # ranks' output goes to the kernel's own stdout (a text view)
+    shows_its_end: bool = False  # how the run ended is drawn in its own cell (the widget), not only said later
 
     def started(self, run: Run) -> None:
         """The ranks are about to start; ``run.ranks`` exist."""

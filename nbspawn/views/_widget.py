@@ -86,6 +86,7 @@ class WidgetView(RunView):
 
     rich = True
     read_budget: int | None = READ_BUDGET  # RunView's type: a view may read everything (None)
+    shows_its_end = True  # a background run's end is drawn in its own cell's widget
 
     def __init__(self, live_after: float = LIVE_AFTER) -> None:
         self.live_after = live_after

@@ -488,3 +488,21 @@ def test_forked_ranks_do_not_hang_after_the_kernel_used_openmp(kernel):
     result = ok(kernel, code, timeout=90)
     assert rank_lines(result.stdout, 0) == ["1 True"]
     assert "OpenMP is not fork-safe" in result.stderr
+
+
+def test_a_background_runs_failure_is_news_of_its_own_cell_not_an_error_of_the_next(kernel):
+    """Issue #57, item 9: a background run that timed out was told in red (stderr) at the top of whatever
+    cell ran next.  Now the widget, which draws the run's end in its own cell, leaves the next cell alone;
+    a text view's run (its cell long ended) is told once, on stdout, naming the cell it came from."""
+    for view in ("widget", "text"):
+        ok(kernel, f"%%spawn --bg -n 2 --timeout 2 --view {view}\nimport time\ntime.sleep(60)")
+        label = ok(kernel, "import nbspawn\nbg = nbspawn.last_run()\nprint(bg.spec.cell.label)").stdout.strip()
+        ok(kernel, "assert bg.ended_within(60), bg")
+        later = run(kernel, "print('unrelated')")
+        assert later.status == "ok" and later.stderr == "", later.stderr
+        if view == "widget":
+            assert later.stdout == "unrelated\n", later.stdout
+        else:
+            told, _, rest = later.stdout.partition("\n")
+            assert told.startswith(f"nbspawn: the background run of {label} (") and "timed out: SpawnTimeoutError" in told, told
+            assert rest.endswith("unrelated\n") and run(kernel, "print(1)").stdout == "1\n"  # told once
