@@ -170,14 +170,15 @@ class Run:
         (a straggler is not hung: issue #41, L2); the hang watch says when one is."""
         if not self.spec.xrayed:
             return None
-        records = read_records({state.rank: state.dir for state in self.ranks if self.spec.runs(state.rank)})
+        dirs = {state.rank: state.dir for state in self.ranks if self.spec.runs(state.rank)}
+        records = read_records(dirs)
         if not records:
             return None
-        xray = analyse(records, in_flight=live)
-        if self.spec.xray_values:  # written at the cell's end: a live read finds none yet
-            values = read_values({state.rank: state.dir for state in self.ranks if self.spec.runs(state.rank)})
-            xray = replace(xray, values=line_up(values), values_beyond=beyond(values))
-        if xray.count:
+        calls = {} if live else read_values(dirs)  # the cell's calls, written at its end: a live read finds none yet
+        xray = analyse(records, in_flight=live, calls=calls)
+        if self.spec.xray_values and calls:
+            xray = replace(xray, values=line_up(calls, xray.numbers), values_beyond=beyond(calls))
+        if xray.count or xray.unrecorded:  # a cell of sends and receives only has its view too
             self.xray = xray
         return self.xray
 

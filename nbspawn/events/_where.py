@@ -27,6 +27,7 @@ from .._program import Program
 from .._rankdir import COLLECTIVES
 from .._source import STILL_STARTING, CellSource, main_thread_stack, program_stack, rewrite_notebook_frames
 from ..errors import rank_spans
+from ._opnames import P2P, called, same_call
 from ._xray import XRay
 
 ANSWER_WAIT = 2.0  # seconds for every rank's dump to arrive
@@ -220,37 +221,6 @@ _C10D = "torch/distributed/distributed_c10d.py"
 
 HANG_SUSPECT_AFTER = 10.0  # seconds in one collective before a rank is a hang suspect (at most: suspect_after)
 
-# What torch's flight recorders call a collective (its profiling name less the backend) where that is not
-# the torch.distributed function that issued it: the function a verdict names, then the other functions
-# whose frame (a stack's innermost in distributed_c10d.py) issues it too.  ProcessGroupNCCL records
-# barrier() as an all_reduce of one element and keeps the C++ names of the tensor forms; gloo records
-# all_gather_into_tensor as all_gather; torch 2.13's all_gather_into_tensor and reduce_scatter_tensor
-# call their new names (all_gather_single, reduce_scatter_single).
-_CALLED = {
-    "all_reduce_barrier": ("barrier",),
-    "_all_gather_base": ("all_gather_into_tensor", "all_gather_single"),
-    "_reduce_scatter_base": ("reduce_scatter_tensor", "reduce_scatter_single"),
-    "_broadcast_oop": ("broadcast",),
-    "_reduce_oop": ("reduce",),
-    "all_gather": ("all_gather", "all_gather_into_tensor", "all_gather_single"),
-    "reduce_scatter": ("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single"),
-    "all_to_all": ("all_to_all", "all_to_all_single"),
-}
-_P2P = ("send", "recv")  # NCCL records them with their peer: "send 0->1", "recv 1<-0"
-
-
-def called(recorded: str) -> str:
-    """The torch.distributed function a flight-recorder op stands for: ``all_reduce_barrier`` ->
-    ``barrier``, ``_all_gather_base`` -> ``all_gather_into_tensor``, ``send 0->1`` -> ``send``."""
-    base = recorded.split(" ", 1)[0]
-    return _CALLED.get(base, (base,))[0]
-
-
-def _same_call(op: str, recorded: str) -> bool:
-    """Whether a rank whose stack is in torch.distributed's ``op`` is in the collective recorded as ``recorded``."""
-    base = recorded.split(" ", 1)[0]
-    return op in _CALLED.get(base, (base,))
-
 
 def _seq(entry: dict[str, Any]) -> int:
     """The entry's number: a send or recv counts among the group's point-to-point ops, not its collectives."""
@@ -258,7 +228,7 @@ def _seq(entry: dict[str, Any]) -> int:
 
 
 def _is_p2p(entry: dict[str, Any]) -> bool:
-    return called(str(entry.get("op", ""))) in _P2P
+    return called(str(entry.get("op", ""))) in P2P
 
 
 def _named(entry: dict[str, Any]) -> str:
@@ -505,9 +475,9 @@ def _current(entries: list[dict[str, Any]] | None, op: str) -> dict[str, Any] | 
     """The flight-recorder entry of the collective a rank is blocked in: the NCCL one not completed
     (:func:`_pending`), else its newest, if it is that op."""
     pending = _pending(entries)
-    if pending is not None and _same_call(op, str(pending.get("op", ""))):
+    if pending is not None and same_call(op, str(pending.get("op", ""))):
         return pending
-    return entries[-1] if entries and _same_call(op, str(entries[-1].get("op", ""))) else None
+    return entries[-1] if entries and same_call(op, str(entries[-1].get("op", ""))) else None
 
 
 def _by_place(places: dict[int, str]) -> dict[str, list[int]]:

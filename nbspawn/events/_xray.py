@@ -29,8 +29,16 @@ that draw it (``views._xray_html``).
 * **Never entered:** a group's collective some members entered and another did not (its last
   sequence number is lower): a hang, or a rank that left.
 * **Point to point:** NCCL records sends and receives ("send 0->1", "recv 1<-0", group ranks): a
-  rank's k-th send to a peer pairs with the peer's k-th receive from it.  gloo records neither; each
-  still takes an op number, so each rank's count of them is reported (:attr:`XRay.unrecorded`).
+  rank's k-th send to a peer pairs with the peer's k-th receive from it.  gloo records neither: each
+  rank's count of them is reported (:attr:`XRay.unrecorded`), from the cell's own calls where the rank
+  wrote them down (else from the op numbers they took, which a kept world's next cell would have
+  counted as its own: issue #57, item 4).
+* **The calls the cell made:** the backend may run one call as several collectives (gloo: a
+  ``reduce_scatter`` of four chunks as four all_reduces, a ``reduce_scatter_tensor`` as one).  Each
+  rank writes its calls down with when each began and returned (``ranks._xray_values``); the
+  collectives its recorder created in that window, on the call's group, are the call's.  Such a call is
+  drawn as one collective, named as called, numbered by its first collective (torch's numbering, as
+  every other place numbers them), and what the backend ran under it is said (:attr:`Collective.ran`).
 """
 
 from __future__ import annotations
@@ -38,16 +46,17 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .._rankdir import XRAY
+from ._opnames import same_call
 from ._xray_values import ValueRow
 
 # seconds: a rank last by less, on average, is not called the straggler: a busy core's scheduler slice
 # (Linux's CFS: a few ms) keeps a rank off it that long with nothing wrong with the rank
 STRAGGLER_MIN_LATE = 0.005
-STRAGGLER_MIN_COUNT = 5  # nor one last at fewer collectives than this
+STRAGGLER_MIN_COUNT = 4  # nor one last at fewer collectives than this (a group's first is not compared)
 STRAGGLER_MIN_SHARE = 0.1  # nor one the others waited for less than this share of the collectives' span
 # ops whose input shapes may differ between ranks, rightly: only their op is compared
 UNEVEN_OPS = frozenset({"all_to_all", "alltoall", "alltoall_base", "gather", "scatter", "all_to_all_single", "coalesced"})
@@ -76,6 +85,21 @@ class Collective:
     last: int | None  # the rank the others waited for (None: one rank's mark only)
     late_s: float  # its arrival minus the others' mean arrival
     waits_s: Mapping[int, float] = field(default_factory=dict)  # each rank: last arrival minus its own
+    # a call the backend ran as other collectives: theirs (ops as recorded, and torch's numbers), () otherwise
+    ran: tuple[str, ...] = ()
+    seqs: tuple[int, ...] = ()
+    backend: str = ""
+
+
+@dataclass(frozen=True)
+class Call:
+    """A call the cell made to torch.distributed, and the collectives the backend ran under it."""
+
+    group: str  # its process group's name
+    number: int  # its number among the group's calls in the cell, as every rank counts them
+    op: str  # as called: "reduce_scatter"
+    seqs: tuple[int, ...]  # torch's sequence numbers of the collectives run under it
+    ran: tuple[str, ...]  # their ops, as the recorder names them
 
 
 @dataclass(frozen=True)
@@ -129,6 +153,13 @@ class XRay:
     values: tuple[ValueRow, ...] = ()
     values_beyond: int = 0
     backends: tuple[str, ...] = ()  # those the recorded collectives ran on ("gloo"): a cell's own group's
+    calls: tuple[Call, ...] = ()  # the cell's calls whose collectives were found (those held in full)
+
+    @property
+    def numbers(self) -> dict[tuple[str, int], int]:
+        """(group, call number) -> torch's number of the call's first collective: how the values table
+        numbers a call, as the drawing, the verdicts and Where? do."""
+        return {(call.group, call.number): call.seqs[0] for call in self.calls}
 
 
 def read_records(rank_dirs: Mapping[int, str]) -> dict[int, dict[str, Any]]:
@@ -146,25 +177,32 @@ def read_records(rank_dirs: Mapping[int, str]) -> dict[int, dict[str, Any]]:
     return records
 
 
-def analyse(records: Mapping[int, Mapping[str, Any]], in_flight: bool = False) -> XRay:
+def analyse(
+    records: Mapping[int, Mapping[str, Any]], in_flight: bool = False, calls: Mapping[int, Mapping[str, Any]] | None = None
+) -> XRay:
     """The ranks' records (rank -> its ``xray.json``, read back) side by side.  ``in_flight``: the
     ranks are still running, so no collective is called never entered (those not entered by all are
-    on their way)."""
+    on their way).  ``calls``: each rank's record of the cell's calls (``ranks._xray_values``), where
+    it wrote one: a call the backend ran as other collectives is drawn as the call."""
     ranks = tuple(sorted(records))
     members = _members(records)
     full = _full_entries(records)
+    made = _calls(records, calls or {})
     collectives = tuple(
-        sorted((_collective(key, marks) for key, marks in full.items() if not _is_p2p(marks)), key=_first_arrival)
+        sorted(
+            _as_called((_collective(key, marks) for key, marks in full.items() if not _is_p2p(marks)), made, full),
+            key=_first_arrival,
+        )
     )
     last_at, late_sums = _lateness(records, members)
     mean_late = {rank: late_sums[rank] / last_at[rank] for rank in last_at if last_at[rank]}
     straggler = _straggler(last_at, mean_late, _span_s(full)) if len(ranks) > 1 else None
-    count = sum(_collectives_in(records, pg) for pg in members)
+    count = sum(_collectives_in(records, pg) for pg in members) - sum(len(c.seqs) - 1 for c in made if _redrawn(c))
     total_bytes = sum(int(group.get("bytes", 0)) for rec in records.values() for group in rec.get("groups", {}).values())
     mismatches = tuple(m for m in (_mismatch(key, marks) for key, marks in sorted(full.items())) if m is not None)
     never = () if in_flight else tuple(_never_entered(records, members, full))
     pairs, unpaired = _pairs(records, members)
-    unrecorded = {rank: sum(int(g.get("unrecorded", 0)) for g in rec.get("groups", {}).values()) for rank, rec in records.items()}
+    unrecorded = {rank: _unrecorded(rec, (calls or {}).get(rank)) for rank, rec in records.items()}
     lost = {rank: int(rec.get("lost", 0)) for rank, rec in records.items()}
     xray = XRay(
         ranks=ranks,
@@ -191,6 +229,7 @@ def analyse(records: Mapping[int, Mapping[str, Any]], in_flight: bool = False) -
                 }
             )
         ),
+        calls=tuple(made),
     )
     return XRay(**{**xray.__dict__, "summary": summary(xray)})
 
@@ -218,13 +257,16 @@ def summary(xray: XRay) -> str:
     on average: rank 3 is the straggler", then what went wrong, a sentence each.  Who came last is said
     only of a straggler: of a few collectives, or by a few milliseconds, it is noise a learner would read
     as meaning (issue #57)."""
-    parts = [f"{xray.count} collective{'s' if xray.count != 1 else ''}, {_size(xray.bytes)} moved"]
+    parts = [
+        f"{xray.count} collective{'s' if xray.count != 1 else ''}, {_size(xray.bytes)} moved" if xray.count else "no collectives"
+    ]
     if xray.straggler is not None:
         top = xray.straggler
         late_ms = xray.mean_late_s.get(top, 0.0) * 1000
         text = f"rank {top} arrived last at {xray.last_at[top]} of them, {late_ms:.0f} ms late on average"
         parts[0] += "; " + text + f": rank {top} is the straggler"
     sentences = [parts[0]]
+    sentences += _ran_as(xray.collectives)
     sentences += [m.text for m in xray.mismatches]
     sentences += [n.text for n in xray.never_entered]
     if xray.pairs:
@@ -237,6 +279,34 @@ def summary(xray: XRay) -> str:
         listed = ", ".join(f"rank {rank}: {n}" for rank, n in sorted(xray.lost.items()))
         sentences.append(f"collectives lost before they were read: {listed}")
     return ". ".join(sentence(text) for text in sentences)
+
+
+def _ran_as(collectives: Iterable[Collective]) -> list[str]:
+    """What the backend ran under the calls it did not run as called: "gloo ran reduce_scatter #1 as 4
+    all_reduces"; many alike, once: "gloo ran each of 12 reduce_scatter_tensor calls as an all_reduce"."""
+    alike: dict[tuple[str, str, str], list[int]] = {}
+    for collective in collectives:
+        if collective.ran:
+            alike.setdefault((collective.backend or "the backend", collective.op, ran_text(collective.ran)), []).append(
+                collective.seq
+            )
+    said = []
+    for (backend, op, ran), seqs in alike.items():
+        said.append(
+            f"{backend} ran {op} #{seqs[0]} as {ran}"
+            if len(seqs) == 1
+            else f"{backend} ran each of {len(seqs)} {op} calls as {ran}"
+        )
+    return said
+
+
+def ran_text(ran: Iterable[str]) -> str:
+    """``("all_reduce",) * 4`` -> "4 all_reduces"; ``("all_reduce",)`` -> "an all_reduce"."""
+    counts: dict[str, int] = {}
+    for op in ran:
+        counts[op] = counts.get(op, 0) + 1
+    parts = [f"{n} {op}s" if n > 1 else f"{'an' if op[:1] in 'aeiou' else 'a'} {op}" for op, n in counts.items()]
+    return " and ".join(parts)
 
 
 def sentence(text: str) -> str:
@@ -359,7 +429,12 @@ def _lateness(
                 cell = line.setdefault(int(key) // ratio, [0, 0])
                 cell[0] += int(count)
                 cell[1] += int(total)
+        # the record's first collective on a group measures when each rank began (a fork's start, a kept world's
+        # cell reaching each rank), not how slow one is: not counted while buckets hold a collective each
+        first = min(int(group.get("first_seq", 0) or 0) for group in groups.values())
         for key in set.intersection(*(set(line) for line in timelines.values())):
+            if coarse == 1 and key == first:
+                continue
             counts = {timelines[rank][key][0] for rank in present}
             if len(counts) != 1:
                 continue  # a bucket some rank has not finished: compared once it has
@@ -431,6 +506,85 @@ def _never_entered(
 
 def _times(count: int) -> str:
     return "once" if count == 1 else f"{count} times"
+
+
+def _calls(records: Mapping[int, Mapping[str, Any]], calls: Mapping[int, Mapping[str, Any]]) -> list[Call]:
+    """The cell's collective calls with the collectives the backend ran under each, lined up across the
+    ranks by (group, call number): the first rank (lowest) whose record holds them says which."""
+    found: dict[tuple[str, int], Call] = {}
+    for rank in sorted(calls):
+        entries: dict[str, list[tuple[int, int, str]]] = {}
+        for entry in [*records.get(rank, {}).get("head", []), *records.get(rank, {}).get("tail", [])]:
+            if not entry.get("p2p") and entry.get("created_ns"):
+                entries.setdefault(str(entry["pg"]), []).append((int(entry["created_ns"]), int(entry["seq"]), str(entry["op"])))
+        for call in calls[rank].get("calls") or []:
+            if not isinstance(call, Mapping) or str(call.get("op")) in _P2P_CALLS or not call.get("t0") or not call.get("t1"):
+                continue
+            key = (str(call.get("group", "")), int(call.get("seq", 0) or 0))
+            if key in found:
+                continue
+            t0, t1 = int(call["t0"]), int(call["t1"])
+            under = sorted((seq, op) for created, seq, op in entries.get(key[0], []) if t0 <= created <= t1)
+            if under:
+                found[key] = Call(key[0], key[1], str(call["op"]), tuple(s for s, _ in under), tuple(o for _, o in under))
+    return sorted(found.values(), key=lambda call: (call.group, call.number))
+
+
+_P2P_CALLS = frozenset({"send", "isend", "recv", "irecv"})
+
+
+def _redrawn(call: Call) -> bool:
+    """Whether the backend ran a call as something else: as several collectives, or as another one
+    (gloo's reduce_scatter_tensor: an all_reduce), which is then said; a mere other name for the same
+    collective (``all_gather_into_tensor`` recorded as ``all_gather``) is not."""
+    return len(call.seqs) > 1 or not same_call(call.op, call.ran[0])
+
+
+def _as_called(
+    collectives: Iterable[Collective], made: Iterable[Call], full: Mapping[tuple[str, int], Mapping[int, Mapping[str, Any]]]
+) -> list[Collective]:
+    """The collectives named as the cell called them, those a call ran under it made one, with what
+    the backend ran (:func:`_redrawn`)."""
+    shown = {(c.pg, c.seq): c for c in collectives}
+    for call in made:
+        if not _redrawn(call):
+            first_seq = (call.group, call.seqs[0])
+            if first_seq in shown and shown[first_seq].op != call.op:
+                shown[first_seq] = replace(shown[first_seq], op=call.op)
+            continue
+        under = [shown.pop((call.group, seq)) for seq in call.seqs if (call.group, seq) in shown]
+        if not under:
+            continue
+        first = under[0]
+        marks = full.get((call.group, first.seq), {})
+        backend = next((str(e.get("backend")) for e in marks.values() if e.get("backend")), "")
+        shown[(call.group, first.seq)] = Collective(
+            first.pg,
+            first.group,
+            first.seq,
+            call.op,
+            first.sizes,
+            sum(c.bytes for c in under),
+            first.arrivals,
+            first.last,
+            first.late_s,
+            first.waits_s,
+            ran=call.ran,
+            seqs=call.seqs,
+            backend=backend,
+        )
+    return list(shown.values())
+
+
+def _unrecorded(record: Mapping[str, Any], calls: Mapping[str, Any] | None) -> int:
+    """A rank's sends and receives its recorder did not keep (gloo's): from the cell's calls where it
+    wrote them down, less those the recorder has (NCCL's); else the op numbers they took (``ranks._xray``)."""
+    groups = record.get("groups", {}).values()
+    if calls is None:
+        return sum(int(g.get("unrecorded", 0)) for g in groups)
+    made = sum(1 for call in calls.get("calls") or [] if isinstance(call, Mapping) and str(call.get("op")) in _P2P_CALLS)
+    kept = sum(int(g.get("ops", {}).get(op, [0])[0]) for g in groups for op in ("send", "recv"))
+    return max(0, made - kept)
 
 
 def _first_seq(record: Mapping[str, Any], pg: str) -> int:

@@ -584,16 +584,15 @@ def ring_entries(environ: Mapping[str, str]) -> int:
 
 def begin(rank: int, rank_dir: str, values: bool = False) -> None:
     """The cell's collectives are recorded from now on (its process group is made): the drainer
-    thread starts, and with ``values`` (``--xray values``) torch.distributed's functions are wrapped
-    (``ranks._xray_values``); :func:`end` writes both down."""
+    thread starts, and torch.distributed's functions are wrapped (``ranks._xray_values``): the calls
+    the cell made, with ``values`` (``--xray values``) their tensors' values; :func:`end` writes both down."""
     global _current
     end()
     with contextlib.suppress(Exception):  # no recorder in this torch: no X-ray, never a failed rank
         drainer = Drainer(rank, record_path(rank_dir), ring=ring_entries(os.environ))
         drainer.start()
         _current = drainer
-    if values:
-        _xray_values.begin(rank, rank_dir)
+    _xray_values.begin(rank, rank_dir, values)  # the cell's calls always, their values with --xray values
 
 
 def begin_once_grouped(rank: int, rank_dir: str, poll_every: float = 0.02) -> None:

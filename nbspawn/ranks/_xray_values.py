@@ -1,11 +1,14 @@
-"""In every rank, with ``--xray values``: each collective's small tensors before and after, for teaching
-(issue #43, item 3): a learner sees ``[1] [2] [3] [4] -> all_reduce -> [10] [10] [10] [10]``.
+"""In every rank of an X-rayed cell: the calls the cell made to ``torch.distributed``, and with ``--xray
+values`` each one's small tensors before and after, for teaching (issue #43, item 3).
 
-torch's flight recorder (``ranks._xray``) keeps shapes, never values.  So for the cell's duration the
-Python collective functions of ``torch.distributed`` (:data:`WRAPPED`) are replaced by wrappers that
-copy their tensors' values (``.tolist()``, for a tensor of :data:`MAX_ELEMENTS` or fewer; a bigger
-one: its shape and dtype only) before the call and after it, and :func:`end` puts the originals back
-(a kept world's next cell may not want values) and writes the record to ``xray_values.json``
+torch's flight recorder (``ranks._xray``) keeps what the backend ran, never what the cell called: gloo
+runs a ``reduce_scatter`` of four chunks as four all_reduces, and records no send or receive at all.
+So for the cell's duration the Python collective functions of ``torch.distributed`` (:data:`WRAPPED`)
+are replaced by wrappers that write each call down, with when it began and returned (``time.time_ns``,
+the recorder's clock: the kernel finds the collectives the backend ran inside a call by their creation
+times, ``events._xray``, issue #57).  With ``values`` they also copy their tensors' values (``.tolist()``,
+for a tensor of :data:`MAX_ELEMENTS` or fewer; a bigger one: its shape and dtype only) before the call
+and after it.  :func:`end` puts the originals back and writes the record to ``xray_values.json``
 (``_rankdir.XRAY_VALUES``).  Only the package's names are replaced, not ``distributed_c10d``'s: the
 calls written down are the cell's (``dist.all_reduce``; FSDP's ``dist.all_gather_into_tensor`` too),
 not those torch makes inside its own functions (``all_gather_object``'s ``all_gather``); a name
@@ -40,6 +43,7 @@ import functools
 import inspect
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -78,9 +82,10 @@ RECEIVES = frozenset({"recv", "irecv"})
 class ValuesLog:
     """One rank's record of its cell's collectives, their small tensors' values before and after."""
 
-    def __init__(self, rank: int, dist: Any) -> None:
+    def __init__(self, rank: int, dist: Any, values: bool = True) -> None:
         self.rank = rank
         self.dist = dist
+        self.values = values  # --xray values: the tensors' values too, not only the calls
         self.calls: list[dict[str, Any]] = []
         self.beyond = 0  # calls past MAX_CALLS: counted, not recorded
         self.numbers = 0  # numbers recorded so far (MAX_NUMBERS)
@@ -114,17 +119,19 @@ class ValuesLog:
         else:
             counter = (name,)
         self.counters[counter] = call["seq"] = self.counters.get(counter, 0) + 1
-        if read_in is not None:
+        if read_in is not None and self.values:
             call["in"] = self.snapshot(bound.get(read_in))
+        call["t0"] = time.time_ns()  # last: the snapshot's copy is not the call's
         self.calls.append(call)  # now: a call that never returns (a hang) is written down with its inputs
         return call
 
     def after(self, call: dict[str, Any], op: str, bound: _Bound, result: Any) -> None:
         """Its outputs, read once the call returned (an async one's when its work completes)."""
+        call["t1"] = time.time_ns()
         read_out = WRAPPED[op][1]
         if op == "recv" and call.get("src") is None and isinstance(result, int):
             call["src"] = result  # a receive from any source: the sender
-        if read_out is None:
+        if read_out is None or not self.values:
             return
         asynchronous = op in ("isend", "irecv") or bool(bound.get("async_op"))
         if not asynchronous:
@@ -222,6 +229,7 @@ class ValuesLog:
             "rank": self.rank,
             "max_calls": MAX_CALLS,
             "max_elements": MAX_ELEMENTS,
+            "values": self.values,
             "beyond": self.beyond,
             "groups": self.groups,
             "calls": self.calls,
@@ -297,7 +305,7 @@ def _wrapper(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
             result = original(*args, **kwargs)
         except BaseException:
             if call is not None:
-                call["raised"] = True
+                call["raised"], call["t1"] = True, time.time_ns()
             raise
         finally:
             _inside.depth = 0
@@ -310,9 +318,9 @@ def _wrapper(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
     return recorded
 
 
-def begin(rank: int, rank_dir: str) -> None:
-    """From now on the cell's collectives are written down with their small tensors' values (its
-    process group is made); :func:`end` writes them and puts torch's functions back."""
+def begin(rank: int, rank_dir: str, values: bool = True) -> None:
+    """From now on the cell's calls to torch.distributed are written down, with ``values`` their small
+    tensors' values too (its process group is made); :func:`end` writes them and puts torch's functions back."""
     global _current, _path
     end()
     with contextlib.suppress(Exception):
@@ -325,7 +333,7 @@ def begin(rank: int, rank_dir: str) -> None:
             wrapper = _wrapper(op, original)
             _originals[op] = (original, wrapper)
             setattr(dist, op, wrapper)
-        _current, _path = ValuesLog(rank, dist), os.path.join(rank_dir, XRAY_VALUES)
+        _current, _path = ValuesLog(rank, dist, values), os.path.join(rank_dir, XRAY_VALUES)
 
 
 def end() -> None:

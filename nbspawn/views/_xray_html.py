@@ -42,7 +42,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ..events._xray import Collective, Mismatch, NeverEntered, XRay, sentence
+from ..events._xray import Collective, Mismatch, NeverEntered, XRay, ran_text, sentence
 from ._xray_values_html import values_html
 
 VERSION = 1  # data-xray: the drawing's version, for a renderer that reads it
@@ -617,6 +617,9 @@ def _describe(collective: Collective, mismatch: Mismatch | None, never: NeverEnt
     dtypes = ", ".join(dict.fromkeys(d for a in collective.arrivals for d in a.dtypes))
     group = f"group {collective.group or collective.pg}"
     lines = [f"{collective.op} #{collective.seq} ({group}): {shapes}" + (f" {dtypes}" if dtypes else "")]
+    if collective.ran:  # a call the backend ran as other collectives (issue #57, item 2)
+        numbers = f"#{collective.seqs[0]}" if len(collective.seqs) == 1 else f"#{collective.seqs[0]}–#{collective.seqs[-1]}"
+        lines.append(f"{collective.backend or 'the backend'} ran it as {ran_text(collective.ran)} (torch's {numbers})")
     lines.append(f"{_bytes_text(collective.bytes)} a rank")
     if mismatch:
         lines.append(mismatch.text)
@@ -633,11 +636,21 @@ def _describe(collective: Collective, mismatch: Mismatch | None, never: NeverEnt
 
 
 def _legend(xray: XRay, drawn: list[list[Collective]]) -> str:
-    """What each mark means, and the op codes on the marks; HTML, so it wraps in a narrow output."""
+    """What each mark the drawing has means (only those: a legend of marks nowhere drawn sends a learner
+    looking for them, issue #57), and the op codes on the marks; HTML, so it wraps in a narrow output."""
 
     def swatch(inner: str) -> str:
         return f'<svg width="22" height="16" viewBox="0 0 22 16" style="vertical-align:middle">{inner}</svg>'
 
+    shown = [c for seg in drawn for c in seg]
+    keys = {(c.pg, c.seq) for c in shown}
+    has = {
+        "arrival": bool(shown),
+        "last": any(c.last is not None for c in shown),
+        "mismatch": any((m.pg, m.seq) in keys for m in xray.mismatches),
+        "never": bool(xray.never_entered),
+        "pairs": bool(xray.pairs),
+    }
     items = [
         (swatch(f'<rect x="8" y="2" width="{MARK_W}" height="{MARK_H}" style="fill:{ARRIVAL}"/>'), "arrival"),
         (
@@ -663,6 +676,8 @@ def _legend(xray: XRay, drawn: list[list[Collective]]) -> str:
             "send → recv",
         ),
     ]
+    drawn_kinds = ("arrival", "last", "last", "mismatch", "never", "pairs")  # each item's kind, in order
+    items = [item for item, kind in zip(items, drawn_kinds, strict=True) if has[kind]]
     ops = dict.fromkeys(c.op for seg in drawn for c in seg)
     codes = " &middot; ".join(f"<b>{_e(_op_code(op))}</b> {_e(op)}" for op in ops)
     spans = "".join(f'<span style="white-space:nowrap">{icon} {_e(words)}</span>' for icon, words in items)
