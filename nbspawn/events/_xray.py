@@ -194,7 +194,9 @@ def analyse(
             key=_first_arrival,
         )
     )
-    last_at, late_sums = _lateness(records, members)
+    # a call the backend ran as several collectives is one arrival: its first collective's
+    under = {(call.group, seq) for call in made if _redrawn(call) for seq in call.seqs[1:]}
+    last_at, late_sums = _lateness(records, members, under)
     mean_late = {rank: late_sums[rank] / last_at[rank] for rank in last_at if last_at[rank]}
     straggler = _straggler(last_at, mean_late, _span_s(full)) if len(ranks) > 1 else None
     count = sum(_collectives_in(records, pg) for pg in members) - sum(len(c.seqs) - 1 for c in made if _redrawn(c))
@@ -409,12 +411,15 @@ def _first_arrival(collective: Collective) -> int:
 
 
 def _lateness(
-    records: Mapping[int, Mapping[str, Any]], members: Mapping[str, tuple[int, ...]]
+    records: Mapping[int, Mapping[str, Any]],
+    members: Mapping[str, tuple[int, ...]],
+    under: Iterable[tuple[str, int]] = (),
 ) -> tuple[dict[int, int], dict[int, float]]:
     """Per rank: at how many collectives it arrived last, and its lateness summed there (seconds),
     from every group's timeline, re-bucketed to the coarsest bucket any member used."""
     last_at = dict.fromkeys(records, 0)
     late_sums = dict.fromkeys(records, 0.0)
+    skipped = set(under)  # (group, seq): collectives run under a call whose first stands for it
     for pg, ranks in members.items():
         present = [rank for rank in ranks if rank in records and pg in records[rank].get("groups", {})]
         if len(present) < 2 or len(present) < len(ranks):
@@ -433,7 +438,7 @@ def _lateness(
         # cell reaching each rank), not how slow one is: not counted while buckets hold a collective each
         first = min(int(group.get("first_seq", 0) or 0) for group in groups.values())
         for key in set.intersection(*(set(line) for line in timelines.values())):
-            if coarse == 1 and key == first:
+            if coarse == 1 and (key == first or (pg, key) in skipped):
                 continue
             counts = {timelines[rank][key][0] for rank in present}
             if len(counts) != 1:

@@ -69,8 +69,19 @@ DRAWN = """tab => {
 }"""
 
 
+# collectives.ipynb's reduce_scatter lesson: gloo runs it as 4 all_reduces (issue #57, item 2)
+REDUCE_SCATTER = """\
+%%spawn -n 4 --backend gloo --xray values
+import torch, torch.distributed as dist
+rank = dist.get_rank()
+mine = torch.zeros(1)
+dist.reduce_scatter(mine, [torch.tensor([float(10 * rank + i)]) for i in range(4)])
+"""
+
+
 def _write(root: Path) -> None:
     write_notebook(root, "xray-light.ipynb", ["%load_ext nbspawn", STRAGGLER.format(seen=_seen("light"))])
+    write_notebook(root, "xray-calls.ipynb", ["%load_ext nbspawn", REDUCE_SCATTER])
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +149,27 @@ def test_the_collectives_tab_draws_the_straggler_live_and_saved_in_the_pages_the
                 assert saved.locator(".nbs-XRay").is_hidden()
     finally:
         write_settings(settings)
+
+
+def test_the_collectives_tab_draws_the_call_made_not_what_gloo_ran(lab, browser, artifacts):
+    """The reduce_scatter lesson: one mark per rank named reduce_scatter (its code RS), not four all_reduces;
+    what gloo ran under it in the words and the mark's title; the legend only what is drawn."""
+    with Page(browser, width=1200, height=1100) as p:
+        pg = p.page
+        cells = open_with_nbspawn(pg, lab, "xray-calls.ipynb")
+        cell = cells.nth(1)
+        run_cell(pg, cell)
+        saved = frozen_run(cell, timeout=120_000)
+        drawn = _collectives(saved, pg)
+        text = drawn["text"]
+        assert "1 collective" in text and "Gloo ran reduce_scatter #1 as 4 all_reduces" in text, text
+        assert "reduce_scatter #1" in text and "never entered" not in text and "send → recv" not in text, text
+        frame = saved.locator("iframe.nbs-XRay-frame").content_frame
+        areas = frame.locator("svg rect[data-xray-seq]")
+        assert areas.count() == 1, areas.count()
+        title = frame.locator("svg rect[data-xray-seq='1'] title").first.text_content() or ""
+        assert title.startswith("reduce_scatter #1") and "gloo ran it as 4 all_reduces (torch's #1–#4)" in title, title
+        shot(saved, artifacts, "xray-calls-saved.png", unhover=True)
 
 
 @pytest.fixture(scope="module")

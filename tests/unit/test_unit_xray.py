@@ -417,6 +417,9 @@ def test_a_call_the_backend_ran_as_several_collectives_is_drawn_and_counted_as_t
         ("all_reduce", 6, (), ()),
     ]
     assert xray.count == 3 and xray.numbers == {("0", 1): 1, ("0", 2): 5, ("0", 3): 6}
+    # who came last is counted by the call too: rank 1, 1 µs behind at each, at #5 and #6 (#1 is the cell's
+    # first, which says when each rank began; #2-#4 ran under the reduce_scatter #1 stands for)
+    assert xray.last_at == {0: 0, 1: 2} and as_run.last_at == {0: 0, 1: 5}
     assert xray.summary == (
         "3 collectives, 192 B moved. Gloo ran reduce_scatter #1 as 4 all_reduces. Gloo ran reduce_scatter_tensor #5 as an all_reduce"
     )
