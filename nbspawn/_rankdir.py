@@ -40,6 +40,7 @@ COLLECTIVES = "collectives.json"
 XRAY = "xray.json"
 XRAY_VALUES = "xray_values.json"
 DEVICE_MEMORY = "device_memory.json"  # what torch holds on each GPU the rank used, about once a second (ranks._devicememory)
+MEMORY_PEAK = "memory_peak.json"  # the most resident memory the rank held in the cell, written at its end (ranks._devicememory)
 DESCRIBED = "described.json"  # %spawn show WORLD NAME: what the name holds on this rank (ranks._describe)
 ANSWERS = "answers.fifo"
 NCCL_TRACE = "nccl_trace_"  # the prefix torch's NCCL dump is given: it adds the global rank
@@ -111,6 +112,10 @@ class RankDir:
     @property
     def device_memory(self) -> str:
         return self.file(DEVICE_MEMORY)
+
+    @property
+    def memory_peak(self) -> str:
+        return self.file(MEMORY_PEAK)
 
     @property
     def answers(self) -> str:

@@ -17,7 +17,9 @@ kept the page's renderer waiting for a core for 13.8 s of a 20.6 s typing test (
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
 import signal
 import time
@@ -94,6 +96,16 @@ class ResourceWatch:
         self.run.memory = memory_limit()
         self._warn_if_near()
         self.view.resources_sampled(self.run)
+
+    def read_peak(self, state: RankState) -> None:
+        """The peak resident memory the rank wrote at its cell's end (``ranks._devicememory.cell_ended``),
+        if above what the samples saw: every rank's figure, however short the cell."""
+        if not self.enabled:
+            return
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            with open(state.files.memory_peak, encoding="utf-8") as fh:
+                hwm = int(json.load(fh)["hwm"])
+            state.peak_rss = max(state.peak_rss or 0, hwm)
 
     def read_gpu(self, state: RankState, force: bool = False) -> None:
         """The rank's GPU record, if it wrote a new one (``force``: read it whatever its time says)."""

@@ -370,6 +370,7 @@ class _Supervisor:
         state.ended_at = time.time()
         state.exit_code, state.lives_on = code, not died
         self.costs.read_gpu(state)  # what it held on its GPUs at the last (its peaks, for the saved view)
+        self.costs.read_peak(state)  # and its own peak resident memory: a cell shorter than a sample has one
         self.end_order.append(rank)
         if died and self._world_goes_on:
             how = f"signal {-code}" if code < 0 else f"exit code {code}"

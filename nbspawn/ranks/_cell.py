@@ -90,6 +90,7 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
         code = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_RAISED
     finally:
         _xray.end()  # what the ranks did together, a failed collective included, is written down
+        _devicememory.cell_ended()  # its peak resident memory, however short the cell
         finished()
         _flush()
     # the exception (and the frames its traceback held, with their locals) is gone by now

@@ -25,6 +25,12 @@ them.
 
 A rank that runs out of GPU memory writes one more sample at once (:func:`write_now`, from where it
 records its error), so the kernel can say what each rank held on that GPU then.
+
+Host memory too, at the cell's end (issue #57, item 8): the kernel samples ``/proc`` once a second, so a
+cell of 0.04 s had no figure and one of 0.27 s a peak for some ranks only.  At the cell's start the
+rank resets its resident peak (``/proc/self/clear_refs``, 5: Linux's high-water mark), and at its end
+writes that peak (``VmHWM``) to ``memory_peak.json`` (:func:`cell_ended`): every rank's figure, however short
+the cell, a kept world's rank's this cell's own.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from .._rankdir import DEVICE_MEMORY, write_json
+from .._rankdir import DEVICE_MEMORY, MEMORY_PEAK, write_json
 from ._stackdump import HELPER_THREAD_BLOCKS
 
 SAMPLE_EVERY = 1.0  # seconds between looks
@@ -50,6 +56,9 @@ _state: dict[str, Any] = {"dir": "", "written": None, "started": False}
 def watch(rank_dir: str) -> None:
     """From now on this rank's GPU memory is written to ``rank_dir`` (a kept world's rank points it at
     each cell's directory); the thread is started once per process."""
+    # the cell's peak counts from here (not a Linux: no figure at the end)
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
+        fh.write("5")
     with _lock:
         _state["dir"] = rank_dir
         _state["written"] = None  # a new directory gets its first sample even if nothing changed
@@ -82,6 +91,15 @@ def write_now() -> None:
         _state["written"] = devices
         with contextlib.suppress(OSError):  # a directory removed under it (a world's cell ended): the next one comes
             write_json(os.path.join(rank_dir, DEVICE_MEMORY), {"devices": devices})
+
+
+def cell_ended() -> None:
+    """The cell's peak resident memory (since :func:`watch`), written beside its other records."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status", encoding="ascii") as fh:
+            found = next((line.split()[1] for line in fh if line.startswith("VmHWM:")), None)
+        if found is not None and _state["dir"]:
+            write_json(os.path.join(_state["dir"], MEMORY_PEAK), {"hwm": int(found) * 1024})
 
 
 def on_error(exc: BaseException) -> None:

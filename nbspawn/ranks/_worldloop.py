@@ -288,6 +288,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
             signal.signal(signal.SIGINT, _ignore_interrupt)
             outcome = INTERRUPTED, 1
         job = None  # nothing of this cell's job is held while the rank waits for the next one
+        _devicememory.cell_ended()  # its peak resident memory in the cell, before the kernel is told it ended
         finished()
         _rank._flush()
         redirect_output(between)

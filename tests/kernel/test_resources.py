@@ -6,6 +6,7 @@ control group the test makes and removes itself (never one it did not create).""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 import uuid
@@ -234,3 +235,28 @@ def test_a_world_that_loses_a_rank_for_memory_says_so(fresh_kernel):
         again = run(kernel, "%%spawn --world hungry\nprint('more')", timeout=60)
         said = again.error_text + again.stdout + again.stderr
         assert "rank 1 died (killed for memory at " in said, said
+
+
+def test_every_rank_of_a_short_cell_has_its_peak_and_a_kept_worlds_is_the_cells_own(kernel):
+    """Issue #57, item 8: sampled once a second, a 0.04 s cell had no figure, a 0.27 s one a peak for some
+    ranks only.  Each rank writes its peak resident memory at its cell's end: 4 ranks of a cell that does
+    nothing all have one; a kept world's second cell, in which rank 1 alone holds 200 MB more, shows it
+    on rank 1 only (its peak was reset when the cell began), and the third cell's peak is back down."""
+    ok(kernel, "%%spawn -n 4 --view text\nx = 1")
+    peaks = json.loads(
+        ok(kernel, "import json, nbspawn\nprint(json.dumps([s.peak_rss for s in nbspawn.last_run().ranks]))").stdout
+    )
+    assert len(peaks) == 4 and all(isinstance(p, int) and p > 10_000_000 for p in peaks), peaks
+    ok(kernel, "%%spawn --world peaks -n 2 --view text\nimport os\nrank = int(os.environ['RANK'])")
+    try:
+        ok(
+            kernel,
+            "%%spawn --world peaks\nif rank == 1:\n    big = bytearray(200 * 2**20); big[::4096] = b'x' * len(big[::4096]); del big",
+        )
+        grown = json.loads(ok(kernel, "print(json.dumps([s.peak_rss for s in nbspawn.last_run().ranks]))").stdout)
+        ok(kernel, "%%spawn --world peaks\nx = 1")
+        later = json.loads(ok(kernel, "print(json.dumps([s.peak_rss for s in nbspawn.last_run().ranks]))").stdout)
+    finally:
+        ok(kernel, "%spawn stop peaks")
+    assert grown[1] - grown[0] > 150 * 2**20, grown
+    assert later[1] - later[0] < 50 * 2**20, later
