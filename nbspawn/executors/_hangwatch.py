@@ -28,6 +28,7 @@ HANG_FIRST_LOOK = 3.0  # seconds of silence before the ranks are looked at (then
 HANG_RELOOK = 10.0  # while they look hung
 HANG_LAST_LOOK = 300.0  # the longest silence between two looks
 NOTE_REFRESH = 1.0  # while hung, the chips' "for N s" is recounted from the last look this often
+WRITING_WITHIN = 0.5  # seconds: a rank that wrote output this recently is not blocked in a collective
 
 
 class HangWatch:
@@ -46,6 +47,7 @@ class HangWatch:
         # what the last look saw while they looked hung: stacks, collectives, the ranks sitting out
         self.last_look: tuple[dict[int, str], dict[int, list[dict[str, Any]]], str] | None = None
         self.notes_counted_at = 0.0  # when the chips' "for N s" was last recounted
+        self.wrote_at: dict[int, float] = {}  # each rank's last output (time.monotonic())
 
     def ranks_started(self) -> None:
         """Silence counts from when the ranks exist: a slow start (a forkserver's first, which imports
@@ -62,6 +64,16 @@ class HangWatch:
             for state in self.run.ranks:
                 state.note = None
             self.view.hang_noticed(self.run, None)
+
+    def rank_wrote(self, rank: int, now: float) -> None:
+        self.wrote_at[rank] = now
+
+    def all_writing(self, running: list[int], within: float = WRITING_WITHIN) -> bool:
+        """Whether every rank still in the cell wrote output in the last ``within`` seconds: none is
+        blocked in a collective, so there is no hang to look for (a look under a 16-rank flood costs a
+        quarter of a second before Stop can act: issue #57, item 11)."""
+        now = time.monotonic()
+        return bool(running) and all(now - self.wrote_at.get(rank, -1e9) <= within for rank in running)
 
     def quiet(self, running: list[int], stopping: bool) -> None:
         """The ranks wrote nothing this turn: look at ``running`` if they have been quiet long
@@ -136,6 +148,8 @@ class HangWatch:
         it stops them, but the agents stop at different moments, and a rank whose peer on another
         node was stopped first fails ("Connection closed") before its own agent looks."""
         self.looked_at_stop = time.time()
+        if self.all_writing(running):
+            return  # every rank is printing: none waits in a collective, and Stop is not kept waiting
         dumps, collectives = self.executor.look(self.run, running, STACK_DUMP_WAIT)
         self.collectives_at_stop = collectives  # a cell's ranks write them down (ranks._watch); a program's do not
         for rank, dump in dumps.items():

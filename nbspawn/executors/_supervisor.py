@@ -339,7 +339,10 @@ class _Supervisor:
         shown = self.spec.shown_ranks  # --ranks: the one place the others' output is left out
         self.flooded = any(event.kind == "skipped" for event in events)
         relayed = False
+        now = time.monotonic()
         for event in events:
+            if event.kind != "costs":
+                self.hangs.rank_wrote(event.rank, now)
             if event.kind == "costs":  # a node's rank's figures, as its agent sampled them
                 self.costs.relayed(self.run.ranks[event.rank], event.value)
                 relayed = True

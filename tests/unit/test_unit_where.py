@@ -549,3 +549,36 @@ def test_a_finished_rank_that_entered_the_collective_or_is_not_in_its_group_is_n
         "rank 1 never entered all_reduce #2 (it finished the cell, after all_reduce #1); "
         "rank 0 waited in it for 15 s at Cell In[3], line 8: dist.all_reduce(t)"
     )
+
+
+def test_stop_does_not_look_for_a_hang_while_every_rank_is_writing():
+    """Issue #57, item 11: the look before stopping asks every rank for its stack and collectives (0.2-0.3 s
+    under a 16-rank flood, before Stop could interrupt anyone).  A rank that wrote output within the last
+    half second is not blocked in a collective: with every rank writing, nothing is asked; with one quiet
+    (it may wait in a barrier while another prints), every rank is, as the verdict needs all their places."""
+    import time
+    import types
+
+    from nbspawn._source import CellSource
+    from nbspawn.executors._hangwatch import HangWatch
+
+    looked: list[list[int]] = []
+    spec = types.SimpleNamespace(cell=CellSource("x = 1\n"), program=None, sitting_out=lambda: "", asked=Settings(timeout=None))
+    ranks = [types.SimpleNamespace(rank=r, note=None, status="running", prompt=None) for r in (0, 1)]
+    executor = types.SimpleNamespace(
+        supervision=types.SimpleNamespace(watches_hangs=True),
+        look=lambda run, running, wait: (looked.append(list(running)), ({}, {}))[1],
+    )
+    watch = HangWatch(
+        types.SimpleNamespace(spec=spec, ranks=ranks, nodes=dict),  # type: ignore[arg-type]
+        types.SimpleNamespace(hang_noticed=lambda run, verdict: None),  # type: ignore[arg-type]
+        executor,  # type: ignore[arg-type]
+    )
+    now = time.monotonic()
+    watch.rank_wrote(0, now)
+    watch.rank_wrote(1, now)
+    watch.look_before_stopping([0, 1])
+    assert looked == []
+    watch.rank_wrote(1, now - 2.0)  # rank 1 has been quiet for 2 s
+    watch.look_before_stopping([0, 1])
+    assert looked == [[0, 1]]
