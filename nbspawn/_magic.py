@@ -13,11 +13,13 @@ import argparse
 import shlex
 import sys
 from collections.abc import Callable
+from html import escape
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, argument_group, magic_arguments
+from IPython.display import display
 from traitlets import Float, Int, TraitType, Unicode, Union
 
 from . import _control, _cuda, _tpu
@@ -352,13 +354,16 @@ _ENDED = {"failed": "failed", "timeout": "timed out", "interrupted": "was interr
 
 def report_background_failures(*_info: object) -> None:
     """Before each cell: a background run that failed, unwaited, and whose view could not show it in its
-    own cell (a text view's cell had ended), is not silent (told once).  On stdout, naming the cell it
-    came from: it is news of that cell, not an error of the one about to run (issue #57, item 9)."""
+    own cell (a text view's cell had ended), is not silent (told once).  As a note of its own above the
+    cell's output, in grey, naming the cell it came from: news of that cell, neither an error of the one
+    about to run (it was red stderr: issue #57, item 9) nor part of what that cell prints."""
     from .executors._registry import unreported_failures
 
     for run in unreported_failures():
         summary = str(run.error).splitlines()[0] if str(run.error) else type(run.error).__name__
-        print(
+        text = (
             f"nbspawn: the background run of {run.spec.cell.label} ({run.run_id}) {_ENDED.get(run.status, run.status)}: {summary}\n"
             f"  run.wait() raises its error (the run is also nbspawn.last_run() or in %spawn status); logs: {run.run_dir}"
         )
+        html = f'<pre style="color:var(--jp-ui-font-color2,#57606a);margin:0">{escape(text)}</pre>'
+        display({"text/plain": text, "text/html": html}, raw=True)

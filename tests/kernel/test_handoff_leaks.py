@@ -104,7 +104,9 @@ def test_no_segment_descriptor_or_file_outlives_a_run_whatever_its_end(kernel_wi
     for run_dir in logs.iterdir():
         for rank_dir in run_dir.iterdir():
             # the logs a rank keeps (collectives.json: where it was in its collectives when it was stopped;
-            # xray.json: its collectives, for the X-ray)
+            # xray.json: its collectives, and xray_values.json the calls it made to torch.distributed, for the
+            # X-ray; memory_peak.json: its peak resident memory in the cell)
             kept = {"stdout.log", "stderr.log", "error.json", "stacks.log", "collectives.json", "xray.json"}
+            kept |= {"xray_values.json", "memory_peak.json"}
             leftovers = {p.name for p in rank_dir.iterdir()} - kept
             assert not leftovers, f"{rank_dir}: {leftovers}"

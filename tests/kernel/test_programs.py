@@ -203,8 +203,11 @@ def test_wait_raises_the_runs_error_and_a_failure_is_told_once(kernel, scripts):
     ok(kernel, "failing = %spawn --bg -n 2 -- train.py --fail")
     ok(kernel, "import time\nwhile not failing.done:\n    time.sleep(0.1)")
     told = ok(kernel, "1 + 1")
-    assert "background run" in told.stderr and "failed" in told.stderr and "run.wait()" in told.stderr
-    assert "background run" not in ok(kernel, "2 + 2").stderr  # once
+    notes = [o["data"]["text/plain"] for o in told.outputs if o["msg_type"] == "display_data"]
+    assert len(notes) == 1 and "background run of train.py --fail" in notes[0] and "failed" in notes[0], told.outputs
+    assert "run.wait()" in notes[0] and told.stderr == "" and told.stdout == "", told
+    again = ok(kernel, "2 + 2")
+    assert not [o for o in again.outputs if o["msg_type"] == "display_data"], again.outputs  # once
     waited = run(kernel, "failing.wait()")
     assert waited.status == "error" and waited.error.ename == "RankRaisedError"
     assert "ValueError: corrupt batch 7" in waited.error.traceback_text

@@ -493,16 +493,21 @@ def test_forked_ranks_do_not_hang_after_the_kernel_used_openmp(kernel):
 def test_a_background_runs_failure_is_news_of_its_own_cell_not_an_error_of_the_next(kernel):
     """Issue #57, item 9: a background run that timed out was told in red (stderr) at the top of whatever
     cell ran next.  Now the widget, which draws the run's end in its own cell, leaves the next cell alone;
-    a text view's run (its cell long ended) is told once, on stdout, naming the cell it came from."""
+    a text view's run (its cell long ended) is told once, as a grey note of its own above the cell's output
+    (not in its stdout), naming the cell it came from."""
     for view in ("widget", "text"):
         ok(kernel, f"%%spawn --bg -n 2 --timeout 2 --view {view}\nimport time\ntime.sleep(60)")
         label = ok(kernel, "import nbspawn\nbg = nbspawn.last_run()\nprint(bg.spec.cell.label)").stdout.strip()
         ok(kernel, "assert bg.ended_within(60), bg")
         later = run(kernel, "print('unrelated')")
-        assert later.status == "ok" and later.stderr == "", later.stderr
+        assert later.status == "ok" and later.stderr == "" and later.stdout == "unrelated\n", later
+        notes = [o["data"] for o in later.outputs if o["msg_type"] == "display_data"]
         if view == "widget":
-            assert later.stdout == "unrelated\n", later.stdout
+            assert notes == [], notes
         else:
-            told, _, rest = later.stdout.partition("\n")
+            (note,) = notes
+            told = note["text/plain"]
             assert told.startswith(f"nbspawn: the background run of {label} (") and "timed out: SpawnTimeoutError" in told, told
-            assert rest.endswith("unrelated\n") and run(kernel, "print(1)").stdout == "1\n"  # told once
+            assert '<pre style="color:var(--jp-ui-font-color2' in note["text/html"], note
+            again = run(kernel, "print(1)")
+            assert not [o for o in again.outputs if o["msg_type"] == "display_data"]  # told once
