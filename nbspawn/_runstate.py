@@ -132,6 +132,10 @@ class Run:
     status: RunStatus = "starting"
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
+    # a stopped run (Stop, an interrupt, --timeout): when its supervisor began to stop it, and when it
+    # interrupted the ranks; with the ranks' ended_at and the run's, where the time from a click went
+    stop_began_at: float | None = None
+    ranks_signalled_at: float | None = None
     error: BaseException | None = None
     outputs: dict[str, list] = field(default_factory=dict)  # --out: name -> one value per rank
     background: bool = ROW["background"].typed_default  # supervised by a thread of its own (%%spawn --bg)

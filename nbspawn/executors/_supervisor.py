@@ -502,6 +502,7 @@ class _Supervisor:
             self.stage, self.escalate_at = "sigkill", float("inf")
 
     def _begin_stop(self, reason: str) -> None:
+        self.run.stop_began_at = time.time()
         if reason in ("interrupt", "stop", "timeout"):
             self.view.stopping(self.run)  # first: the page hears it before the look below
             self.hangs.look_before_stopping(self._running())
@@ -557,6 +558,7 @@ class _Supervisor:
         ranks = sorted(set(self.alive.values()))
         self.signalled.update(rank for rank in ranks if not self._exited(rank))
         self.executor.signal_ranks(ranks, self.pids, sig)
+        self.run.ranks_signalled_at = self.run.ranks_signalled_at or time.time()
 
     def _exited(self, rank: int) -> bool:
         """The rank's process has ended, not reaped yet: it ended as it chose (``os._exit(3)`` as another

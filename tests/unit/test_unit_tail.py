@@ -169,3 +169,28 @@ def test_the_saved_size_of_a_record_is_what_indented_json_takes_counted_without_
     ]
     for record in records:
         assert _saved_size(record) == as_nbformat_writes_it(record), record
+
+
+def test_the_saved_share_gives_a_quiet_ranks_room_to_the_loud_and_sizes_only_what_it_could_keep(monkeypatch):
+    """A frozen view's budget (views._bundle._share): each rank's newest entries in an equal share, a
+    quiet rank's unused room going to the loud ones, and no entry sized (drawn as HTML) that could not
+    be kept: a 16-rank flood had 32,000 sized at Stop for 0.18 s (issue #57)."""
+    from nbspawn.views import _bundle
+
+    tails = {rank: OutputTail(limit=5000) for rank in range(3)}
+    tails[0].add("stdout", "only line\n")
+    for rank in (1, 2):
+        tails[rank].add("stdout", "".join(f"rank {rank} line {i:04d}\n" for i in range(3000)))
+    sized: list[int] = []
+    size = _bundle._size
+    monkeypatch.setattr(_bundle, "_size", lambda entry: sized.append(1) or size(entry))
+    outputs, left_out = _bundle._share(tails, 30_000)
+    assert [e.plain for e in outputs[0]] == ["only line"] and left_out[0] == 0
+    kept = {rank: len(outputs[rank]) for rank in (1, 2)}
+    per_line = size(outputs[1][0]) + 2
+    # the loud ones share what the quiet one left: more than a third each, all of it nearly
+    assert all(n * per_line > 30_000 // 3 for n in kept.values()), kept
+    assert sum(n * per_line for n in kept.values()) > 30_000 - 3 * per_line - 100, kept
+    assert all(outputs[rank][-1].plain == f"rank {rank} line 2999" for rank in (1, 2))  # the newest
+    assert all(left_out[rank] == 3000 - kept[rank] for rank in (1, 2))
+    assert len(sized) <= sum(kept.values()) + 1 + 2 * 2, (len(sized), kept)  # a look past each share at most
