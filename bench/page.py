@@ -8,7 +8,7 @@ the run within 1 s of the click), and prints what each measured, with the machin
 2 cores the flood itself takes both.  These wall-clock figures are the bench's: the test suite asserts
 only what the page did (its CPU time, every character arriving, the run stopped), issue #55.
 
-    .venv/bin/python bench/page.py [--reps 2]
+    .venv/bin/python bench/page.py [--reps 2] [-k stop]
 """
 
 from __future__ import annotations
@@ -26,19 +26,21 @@ REPO = Path(__file__).resolve().parents[1]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=1, help="runs of each test (default 1)")
+    parser.add_argument("-k", dest="only", default="flood or stop or collectives", help="which of them (pytest -k; default: all)")
     args = parser.parse_args()
     rows: list[tuple[str, str, str]] = []
     status = 0
     for rep in range(args.reps):
         load = Path("/proc/loadavg").read_text().split()[0]
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "tests/browser/test_output_view.py", "-k", "flood or stop or collectives", "-s", "-q", "-p", "no:cacheprovider"],
+            [sys.executable, "-m", "pytest", "tests/browser/test_output_view.py", "-k", args.only, "-s", "-q", "-p", "no:cacheprovider"],
             cwd=REPO, env={**os.environ, "NBSPAWN_PAGE_TARGETS": "1"}, capture_output=True, text=True,
         )  # fmt: skip
         status = status or done.returncode
         for line in done.stdout.splitlines():
-            if re.match(r"(lab|nb7): (16-rank flood|Stop during|16 ranks x 10,000 collectives)", line):
-                front, _, what = line.partition(": ")
+            # a line may follow pytest's progress marks (".nb7: Stop during ...")
+            if found := re.match(r"[.sFE]*((lab|nb7): (16-rank flood|Stop during|16 ranks x 10,000 collectives).*)", line):
+                front, _, what = found.group(1).partition(": ")
                 rows.append((f"{rep + 1}", front, f"{what}  (load {load})"))
         for line in done.stdout.splitlines()[-3:]:
             print(line, file=sys.stderr)
