@@ -26,7 +26,7 @@ from .._errorfile import ErrorRecord
 from .._rankdir import RankDir, prompts_path
 from .._source import CELL_FILENAME, CellSource, rewrite_cell_frames
 from .._spec import RunSpec
-from . import _children, _devicememory, _fds, _prompt, _stopped, _torchenv, _xray
+from . import _children, _devicememory, _fds, _prompt, _stopped, _torchenv, _xray, _xray_values
 from ._capture import capture_output, finished, flush_figures
 from ._stackdump import open_stack_file
 from ._title import name_process, rank_title
@@ -497,7 +497,7 @@ def _write_error(rank_dir: str, cell: CellSource, exc: BaseException) -> None:
     if isinstance(exc, _prompt.DebuggerQuit):
         tb = _prompt.cut_debugger_frames(tb)  # end at the line where the debugger was quit
     report = traceback.TracebackException(type(exc), exc, tb)
-    frames = list(report.stack)
+    frames = _xray_values.without_wrappers(list(report.stack))
     ours = _ON_ITS_BEHALF + (tuple(_OWN_FILES) if isinstance(exc, KeyboardInterrupt) else ())
     while frames and frames[-1].filename in ours:
         frames.pop()  # under the user's last line: input() waiting on the kernel, --out sending a value, the interrupt's handler

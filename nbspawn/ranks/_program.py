@@ -51,7 +51,9 @@ def _write_error(exc: BaseException) -> None:
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, _runpy_file(), "<frozen runpy>"):
         tb = tb.tb_next  # start at the program, not at this launcher
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    report = traceback.TracebackException(type(exc), exc, tb)
+    report.stack = traceback.StackSummary.from_list(_load("ranks._xray_values").without_wrappers(list(report.stack)))
+    text = "".join(report.format())
     errorfile = _load("_errorfile")
     errorfile.write(path, errorfile.ErrorRecord.of(exc, text))
 

@@ -44,6 +44,7 @@ import inspect
 import os
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -316,6 +317,12 @@ def _wrapper(op: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
     recorded.__nbspawn_xray_values__ = True  # type: ignore[attr-defined]
     return recorded
+
+
+def without_wrappers(frames: list[traceback.FrameSummary]) -> list[traceback.FrameSummary]:
+    """A rank's traceback as it reads without nbspawn: the frames of the wrapper each call to
+    ``torch.distributed`` goes through (``recorded``, between the user's line and torch's) left out."""
+    return [frame for frame in frames if frame.filename != __file__]
 
 
 def begin(rank: int, rank_dir: str, values: bool = True) -> None:

@@ -293,6 +293,11 @@ def test_a_rank_that_skipped_the_collective_and_finished_is_the_cause_not_the_ra
         lines[0],
     ), lines[:3]
     assert re.match(r"Because of it, rank 0 \(pid \d+\) failed: RuntimeError: ", lines[1]), lines[:3]
+    # the traceback as it reads without nbspawn: the cell's line, then torch's; not the X-ray's wrapper of the call
+    cell = re.search(r"Cell In\[\d+\]", lines[0])[0]  # type: ignore[index]
+    at = lines.index(f"  {cell}, line 5")
+    assert lines[at + 1].strip() == "dist.all_reduce(t)" and "/torch/distributed/" in lines[at + 2], lines[at:]
+    assert not [line for line in lines if line.lstrip().startswith("File") and "/nbspawn/" in line], lines
     record, html, _plain = _frozen(kernel)
     ranks = {r["rank"]: r for r in record["ranks"]}
     assert ranks[1]["status"] == "done" and ranks[1]["note"] == "never entered all_reduce #1 (it finished the cell)", ranks
