@@ -97,7 +97,7 @@ SCENES = {
         "mine = torch.zeros(1)\n"
         "dist.reduce_scatter(mine, chunks)\n"
         "print('got', mine.tolist())",
-        ("reduce_scatter", "before (its input)"),
+        ("reduce_scatter", "before (its input)", "1 collective,", "Gloo ran reduce_scatter #1 as 2 all_reduces"),
     ),
     "hang": (
         "%%spawn -n 2 --backend gloo --timeout 10 --grace-period 2\n"
@@ -128,9 +128,28 @@ SCENES = {
         "print('finished the cell')",
         ("rank 0 entered all_reduce #1; rank 1 never did",),
     ),
+    # issue #57, item 4: a kept world's sends and receives are its own cell's, which keeps its X-ray, not the next's
+    "p2p": (
+        "%%spawn --world pair -n 2 --backend gloo\n"
+        "import torch, torch.distributed as dist\n"
+        "t = torch.ones(2)\n"
+        "dist.send(t, dst=1) if dist.get_rank() == 0 else dist.recv(t, src=0)",
+        ("No collectives.", "Point-to-point ops the recorder does not keep (gloo's sends and receives): rank 0: 1, rank 1: 1"),
+    ),
+    "after-p2p": (
+        "%%spawn --world pair\ndist.all_reduce(t)",
+        ("all_reduce",),
+    ),
 }
 # what each scene's saved view says besides its X-ray: the cause the error leads with
 SCENE_CAUSES = {"skip": "RankRaisedError: rank 1 never entered all_reduce #1 (it finished the cell); rank 0 waited in it at"}
+# and what it must not say (issue #57): gloo's ops for the call made (item 2), a straggler from a few ms of
+# jitter (item 3), the world's earlier cell's sends (item 4)
+SCENE_NOT = {
+    "values": ("2 collectives", "straggler"),
+    "ddp": ("straggler",),
+    "after-p2p": ("oint-to-point",),
+}
 
 
 # Colab's GPU runtime, with its T4 stood in (this machine has none: tests/stand_in_gpu.py): rank r's torch
@@ -260,8 +279,8 @@ def test_the_collectives_x_ray_live_and_saved_in_the_classic_notebook(classic, p
 
 
 def test_each_scene_of_the_collectives_is_saved_with_its_x_ray_in_the_classic_notebook(classic, page, artifacts):
-    """A DDP step, an FSDP2 step, a reduce_scatter with its values, a hang and a mismatched collective,
-    each cell run in its turn (a failing cell would stop "run all"): the snapshot that replaces each live
+    """A DDP step, an FSDP2 step, a reduce_scatter with its values, a hang, a mismatched collective, a
+    rank that skipped a collective, a kept world's sends and its next cell, each cell run in its turn (a failing cell would stop "run all"): the snapshot that replaces each live
     view carries its X-ray as static HTML and SVG, saying what happened in words."""
     pg = page.page
     pg.goto(classic.url("/notebooks/scenes.ipynb"))
@@ -281,6 +300,12 @@ def test_each_scene_of_the_collectives_is_saved_with_its_x_ray_in_the_classic_no
         text = xray.inner_text()
         for words in said:
             assert words in text, (name, words, text[:1500])
+        for words in SCENE_NOT.get(name, ()):
+            assert words not in text, (name, words, text[:1500])
+        if name == "values":  # one mark for the call made, named as called; what gloo ran under it in its title
+            sync_api.expect(xray.locator("svg rect[data-xray-seq]")).to_have_count(1)
+            title = xray.locator("svg rect[data-xray-seq='1'] title").first.text_content() or ""
+            assert title.startswith("reduce_scatter #1") and "gloo ran it as 2 all_reduces" in title, title
         if name in SCENE_CAUSES:
             assert SCENE_CAUSES[name] in frozen.inner_text(), (name, frozen.inner_text()[:1500])
             chip = frozen.locator("details[data-rank='1'] summary")
