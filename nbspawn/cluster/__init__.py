@@ -10,6 +10,6 @@
 
 Engines are grouped by node (``_plan``); one engine per node is its agent and runs nbspawn's own
 local launcher there (``_agent``), and the kernel sees every node's ranks as ranks of one run
-(``nbspawn.executors._cluster``): one view, one failure policy.  ``_net`` finds the addresses and
+(``nbspawn.cluster._executor``): one view, one failure policy.  ``_net`` finds the addresses and
 interfaces the ranks must use, never from a hostname that may resolve to loopback.
 """

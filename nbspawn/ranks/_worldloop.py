@@ -50,7 +50,6 @@ class WorldJob:
     names: Any = None  # an _shm.Payload of the kernel names the cell uses
     out_names: tuple[str, ...] = ()
     shm_prefix: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
     shared: tuple[str, ...] = ()  # the --share names: released after the cell (CUDA IPC reference counts)
     # the cell's options as the door read them (RunSpec.asked), what the ranks read of them themselves:
     # --grace-period, how long a rank may take to bring its GPU in step once the cell failed or was
@@ -278,7 +277,6 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
             os.mkdir(rank_dir, 0o700)  # the kernel made the cell's run directory; each rank makes its own
         redirect_output(rank_dir)
         stacks = _stacks_to(rank_dir, stacks)
-        os.environ.update(job.env)
         os.environ["TORCHELASTIC_ERROR_FILE"] = RankDir(rank_dir).error
         _prompt.use(prompts_path(job.run_dir), RankDir(rank_dir).answers)
         _prompt.name_files(_rank.cell_labels(job.cell, {}))
