@@ -120,7 +120,7 @@ runtimes:
 	wheels="$$(mktemp -d)"; cache="$${NBSPAWN_RUNTIME_VENVS:-$(CURDIR)/.venvs}/.uv-cache"; \
 	trap 'rm -rf "$$wheels" "$$cache"' EXIT; mkdir -p "$$cache"; \
 	"$(NBSPAWN_VENV)/bin/python" -m pip wheel -q --no-deps --no-cache-dir -w "$$wheels" . && \
-	NBSPAWN_WHEEL="$$(ls "$$wheels"/nbspawn-*.whl)" NBSPAWN_UV_CACHE="$$cache" bash scripts/runtimes.sh $(RUNTIME_JOBS)
+	NBSPAWN_WHEEL="$$(ls "$$wheels"/nbspawn-*.whl)" NBSPAWN_UV_CACHE="$$cache" $(MAKE) --no-print-directory -k $(RUNTIME_JOBS)
 # Colab's job runs what Colab's stack decides: the pure functions on Python 3.13, Kaggle's set (the kernel
 # packages are the same), fresh cells, kept worlds and torch's spawn call, and what else touches IPython
 # 7.34, ipykernel 6.17's stdin and debug channels, nbclient, torch 2.11's flight recorder and shared memory,
@@ -141,15 +141,15 @@ COLAB_TESTS := tests/unit $(KAGGLE_TESTS) tests/kernel/test_spawn_core.py tests/
 # which run here: 61 s of the job's 340 s, 2026-12-02).
 COLAB_NOT_NOTEBOOKS := $(foreach nb,cluster scripts_and_background shared_tensors torch_spawn,--deselect "tests/kernel/test_notebooks.py::test_notebook_runs[$(nb).ipynb]")
 runtime-colab-gpu:
-	bash .ci/runtime $(PREPARE) colab-gpu $(COLAB_TESTS) $(COLAB_NOT_NOTEBOOKS) $(HOSTED) -q
+	bash .ci/runtime colab-gpu $(COLAB_TESTS) $(COLAB_NOT_NOTEBOOKS) $(HOSTED) -q
 runtime-kaggle-gpu:
-	NBSPAWN_BROWSER_WORKERS=0 bash .ci/runtime $(PREPARE) kaggle-gpu -m "not browser" $(KAGGLE_TESTS) $(HOSTED) -q
+	NBSPAWN_BROWSER_WORKERS=0 bash .ci/runtime kaggle-gpu -m "not browser" $(KAGGLE_TESTS) $(HOSTED) -q
 runtime-floor:
-	NBSPAWN_BROWSER_WORKERS=0 NBSPAWN_INSTALL_WITH=uv NBSPAWN_UV_CACHE= bash .ci/runtime $(PREPARE) floor -m "not browser" $(TORCH_RANGE_TESTS) tests/kernel/test_debugger.py --start-methods fork,forkserver -q
+	NBSPAWN_BROWSER_WORKERS=0 NBSPAWN_INSTALL_WITH=uv NBSPAWN_UV_CACHE= bash .ci/runtime floor -m "not browser" $(TORCH_RANGE_TESTS) tests/kernel/test_debugger.py --start-methods fork,forkserver -q
 runtime-newest:
-	NBSPAWN_BROWSER_WORKERS=0 NBSPAWN_INSTALL_WITH=uv bash .ci/runtime $(PREPARE) newest -m "not browser" $(TORCH_RANGE_TESTS) -q
+	NBSPAWN_BROWSER_WORKERS=0 NBSPAWN_INSTALL_WITH=uv bash .ci/runtime newest -m "not browser" $(TORCH_RANGE_TESTS) -q
 # TPU ranks on CPU (torch 2.9.1 + torch_xla 2.9.0, pinned: the tests touch torch_xla internals): torch_xla's
 # topology code with faked chips, and 4 real ranks on XLA CPU devices; about 5 min, most of it the build
 TPU_TESTS := tests/unit/test_unit_tpu.py tests/runtimes/test_tpu.py
 runtime-tpu-cpu:
-	NBSPAWN_BROWSER_WORKERS=0 NBSPAWN_INSTALL_WITH=uv bash .ci/runtime $(PREPARE) tpu-cpu -m "not browser" $(TPU_TESTS) -q -rs
+	NBSPAWN_BROWSER_WORKERS=0 NBSPAWN_INSTALL_WITH=uv bash .ci/runtime tpu-cpu -m "not browser" $(TPU_TESTS) -q -rs
