@@ -629,6 +629,13 @@ def select_pane(view: Locator, tab: int | str) -> Locator:
     return pane
 
 
+def pane_lines(pane: Locator) -> list[str]:
+    """The lines of a pane's flow as text, each as the DOM holds it, whether or not the page laid it out:
+    a line out of view is not laid out (``content-visibility: auto``) and Chromium's ``innerText`` of it
+    is "" (rehearsal Z read a live merged pane scrolled out of view as no lines at all)."""
+    return pane.locator(".nbs-Line").evaluate_all("lines => lines.map(line => line.textContent)")
+
+
 def wait_for_js(element: Locator, predicate: str, timeout: float = 30_000) -> None:
     """Wait until ``predicate`` (a JavaScript function of the element) holds for ``element``'s node."""
     element.page.wait_for_function(predicate, arg=element.element_handle(), timeout=timeout)

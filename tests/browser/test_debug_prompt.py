@@ -18,6 +18,7 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
     live_view,
     next_prompt,
     open_with_nbspawn,
+    pane_lines,
     run_cell,
     select_pane,
     serve,
@@ -95,7 +96,7 @@ def test_notebook7_answers_a_ranks_pdb_prompt(nb7, browser, artifacts):
 def _above(pane, command: str, answer: str) -> None:
     """``command`` (as the prompt showed it) is the line right above ``answer`` in ``pane``, within 30 s."""
     sync_api.expect(pane).to_contain_text(command, timeout=30_000)
-    lines = [line.strip() for line in pane.inner_text().splitlines()]
+    lines = [line.strip() for line in pane_lines(pane)]
     at = next((i for i, line in enumerate(lines) if line.endswith(command)), None)
     assert at is not None and lines[at + 1].endswith(answer), lines
 

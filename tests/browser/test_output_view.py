@@ -45,6 +45,7 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
     live_view,
     open_notebook,
     page_shot,
+    pane_lines,
     run_cell,
     select_pane,
     serving,
@@ -756,9 +757,7 @@ def test_plain_tqdm_bar_stays_at_the_bottom_and_is_not_an_error(front, artifacts
 
 def _merged_lines(pane) -> list[str]:
     """The merged pane's lines, each ``[rankN] text``."""
-    return [
-        re.sub(r"^\[rank(\d+)\]\s*", r"[rank\1] ", t.strip()) for t in pane.locator(".nbs-Line").all_inner_texts() if t.strip()
-    ]
+    return [re.sub(r"^\[rank(\d+)\]\s*", r"[rank\1] ", t.strip()) for t in pane_lines(pane) if t.strip()]
 
 
 def test_the_merged_view_keeps_the_order_the_ranks_printed_in_live_and_frozen(front, artifacts):

@@ -89,13 +89,19 @@ def lab(tmp_path_factory):
     yield from serve("lab", tmp_path_factory.mktemp("xray-lab"), _write)
 
 
-def _collectives(view, pg) -> dict:
-    """The X-ray tab's drawing, read once drawn and its frame sized to it (not after a fixed wait, M7)."""
+def _collectives(view, pg, ranks: int = 0) -> dict:
+    """The X-ray tab's drawing, read once drawn and its frame sized to it (not after a fixed wait, M7)
+    and, live, once it has the records of ``ranks`` ranks: each rank's are read as they come, and the
+    stop 66 CI read the live drawing of 10 collectives before rank 3's (the straggler's) were in it."""
     view.locator(".nbs-Tab-xray").click()
     panel = view.locator(".nbs-XRay")
     panel.wait_for(state="visible", timeout=60_000)
     pg.wait_for_function(f"el => ({DRAWN})(el) !== null", arg=panel.element_handle(), timeout=60_000)
-    return read_until(pg, lambda: panel.evaluate(DRAWN), lambda d: d is not None and d["cut"] <= 0 and d["height"] > 100)
+
+    def drawn(d: dict | None) -> bool:
+        return d is not None and d["cut"] <= 0 and d["height"] > 100 and all(f"rank {r}" in d["text"] for r in range(ranks))
+
+    return read_until(pg, lambda: panel.evaluate(DRAWN), drawn, timeout=60_000)
 
 
 def _colours(drawn: dict, theme: str) -> None:
@@ -120,7 +126,7 @@ def test_the_collectives_tab_draws_the_straggler_live_and_saved_in_the_pages_the
             run_cell(pg, cell)
             view = live_view(cell, widget=True)
             view.locator(".nbs-Tab-xray").wait_for(timeout=60_000)  # once the ranks' first records are read
-            live = _collectives(view, pg)
+            live = _collectives(view, pg, ranks=4)
             shot(view, artifacts, "xray-light-live.png", unhover=True)
             (lab.root / _seen("light")).write_text("")  # the ranks go on
             assert live["sandbox"] == "allow-same-origin" and live["scripts"] == 0, live
