@@ -464,7 +464,7 @@ def open_lab_notebook(page: PwPage, lab: Server, name: str) -> Locator:
 
 
 def pane_text(run: Locator) -> str:
-    return run.locator(".nbs-Pane-host").inner_text()
+    return shown_text(run.locator(".nbs-Pane-host"))
 
 
 # The execute_requests each page has sent its kernels (count_executes), by page: what tells run_cell a
@@ -627,6 +627,20 @@ def select_pane(view: Locator, tab: int | str) -> Locator:
     pane = view.locator(f".nbs-Pane[data-rank='{tab}'] .nbs-Output")
     pane.wait_for(timeout=10_000)
     return pane
+
+
+# innerText with every rank line laid out for the read, then left to the page again: a line out of view is
+# not laid out (content-visibility: auto) and its innerText is "", though a user scrolling to it reads it
+SHOWN_TEXT = """el => {
+  const lines = [...el.querySelectorAll('.nbs-Line')];
+  lines.forEach(l => l.style.setProperty('content-visibility', 'visible'));
+  try { return el.innerText; } finally { lines.forEach(l => l.style.removeProperty('content-visibility')); }
+}"""
+
+
+def shown_text(element: Locator) -> str:
+    """``element``'s text as the page shows it (``innerText``), its rank lines out of view included."""
+    return element.evaluate(SHOWN_TEXT)
 
 
 def pane_lines(pane: Locator) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from lab_harness import NEEDS_CHROMIUM, NEEDS_WIDGET, serving, shot, sync_api, write_notebook
+from lab_harness import NEEDS_CHROMIUM, NEEDS_WIDGET, serving, shot, shown_text, sync_api, write_notebook
 from stand_in_gpu import GB, STAND_IN
 
 pytestmark = [pytest.mark.browser, NEEDS_CHROMIUM, NEEDS_WIDGET]
@@ -240,7 +240,7 @@ def test_the_live_view_and_the_snapshot_draw_in_the_classic_notebook_with_ipywid
     # the run ends: the live view is replaced in place by the snapshot (HTML: no nbspawn renderer here)
     frozen = _snapshot(pg, page, cell, live, artifacts)
     sync_api.expect(live).to_have_count(0, timeout=30_000)
-    text = frozen.inner_text().replace("\u2007", " ")  # tqdm pads its numbers with figure spaces
+    text = shown_text(frozen).replace("\u2007", " ")  # tqdm pads its numbers with figure spaces
     for rank in (0, 1):
         assert f"rank {rank} done" in text, text[-2000:]
         assert re.search(rf"rank {rank}: 100%\s+30/30", text), text[-2000:]  # the tqdm.notebook bar, at its end
@@ -307,7 +307,7 @@ def test_each_scene_of_the_collectives_is_saved_with_its_x_ray_in_the_classic_no
             title = xray.locator("svg rect[data-xray-seq='1'] title").first.text_content() or ""
             assert title.startswith("reduce_scatter #1") and "gloo ran it as 2 all_reduces" in title, title
         if name in SCENE_CAUSES:
-            assert SCENE_CAUSES[name] in frozen.inner_text(), (name, frozen.inner_text()[:1500])
+            assert SCENE_CAUSES[name] in shown_text(frozen), (name, shown_text(frozen)[:1500])
             chip = frozen.locator("details[data-rank='1'] summary")
             assert "— never entered all_reduce #1 (it finished the cell)" in chip.inner_text(), chip.inner_text()
         assert frozen.locator("script").count() == 0
@@ -332,7 +332,7 @@ def test_what_each_rank_holds_on_its_gpu_is_live_and_an_out_of_memory_saved_with
     shot(cell, artifacts, "classic-notebook-gpu-live.png", unhover=True)
     (classic.root / GPU_SEEN).write_text("")  # rank 1 runs out of memory now
     frozen = _snapshot(pg, page, cell, live, artifacts)
-    text = frozen.inner_text()
+    text = shown_text(frozen)
     account = "rank 1 ran out of memory on GPU 0 (Stand-in GPU, 3.4 GB): rank 0 held 1.0 GB, rank 1 2.0 GB (reserved by torch; 3.0 GB in all)"
     assert account in text, text[:2000]
     assert "GPU 0 peak 1.0 GB (1.0 GB reserved)" in text and "GPU 0 peak 2.0 GB (2.0 GB reserved)" in text, text[:2000]

@@ -28,6 +28,7 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
     run_cell,
     serve,
     shot,
+    shown_text,
     sync_api,
     write_notebook,
     write_settings,
@@ -385,14 +386,14 @@ def test_lab_renders_one_rank_and_a_running_run(lab, page, artifacts):
     # one rank: no merged tab, its pane shown
     assert one.locator(".nbs-Tab-merged").count() == 0
     assert one.locator(".nbs-Chip").count() == 1
-    assert one.locator(".nbs-Pane[data-rank='0']").inner_text().count("tensor([10.])") == 1
+    assert shown_text(one.locator(".nbs-Pane[data-rank='0']")).count("tensor([10.])") == 1
     assert one.locator(".nbs-Banner").count() == 0
     assert "SUCCEEDED" in one.locator(".nbs-Badge").inner_text()
     # running: spinner chips, the merged view by default
     assert [running.locator(".nbs-Chip").nth(i).get_attribute("data-status") for i in range(3)] == [
         "running", "running", "done"]  # fmt: skip
     assert running.locator(".nbs-Tab[aria-selected='true']").get_attribute("data-tab") == "merged"
-    merged = running.locator(".nbs-mod-merged").inner_text()
+    merged = shown_text(running.locator(".nbs-mod-merged"))
     assert "[rank1]" in merged and "41/100" in merged
     shot(one, artifacts, "lab-one-rank.png", unhover=True)
     shot(running, artifacts, "lab-running.png")

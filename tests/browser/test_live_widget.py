@@ -31,6 +31,7 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
     save_until,
     serve,
     shot,
+    shown_text,
     sync_api,
     wait_for_js,
     write_notebook,
@@ -158,7 +159,7 @@ def test_lab_live_run_stop_and_reload(lab, browser, artifacts):
         pg.wait_for_function("new Set(window.__nbsBars.map(b => b.join('|')).filter(Boolean)).size >= 3", timeout=60_000)
         redraws = pg.evaluate("window.__nbsBars")
         assert all(len(bars) <= 1 for bars in redraws), redraws  # never a second bar line
-        text = pane.inner_text()
+        text = shown_text(pane)
         assert len([line for line in text.splitlines() if line.startswith("train:")]) == 1, text
         assert "\r" not in text and "\x1b" not in text and "[32m" not in text
         assert "rank 0: loading <shard-0.bin> ok" in text  # markup stays text
@@ -200,7 +201,7 @@ def test_lab_live_run_stop_and_reload(lab, browser, artifacts):
             if pane.count() == 0:
                 frozen.locator(".nbs-Chip[data-rank='0']").click()
                 return None
-            return [line for line in pane.inner_text().splitlines() if line.startswith("train:")]
+            return [line for line in shown_text(pane).splitlines() if line.startswith("train:")]
 
         bars = read_until(pg, rank0_bars, lambda b: b is not None and len(b) > 0)
         assert bars is not None and len(bars) == 1, bars
@@ -257,7 +258,7 @@ def test_notebook7_live_widget(nb7, browser, artifacts):
         (nb7.root / NB7_SEEN).write_text("")
         frozen = frozen_run(cells.nth(1), 60_000)
         assert chip_statuses(frozen) == ["done"] * 4
-        text = frozen.locator(".nbs-Output").inner_text()
+        text = shown_text(frozen.locator(".nbs-Output"))
         assert all(f"rank {r} finished" in text for r in range(4))
         assert text.count("progress 100%") == 4 and "progress  50%" not in text
         shot(frozen, artifacts, "nb7-frozen.png")

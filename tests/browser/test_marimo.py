@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from lab_harness import Page, sync_api
+from lab_harness import Page, shown_text, sync_api
 
 pytest.importorskip("marimo", reason="marimo is not installed (pip install -e '.[marimo]')")
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
@@ -177,7 +177,7 @@ def test_a_marimo_cells_function_runs_on_every_rank_live_and_the_run_stays_as_th
         try:
             run = pg.locator(RUN_VIEW)
             sync_api.expect(run).to_contain_text("rank 1 step 1", timeout=60_000)
-            live = run.inner_text()
+            live = shown_text(run)
             assert "running" in live, live  # drawn while the ranks run, not only at the end
             pg.screenshot(path=str(artifacts / f"marimo-live-{method}.png"))
             (tmp_path / "seen.flag").write_text("")  # the ranks go on
@@ -185,7 +185,7 @@ def test_a_marimo_cells_function_runs_on_every_rank_live_and_the_run_stays_as_th
             sync_api.expect(pg.locator("[data-testid='console-output-area']")).to_contain_text(
                 "returned [0, 100]", timeout=30_000
             )
-            done = run.inner_text()
+            done = shown_text(run)
             assert all(f"rank {r} step 7" in done for r in range(2)), done
             pg.screenshot(path=str(artifacts / f"marimo-done-{method}.png"))
             assert _ranks_of(server) == []
@@ -249,7 +249,7 @@ def test_launch_draws_its_run_in_a_marimo_cell_too(browser, artifacts, tmp_path)
         try:
             run = pg.locator(RUN_VIEW)
             sync_api.expect(run).to_contain_text("succeeded", timeout=60_000)
-            text = run.inner_text()
+            text = shown_text(run)
             assert "launched on 1 2" in text and "launched on 0 2" in text, text
             pg.screenshot(path=str(artifacts / "marimo-launch.png"))
             assert _ranks_of(server) == []

@@ -50,6 +50,7 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
     select_pane,
     serving,
     shot,
+    shown_text,
     status_spells,
     sync_api,
     wait_for_js,
@@ -384,7 +385,7 @@ def test_no_long_task_under_a_16_rank_flood_and_another_cell_stays_editable(fron
         frozen = front.frozen(C_FLOOD)
         t1 = front.now()
     work.close()
-    text = frozen.inner_text()
+    text = shown_text(frozen)
     shot(frozen, artifacts, f"{front.name}-flood-frozen.png")
     tasks = front.long_tasks(t0, t1)
     worst = max(tasks, default=0.0)
@@ -673,13 +674,13 @@ def test_rich_output_in_the_pane_live_and_frozen(front, artifacts):
         pg.wait_for_timeout(100)
     shot(view, artifacts, f"{front.name}-rich-live.png", unhover=True)
     (front.root / RICH_SEEN).write_text("")  # the ranks go on
-    assert live["bar"] is not None, f"live: no tqdm.auto bar in rank 0's pane: {pane.inner_text()[-1500:]}"
+    assert live["bar"] is not None, f"live: no tqdm.auto bar in rank 0's pane: {shown_text(pane)[-1500:]}"
     assert live["after"] and live["last"], f"live: the bar is not at the bottom of the pane: {live}"
 
     frozen = front.frozen(C_RICH)
     pane = select_pane(frozen, 0)
     end = _rich_checks(pg, pane, 0, "frozen")
-    text = pane.inner_text()
+    text = shown_text(pane)
     shot(frozen, artifacts, f"{front.name}-rich-frozen.png", unhover=True)
     assert end["bar"] is not None, f"frozen: no tqdm.auto bar in rank 0's pane: {text[-1500:]}"
     assert "50/50" in end["bar"] or end["value"] == 50, f"frozen: the bar did not finish: {end}"
@@ -749,7 +750,7 @@ def test_plain_tqdm_bar_stays_at_the_bottom_and_is_not_an_error(front, artifacts
 
     frozen = front.frozen(C_BAR)
     pane = select_pane(frozen, 0)
-    text = pane.inner_text()
+    text = shown_text(pane)
     shot(frozen, artifacts, f"{front.name}-bar-frozen.png")
     assert text.count("train-r0") == 1 and "60/60" in text, text[-1500:]
     assert "rank 0 trained" in text
@@ -775,4 +776,4 @@ def test_the_merged_view_keeps_the_order_the_ranks_printed_in_live_and_frozen(fr
     sync_api.expect(pane).to_contain_text("rank 1 last", timeout=30_000)
     shot(frozen, artifacts, f"{front.name}-merged-in-order-frozen.png", unhover=True)
     assert _merged_lines(pane) == IN_TURN_LINES, "frozen"
-    assert "in arrival order" in frozen.inner_text()
+    assert "in arrival order" in shown_text(frozen)

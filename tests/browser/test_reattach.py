@@ -38,6 +38,7 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
     save_until,
     serve,
     shot,
+    shown_text,
     sync_api,
     wait_for_js,
     write_notebook,
@@ -233,7 +234,7 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts, end
         sync_api.expect(view.locator(".nbs-Chip[data-status='running']")).to_have_count(4)
         # the kept tail came back (replay), and new lines keep coming
         wait_for_js(view, "v => (v.textContent.match(/tick \\d+/g) || []).length >= 10", 60_000)
-        ticks = lambda: max(int(n) for n in re.findall(r"tick (\d+)", view.inner_text()))  # noqa: E731
+        ticks = lambda: max(int(n) for n in re.findall(r"tick (\d+)", shown_text(view)))  # noqa: E731
         before = ticks()
         clock = view.locator(".nbs-Clock").inner_text()
         # the reattached view follows the run: new ticks come, and the clock ticks (waited for, not a while)
@@ -291,7 +292,7 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts, end
         assert cell.locator(".nbs-mod-live").count() == 0
         assert cell.locator(".nbs-Reattach").count() == 0  # the output area draws the new bundle itself
         assert chip_statuses(frozen) == ["done"] * 4
-        text = frozen.locator(".nbs-Output").inner_text()
+        text = shown_text(frozen.locator(".nbs-Output"))
         assert all(f"rank {r} finished after" in text for r in range(4)), text
         shot(frozen, artifacts, "reattach-lab-frozen.png", unhover=True)
         sync_api.expect(panel.locator(KERNEL_IDLE)).to_have_count(1, timeout=30_000)

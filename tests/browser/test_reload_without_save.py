@@ -38,6 +38,7 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
     save_until,
     serve,
     shot,
+    shown_text,
     sync_api,
     wait_for_js,
     wait_until_ready,
@@ -147,7 +148,7 @@ def _follow_live_then_freeze(pg, root, server, name, first, style, artifacts, pr
     assert run_id and run_id != first, (run_id, first)
     assert cell.locator(".nbs-RunRenderer").count() == 0, "the previous run's frozen output is still shown"
     sync_api.expect(view.locator(".nbs-Chip[data-status='running']")).to_have_count(2)
-    ticks = lambda: max(int(n) for n in re.findall(r"tick (\d+)", view.inner_text()))  # noqa: E731
+    ticks = lambda: max(int(n) for n in re.findall(r"tick (\d+)", shown_text(view)))  # noqa: E731
     wait_for_js(view, "v => /tick \\d+/.test(v.textContent)", 60_000)
     before = ticks()
     # the reattached view follows the run: a newer tick comes (waited for, not a while; issue #55)
@@ -166,7 +167,7 @@ def _follow_live_then_freeze(pg, root, server, name, first, style, artifacts, pr
     frozen = frozen_run(cell, 30_000)
     assert cell.locator(".nbs-mod-live").count() == 0
     assert chip_statuses(frozen) == ["done"] * 2
-    text = frozen.inner_text()
+    text = shown_text(frozen)
     counts = [int(n) for n in re.findall(r"finished after (\d+) ticks", text)]
     assert len(counts) == 2 and min(counts) > 0, text  # the re-run's end, not the first run's (0 ticks)
     shot(frozen, artifacts, f"{prefix}-frozen.png", unhover=True)
