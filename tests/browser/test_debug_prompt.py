@@ -19,6 +19,7 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
     next_prompt,
     open_with_nbspawn,
     pane_lines,
+    read_until,
     run_cell,
     select_pane,
     serve,
@@ -94,11 +95,15 @@ def test_notebook7_answers_a_ranks_pdb_prompt(nb7, browser, artifacts):
 
 
 def _above(pane, command: str, answer: str) -> None:
-    """``command`` (as the prompt showed it) is the line right above ``answer`` in ``pane``, within 30 s."""
-    sync_api.expect(pane).to_contain_text(command, timeout=30_000)
-    lines = [line.strip() for line in pane_lines(pane)]
-    at = next((i for i, line in enumerate(lines) if line.endswith(command)), None)
-    assert at is not None and lines[at + 1].endswith(answer), lines
+    """``command`` (as the prompt showed it) is the line right above ``answer`` in ``pane``, within 30 s (the
+    answer comes from the rank's output, the echoed command from the prompt's answer: a frame or more apart)."""
+
+    def above(lines: list[str]) -> bool:
+        at = next((i for i, line in enumerate(lines) if line.endswith(command)), None)
+        return at is not None and at + 1 < len(lines) and lines[at + 1].endswith(answer)
+
+    lines = read_until(pane.page, lambda: [line.strip() for line in pane_lines(pane)], above)
+    assert above(lines), lines
 
 
 def test_the_ranks_pane_reads_each_pdb_command_above_its_answer(lab, browser, artifacts):

@@ -192,8 +192,11 @@ bar.close()
 print(f"rank {{rank}} trained", flush=True)
 """
 
-# Rank 1 prints three lines, then rank 0 three (after a barrier), then rank 1 one more once the test
-# has seen the live view (IN_TURN_SEEN, 120 s at most: a fixed 2 s was all the live check had, issue #55).
+# Rank 1 prints three lines, then rank 0 three (after a barrier) once the page shows rank 1's
+# (IN_TURN_EARLY: a fixed 0.5 s was what a loaded kernel had to read them in first), then rank 1 one more
+# once the test has seen the live view (IN_TURN_SEEN, 120 s at most each: a fixed 2 s was all the live
+# check had, issue #55).
+IN_TURN_EARLY = "in-turn-early.flag"
 IN_TURN_SEEN = "in-turn-seen.flag"
 IN_TURN = f"""\
 %%spawn -n 2 --backend gloo
@@ -205,7 +208,9 @@ if r == 1:
         print(f"rank 1 early {{i}}", flush=True)
 dist.barrier()
 if r == 0:
-    time.sleep(0.5)
+    end = time.time() + 120
+    while not os.path.exists({IN_TURN_EARLY!r}) and time.time() < end:  # the page shows rank 1's lines
+        time.sleep(0.05)
     for i in range(3):
         print(f"rank 0 late {{i}}", flush=True)
 dist.barrier()
@@ -767,6 +772,8 @@ def test_the_merged_view_keeps_the_order_the_ranks_printed_in_live_and_frozen(fr
     front.start(C_IN_TURN)
     view = front.live(C_IN_TURN)
     pane = select_pane(view, "merged")
+    sync_api.expect(pane).to_contain_text("rank 1 early 2", timeout=HANG_MS)
+    (front.root / IN_TURN_EARLY).write_text("")  # rank 0 prints its lines now
     sync_api.expect(pane).to_contain_text("rank 0 late 2", timeout=HANG_MS)
     live = _merged_lines(pane)
     (front.root / IN_TURN_SEEN).write_text("")  # rank 1 prints its last line now

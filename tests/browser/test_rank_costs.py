@@ -11,7 +11,18 @@ import re
 from pathlib import Path
 
 import pytest
-from lab_harness import NEEDS_WIDGET, Page, frozen_run, live_view, open_with_nbspawn, run_cell, serve, shot, write_notebook
+from lab_harness import (
+    NEEDS_WIDGET,
+    Page,
+    frozen_run,
+    live_view,
+    open_with_nbspawn,
+    run_cell,
+    serve,
+    shot,
+    sync_api,
+    write_notebook,
+)
 from stand_in_gpu import GB, STAND_IN
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600), NEEDS_WIDGET]
@@ -131,16 +142,20 @@ def test_on_a_gpu_the_chips_header_and_panes_show_what_torch_holds_and_an_out_of
             "() => /GPU 2\\.0 GB$/.test(document.querySelector(\".nbs-Chip[data-rank='1'] .nbs-Chip-cost\")?.textContent ?? '')",
             timeout=60_000,
         )
-        assert re.search(r"GPU 1\.0 GB$", view.locator(".nbs-Chip[data-rank='0'] .nbs-Chip-cost").inner_text())
+        # each rank writes its record on its own 1 s timer: rank 0's figure, and the header's sum of both,
+        # can come a second or two after rank 1's
+        sync_api.expect(view.locator(".nbs-Chip[data-rank='0'] .nbs-Chip-cost")).to_have_text(
+            re.compile(r"GPU 1\.0 GB$"), timeout=30_000
+        )
         gpu = view.locator(".nbs-Meta", has=pg.locator(".nbs-Meta-label", has_text="GPU 0"))
-        assert gpu.locator(".nbs-Meta-value").inner_text() == "ranks 3.4 GB of 3.4 GB", gpu.inner_text()
+        sync_api.expect(gpu.locator(".nbs-Meta-value")).to_have_text("ranks 3.4 GB of 3.4 GB", timeout=30_000)
         view.locator(".nbs-Chip[data-rank='1']").click()
         facts = view.locator(".nbs-Pane[data-rank='1'] .nbs-Pane-facts")
         facts.wait_for(timeout=60_000)
         assert re.search(r"GPU 0 2\.0 GB \(2\.2 GB reserved\)", facts.inner_text()), facts.inner_text()
         # the warning is drawn on the GPU it is about, not on the host's memory
-        assert (gpu.get_attribute("title") or "").startswith("GPU 0 is nearly full"), gpu.get_attribute("title")
-        assert "nbs-mod-warn" in (gpu.get_attribute("class") or "")
+        sync_api.expect(gpu).to_have_attribute("title", re.compile(r"^GPU 0 is nearly full"), timeout=30_000)
+        sync_api.expect(gpu).to_have_class(re.compile(r"\bnbs-mod-warn\b"), timeout=30_000)
         memory = view.locator(".nbs-Meta", has=pg.locator(".nbs-Meta-label", has_text="memory"))
         assert "nbs-mod-warn" not in (memory.get_attribute("class") or ""), memory.get_attribute("class")
         shot(view, artifacts, "costs-gpu-live.png", unhover=True)

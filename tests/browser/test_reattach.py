@@ -316,6 +316,8 @@ def test_lab_reload_mid_run_reattaches_then_freezes(lab, browser, artifacts, end
         ), lost.inner_text()
         shot(stale, artifacts, "reattach-lab-lost.png")
         assert pg.evaluate("window.__nbsErrors") == [], pg.evaluate("window.__nbsErrors")
+        # sampled every 50 ms by the page: a starved page may not have sampled since the lost note appeared
+        pg.wait_for_function("(window.__nbsModes || []).includes('lost')", timeout=30_000)
         modes = pg.evaluate("window.__nbsModes")
         assert "live" in modes and "lost" in modes, modes
         assert p.dialogs == [], p.dialogs

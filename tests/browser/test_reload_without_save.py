@@ -217,8 +217,8 @@ def test_lab_reload_after_the_rerun_ended_without_save_shows_its_end(lab, browse
         # the file's (first) run shows first; the kernel's answer replaces it
         sync_api.expect(frozen).to_contain_text(re.compile(r"finished after [1-9]\d* ticks"), timeout=60_000)
         assert frozen.count() == 1
-        counts = [int(n) for n in re.findall(r"finished after (\d+) ticks", frozen.inner_text())]
-        assert len(counts) == 2 and min(counts) > 0, frozen.inner_text()  # not the first run (0 ticks)
+        counts = [int(n) for n in re.findall(r"finished after (\d+) ticks", shown_text(frozen))]
+        assert len(counts) == 2 and min(counts) > 0, shown_text(frozen)  # not the first run (0 ticks)
         sync_api.expect(cell.locator(".jp-InputPrompt")).to_have_text("[3]:")
         shot(frozen, artifacts, "reload-lab-ended-frozen.png", unhover=True)
         save_until(pg, path, lambda nb: _run_ids(nb) not in ([], [first]))

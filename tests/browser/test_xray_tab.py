@@ -192,7 +192,7 @@ def test_the_collectives_tab_in_notebook_7(nb7, browser, artifacts):
         run_cell(pg, cell)
         view = live_view(cell, widget=True)
         view.locator(".nbs-Tab-xray").wait_for(timeout=60_000)
-        live = _collectives(view, pg)
+        live = _collectives(view, pg, ranks=4)
         (nb7.root / _seen("light")).write_text("")  # the ranks go on
         assert live["scripts"] == 0 and live["marks"] > 10, live
         saved = frozen_run(cell, timeout=120_000)
