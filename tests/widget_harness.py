@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,11 +121,13 @@ def live_at_once(kernel) -> None:
     assert execute(kernel.client, LIVE_AT_ONCE, timeout=30).status == "ok"
 
 
-def spawn_widget(kernel, body: str, options: str = "-n 4", timeout: float = 120) -> tuple[ExecResult, WidgetRun]:
+def spawn_widget(
+    kernel, body: str, options: str = "-n 4", timeout: float = 120, seen: Callable[[list[dict[str, Any]]], None] | None = None
+) -> tuple[ExecResult, WidgetRun]:
     """Run `body` in a `%%spawn {options} --view widget` cell, its live widget shown at once: its
-    result and its messages sorted out."""
+    result and its messages sorted out (``seen``: as :func:`kernel_harness.execute`'s)."""
     live_at_once(kernel)
-    result = execute(kernel.client, f"%%spawn {options} --view widget\n{body}", timeout=timeout)
+    result = execute(kernel.client, f"%%spawn {options} --view widget\n{body}", timeout=timeout, seen=seen)
     return result, sort_out(result.outputs)
 
 

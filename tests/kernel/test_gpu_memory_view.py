@@ -21,22 +21,50 @@ from widget_harness import spawn_widget
 from nbspawn.views._bundle import MIME
 from nbspawn.views._widget import widget_available
 
-# rank 0 peaks first, rank 1 last, never at once: each rank's peak is its own, the GPU's the most held together
+# rank 0 peaks first, rank 1 last, never at once (a barrier between): each rank's peak is its own, the GPU's
+# the most held together.  Both hold their last figures until the test has seen them together live (SEEN, a
+# flag file; two minutes at most, a hang guard), not for a fixed 2 s in which a loaded kernel had to sample them.
 HOLDS = (
     STAND_IN
     + f"""\
-phases = [({GB} + 300_000_000, 2), ({GB}, 4)] if rank == 0 else [(2 * {GB}, 4), (2 * {GB} + 300_000_000, 2)]
-for held, seconds in phases:
-    _held(held, held)
-    time.sleep(seconds)
+import torch.distributed as dist
+_held(*([{GB} + 300_000_000] * 2 if rank == 0 else [2 * {GB}] * 2))
+time.sleep(2)
+if rank == 0:
+    _held({GB}, {GB})
+dist.barrier()
+if rank == 1:
+    _held(2 * {GB} + 300_000_000, 2 * {GB} + 300_000_000)
+for _ in range(2400):
+    if os.path.exists(SEEN):
+        break
+    time.sleep(0.05)
 """
 )
+
+
+def _last_held(outputs: list[dict]) -> dict[int, int]:
+    """What each rank's GPU record said it reserved, in the newest live update that carried any."""
+    states = [o["data"]["state"] for o in outputs if o["msg_type"] == "comm_msg" and o["data"].get("method") == "update"]
+    carried = [u["ranks"] for u in states if u.get("ranks") and any(r.get("gpu_reserved") for r in u["ranks"])]
+    return {r["rank"]: r["gpu_reserved"] for r in carried[-1]} if carried else {}
+
 
 OUT_OF_MEMORY = (
     STAND_IN
     + f"""\
+import json
 _held((rank + 1) * {GB}, (rank + 1) * {GB})
-time.sleep(1.5 if rank == 1 else 30)  # rank 0's thread has written its record by then
+if rank == 0:
+    time.sleep(60)
+# rank 1 raises once rank 0's thread has written its 1 GB (on its own timer, once a second: a fixed 1.5 s
+# was all it had)
+theirs = os.path.join(os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"].replace("/1/error.json", "/0/error.json")), "device_memory.json")
+for _ in range(2400):
+    with contextlib.suppress(OSError, ValueError):  # not yet written, or being written
+        if [d["reserved"] for d in json.load(open(theirs))["devices"]] == [{GB}]:
+            break
+    time.sleep(0.05)
 _held(2_500_000_000, 2_500_000_000)  # what rank 1 holds as it raises: its last record is written then, not a second later
 raise torch.OutOfMemoryError(
     "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 3.17 GiB of which 212.00 MiB is free."
@@ -46,8 +74,14 @@ raise torch.OutOfMemoryError(
 
 
 @pytest.mark.skipif(not widget_available(), reason="nbspawn/_static/widget.js is not built")
-def test_each_ranks_gpu_memory_is_live_its_peak_saved_and_a_full_gpu_warned(kernel):
-    result, widget = spawn_widget(kernel, HOLDS, options="-n 2 --backend gloo")
+def test_each_ranks_gpu_memory_is_live_its_peak_saved_and_a_full_gpu_warned(kernel, tmp_path):
+    seen = tmp_path / "seen"
+
+    def look(outputs: list[dict]) -> None:
+        if outputs[-1]["msg_type"] == "comm_msg" and _last_held(outputs) == {0: GB, 1: 2 * GB + 300_000_000}:
+            seen.touch()
+
+    result, widget = spawn_widget(kernel, f"SEEN = {str(seen)!r}\n{HOLDS}", options="-n 2 --backend gloo", seen=look)
     assert result.status == "ok", result.error_text
     # live: while they ran, each rank's record carried its GPU and what torch held there then
     live = [u["ranks"] for u in widget.updates if u.get("ranks") and any(r.get("gpu_allocated") for r in u["ranks"])]

@@ -97,29 +97,43 @@ def test_widget_then_frozen_bundle(kernel):
     assert run.status_closed
 
 
-def test_the_saved_merged_view_keeps_the_order_the_ranks_printed_in(kernel):
+def test_the_saved_merged_view_keeps_the_order_the_ranks_printed_in(kernel, tmp_path):
     """Rank 1 prints three lines, then (after a barrier) rank 0 three and a figure's text, then rank 1
     once more: the saved view merges them as they came, as the live view did, not rank by rank in
-    turn (issue 26, item 5)."""
+    turn (issue 26, item 5).  Each rank prints once the kernel has sent on what the other printed
+    before (a flag file each: a fixed 0.5 s was what a loaded kernel had to read them in, audit)."""
+    early, late = tmp_path / "early.flag", tmp_path / "late.flag"
     body = (
-        "import time, torch.distributed as dist\n"
+        "import os, time, torch.distributed as dist\n"
         "from IPython.display import display\n"
+        "def wait_for(flag):\n"
+        "    end = time.monotonic() + 120\n"
+        "    while not os.path.exists(flag) and time.monotonic() < end:\n"
+        "        time.sleep(0.02)\n"
         "r = dist.get_rank()\n"
         "if r == 1:\n"
         "    for i in range(3):\n"
         "        print(f'rank 1 early {i}', flush=True)\n"
         "dist.barrier()\n"
         "if r == 0:\n"
-        "    time.sleep(0.5)  # the kernel has read rank 1's lines\n"
+        f"    wait_for({str(early)!r})  # the kernel has sent on rank 1's lines\n"
         "    for i in range(3):\n"
         "        print(f'rank 0 late {i}', flush=True)\n"
-        "    display('a table')\n"
+        "    display('a ' + 'table')  # its text in no message before the rank's own\n"
         "dist.barrier()\n"
         "if r == 1:\n"
-        "    time.sleep(0.5)\n"
+        f"    wait_for({str(late)!r})\n"
         "    print('rank 1 last', flush=True)\n"
     )
-    result, run = spawn_widget(kernel, body, options="-n 2 --backend gloo")
+
+    def seen(outputs: list[dict]) -> None:
+        sent = json.dumps(outputs[-1])
+        if "rank 1 early 2" in sent:
+            early.touch()
+        if "a table" in sent:
+            late.touch()
+
+    result, run = spawn_widget(kernel, body, options="-n 2 --backend gloo", seen=seen)
     assert result.status == "ok", result.error_text
     printed = [(1, f"rank 1 early {i}") for i in range(3)] + [(0, f"rank 0 late {i}") for i in range(3)]
     # (torch 2.10's gloo prints its own connection line in each rank, shown as any rank output is)

@@ -144,7 +144,7 @@ def test_a_group_of_the_running_ranks_serves_an_on_cell(kernel, world):
 
 def test_a_collective_waiting_for_absent_ranks_is_stopped_by_timeout_and_says_why(kernel, world):
     ok(kernel, f"%%spawn --world {world} -n 3 --backend gloo\nimport torch.distributed as dist")
-    result = run(kernel, f"%%spawn --world {world} --on 0 --timeout 7 --grace-period 1\ndist.barrier()")
+    result = run(kernel, f"%%spawn --world {world} --on 0 --timeout 14 --grace-period 1\ndist.barrier()")
     assert result.status == "error" and result.error.ename == "SpawnTimeoutError", result.error_text
     # while it hung (quiet for 3 s, then looked at), the live signal said the same
     assert re.search(r"nbspawn: looks hung: rank 0 waited in barrier.*; ranks 1-2 do not run this cell \(--on 0\)", result.stderr)
