@@ -491,6 +491,14 @@ def ready_line(folder: str | os.PathLike) -> str:
     return f"__import__('pathlib').Path({folder!r}, __import__('os').environ['RANK']).write_text(str(__import__('os').getpid()))"
 
 
+def until_flag(path: str | os.PathLike, seconds: float = 120) -> str:
+    """A statement for a cell: wait until the test has written ``path`` (a flag file: it has seen what it
+    looks for), ``seconds`` at most, a hang guard; a rank holds its state until then rather than for a
+    fixed time a loaded machine may not keep to."""
+    wait = f"import os, time\nend = time.monotonic() + {seconds!r}\nwhile not os.path.exists({os.fspath(path)!r}) and time.monotonic() < end:\n    time.sleep(0.05)\n"
+    return f"exec({wait!r}, {{}})"
+
+
 # wait_until_blocked's body: run by the test, and by a rank that is to act once its peers are in place
 _BLOCKED = """
 import pathlib, time, psutil

@@ -80,6 +80,12 @@ class WidgetRun:
         return elided
 
 
+def live_states(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The state of each widget update among ``outputs`` so far: what a test's ``seen`` looks at while the
+    cell runs (before :func:`sort_out` can sort the whole of them)."""
+    return [o["data"]["state"] for o in outputs if o["msg_type"] == "comm_msg" and o["data"].get("method") == "update"]
+
+
 def sort_out(outputs: list[dict[str, Any]]) -> WidgetRun:
     opens = [o for o in outputs if o["msg_type"] == "comm_open" and o["target_name"] == "jupyter.widget"]
     widget = next(o for o in opens if o["data"]["state"].get("_anywidget_id") == WIDGET_ID)

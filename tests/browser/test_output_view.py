@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from kernel_harness import until_flag
 from lab_harness import (  # the servers, browser pages and helpers (the fixtures: tests/browser/conftest.py)
     FRONTS,
     KERNEL_STATUS_JS,
@@ -208,16 +209,12 @@ if r == 1:
         print(f"rank 1 early {{i}}", flush=True)
 dist.barrier()
 if r == 0:
-    end = time.time() + 120
-    while not os.path.exists({IN_TURN_EARLY!r}) and time.time() < end:  # the page shows rank 1's lines
-        time.sleep(0.05)
+    {until_flag(IN_TURN_EARLY)}  # the page shows rank 1's lines
     for i in range(3):
         print(f"rank 0 late {{i}}", flush=True)
 dist.barrier()
 if r == 1:
-    end = time.time() + 120
-    while not os.path.exists({IN_TURN_SEEN!r}) and time.time() < end:  # the live view is seen with rank 0's lines
-        time.sleep(0.05)
+    {until_flag(IN_TURN_SEEN)}  # the live view is seen with rank 0's lines
     print("rank 1 last", flush=True)
 """
 IN_TURN_LINES = [

@@ -12,41 +12,36 @@ nothing stood in, are ``tests/gpu/test_cuda.py``'s (``test_each_ranks_gpu_memory
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
-from kernel_harness import ok, run
+from kernel_harness import ok, run, until_flag
 from stand_in_gpu import GB, STAND_IN, TOTAL
-from widget_harness import spawn_widget
+from widget_harness import live_states, spawn_widget
 
+from nbspawn._rankdir import DEVICE_MEMORY
 from nbspawn.views._bundle import MIME
 from nbspawn.views._widget import widget_available
 
-# rank 0 peaks first, rank 1 last, never at once (a barrier between): each rank's peak is its own, the GPU's
-# the most held together.  Both hold their last figures until the test has seen them together live (SEEN, a
-# flag file; two minutes at most, a hang guard), not for a fixed 2 s in which a loaded kernel had to sample them.
-HOLDS = (
-    STAND_IN
-    + f"""\
-import torch.distributed as dist
-_held(*([{GB} + 300_000_000] * 2 if rank == 0 else [2 * {GB}] * 2))
-time.sleep(2)
-if rank == 0:
-    _held({GB}, {GB})
-dist.barrier()
-if rank == 1:
-    _held(2 * {GB} + 300_000_000, 2 * {GB} + 300_000_000)
-for _ in range(2400):
-    if os.path.exists(SEEN):
-        break
-    time.sleep(0.05)
-"""
-)
+
+def holds(seen: Path) -> str:
+    """Rank 0 peaks first, rank 1 last, never at once (a barrier between): each rank's peak is its own, the
+    GPU's the most held together.  Both hold their last figures until the test has seen them together live
+    (``seen``), not for a fixed 2 s in which a loaded kernel had to sample them."""
+    return STAND_IN + (
+        "import torch.distributed as dist\n"
+        f"_held(*([{GB} + 300_000_000] * 2 if rank == 0 else [2 * {GB}] * 2))\n"
+        "time.sleep(2)\n"
+        f"if rank == 0:\n    _held({GB}, {GB})\n"
+        "dist.barrier()\n"
+        f"if rank == 1:\n    _held(2 * {GB} + 300_000_000, 2 * {GB} + 300_000_000)\n"
+        f"{until_flag(seen)}\n"
+    )
 
 
 def _last_held(outputs: list[dict]) -> dict[int, int]:
     """What each rank's GPU record said it reserved, in the newest live update that carried any."""
-    states = [o["data"]["state"] for o in outputs if o["msg_type"] == "comm_msg" and o["data"].get("method") == "update"]
-    carried = [u["ranks"] for u in states if u.get("ranks") and any(r.get("gpu_reserved") for r in u["ranks"])]
+    carried = [u["ranks"] for u in live_states(outputs) if u.get("ranks") and any(r.get("gpu_reserved") for r in u["ranks"])]
     return {r["rank"]: r["gpu_reserved"] for r in carried[-1]} if carried else {}
 
 
@@ -59,7 +54,7 @@ if rank == 0:
     time.sleep(60)
 # rank 1 raises once rank 0's thread has written its 1 GB (on its own timer, once a second: a fixed 1.5 s
 # was all it had)
-theirs = os.path.join(os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"].replace("/1/error.json", "/0/error.json")), "device_memory.json")
+theirs = os.path.join(os.path.dirname(os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"])), "0", {DEVICE_MEMORY!r})
 for _ in range(2400):
     with contextlib.suppress(OSError, ValueError):  # not yet written, or being written
         if [d["reserved"] for d in json.load(open(theirs))["devices"]] == [{GB}]:
@@ -81,7 +76,7 @@ def test_each_ranks_gpu_memory_is_live_its_peak_saved_and_a_full_gpu_warned(kern
         if outputs[-1]["msg_type"] == "comm_msg" and _last_held(outputs) == {0: GB, 1: 2 * GB + 300_000_000}:
             seen.touch()
 
-    result, widget = spawn_widget(kernel, f"SEEN = {str(seen)!r}\n{HOLDS}", options="-n 2 --backend gloo", seen=look)
+    result, widget = spawn_widget(kernel, holds(seen), options="-n 2 --backend gloo", seen=look)
     assert result.status == "ok", result.error_text
     # live: while they ran, each rank's record carried its GPU and what torch held there then
     live = [u["ranks"] for u in widget.updates if u.get("ranks") and any(r.get("gpu_allocated") for r in u["ranks"])]

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 from kernel_harness import execute, ok, run
-from widget_harness import live_at_once, sort_out
+from widget_harness import live_at_once, live_states, sort_out
 
 from nbspawn.views._bundle import MIME
 from nbspawn.views._widget import widget_available
@@ -36,8 +36,7 @@ print("adj", open("/proc/self/oom_score_adj").read().strip())  # by now the kern
 
 def _live_ranks(outputs: list[dict]) -> list[list[dict]]:
     """The ranks' figures of each live widget update that carried some memory."""
-    states = [o["data"]["state"] for o in outputs if o["msg_type"] == "comm_msg" and o["data"].get("method") == "update"]
-    return [u["ranks"] for u in states if u.get("ranks") and any(r.get("rss") for r in u["ranks"])]
+    return [u["ranks"] for u in live_states(outputs) if u.get("ranks") and any(r.get("rss") for r in u["ranks"])]
 
 
 def _held_and_busy(live: list[list[dict]]) -> bool:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from bundle_reader import HOSTILE_HTML, SHOWN_HTML, acting_markup, merged_entries, rank_outputs
-from kernel_harness import GLOO_CONNECTED, execute, strip_ansi
+from kernel_harness import GLOO_CONNECTED, execute, strip_ansi, until_flag
 from widget_harness import (
     WIDGET_ID,
     create_subshell,
@@ -104,25 +104,21 @@ def test_the_saved_merged_view_keeps_the_order_the_ranks_printed_in(kernel, tmp_
     before (a flag file each: a fixed 0.5 s was what a loaded kernel had to read them in, audit)."""
     early, late = tmp_path / "early.flag", tmp_path / "late.flag"
     body = (
-        "import os, time, torch.distributed as dist\n"
+        "import torch.distributed as dist\n"
         "from IPython.display import display\n"
-        "def wait_for(flag):\n"
-        "    end = time.monotonic() + 120\n"
-        "    while not os.path.exists(flag) and time.monotonic() < end:\n"
-        "        time.sleep(0.02)\n"
         "r = dist.get_rank()\n"
         "if r == 1:\n"
         "    for i in range(3):\n"
         "        print(f'rank 1 early {i}', flush=True)\n"
         "dist.barrier()\n"
         "if r == 0:\n"
-        f"    wait_for({str(early)!r})  # the kernel has sent on rank 1's lines\n"
+        f"    {until_flag(early)}  # the kernel has sent on rank 1's lines\n"
         "    for i in range(3):\n"
         "        print(f'rank 0 late {i}', flush=True)\n"
         "    display('a ' + 'table')  # its text in no message before the rank's own\n"
         "dist.barrier()\n"
         "if r == 1:\n"
-        f"    wait_for({str(late)!r})\n"
+        f"    {until_flag(late)}\n"
         "    print('rank 1 last', flush=True)\n"
     )
 
