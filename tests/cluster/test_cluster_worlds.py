@@ -382,11 +382,20 @@ def test_the_where_button_asks_a_foreground_cluster_runs_agents(kernel, nodes, t
 
 def test_the_live_hang_signal_across_nodes(kernel, nodes):
     """No option needed: the agents are asked where their quiet ranks are, and the kernel says that
-    rank 3 (node 1) never entered the barrier the others wait in; the run ends by its --timeout: 25 s, as
-    the ranks look hung once 10 s in the barrier, and a rank that reached it late on a loaded machine (a
-    cold cluster start) must still be seen so before it."""
-    result = run(kernel, f"%%spawn --cluster rc -n 2 --backend gloo --timeout 25\n{HANG}")
-    assert result.error.ename == "SpawnTimeoutError", result.error_text
+    rank 3 (node 1) never entered the barrier the others wait in. The test interrupts the run once it is
+    said (the ranks look hung once 10 s in the barrier): a --timeout that had to come after it counted
+    from a cold cluster start, a race on a loaded machine (test_cluster runs a cluster's --timeout)."""
+    interrupted = []
+
+    def interrupt_once_said(outputs: list[dict]) -> None:
+        said = any(o["msg_type"] == "stream" and "nbspawn: looks hung: " in o["text"] for o in outputs)
+        if said and not interrupted:
+            interrupted.append(True)
+            kernel.manager.interrupt_kernel()
+
+    code = f"%%spawn --cluster rc -n 2 --backend gloo --timeout 150\n{HANG}"  # a hang guard
+    result = execute(kernel.client, code, timeout=300, seen=interrupt_once_said)
+    assert interrupted and result.error.ename == "SpawnInterrupted", result.error_text
     said = [ln for ln in result.stderr.splitlines() if ln.startswith("nbspawn: looks hung: ")]
     assert len(said) == 1, result.stderr
     assert re.search(r"rank 3 on node 1 \(\S+\) never entered barrier #1", said[0]), said

@@ -12,7 +12,7 @@ import time
 import uuid
 
 import pytest
-from kernel_harness import execute, ok, run
+from kernel_harness import execute, ok, run, until_flag
 from widget_harness import live_at_once, live_states, sort_out
 
 from nbspawn.views._bundle import MIME
@@ -207,14 +207,44 @@ time.sleep(120)
 """
 
 
-def test_a_rank_killed_for_memory_is_named_and_warned_of_and_the_kernel_lives(fresh_kernel):
+# Rank 1 grows to 88 % of its group's limit (over the warning's 85 %) and holds there until the test has
+# seen the warning, then to the kill: the kernel samples once a second, and a rank that grew on through
+# the 15 % between warning and kill (about 2 s at 100 MB a second) was a race on a loaded machine.
+GROWS_PAST_THE_WARNING = """\
+import os, time, torch
+held = []
+if int(os.environ["RANK"]) == 1:
+    while int(open({used!r}).read()) < 0.88 * {limit!r}:
+        held.append(torch.ones(2_500_000))
+        time.sleep(0.05)
+    {warned}
+    while True:  # ~100 MB a second until the out-of-memory killer ends it
+        held.append(torch.ones(2_500_000))
+        time.sleep(0.1)
+time.sleep(120)
+"""
+
+
+def test_a_rank_killed_for_memory_is_named_and_warned_of_and_the_kernel_lives(fresh_kernel, tmp_path):
     kernel = fresh_kernel
-    with memory_limited(kernel.pid, 1_500_000_000):
-        result = run(kernel, f"%%spawn -n 2 --backend gloo\n{GROWS}", timeout=180)
+    limit = 1_500_000_000
+    warned = tmp_path / "warned"
+
+    def flag_the_warning(outputs: list[dict]) -> None:
+        if any(o["msg_type"] == "stream" and "nbspawn: memory is running out" in o["text"] for o in outputs):
+            warned.touch()
+
+    with memory_limited(kernel.pid, limit) as group:
+        used = os.path.join(
+            group, "memory.current" if os.path.exists(os.path.join(group, "memory.current")) else "memory.usage_in_bytes"
+        )
+        cell = GROWS_PAST_THE_WARNING.format(used=used, limit=limit, warned=until_flag(warned))
+        result = execute(kernel.client, f"%%spawn -n 2 --backend gloo\n{cell}", timeout=180, seen=flag_the_warning)
         assert result.status == "error"
         text = result.error_text + result.stdout + result.stderr
-        # the warning came while it ran, then the rank was named as killed for memory (not a bare SIGKILL)
-        assert "nbspawn: memory is running out" in text, text
+        # the warning came while it ran (rank 1 held until the test saw it), then the rank was named as
+        # killed for memory (not a bare SIGKILL)
+        assert warned.exists() and "nbspawn: memory is running out" in text, text
         assert "rank 1" in text and "killed for memory at " in text and "of this container's 1.5 GB was in use" in text, text
         # the kernel is the one that lived
         assert ok(kernel, "print('alive')").stdout.strip() == "alive"
