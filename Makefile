@@ -141,7 +141,7 @@ COLAB_TESTS := tests/unit $(KAGGLE_TESTS) tests/kernel/test_spawn_core.py tests/
 # which run here: 61 s of the job's 340 s, 2026-12-02).
 COLAB_NOT_NOTEBOOKS := $(foreach nb,cluster scripts_and_background shared_tensors torch_spawn,--deselect "tests/kernel/test_notebooks.py::test_notebook_runs[$(nb).ipynb]")
 runtime-colab-gpu:
-	bash .ci/runtime colab-gpu $(COLAB_TESTS) $(COLAB_NOT_NOTEBOOKS) $(HOSTED) -q
+	NBSPAWN_BROWSER_WORKERS=1 bash .ci/runtime colab-gpu $(COLAB_TESTS) $(COLAB_NOT_NOTEBOOKS) $(HOSTED) -q
 runtime-kaggle-gpu:
 	NBSPAWN_BROWSER_WORKERS=0 bash .ci/runtime kaggle-gpu -m "not browser" $(KAGGLE_TESTS) $(HOSTED) -q
 runtime-floor:

@@ -6,7 +6,8 @@
 #      (default 3), a test module to a worker (--dist loadfile: its kernel and cluster fixtures are started
 #      once, its tests run in their order, as in one process). They mostly wait on ranks, kernels and
 #      timeouts, so more workers than cores can pay (measured: docs/development.md, "Test time");
-#   2. `browser`: the browser tests, on NBSPAWN_BROWSER_WORKERS workers (default 3; 0 skips the phase), a module to a worker:
+#   2. `browser`: the browser tests, on NBSPAWN_BROWSER_WORKERS workers (default 3; 1 runs them in one process,
+#      0 skips the phase), a module to a worker:
 #      each drives its own Chromium, server, kernel and ranks, and waits on them part of the time (two
 #      workers left 25 % of the two cores idle, three 8 %: the phase took 430 s instead of 481, 2026-12-02);
 #   3. `alone`: the tests marked `alone` (they time a page under a flood or a Stop, or compare what the
@@ -34,7 +35,11 @@ parallel=$?
 browser=5
 if [[ "$browser_workers" != 0 ]]; then  # 0: a job that runs no browser test (-m "not browser") skips the phase
     echo "pytest.sh: now the browser tests, $browser_workers at a time" >&2
-    "$python" -m pytest -n "$browser_workers" --dist loadfile --phase browser $(report browser) "$@"
+    # One at a time runs in this process: an xdist worker would collect the whole selection once more
+    # (the Colab job's one browser module: its classic Notebook's scenes)
+    xdist=(-n "$browser_workers" --dist loadfile)
+    [[ "$browser_workers" != 1 ]] || xdist=()
+    "$python" -m pytest "${xdist[@]}" --phase browser $(report browser) "$@"
     browser=$?
 fi
 echo "pytest.sh: now the tests that run alone" >&2
