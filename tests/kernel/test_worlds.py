@@ -4,6 +4,7 @@ or a dead rank that loses it, interrupt, Stop, %spawn stop, kernel death, and 50
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -271,6 +272,69 @@ def test_options_that_contradict_the_world_are_refused_before_anything_runs(kern
     assert result.status == "error" and result.error.ename == "UsageError"
     assert f"world '{world}' runs with -n 2" in result.error.evalue and "-n 3" in result.error.evalue
     assert f"%spawn stop {world}" in result.error.evalue and "never" not in result.stdout
+
+
+# What a rank was given for the cell it runs: the WorldJob that ranks/_worldloop._serve serves, read from
+# its frame (the object the rank received, not a copy the test makes), each Settings field as its repr.
+THE_JOB_ASKED = """\
+import dataclasses, json, sys
+frame = sys._getframe()
+while frame.f_code.co_name != "_serve":
+    frame = frame.f_back
+asked = frame.f_locals["job"].asked
+print(json.dumps({f.name: repr(getattr(asked, f.name)) for f in dataclasses.fields(asked)}))
+"""
+
+
+def test_every_setting_given_on_a_worlds_later_cell_reaches_its_ranks(kernel, world, tmp_path):
+    """The twin of test_unit_planning's cluster test: every option a world's later cell gives reaches
+    its ranks as that cell's (a kept world's 2nd and 3rd cells once got the 1st cell's value of a new
+    option, every unit test green), and the kernel plans the cell with the same. The options that say
+    how the world runs are given as the world has them (another value is refused: test above); every
+    other option differs from both its default and the first cell's. A new Settings field fails here
+    until it is given a value below."""
+    world_defining = f"-n 2 --start-method fork --backend gloo --env NBSPAWN_GUARD=1 --accelerator none --log-dir {tmp_path}"
+    configured = {"rank_niceness": 3, "max_saved_kb": 7, "max_image_kb": 100}
+    ok(kernel, f"%%spawn --world {world} {world_defining} --timeout 50 --grace-period 9 --xray off\nimport os")
+    ok(kernel, "\n".join(f"%config SpawnMagics.{name} = {value!r}" for name, value in configured.items()))
+    try:
+        line = f"%%spawn --world {world} {world_defining} --timeout 77 --grace-period 7 --ranks 0,1 --xray values --pdb"
+        text = ok(kernel, f"{line}\n{THE_JOB_ASKED}").stdout
+        planned = ok(
+            kernel, "import dataclasses, json, nbspawn\nasked = nbspawn.last_run().spec.asked\n" + THE_JOB_ASKED.splitlines()[-1]
+        ).stdout
+    finally:
+        ok(
+            kernel,
+            "\n".join(
+                f"%config SpawnMagics.{name} = {default!r}"
+                for name, default in [("rank_niceness", 19), ("max_saved_kb", 256), ("max_image_kb", 2048)]
+            ),
+        )
+    from nbspawn._options import Given, Settings
+
+    given = Settings(
+        nprocs=2,
+        start_method="fork",
+        backend="gloo",
+        env={"NBSPAWN_GUARD": "1"},
+        accelerator="none",
+        log_dir=str(tmp_path),
+        timeout=77.0,
+        grace_period=7.0,
+        ranks=frozenset({0, 1}),
+        xray="values",
+        pdb=True,
+        given=Given(nprocs=True, start_method=True, backend=True, env=True),
+        **configured,
+    )
+    unset = [f.name for f in dataclasses.fields(Settings) if getattr(given, f.name) == getattr(Settings(), f.name)]
+    assert not unset, f"give {unset} a value of their own here, so the test sees them reach the ranks"
+    expected = {f.name: repr(getattr(given, f.name)) for f in dataclasses.fields(Settings)}
+    for rank in (0, 1):
+        (reached,) = [json.loads(ln) for ln in rank_lines(text, rank) if ln.startswith("{")]
+        assert reached == expected, (rank, reached)
+    assert json.loads(planned) == expected, planned
 
 
 def test_a_configured_world_and_a_fresh_cell(kernel, world):
