@@ -46,7 +46,7 @@ def browser(tmp_path_factory):
     code it compiled for a page's scripts there, and JupyterLab's next page runs without compiling them
     again (4.4 s of CPU a page instead of 6.0). Each test's pages are its own (lab_harness.Page), and
     closed when it ends; every page opens its notebook in a workspace of its own."""
-    from lab_harness import CHROMIUM, CHROMIUM_ARGS, sync_api
+    from lab_harness import ACTION_TIMEOUT_MS, CHROMIUM, CHROMIUM_ARGS, NAVIGATION_TIMEOUT_MS, sync_api
 
     with sync_api.sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
@@ -56,6 +56,8 @@ def browser(tmp_path_factory):
             viewport={"width": 1280, "height": 1000},
             color_scheme="light",
         )
+        context.set_default_timeout(ACTION_TIMEOUT_MS)  # hang guards (lab_harness)
+        context.set_default_navigation_timeout(NAVIGATION_TIMEOUT_MS)
         yield context
         context.close()
 

@@ -75,6 +75,12 @@ sync_api = pytest.importorskip(
 # a hang guard; one that means "not yet" or "not within" must say its own timeout, with its reason.
 EXPECT_TIMEOUT_MS = 60_000
 sync_api.expect.set_options(timeout=EXPECT_TIMEOUT_MS)
+# The same for the browser's own waits (the ``browser`` fixture sets them on its context): an action's
+# (a click, a locator's wait_for without a timeout of its own) from Playwright's 30 s to a minute, and a
+# page's load (goto, reload) to two: a JupyterLab page's reload, three browser workers beside a busy core
+# and more, took over 30 s (a loaded make test, 2026-12-03).
+ACTION_TIMEOUT_MS = 60_000
+NAVIGATION_TIMEOUT_MS = 120_000
 
 
 # -- notebooks ----------------------------------------------------------------------------------
