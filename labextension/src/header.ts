@@ -67,56 +67,101 @@ export interface IHeaderExtras {
   actions?: Node[];
 }
 
-/** The header: status badge, rank count and per-status counts, then start method, backend, time, run id, logs. */
-export function buildHeader(run: IRunBundle, extras: IHeaderExtras = {}): HTMLElement {
+/** One GPU's entry of the header: its label, its words, and the warning that is about it (or its name) as its title. */
+export interface IHeaderGpu {
+  label: string;
+  words: string;
+  warned: boolean;
+  title: string;
+}
+
+/**
+ * Everything the header draws, in the words it draws them: `buildHeader` takes nothing else, so the
+ * live view, which redraws the header when these change (`view.ts`), cannot miss a drawn field (the
+ * hand-kept key it replaced had the GPUs' figures, the world and the program missing).
+ */
+export interface IHeaderFacts {
+  status: string;
+  nprocs: number;
+  /** "1 failed · 3 after it": ranks that failed once the first had are counted apart from it. */
+  counts: string;
+  world: string;
+  program: string;
+  start: string;
+  backend: string;
+  took: string;
+  memory: string;
+  /** The warning about the host's memory (a GPU's is on that GPU's entry). */
+  memoryWarning: string;
+  gpus: IHeaderGpu[];
+  runId: string;
+  logDir: string;
+}
+
+/** What the header of `run` draws (`buildHeader`). */
+export function headerFacts(run: IRunBundle): IHeaderFacts {
   const counts = new Map<string, number>();
   for (const r of run.ranks) {
     counts.set(r.status, (counts.get(r.status) ?? 0) + 1);
   }
-  // "1 failed · 3 after it": ranks that failed once the first had are counted apart from it
-  const countText = ['failed', 'failed_after', 'stopped', 'running', 'done']
-    .filter(s => counts.get(s))
-    .map(s => `${counts.get(s)} ${s === 'failed_after' ? 'after it' : s}`)
-    .join(' · ');
+  // the warning is drawn on what it is about: a GPU's ("GPU 0 is nearly full: ...") or the host's memory
+  const warnedGpu = (run.gpus ?? []).find(g => run.memory_warning?.startsWith(`${g.gpu} `));
+  return {
+    status: run.status,
+    nprocs: run.nprocs,
+    counts: ['failed', 'failed_after', 'stopped', 'running', 'done']
+      .filter(s => counts.get(s))
+      .map(s => `${counts.get(s)} ${s === 'failed_after' ? 'after it' : s}`)
+      .join(' · '),
+    world: run.world ? (run.world_cell ? `${run.world} · cell ${run.world_cell}` : run.world) : '',
+    program: run.program ?? '',
+    start: run.start_method,
+    backend: run.backend,
+    took: formatDuration(run.duration),
+    memory: memoryWords(run),
+    memoryWarning: (warnedGpu ? null : run.memory_warning) ?? '',
+    gpus: (run.gpus ?? []).map(gpu => {
+      const warned = gpu === warnedGpu && !!run.memory_warning;
+      return { label: gpu.gpu, words: gpuTotalWords(run, gpu), warned, title: (warned && run.memory_warning) || gpu.name };
+    }),
+    runId: run.run_id,
+    logDir: run.log_dir
+  };
+}
+
+/** The header: status badge, rank count and per-status counts, then start method, backend, time, run id, logs. */
+export function buildHeader(facts: IHeaderFacts, extras: IHeaderExtras = {}): HTMLElement {
   const meta = h('div', { class: 'nbs-Header-meta' });
   const addMeta = (label: string, value: string, cls = '') => {
     if (value) {
       meta.appendChild(metaEntry(label, value, cls));
     }
   };
-  if (run.world) {
-    addMeta('world', run.world_cell ? `${run.world} · cell ${run.world_cell}` : run.world, 'nbs-mod-mono');
-  }
-  if (run.program) {
-    addMeta('program', run.program, 'nbs-mod-mono');
+  addMeta('world', facts.world, 'nbs-mod-mono');
+  if (facts.program) {
+    addMeta('program', facts.program, 'nbs-mod-mono');
   } else {
-    addMeta('start', run.start_method);
-    addMeta('backend', run.backend);
+    addMeta('start', facts.start);
+    addMeta('backend', facts.backend);
   }
   for (const node of extras.meta ?? []) {
     meta.appendChild(node);
   }
-  addMeta('took', formatDuration(run.duration));
-  const memory = memoryWords(run);
-  // the warning is drawn on what it is about: a GPU's ("GPU 0 is nearly full: ...") or the host's memory
-  const warnedGpu = (run.gpus ?? []).find(g => run.memory_warning?.startsWith(`${g.gpu} `));
-  const hostWarning = warnedGpu ? null : run.memory_warning;
-  if (memory) {
-    meta.appendChild(metaEntry('memory', memory, hostWarning ? 'nbs-mod-warn' : ''));
-    if (hostWarning) {
-      meta.lastElementChild?.setAttribute('title', hostWarning);
+  addMeta('took', facts.took);
+  if (facts.memory) {
+    meta.appendChild(metaEntry('memory', facts.memory, facts.memoryWarning ? 'nbs-mod-warn' : ''));
+    if (facts.memoryWarning) {
+      meta.lastElementChild?.setAttribute('title', facts.memoryWarning);
     }
   }
-  for (const gpu of run.gpus ?? []) {
-    const warned = gpu === warnedGpu && run.memory_warning;
-    meta.appendChild(metaEntry(gpu.gpu, gpuTotalWords(run, gpu), warned ? 'nbs-mod-warn' : ''));
-    const title = warned || gpu.name;
-    if (title) {
-      meta.lastElementChild?.setAttribute('title', title);
+  for (const gpu of facts.gpus) {
+    meta.appendChild(metaEntry(gpu.label, gpu.words, gpu.warned ? 'nbs-mod-warn' : ''));
+    if (gpu.title) {
+      meta.lastElementChild?.setAttribute('title', gpu.title);
     }
   }
-  addMeta('run', run.run_id, 'nbs-mod-mono');
-  const logs = pathLine('logs', run.log_dir);
+  addMeta('run', facts.runId, 'nbs-mod-mono');
+  const logs = pathLine('logs', facts.logDir);
   if (logs) {
     logs.classList.add('nbs-Meta');
     meta.appendChild(logs);
@@ -130,13 +175,9 @@ export function buildHeader(run: IRunBundle, extras: IHeaderExtras = {}): HTMLEl
     h(
       'div',
       { class: 'nbs-Header-main' },
-      h(
-        'span',
-        { class: 'nbs-Badge', 'data-status': run.status },
-        RUN_STATUS_LABEL[run.status] ?? run.status
-      ),
-      h('span', { class: 'nbs-Header-title' }, plural(run.nprocs, 'rank')),
-      countText ? h('span', { class: 'nbs-Header-counts' }, countText) : null,
+      h('span', { class: 'nbs-Badge', 'data-status': facts.status }, RUN_STATUS_LABEL[facts.status] ?? facts.status),
+      h('span', { class: 'nbs-Header-title' }, plural(facts.nprocs, 'rank')),
+      facts.counts ? h('span', { class: 'nbs-Header-counts' }, facts.counts) : null,
       actions
     ),
     meta

@@ -11,7 +11,6 @@ import { Entry, ILiveUpdate, emptyUpdate } from './entry';
 import { elidedNode, emptyOutput, entryNode } from './lines';
 import { IRankInfo, IRunBundle } from './messages';
 import { LiveOutput } from './output';
-import { costWords } from './format';
 import { mergedHead, paneHead, tracebackBox } from './panehead';
 
 /** A tab: a rank, or every rank merged. */
@@ -34,24 +33,14 @@ const MIN_DRAW_MS = 50;
 /** More bars than this at the bottom of the merged view: they scroll with the output. */
 const STICKY_BARS_MAX = 6;
 
-/** What of a rank record its chip and pane head show: they are redrawn when it changes. */
+/**
+ * What a rank's chip and pane head are drawn from (`tabs.buildChip`, `panehead.paneHead`): its whole
+ * record but its output (the pane's body, drawn apart), and whether it is the run's root cause; they
+ * are redrawn when it changes. A hand-kept list of fields here had left out one the chip draws
+ * (`after`, "after rank 2") and, before, the ranks' costs.
+ */
 export function rankKey(r: IRankInfo, run: IRunBundle): string {
-  return JSON.stringify([
-    r.status,
-    r.summary,
-    r.duration,
-    r.exit_code,
-    r.signal,
-    r.pid,
-    r.traceback,
-    r.stdout_path,
-    r.stderr_path,
-    r.node,
-    r.note,
-    r.prompt,
-    costWords(r),
-    run.error?.rank === r.rank
-  ]);
+  return JSON.stringify([{ ...r, output: undefined }, run.error?.rank === r.rank]);
 }
 
 export class Pane {

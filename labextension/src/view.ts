@@ -7,7 +7,7 @@
 
 import { h } from './dom';
 import { formatElapsed } from './format';
-import { buildBanner, buildHeader, memoryWords, metaEntry } from './header';
+import { buildBanner, buildHeader, headerFacts, metaEntry } from './header';
 import { IRunBundle } from './messages';
 import { ILiveSource, ILiveUpdate, LiveOutput } from './output';
 import { Pane, Sel, rankKey } from './pane';
@@ -229,26 +229,13 @@ export class LiveView {
 
   private _refreshHeader(run: IRunBundle, active: boolean): void {
     const unanswered = this._stopUnanswered();
-    const counts = run.ranks.map(r => r.status).sort();
-    const key = JSON.stringify([
-      run.status,
-      run.nprocs,
-      counts,
-      run.start_method,
-      run.backend,
-      run.duration,
-      run.run_id,
-      run.log_dir,
-      memoryWords(run),
-      run.memory_warning,
-      active,
-      this._src.stopRequested,
-      this._src.stopAcknowledged,
-      unanswered
-    ]);
+    // redrawn when what it draws changes: the header's facts are all it draws (header.ts), and the rest
+    // here is what decides its extras and the Stop button
+    const facts = headerFacts(run);
+    const key = JSON.stringify([facts, active, this._src.stopRequested, this._src.stopAcknowledged, unanswered]);
     if (key !== this._headerKey) {
       this._headerKey = key;
-      const header = buildHeader(run, { meta: active ? [metaEntry('elapsed', this._clock)] : [] });
+      const header = buildHeader(facts, { meta: active ? [metaEntry('elapsed', this._clock)] : [] });
       const hint = this._updateStopButton(unanswered);
       this._placeHeader(header, active ? [...(this._src.where ? [this._whereBtn] : []), this._stopBtn] : [], active && hint);
     }
