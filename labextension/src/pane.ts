@@ -35,12 +35,13 @@ const STICKY_BARS_MAX = 6;
 
 /**
  * What a rank's chip and pane head are drawn from (`tabs.buildChip`, `panehead.paneHead`): its whole
- * record but its output (the pane's body, drawn apart), and whether it is the run's root cause; they
- * are redrawn when it changes. A hand-kept list of fields here had left out one the chip draws
- * (`after`, "after rank 2") and, before, the ranks' costs.
+ * record but what the pane's body draws apart (its output, and how many of its lines were elided,
+ * which grows with every update of a flood), and whether it is the run's root cause; they are redrawn
+ * when it changes. A hand-kept list of fields here had left out one the chip draws (`after`, "after
+ * rank 2") and, before, the ranks' costs.
  */
 export function rankKey(r: IRankInfo, run: IRunBundle): string {
-  return JSON.stringify([{ ...r, output: undefined }, run.error?.rank === r.rank]);
+  return JSON.stringify([{ ...r, output: undefined, elided_lines: undefined }, run.error?.rank === r.rank]);
 }
 
 export class Pane {

@@ -1,5 +1,5 @@
-// Unit tests of the run view's header facts (src/header.ts bundled by esbuild into lib/bundled/header.mjs;
-// headerFacts needs no DOM): what the header draws is what the live view keys its redraws on (view.ts)
+// Unit tests of the live view's redraw keys (src/header.ts and src/pane.ts bundled by esbuild into lib/bundled/;
+// headerFacts and rankKey need no DOM): what the header and a rank's chip draw is what the view keys their redraws on
 import assert from 'node:assert/strict';
 import test from 'node:test';
 
@@ -48,4 +48,17 @@ test('the counts, the world and a program are in the words the header draws', ()
   assert.equal(facts.counts, '1 failed · 1 running');
   assert.equal(facts.world, 'w · cell 3');
   assert.equal(facts.program, 'train.py --lr 0.1');
+});
+
+test("a rank's chip key: what the chip draws changes it, what the pane's body draws apart does not", async () => {
+  const { rankKey } = await import('../lib/bundled/pane.mjs');
+  const run = liveRun(3e9);
+  const rank = { ...run.ranks[1], output: [], elided_lines: 0 };
+  const key = rankKey(rank, run);
+  // a flood: more output, more lines elided, every update
+  assert.equal(rankKey({ ...rank, output: [['stdout', 'x\n']], elided_lines: 5000 }, run), key);
+  // the chip's "after rank 0"
+  assert.notEqual(rankKey({ ...rank, status: 'failed_after', after: 0 }, run), rankKey({ ...rank, status: 'failed_after', after: null }, run));
+  // the root cause's mark
+  assert.notEqual(rankKey(rank, { ...run, error: { rank: 1 } }), key);
 });
