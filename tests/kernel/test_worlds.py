@@ -30,6 +30,7 @@ from kernel_harness import (
 )
 from widget_harness import create_subshell, delete_subshell, send_comm_msg
 
+from nbspawn._options import Given, Settings
 from nbspawn.errors import rank_spans
 
 pytestmark = pytest.mark.timeout(300)
@@ -276,13 +277,16 @@ def test_options_that_contradict_the_world_are_refused_before_anything_runs(kern
 
 # What a rank was given for the cell it runs: the WorldJob that ranks/_worldloop._serve serves, read from
 # its frame (the object the rank received, not a copy the test makes), each Settings field as its repr.
-THE_JOB_ASKED = """\
-import dataclasses, json, sys
+ASKED_AS_JSON = (
+    "import dataclasses, json\nprint(json.dumps({f.name: repr(getattr(asked, f.name)) for f in dataclasses.fields(asked)}))"
+)
+THE_JOB_ASKED = f"""\
+import sys
 frame = sys._getframe()
 while frame.f_code.co_name != "_serve":
     frame = frame.f_back
 asked = frame.f_locals["job"].asked
-print(json.dumps({f.name: repr(getattr(asked, f.name)) for f in dataclasses.fields(asked)}))
+{ASKED_AS_JSON}
 """
 
 
@@ -300,19 +304,9 @@ def test_every_setting_given_on_a_worlds_later_cell_reaches_its_ranks(kernel, wo
     try:
         line = f"%%spawn --world {world} {world_defining} --timeout 77 --grace-period 7 --ranks 0,1 --xray values --pdb"
         text = ok(kernel, f"{line}\n{THE_JOB_ASKED}").stdout
-        planned = ok(
-            kernel, "import dataclasses, json, nbspawn\nasked = nbspawn.last_run().spec.asked\n" + THE_JOB_ASKED.splitlines()[-1]
-        ).stdout
-    finally:
-        ok(
-            kernel,
-            "\n".join(
-                f"%config SpawnMagics.{name} = {default!r}"
-                for name, default in [("rank_niceness", 19), ("max_saved_kb", 256), ("max_image_kb", 2048)]
-            ),
-        )
-    from nbspawn._options import Given, Settings
-
+        planned = ok(kernel, f"import nbspawn\nasked = nbspawn.last_run().spec.asked\n{ASKED_AS_JSON}").stdout
+    finally:  # the module's kernel goes on with each row's own default
+        ok(kernel, "\n".join(f"%config SpawnMagics.{name} = {getattr(Settings(), name)!r}" for name in configured))
     given = Settings(
         nprocs=2,
         start_method="fork",
