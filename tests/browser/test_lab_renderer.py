@@ -308,7 +308,7 @@ def test_lab_renders_a_failed_run(lab, page, artifacts):
     assert "12/100" in text
     assert "\x1b" not in text and "[32m" not in text
     green = run.locator(".nbs-Pane[data-rank='0'] .nbs-fg-2").first
-    assert green.inner_text() == "0.6931"
+    sync_api.expect(green).to_have_text("0.6931")  # textContent: innerText is "" for a line out of view
     assert green.evaluate("e => getComputedStyle(e).color") not in (
         run.locator(".nbs-Pane[data-rank='0'] .nbs-Output").evaluate("e => getComputedStyle(e).color"),
     )
