@@ -140,7 +140,6 @@ class Run:
     outputs: dict[str, list] = field(default_factory=dict)  # --out: name -> one value per rank
     background: bool = ROW["background"].typed_default  # supervised by a thread of its own (%%spawn --bg)
     waited: bool = False  # run.wait() was called after it ended (its error, if any, was raised)
-    reported: bool = False  # its failure was told at a later cell
     end_shown: bool = False  # its view draws how it ended in its own cell (the widget): nothing to tell later
     world: str | None = None  # the kept world this cell ran on
     world_cell: int | None = None  # which of that world's cells this is, from 1
@@ -302,11 +301,75 @@ class Run:
     def ok(self) -> bool:
         return self.status == "succeeded"
 
-    def facts(self) -> RunFacts:
-        """What its error says of it besides its ranks."""
+    def facts(self, status: RunStatus | None = None) -> RunFacts:
+        """What its error says of it besides its ranks; ``status``: how it ended, where its error is made
+        before the run is told (``ended_as``)."""
         return RunFacts(
-            self.run_dir, self.status, self.world, self.world_lost, self.world_cell, self.node_log_dirs(), self.nccl_dumps()
+            self.run_dir,
+            status or self.status,
+            self.world,
+            self.world_lost,
+            self.world_cell,
+            self.node_log_dirs(),
+            self.nccl_dumps(),
         )
+
+    # -- what its supervisor and samplers record.  After it is made, a run's fields are written only
+    # here: the supervisor, the resource sampler, a cluster's executor and the views call these, and
+    # what is theirs (a background run told at a later cell, a page's runs) they keep themselves.
+
+    def began(self) -> None:
+        """Its ranks are started."""
+        self.status = "running"
+
+    def stop_began(self) -> None:
+        """Its supervisor begins to stop it (Stop, an interrupt, ``--timeout``, a failure)."""
+        self.stop_began_at = time.time()
+
+    def ranks_signalled(self) -> None:
+        """Its ranks were sent a signal to stop: the first time counts."""
+        if self.ranks_signalled_at is None:
+            self.ranks_signalled_at = time.time()
+
+    def world_lost_because(self, why: str | None) -> None:
+        """Why the kept world it ran on cannot go on (None: it goes on); said by its next cell."""
+        self.world_lost = why
+
+    def ended_as(self, status: RunStatus, error: BaseException | None = None) -> None:
+        """How it ended, and the error that says so (``raise_for_status``); the last word on it."""
+        self.status, self.error = status, error
+
+    def brought_home(self, outputs: dict[str, list]) -> None:
+        """Its ``--out`` values, one per rank by name, read in the kernel."""
+        self.outputs = outputs
+
+    def sampled_memory(self, memory: MemoryLimit | None) -> None:
+        """The machine's (or its container's) memory at the latest sample."""
+        self.memory = memory
+
+    def gpu_held(self, total: GpuTotal) -> None:
+        """What the ranks held on one GPU together in one sample: kept where it is the most yet
+        (``gpu_peaks``: what the run needed of that GPU)."""
+        before = self.gpu_peaks.get(total.key)
+        if before is None or total.reserved > before.reserved:
+            self.gpu_peaks[total.key] = total
+
+    def warn_memory(self, warning: str) -> None:
+        """Memory (a machine's, a GPU's, a node's) nears its end: said once, the first warning kept."""
+        if self.memory_warning is None:
+            self.memory_warning = warning
+
+    def counts_batches(self, nodes: int) -> None:
+        """A cluster run on ``nodes`` nodes: their data messages are counted from here, none yet."""
+        self.node_batches = [0] * nodes
+
+    def batch_from(self, node: int) -> None:
+        """A cluster run's data message from its node number ``node``, counted."""
+        self.node_batches[node] += 1
+
+    def shown_as(self, bundle: dict[str, object]) -> None:
+        """Its frozen view's mime bundle, as its view drew it at its end (``%spawn show`` draws it again)."""
+        self.shown = bundle
 
     def nccl_dumps(self) -> tuple[str, ...]:
         """The dumps NCCL's watchdog wrote into the ranks' directories when it timed a collective out.  A
@@ -358,8 +421,10 @@ class Run:
         return out
 
     def close_logs(self) -> None:
+        """Its ranks' files are read for the last time: the run has ended (``ended_at``), how is said next."""
         for streams in self._streams:
             streams.release()
+        self.ended_at = time.time()
 
     def raise_for_status(self) -> None:
         if self.error is not None:

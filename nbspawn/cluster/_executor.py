@@ -78,7 +78,7 @@ class ClusterRanks(Executor):
         for state in run.ranks:
             state.node = self.cluster.node_of(state.rank).label
         self.pipes = [os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC) for _ in run.ranks]
-        run.node_batches = [0] * len(self.cluster.nodes)
+        run.counts_batches(len(self.cluster.nodes))
         try:
             for node in self.cluster.nodes:
                 spot: _wire.Spot = {
@@ -277,7 +277,7 @@ class ClusterRanks(Executor):
             if batch is not None:
                 self.next_seq[index] += 1
                 assert self.run is not None  # started
-                self.run.node_batches[index] += 1
+                self.run.batch_from(index)
                 self._apply(index, batch, events)
                 continue
             if until is None or self.next_seq[index] >= until or time.monotonic() > waited_until:

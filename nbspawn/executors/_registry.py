@@ -12,6 +12,7 @@ from .._runstate import Run
 
 _last_run: Run | None = None
 _background_runs: dict[str, Run] = {}
+_reported: set[str] = set()  # background runs whose failure a later cell told (each told once)
 
 
 def last_run() -> Run | None:
@@ -43,10 +44,10 @@ def unreported_failures() -> list[Run]:
     found = [
         r
         for r in _background_runs.values()
-        if r.done and r.error is not None and r.status != "stopped" and not r.waited and not r.reported and not r.end_shown
+        if r.done and r.error is not None and r.status != "stopped" and not r.waited and not r.end_shown
+        if r.run_id not in _reported
     ]
-    for run in found:
-        run.reported = True
+    _reported.update(run.run_id for run in found)
     return found
 
 

@@ -93,7 +93,7 @@ class ResourceWatch:
         for rank in running:
             self.read_gpu(self.run.ranks[rank])
         self._note_gpu_peaks()
-        self.run.memory = memory_limit()
+        self.run.sampled_memory(memory_limit())
         self._warn_if_near()
         self.view.resources_sampled(self.run)
 
@@ -143,9 +143,7 @@ class ResourceWatch:
         """Each GPU's most held by the ranks together, in one sample: what the run needed of it (their
         peaks' sum would count peaks that never met)."""
         for gpu in totals(self._running_gpus()):
-            before = self.run.gpu_peaks.get(gpu.key)
-            if before is None or gpu.reserved > before.reserved:
-                self.run.gpu_peaks[gpu.key] = gpu
+            self.run.gpu_held(gpu)
 
     def out_of_gpu_memory(self, state: RankState, message: str | None) -> str | None:
         """A rank's CUDA out-of-memory error, told with what each rank held on that GPU then (their
@@ -165,7 +163,7 @@ class ResourceWatch:
         if self.run.memory_warning or limit is None or limit.used < WARN_AT * limit.total:
             return
         biggest = max(self.run.ranks, key=lambda s: s.rss or 0)
-        self.run.memory_warning = (
+        self.run.warn_memory(
             f"memory is running out: {gigabytes(limit.used)} of {_whose(limit)} {gigabytes(limit.total)} in use, "
             f"rank {biggest.rank} holds the most ({gigabytes(biggest.rss or 0)}); the next rank to grow may be killed"
         )
@@ -176,7 +174,7 @@ class ResourceWatch:
             if gpu.total and gpu.reserved >= WARN_AT * gpu.total:
                 biggest = max(gpu.ranks, key=lambda r: sum(d.reserved for d in running[r] if d.key == gpu.key))
                 held = sum(d.reserved for d in running[biggest] if d.key == gpu.key)
-                self.run.memory_warning = (
+                self.run.warn_memory(
                     f"{gpu.gpu} is nearly full: the ranks' torch reserved {gigabytes(gpu.reserved)} of its {gigabytes(gpu.total)}, "
                     f"rank {biggest} the most ({gigabytes(held)}); the next allocation there may fail"
                 )
@@ -190,8 +188,8 @@ class ResourceWatch:
         state.gpu = parse_held(costs["gpu"]) or state.gpu
         if costs.get("memory"):
             self.told[state.rank] = str(costs["memory"])
-        if costs.get("warning") and not self.run.memory_warning:
-            self.run.memory_warning = f"{state.node or 'a node'}: {costs['warning']}"
+        if costs.get("warning"):
+            self.run.warn_memory(f"{state.node or 'a node'}: {costs['warning']}")
 
     def relayed_all(self) -> None:
         """A batch of relayed figures is in: the GPUs' peaks noted, the view told."""

@@ -35,7 +35,7 @@ from typing import Any
 from .. import _pids
 from .._options import ROW
 from .._rankdir import remove_if_empty, remove_partial_writes
-from .._runstate import RankState, Run
+from .._runstate import RankState, Run, RunStatus
 from .._source import (
     CELL_ENDED,
     NOT_ASKED,
@@ -93,8 +93,7 @@ def execute(spec: RunSpec, view: RunView, executor: Executor, background: bool =
     With ``background`` the ranks are started here and the run is supervised by a thread of its
     own: this returns at once, ``run.wait()`` joins it (and raises its error), ``run.stop()`` stops it.
     """
-    run = Run(spec, background=background)
-    run.end_shown = view.shows_its_end
+    run = Run(spec, background=background, end_shown=view.shows_its_end)
     try:
         run.prepare_logs(ranks_make_theirs=executor.supervision.ranks_make_their_dirs)
     except OSError as err:
@@ -146,7 +145,7 @@ def _finish(run: Run, view: RunView, supervisor: _Supervisor, supervise: bool = 
                 remove_partial_writes([state.dir for state in run.ranks])
                 _read_xray(run)  # written for good: the outcome reads which collective a rank that left skipped
                 try:
-                    run.error = supervisor.outcome()
+                    run.ended_as(*supervisor.outcome())
                     # a start that raised is the root cause (re-raised by execute): no rank ran to write values
                     if run.error is None and spec.out_names and supervise:
                         _bring_outputs_home(run, supervisor.executor)
@@ -170,11 +169,11 @@ def _read_xray(run: Run) -> None:
 
 
 def _bring_outputs_home(run: Run, executor: Executor) -> None:
-    run.outputs, missing = executor.outputs(run)
+    outputs, missing = executor.outputs(run)
     if missing:
-        run.outputs = {}
-        run.status = "failed"
-        run.error = SpawnOutputError(missing, run, run.facts())
+        run.ended_as("failed", SpawnOutputError(missing, run, run.facts("failed")))
+    else:
+        run.brought_home(outputs)
 
 
 class _Supervisor:
@@ -223,7 +222,7 @@ class _Supervisor:
             state.pid, state.started_at, state.status = pid or None, now, "running" if self.spec.runs(rank) else "absent"
             for waitable in self.executor.waitables(rank):
                 self.alive[waitable] = rank
-        self.run.status = "running"
+        self.run.began()
         self.costs.ranks_started()
         if self.spec.asked.timeout is not None:
             self.deadline = time.monotonic() + self.spec.asked.timeout
@@ -502,7 +501,7 @@ class _Supervisor:
             self.stage, self.escalate_at = "sigkill", float("inf")
 
     def _begin_stop(self, reason: str) -> None:
-        self.run.stop_began_at = time.time()
+        self.run.stop_began()
         if reason in ("interrupt", "stop", "timeout"):
             self.view.stopping(self.run)  # first: the page hears it before the look below
             self.hangs.look_before_stopping(self._running())
@@ -558,7 +557,7 @@ class _Supervisor:
         ranks = sorted(set(self.alive.values()))
         self.signalled.update(rank for rank in ranks if not self._exited(rank))
         self.executor.signal_ranks(ranks, self.pids, sig)
-        self.run.ranks_signalled_at = self.run.ranks_signalled_at or time.time()
+        self.run.ranks_signalled()
 
     def _exited(self, rank: int) -> bool:
         """The rank's process has ended, not reaped yet: it ended as it chose (``os._exit(3)`` as another
@@ -589,25 +588,23 @@ class _Supervisor:
     def _cleanup(self) -> None:
         if self._world_goes_on and self.alive:
             self.lost = "its cell did not finish"  # an error in the supervisor itself
-        self.run.world_lost = self.lost  # first: a kept world records why it was lost (its next cell says it)
+        self.run.world_lost_because(self.lost)  # first: a kept world records why it was lost (its next cell says it)
         self.executor.cleanup(lose=self.lost is not None)
         self.desk.close()
         self.alive.clear()
         self.run.close_logs()
-        self.run.ended_at = time.time()
 
-    def outcome(self) -> BaseException | None:
+    def outcome(self) -> tuple[RunStatus, BaseException | None]:
+        """How the run ended, and the error that says so (``Run.ended_as``)."""
         run, ranks = self.run, self.run.ranks
         stopped = [f for r in self.end_order if (f := ranks[r].failure) and r != self.root]
         if self.stop_reason is None:
-            run.status = "succeeded"
-            return None
+            return "succeeded", None
         if self.stop_reason == "failure" and self.root is not None:
-            run.status = "failed"
             root = ranks[self.root].failure
             assert root is not None  # the root cause is chosen once its failure is recorded
             kind = RankRaisedError if root.exc_type else RankExitedError
-            return kind([root, *stopped], run, run.facts(), cause=self._left_without(root))
+            return "failed", kind([root, *stopped], run, run.facts("failed"), cause=self._left_without(root))
         # what the look before stopping saw; on a cluster whose agents did not answer it in time, the
         # stacks each agent sent with its ranks' ends are what there is
         seen = self.hangs.seen_at_stop or {f.rank: f.stack for f in stopped if f.stack and self.policy.remote}
@@ -624,11 +621,10 @@ class _Supervisor:
         )
         self.hangs.mark_where_stopped(seen, now)
         if self.stop_reason == "timeout":
-            run.status = "timeout"
-            return SpawnTimeoutError(self.spec.asked.timeout or 0, stopped, run, run.facts(), verdict=verdict)
+            return "timeout", SpawnTimeoutError(self.spec.asked.timeout or 0, stopped, run, run.facts("timeout"), verdict=verdict)
         # interrupt, Stop, or (a node agent's run) stopped for the kernel's reasons
-        run.status = "interrupted" if self.stop_reason == "interrupt" else "stopped"
-        return SpawnInterrupted(stopped, run, stopped_by=self.stopped_by, facts=run.facts(), verdict=verdict)
+        status: RunStatus = "interrupted" if self.stop_reason == "interrupt" else "stopped"
+        return status, SpawnInterrupted(stopped, run, stopped_by=self.stopped_by, facts=run.facts(status), verdict=verdict)
 
     def _left_without(self, root: RankFailure) -> str | None:
         """The cause of the root rank's failure when it is a peer that skipped a collective and finished

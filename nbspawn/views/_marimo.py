@@ -78,7 +78,7 @@ class MarimoView(RunView):
 
     def finished(self, run: Run) -> None:
         frozen = FrozenRun(run, self.tails)
-        run.shown = frozen._repr_mimebundle_()
+        run.shown_as(frozen._repr_mimebundle_())
         self._put(frozen.html)
 
     def _draw(self, run: Run) -> None:

@@ -222,16 +222,17 @@ class WidgetView(RunView):
         self._flush(run)
         self.status.close(run)
         frozen = FrozenRun(run, self.tails)
-        run.shown = frozen._repr_mimebundle_()  # %spawn show draws it again (a page reloaded before a save)
-        _active.RUNS.ended(run.run_id, run.shown)  # for a page loaded after the end
+        bundle = frozen._repr_mimebundle_()
+        run.shown_as(bundle)  # %spawn show draws it again (a page reloaded before a save)
+        _active.RUNS.ended(run.run_id, bundle)  # for a page loaded after the end
         try:
             with streams_flushed_in_one_round_trip():
                 if self.handle is not None:
-                    self.handle.update(run.shown, raw=True)
+                    self.handle.update(bundle, raw=True)
                 else:  # a quick run: its frozen view is all it shows
                     from IPython.display import display
 
-                    display(run.shown, raw=True)  # the bundle made above, not IPython's formatters again
+                    display(bundle, raw=True)  # the bundle made above, not IPython's formatters again
         except Exception as err:  # the frozen view must not hide the run's own error
             log.warning("nbspawn: could not show the frozen view: %s", err)
         if self.widget is not None:
