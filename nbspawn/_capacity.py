@@ -6,7 +6,7 @@ some processes (the rank and its threads: Linux counts threads against ``ulimit 
 ``pid_max`` / ``threads-max``), and costs memory (a forked rank only the pages it writes to; a spawned
 or forkserver rank an interpreter with torch imported).  The costs below were measured on this
 project's ranks (docs/guide.md, "How many ranks"); the rule is a pure function of them and of the
-machine's facts (:class:`Machine`, read by :func:`this_machine`), so it is tested on any numbers.
+machine's facts (:class:`Room`: what room it has for ranks, read by :func:`this_machine`), so it is tested on any numbers.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ MEMORY_PER_RANK = {"fork": 6 * MIB, "forkserver": 10 * MIB, "spawn": 155 * MIB}
 
 
 @dataclass(frozen=True)
-class Machine:
+class Room:
     """What bounds the ranks here; None: no bound known (unlimited, or not Linux)."""
 
     open_files: int | None  # RLIMIT_NOFILE, soft: the kernel's descriptors
@@ -45,7 +45,7 @@ class Machine:
     memory: int | None  # bytes available: MemAvailable, or what the kernel's cgroup has left if less
 
 
-def refusal(nprocs: int, start_method: str, machine: Machine) -> str | None:
+def refusal(nprocs: int, start_method: str, machine: Room) -> str | None:
     """Why ``nprocs`` ranks cannot run here, as one line with the numbers; None if they can."""
     reasons = []
     if machine.open_files is not None:
@@ -78,14 +78,14 @@ def refusal(nprocs: int, start_method: str, machine: Machine) -> str | None:
     return f"-n {nprocs}: this machine can hold at most {most} ranks: {why}"
 
 
-def refuse_beyond(nprocs: int, start_method: str) -> None:
-    """Refuse, in one line and before anything is made, more ranks than this machine can hold."""
-    why = refusal(nprocs, start_method, this_machine(nprocs))
+def refuse_beyond(nprocs: int, start_method: str, room: Room) -> None:
+    """Refuse, in one line and before anything is made, more ranks than this machine (``room``) can hold."""
+    why = refusal(nprocs, start_method, room)
     if why is not None:
         raise SpawnUsageError(why)
 
 
-def this_machine(nprocs: int) -> Machine:
+def this_machine(nprocs: int) -> Room:
     """The facts :func:`refusal` weighs ``nprocs`` ranks against.  What takes more than a few system
     calls (counting this user's tasks) is asked only when ``nprocs`` could come near its bound."""
     soft_files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -98,7 +98,7 @@ def this_machine(nprocs: int) -> Machine:
     bounds += [n for n in (_read_int("/proc/sys/kernel/pid_max"), _read_int("/proc/sys/kernel/threads-max")) if n]
     tasks = min(bounds) if bounds else None
     tasks_now = _tasks_now() if tasks is not None and nprocs * TASKS_PER_RANK * 2 > tasks else 0
-    return Machine(open_files, open_now, tasks, tasks_now, _memory_available())
+    return Room(open_files, open_now, tasks, tasks_now, _memory_available())
 
 
 def _count(path: str) -> int:

@@ -5,13 +5,13 @@ that names one of them must ask for what the world already is, else it is refuse
 cannot change).  Kept worlds on this machine (``executors._world``) and on a cluster
 (``cluster._clusterworld``) both ask :func:`world_clashes`, with typed values on both sides, so the same cell
 gets the same answer on either: ``--backend GLOO`` is ``gloo``, ``-n " 2"`` is 2, and ``-n auto``
-(``--backend auto``) is what auto comes to for that world (its caller says how, from the facts it
-has: this machine's GPUs and cores, or the nodes' probed facts).
+(``--backend auto``) is what auto comes to for that world (:class:`Autos`: its planner resolved it, from
+the facts it has, this machine's GPUs and cores or the nodes' probed facts, before asking here).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ._request import Settings
@@ -59,36 +59,34 @@ def asked_of(settings: Settings, nodes: int | None = None) -> Asked:
     )
 
 
-def world_clashes(world: Settled, cell: Asked, auto_nprocs: Callable[[], int], auto_backend: Callable[[int], str]) -> list[str]:
-    """The options of ``cell`` that ``world`` cannot honour, as the user would write them (empty: none).
+@dataclass(frozen=True)
+class Autos:
+    """What ``auto`` comes to for a world, where the cell says auto (resolved by its planner, which
+    asks the world's machines only then); None where it cannot be resolved for the world (a clash)."""
 
-    ``auto_nprocs()`` is what ``-n auto`` comes to for this world, ``auto_backend(nprocs)`` what
-    ``--backend auto`` does; each is asked only when the cell says auto (they may probe a machine).
-    An ``auto`` that cannot be resolved for the world (a ``SpawnUsageError``) is a clash.
-    """
+    nprocs: int | None = None  # -n auto
+    backend: str | None = None  # --backend auto, for the world's ranks
+
+
+def world_clashes(world: Settled, cell: Asked, autos: Autos = Autos()) -> list[str]:
+    """The options of ``cell`` that ``world`` cannot honour, as the user would write them (empty: none).
+    An ``auto`` that could not be resolved for the world (``autos``: None) is a clash."""
     clashes = []
     if cell.nodes is not None and world.nodes is not None and cell.nodes != world.nodes:
         clashes.append(f"--nodes {cell.nodes}")
     if cell.nprocs is not None:
-        wanted = _resolved(auto_nprocs) if cell.nprocs == "auto" else cell.nprocs
+        wanted = autos.nprocs if cell.nprocs == "auto" else cell.nprocs
         if wanted != world.nprocs:
             clashes.append(f"-n auto ({wanted})" if cell.nprocs == "auto" and wanted is not None else f"-n {cell.nprocs}")
     if cell.start_method not in (None, "auto", world.start_method):
         clashes.append(f"--start-method {cell.start_method}")
     if cell.backend is not None:
-        backend = _resolved(lambda: auto_backend(world.nprocs)) if cell.backend == "auto" else cell.backend
+        backend = autos.backend if cell.backend == "auto" else cell.backend
         if backend != world.backend:
             clashes.append(f"--backend auto ({backend})" if cell.backend == "auto" and backend else f"--backend {cell.backend}")
     if cell.env is not None and dict(cell.env) != dict(world.env):
         clashes.append("--env " + (" ".join(f"{k}={v}" for k, v in cell.env.items()) or "(none)"))
     return clashes
-
-
-def _resolved(resolve: Callable[[], object]) -> object | None:
-    try:
-        return resolve()
-    except SpawnUsageError:
-        return None
 
 
 def refuse_clashes(name: str, settled: str, clashes: list[str]) -> None:

@@ -5,26 +5,22 @@ supervisor, the executors, the views and the ranks only read it.  It is plain da
 forkserver it is pickled into every rank.  What differs per rank (its directory, its environment) is
 computed from it.
 
-The helpers below decide what depends on this machine (the start method once CUDA is initialized,
-the backend given the GPUs, OpenMP threads per rank, ``-n auto``); each is asked only when needed.
+What the ranks are is decided before a spec is made (``nbspawn._decide``, from this machine's facts:
+``nbspawn._machine``); :func:`build_spec` puts the decided parts together.
 """
 
 from __future__ import annotations
 
-import math
-import multiprocessing
 import os
 import secrets
-import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from . import _capacity, _cuda, _listen, _tpu
-from ._options import Backend, StartMethod, ranks_within
+from . import _cuda, _listen
+from ._options import ranks_within
 from ._program import Program
 from ._rankdir import RankDir
 from ._request import Settings
@@ -228,194 +224,6 @@ def new_run_id() -> str:
     return run_id
 
 
-def usable_cpus(cgroup_file: str = "/proc/self/cgroup", cgroup_root: str = "/sys/fs/cgroup") -> int:
-    """The CPUs this process may use: those it may run on (``sched_getaffinity``), no more than its
-    cgroup's CPU quota allows (docker ``--cpus``, hosted notebook runtimes), rounded up, at least 1.
-    A quota of 1.5 CPUs on a 64-core host is 2, not 64: ranks sized for the host's cores would
-    oversubscribe the quota and be throttled.  The paths are arguments for tests."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    quota = cgroup_cpu_quota(cgroup_file, cgroup_root)
-    if quota is not None:
-        cpus = min(cpus, math.ceil(quota))
-    return max(1, cpus)
-
-
-def cgroup_cpu_quota(cgroup_file: str = "/proc/self/cgroup", cgroup_root: str = "/sys/fs/cgroup") -> float | None:
-    """CPUs' worth of time per period this process's cgroups allow (quota / period), the tightest of
-    its cgroup and every cgroup above it, in cgroup v2 (``cpu.max``) and v1 (``cpu.cfs_quota_us`` /
-    ``cpu.cfs_period_us``); None where there is no quota (or no cgroup file to read)."""
-    try:
-        with open(cgroup_file) as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return None
-    limits: list[float] = []
-    for line in lines:
-        _hierarchy, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if not controllers:  # v2: one hierarchy, at the root or, beside v1 (hybrid), at unified/
-            root = (
-                cgroup_root
-                if os.path.exists(os.path.join(cgroup_root, "cgroup.controllers"))
-                else os.path.join(cgroup_root, "unified")
-            )
-            limits += _along(root, path, _v2_limit)
-        elif "cpu" in controllers.split(","):  # v1: the cpu controller's own mount
-            for mount in dict.fromkeys((controllers, "cpu,cpuacct", "cpuacct,cpu", "cpu")):
-                root = os.path.join(cgroup_root, mount)
-                if os.path.isdir(root):
-                    limits += _along(root, path, _v1_limit)
-                    break
-    return min(limits) if limits else None
-
-
-def _along(root: str, path: str, limit_of: Callable[[str], float | None]) -> list[float]:
-    """The limits of the cgroup at ``root/path`` and of each one above it, up to ``root`` itself (in a
-    container, ``path`` may name a cgroup outside its view: ``root`` is then its own cgroup)."""
-    limits = []
-    parts = [p for p in path.split("/") if p and p != ".."]
-    for depth in range(len(parts), -1, -1):
-        limit = limit_of(os.path.join(root, *parts[:depth]))
-        if limit is not None:
-            limits.append(limit)
-    return limits
-
-
-def _v2_limit(directory: str) -> float | None:
-    """``cpu.max``: ``"$QUOTA $PERIOD"``, the quota ``max`` when there is none."""
-    try:
-        with open(os.path.join(directory, "cpu.max")) as fh:
-            quota, _, period = fh.read().strip().partition(" ")
-        return int(quota) / int(period or 100000) if quota != "max" and int(quota) > 0 else None
-    except (OSError, ValueError, ZeroDivisionError):
-        return None
-
-
-def _v1_limit(directory: str) -> float | None:
-    """``cpu.cfs_quota_us`` (-1 when there is none) over ``cpu.cfs_period_us``."""
-    try:
-        with open(os.path.join(directory, "cpu.cfs_quota_us")) as fh:
-            quota = int(fh.read().strip())
-        with open(os.path.join(directory, "cpu.cfs_period_us")) as fh:
-            period = int(fh.read().strip())
-        return quota / period if quota > 0 and period > 0 else None
-    except (OSError, ValueError):
-        return None
-
-
-def cuda_device_count(user_env: Mapping[str, str] | None = None) -> int:
-    """GPUs the ranks will see (their ``CUDA_VISIBLE_DEVICES``: the user's ``--env``, else the
-    kernel's), counted without poisoning fork (``nbspawn._cuda.gpu_count``: never the CUDA runtime
-    in the kernel; ``torch.cuda.device_count()`` falls back on it where NVML cannot answer)."""
-    return _cuda.gpu_count(_cuda.ranks_visible(user_env or {}, os.environ))
-
-
-def auto_nprocs(gpus: int, cpus: int) -> int:
-    """What ``-n auto`` means on a machine: one rank per GPU, else up to 4 CPU ranks (never more than the cores)."""
-    return gpus if gpus else max(1, min(4, cpus))
-
-
-def resolve_nprocs(n: int | str, gpus: Callable[[], int] | None = None) -> int:
-    """``-n`` (read at the door) on this machine: ``auto`` counted here."""
-    if n != "auto":
-        return int(n)
-    return auto_nprocs((gpus or cuda_device_count)(), usable_cpus())
-
-
-def openmp_pool_started() -> bool:
-    """Whether this process has native threads that are neither Python's, ZeroMQ's nor a TCPStore's.
-
-    torch's CPU ops run on GNU OpenMP, which is not fork-safe: once its thread pool exists, a forked
-    child that runs a parallel op with more than one thread hangs forever. Those pool threads are
-    invisible to ``threading``; anything unexplained is taken to be one (safe: a false alarm only
-    costs forked ranks their intra-op threads).
-    """
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:  # not Linux: assume the worst
-        return True
-    known = {t.native_id for t in threading.enumerate()} | {os.getpid()}
-    for tid in tids:
-        if int(tid) in known:
-            continue
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as fh:
-                name = fh.read().strip()
-        except OSError:  # exited meanwhile
-            continue
-        if not name.startswith(("ZMQbg", "pt_tcpstore")):  # a kept world's store (nbspawn._listen) is no OpenMP
-            return True
-    return False
-
-
-def rank_threads(method: str, nprocs: int, user_env: dict[str, str], notes: list[str]) -> int | None:
-    """OMP_NUM_THREADS for the ranks (None: the user's own stands), cores // ranks as torchrun does."""
-    user_value = user_env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS"))
-    if user_value is None:
-        wanted = max(1, usable_cpus() // nprocs)
-        threads: int | None = wanted
-    else:
-        wanted = int(user_value) if user_value.isdigit() else 1
-        threads = None
-    if method == "fork" and wanted > 1 and openmp_pool_started():
-        if user_value is not None:
-            notes.append(
-                f"nbspawn: forked ranks run with OMP_NUM_THREADS=1, not {user_value}: this kernel already "
-                "started OpenMP threads, and OpenMP is not fork-safe (a forked rank would hang in its first "
-                "parallel op). Use --start-method forkserver to keep more threads per rank."
-            )
-        return 1
-    return threads
-
-
-def cuda_initialized() -> bool:
-    torch = sys.modules.get("torch")
-    if torch is None or not _cuda.compiled_with_cuda(torch):
-        return False
-    return bool(torch.cuda.is_initialized() or torch.cuda._is_in_bad_fork())
-
-
-def choose_start_method(requested: StartMethod, gpus: Callable[[], int] | None = None) -> tuple[str, list[str]]:
-    """Fork where forked ranks could use everything this machine has (fast, and the cell sees the
-    kernel's names), else forkserver; the facts are gathered only where fork is in question
-    (``nbspawn._cuda.fork_facts``, ``decide_start_method``)."""
-    method = requested
-    available = multiprocessing.get_all_start_methods()
-    blocker = None
-    if method in ("auto", "fork") and "fork" in available:
-        blocker = _cuda.fork_blocker(_cuda.fork_facts((gpus or cuda_device_count)()))
-    return _cuda.decide_start_method(method, available, blocker)
-
-
-def backend_here(backend: Backend, nprocs: int, gpus: Callable[[], int] | None = None) -> str:
-    """The backend for ``nprocs`` ranks on this machine (``nbspawn._cuda.resolve_backend``: the one rule)."""
-    return backend_here_noted(backend, nprocs, gpus)[0]
-
-
-def backend_here_noted(backend: Backend, nprocs: int, gpus: Callable[[], int] | None = None) -> tuple[str, str | None]:
-    """The backend on this machine, and a note if ``auto`` passed over the GPUs (``nbspawn._cuda.resolve_backend``),
-    the GPUs counted only if the rule needs them."""
-    if backend in ("none", "gloo"):
-        return backend, None
-    return _cuda.resolve_backend(backend, nprocs, (gpus or cuda_device_count)())
-
-
-class _GpuCount:
-    """The ranks' GPU count, asked once per spec and only if something needs it."""
-
-    def __init__(self, user_env: Mapping[str, str]) -> None:
-        self.user_env = user_env
-        self.value: int | None = None
-
-    def __call__(self) -> int:
-        if self.value is None:
-            self.value = cuda_device_count(self.user_env)
-        return self.value
-
-
 def cell_part(
     settings: Settings,
     cell: CellSource,
@@ -448,6 +256,21 @@ def cell_part(
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class Ranks:
+    """What the ranks on this machine are, as decided (``nbspawn._decide.decide_ranks``): a spec's part
+    that neither the cell nor where the ranks sit changes (RunSpec's fields of the same names say more)."""
+
+    nprocs: int
+    start_method: str
+    backend: str
+    omp_threads: int | None = None
+    kernel_env: dict[str, str] | None = None
+    accelerator_envs: tuple[dict[str, str], ...] = ()
+    unset_env: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # what deciding found worth saying (fork passed over, a backend's choice)
+
+
 @dataclass(frozen=True)
 class Handoff:
     """What a rank gets of the kernel's names, and where its ``--out`` values go (``nbspawn.handoff``)."""
@@ -473,44 +296,25 @@ class Placement:
 def build_spec(
     cell: CellSource,
     settings: Settings,
+    ranks: Ranks,
     *,
     rich: bool,
-    handoff: Callable[[str], Handoff] | None = None,
+    handed: Handoff | None = None,
     program: Program | None = None,
     cell_numbers: Mapping[str, int] | None = None,
     run_id: str | None = None,
     placement: Placement | None = None,
 ) -> RunSpec:
-    """Decide what depends on this machine (the settings were read at the door), cheapest first; the one way a
-    spec of ranks on this machine is made (a fresh cell, a program, a new world, a cluster node's ranks).
+    """The spec of ranks on this machine, made of what was decided: the ranks (``nbspawn._decide``), the
+    kernel's names handed over for their start method (``handed``), the cell's part, and where they sit
+    (``placement``: a cluster node's; else this machine alone).  The one way such a spec is made (a fresh
+    cell, a program, a new world, a cluster node's ranks); it decides nothing and probes nothing.
 
-    ``handoff(start_method)`` gives the ranks the kernel's names, once everything else is known to be
-    right.  Nothing is created on disk here but the temporary log directory, made last; a run on this
-    machine alone gets its port when its plan is carried out (``nbspawn._effects.reserve_port``).
+    Nothing is created on disk here but the temporary log directory; a run on this machine alone gets
+    its port when its plan is carried out (``nbspawn._effects.reserve_port``).
     """
-    user_env = dict(settings.env)
-    gpus = _GpuCount(user_env)
-    method, notes = choose_start_method("spawn" if program is not None else settings.start_method, gpus)
-    tpu: _tpu.TpuPlan | None = None
-    if _tpu.wants_tpu(settings.accelerator, os.environ):
-        _tpu.refuse_if_runtime_up(_tpu.culprit())
-        tpu = _tpu.plan_tpu(os.environ, user_env, None if settings.nprocs == "auto" else int(settings.nprocs))
-        notes.extend(tpu.notes)
-        n = len(tpu.rank_envs)
-    else:
-        n = resolve_nprocs(settings.nprocs, gpus)
-    _capacity.refuse_beyond(n, method)  # -n 99999: one line, before any directory or process is made
-    shown = ranks_within(settings.ranks, n, "--ranks", f"a run of {n} ranks")
-    backend = "none"  # a program sets up its own group
-    if program is None:
-        backend, note = backend_here_noted(settings.backend, n, gpus)
-        notes.extend([note] if note else [])
-    omp = rank_threads(method, n, user_env, notes)
-    handed = handoff(method) if handoff is not None else Handoff()
-    if handed.namespace_payload is not None:
-        from .handoff._names import check_shared_devices
-
-        check_shared_devices(handed.namespace_payload.shared or [], _cuda.ranks_visible(user_env, os.environ))
+    handed = handed or Handoff()
+    shown = ranks_within(settings.ranks, ranks.nprocs, "--ranks", f"a run of {ranks.nprocs} ranks")
     run_id = run_id or new_run_id()
     part = cell_part(
         settings,
@@ -523,16 +327,16 @@ def build_spec(
         debuggable=program is None,
         out_names=handed.out_names,
         shm_prefix=handed.shm_prefix,
-        notes=tuple(notes),
+        notes=ranks.notes,
     )
     return RunSpec(
         **vars(part),
-        nprocs=n,
-        start_method=method,
-        backend=backend,
-        env=user_env,
+        nprocs=ranks.nprocs,
+        start_method=ranks.start_method,
+        backend=ranks.backend,
+        env=dict(settings.env),
         parent_pid=os.getpid(),
-        omp_threads=omp,
+        omp_threads=ranks.omp_threads,
         namespace=handed.namespace,
         namespace_payload=handed.namespace_payload,
         program=program,
@@ -543,10 +347,10 @@ def build_spec(
         world_size=placement.world_size if placement else 0,
         node_rank=placement.node_rank if placement else 0,
         nnodes=placement.nnodes if placement else 1,
-        kernel_env=dict(os.environ) if method == "forkserver" else None,
+        kernel_env=ranks.kernel_env,
         hosts_store=placement is None or placement.node_rank == 0,
-        accelerator_envs=tpu.rank_envs if tpu else (),
-        unset_env=_tpu.LAUNCHER_KEYS if tpu else (),
+        accelerator_envs=ranks.accelerator_envs,
+        unset_env=ranks.unset_env,
     )
 
 

@@ -62,16 +62,18 @@ def probe(kernel_cwd: str, program: ProgramLine | None, start_method: StartMetho
     import torch
 
     from .. import _cuda
-    from .._spec import choose_start_method, usable_cpus
+    from .._decide import choose_start_method
+    from .._machine import Machine
     from ..errors import SpawnUsageError
 
     _contact.install_handlers()
+    here = Machine.here()
     visible = os.environ.get(_cuda.VISIBLE)
     physical = _cuda.physical_gpus() if _cuda.compiled_with_cuda(torch) else 0
     cwd = kernel_cwd if os.path.isdir(kernel_cwd) else os.getcwd()
     problem = None
     try:
-        method, _notes = choose_start_method(start_method if program is None else "spawn")
+        method, _notes = choose_start_method(start_method if program is None else "spawn", here)
     except SpawnUsageError as err:
         method, problem = "", str(err)
     if program is not None and problem is None:
@@ -99,7 +101,7 @@ def probe(kernel_cwd: str, program: ProgramLine | None, start_method: StartMetho
         "gpus": _cuda.gpu_count(visible),  # this engine's own view (never cuInit here)
         "physical_gpus": physical,  # the node's, whatever this engine's CUDA_VISIBLE_DEVICES
         "cuda_visible": visible,
-        "cpus": usable_cpus(),
+        "cpus": here.cpus,
         "cwd": cwd,
         "start_method": method,
         "problem": problem,
@@ -284,6 +286,8 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
     global _store
     import cloudpickle
 
+    from .._decide import decide_ranks
+    from .._machine import Machine
     from .._program import locate
     from .._spec import Handoff, build_spec
     from ..executors._supervisor import execute
@@ -305,9 +309,10 @@ def run_node(job: _wire.Job, node: _wire.Spot) -> _wire.Answer:
         settings, placement = node_placement(job, node)
         with working_directory(job["cwd"]):
             program = locate(job["program"]) if job["program"] is not None else None
+            ranks = decide_ranks(settings, Machine.here(settings.env), program)
             spec = build_spec(
-                job["cell"], settings, rich=job["rich"], handoff=None if program else handoff, program=program,
-                run_id=job["run_id"], placement=placement,
+                job["cell"], settings, ranks, rich=job["rich"], handed=None if program else handoff(ranks.start_method),
+                program=program, run_id=job["run_id"], placement=placement,
             )  # fmt: skip
             executor = _NodeProgramRanks(spec) if program is not None else _NodeCellRanks(spec)
             _store = None  # the previous run's: every node's ranks of it had ended before this run began

@@ -25,6 +25,8 @@ import time
 from dataclasses import replace
 
 from .. import _listen
+from .._decide import decide_ranks
+from .._machine import Machine
 from .._spec import build_spec
 from ..executors import _kept, _world
 from ..executors._base import NODE_AGENT
@@ -104,7 +106,8 @@ def _world_for(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> tupl
         _stop_here(name)
     settings, placement = _agent.node_placement(job, node)
     with _agent.working_directory(job["cwd"]):
-        spec = build_spec(job["cell"], settings, rich=job["rich"], run_id=job["run_id"], placement=placement)
+        ranks = decide_ranks(settings, Machine.here(settings.env))
+        spec = build_spec(job["cell"], settings, ranks, rich=job["rich"], run_id=job["run_id"], placement=placement)
     world = _world.start_world(name, spec)  # node 0's world hosts its store, for its life, once its ranks are forked
     next_port = _listen.reserve(spec.master_addr) if node["index"] == 0 else None  # the next fresh run's, told to the kernel
     _watch_the_kernel()

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _cuda
+from .._decide import auto_nprocs
 from .._options import StartMethod
 from .._program import ProgramLine
-from .._spec import auto_nprocs
 from ..errors import SpawnUsageError
 from . import _agent, _batch, _net
 

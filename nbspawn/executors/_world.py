@@ -33,13 +33,15 @@ from typing import Any, cast
 
 from .. import _cuda
 from .._clash import Settled
+from .._decide import backend_here, resolve_nprocs
 from .._listen import host_store
+from .._machine import Machine
 from .._options import ROW, Backend, StartMethod
 from .._rankdir import RankDir
 from .._request import Settings
 from .._runstate import Run
 from .._source import CellSource
-from .._spec import RunSpec, backend_here, cuda_device_count, resolve_nprocs
+from .._spec import RunSpec
 from ..errors import SpawnUsageError
 from ..handoff._ipc import Ledger
 from ..handoff._names import names_bound
@@ -119,13 +121,10 @@ class World(KeptWorld):
         lose_if_a_rank_died(self)
 
     def auto_nprocs(self) -> int:  # on a TPU world: its own count, one rank per chip (nbspawn._tpu), not the GPUs'
-        return self.spec.nprocs if self.spec.accelerator_envs else resolve_nprocs("auto", self._gpus)
+        return self.spec.nprocs if self.spec.accelerator_envs else resolve_nprocs("auto", Machine.here(self.spec.env))
 
     def auto_backend(self, nprocs: int) -> str:
-        return backend_here("auto", nprocs, self._gpus)
-
-    def _gpus(self) -> int:
-        return cuda_device_count(self.spec.env)
+        return backend_here("auto", nprocs, Machine.here(self.spec.env))
 
     def lost_record(self, why: str | None) -> Lost:
         """Its settings as they were resolved, but its start method as the user asked for it (auto

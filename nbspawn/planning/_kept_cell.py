@@ -8,18 +8,40 @@ the same cell gets the same answer, in the same words, on a world here and on a 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import TypeVar
 
-from .._clash import asked_of, refuse_clashes, world_clashes
+from .._clash import Asked, Autos, asked_of, refuse_clashes, world_clashes
 from .._request import RunRequest
+from ..errors import SpawnUsageError
 from ..executors._kept import KeptWorld, Lost
+
+T = TypeVar("T")
 
 
 def check_settings(world: KeptWorld, request: RunRequest) -> None:
     """The options this cell gave must be the world's own: a cell cannot change a world that runs
     (its place, nodes, ranks, start method, backend or environment; ``nbspawn._clash``: the one rule)."""
-    asked = asked_of(request.settings, request.nodes)
-    clashes = [*world.place_clashes(request), *world_clashes(world.settled(), asked, world.auto_nprocs, world.auto_backend)]
+    asked, settled = asked_of(request.settings, request.nodes), world.settled()
+    autos = autos_for(asked, world.auto_nprocs, lambda: world.auto_backend(settled.nprocs))
+    clashes = [*world.place_clashes(request), *world_clashes(settled, asked, autos)]
     refuse_clashes(world.name, world.settings(), clashes)
+
+
+def autos_for(asked: Asked, nprocs: Callable[[], int], backend: Callable[[], str]) -> Autos:
+    """What the cell's ``auto``s come to for the world: each asked of the world only where the cell says
+    auto (it may probe a machine or the nodes), None where the world cannot resolve it."""
+    return Autos(
+        nprocs=_resolved(nprocs) if asked.nprocs == "auto" else None,
+        backend=_resolved(backend) if asked.backend == "auto" else None,
+    )
+
+
+def _resolved(resolve: Callable[[], T]) -> T | None:
+    try:
+        return resolve()
+    except SpawnUsageError:
+        return None
 
 
 def as_before(request: RunRequest, lost: Lost) -> RunRequest:

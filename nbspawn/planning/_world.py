@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 
 from .. import _cuda
+from .._decide import decide_ranks
+from .._machine import Machine
 from .._options import on_within, ranks_within
 from .._request import Cell, OnWorld, RunRequest
 from .._spec import build_spec, cell_part, new_run_id
@@ -44,7 +46,8 @@ def plan_world_cell(request: RunRequest, work: Cell, target: OnWorld, rich: bool
         again = _kept.lost(name, on_cluster=False)
         if again is not None:
             settings = as_before(request, again).settings
-        spec = build_spec(cell, settings, rich=rich, cell_numbers=request.cell_numbers)
+        ranks = decide_ranks(settings, Machine.here(settings.env))
+        spec = build_spec(cell, settings, ranks, rich=rich, cell_numbers=request.cell_numbers)
         notes = spec.notes
         if again is not None:
             notes = (*notes, started_again(name, again, f"with its settings ({_kept.settled_here(spec).text()})"))

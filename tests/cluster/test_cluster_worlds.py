@@ -190,7 +190,8 @@ SAME_ANSWER_CELLS = ["-n 02 --backend GLOO", "-n auto", "--backend auto", "-n 3"
 
 
 def test_a_cell_gets_the_same_clash_answer_on_a_world_here_and_on_a_cluster_world(kernel, nodes):
-    from nbspawn._spec import auto_nprocs, usable_cpus
+    from nbspawn._decide import auto_nprocs
+    from nbspawn._machine import usable_cpus
 
     ok(kernel, "%%spawn --world here -n 2 --backend gloo\npass")
     ok(kernel, "%%spawn --cluster rc --world there -n 2 --backend gloo\npass")

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from nbspawn._capacity import FILES_PER_RANK, FILES_SPARE, MEMORY_PER_RANK, MIB, TASKS_PER_RANK, Machine, refusal, this_machine
+from nbspawn._capacity import FILES_PER_RANK, FILES_SPARE, MEMORY_PER_RANK, MIB, TASKS_PER_RANK, Room, refusal, this_machine
 
-ROOMY = Machine(open_files=1 << 20, open_now=50, tasks=1 << 22, tasks_now=500, memory=1 << 40)
+ROOMY = Room(open_files=1 << 20, open_now=50, tasks=1 << 22, tasks_now=500, memory=1 << 40)
 
 
 def test_a_count_the_machine_holds_is_not_refused():
     assert refusal(4, "fork", ROOMY) is None
-    assert refusal(64, "spawn", Machine(open_files=1024, open_now=40, tasks=None, tasks_now=0, memory=None)) is None
+    assert refusal(64, "spawn", Room(open_files=1024, open_now=40, tasks=None, tasks_now=0, memory=None)) is None
 
 
 def test_open_files_bound_the_ranks_and_the_line_says_the_numbers():
-    machine = Machine(open_files=1024, open_now=64, tasks=None, tasks_now=0, memory=None)
+    machine = Room(open_files=1024, open_now=64, tasks=None, tasks_now=0, memory=None)
     most = (1024 - 64 - FILES_SPARE) // FILES_PER_RANK
     assert refusal(most, "fork", machine) is None
     said = refusal(most + 1, "fork", machine)
@@ -27,7 +27,7 @@ def test_open_files_bound_the_ranks_and_the_line_says_the_numbers():
 
 
 def test_processes_bound_the_ranks():
-    machine = Machine(open_files=None, open_now=0, tasks=4096, tasks_now=1000, memory=None)
+    machine = Room(open_files=None, open_now=0, tasks=4096, tasks_now=1000, memory=None)
     most = (4096 - 1000) // TASKS_PER_RANK
     assert refusal(most, "fork", machine) is None
     said = refusal(99999, "fork", machine)
@@ -37,7 +37,7 @@ def test_processes_bound_the_ranks():
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_memory_bounds_the_ranks_by_what_a_rank_of_that_start_method_takes(method):
-    machine = Machine(open_files=None, open_now=0, tasks=None, tasks_now=0, memory=8 << 30)
+    machine = Room(open_files=None, open_now=0, tasks=None, tasks_now=0, memory=8 << 30)
     per_rank = MEMORY_PER_RANK[method]
     most = (8 << 30) // per_rank
     assert refusal(most, method, machine) is None
@@ -48,13 +48,13 @@ def test_memory_bounds_the_ranks_by_what_a_rank_of_that_start_method_takes(metho
 
 
 def test_the_tightest_bound_is_the_one_said():
-    machine = Machine(open_files=20000, open_now=100, tasks=100000, tasks_now=1000, memory=16 << 30)
+    machine = Room(open_files=20000, open_now=100, tasks=100000, tasks_now=1000, memory=16 << 30)
     said = refusal(99999, "spawn", machine)
     assert said is not None and "MiB is available" in said  # 16 GiB / 155 MiB: 105 ranks, fewer than the files allow
 
 
 def test_no_bound_known_refuses_nothing():
-    assert refusal(10**6, "fork", Machine(open_files=None, open_now=0, tasks=None, tasks_now=0, memory=None)) is None
+    assert refusal(10**6, "fork", Room(open_files=None, open_now=0, tasks=None, tasks_now=0, memory=None)) is None
 
 
 def test_this_machine_can_hold_a_few_ranks_and_not_ninety_nine_thousand():

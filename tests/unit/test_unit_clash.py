@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from nbspawn._clash import Asked, Settled, refuse_clashes, world_clashes
+from nbspawn._clash import Asked, Autos, Settled, refuse_clashes, world_clashes
 from nbspawn.errors import SpawnUsageError
+from nbspawn.planning._kept_cell import autos_for
 
 WORLD = Settled(nprocs=2, start_method="fork", backend="gloo", env={"A": "1"})
 CLUSTER = Settled(nprocs=2, start_method="fork", backend="gloo", env={"A": "1"}, nodes=2)
@@ -16,8 +17,8 @@ def never() -> int:
     raise AssertionError("auto is resolved only when a cell says auto")
 
 
-def clashes(world: Settled, asked: Asked, auto_n: object = never, auto_backend: object = None) -> list[str]:
-    return world_clashes(world, asked, auto_n, auto_backend or (lambda n: never()))  # type: ignore[arg-type]
+def clashes(world: Settled, asked: Asked, auto_n: int | None = None, auto_backend: str | None = None) -> list[str]:
+    return world_clashes(world, asked, Autos(auto_n, auto_backend))
 
 
 @pytest.mark.parametrize("world", [WORLD, CLUSTER])
@@ -36,17 +37,25 @@ def test_each_option_that_differs_is_named_as_the_user_would_write_it(world):
 
 @pytest.mark.parametrize("world", [WORLD, CLUSTER])
 def test_auto_is_what_it_comes_to_for_the_world(world):
-    assert clashes(world, Asked(nprocs="auto"), auto_n=lambda: 2) == []
-    assert clashes(world, Asked(nprocs="auto"), auto_n=lambda: 4) == ["-n auto (4)"]
-    assert clashes(world, Asked(backend="auto"), auto_backend=lambda n: "gloo") == []
-    assert clashes(world, Asked(backend="auto"), auto_backend=lambda n: "nccl" if n == 2 else "none") == ["--backend auto (nccl)"]
+    assert clashes(world, Asked(nprocs="auto"), auto_n=2) == []
+    assert clashes(world, Asked(nprocs="auto"), auto_n=4) == ["-n auto (4)"]
+    assert clashes(world, Asked(backend="auto"), auto_backend="gloo") == []
+    assert clashes(world, Asked(backend="auto"), auto_backend="nccl") == ["--backend auto (nccl)"]
 
 
 def test_an_auto_that_cannot_be_resolved_for_the_world_is_a_clash():
     def uneven() -> int:
         raise SpawnUsageError("-n auto: the nodes would run different numbers of ranks")
 
-    assert clashes(CLUSTER, Asked(nprocs="auto"), auto_n=uneven) == ["-n auto"]
+    autos = autos_for(Asked(nprocs="auto"), uneven, never)  # type: ignore[arg-type]
+    assert autos == Autos(None, None)
+    assert world_clashes(CLUSTER, Asked(nprocs="auto"), autos) == ["-n auto"]
+
+
+def test_the_planner_asks_the_world_what_auto_comes_to_only_where_the_cell_says_auto():
+    assert autos_for(Asked(nprocs=2, backend="gloo"), never, never) == Autos()  # type: ignore[arg-type]
+    assert autos_for(Asked(nprocs="auto"), lambda: 4, never) == Autos(nprocs=4)  # type: ignore[arg-type]
+    assert autos_for(Asked(backend="auto"), never, lambda: "nccl") == Autos(backend="nccl")
 
 
 def test_nodes_clash_only_on_a_cluster_world():

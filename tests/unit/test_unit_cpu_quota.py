@@ -1,4 +1,4 @@
-"""CPUs a process may use under a cgroup CPU quota (nbspawn/_spec.usable_cpus, issue 30, item 3):
+"""CPUs a process may use under a cgroup CPU quota (nbspawn/_machine.usable_cpus, issue 30, item 3):
 docker ``--cpus`` and hosted notebook runtimes give a quota, not fewer cores, so ``-n auto`` and the
 ranks' OMP_NUM_THREADS must read the quota too.  The cgroup trees here are simulated in files."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nbspawn._spec import cgroup_cpu_quota, usable_cpus
+from nbspawn._machine import cgroup_cpu_quota, usable_cpus
 
 AFFINITY = len(os.sched_getaffinity(0))
 

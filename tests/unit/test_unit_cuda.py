@@ -70,19 +70,21 @@ def test_gpus_are_counted_with_the_ranks_environment_not_the_kernels(monkeypatch
     assert _cuda.gpu_count(_cuda.ranks_visible({}, os.environ)) == 1
 
 
-def test_build_spec_counts_auto_ranks_with_the_ranks_environment(monkeypatch, tmp_path):
-    from nbspawn import _spec
+def test_auto_ranks_are_counted_with_the_ranks_environment(monkeypatch):
+    """The machine's GPUs are those the ranks will see: the cell's --env over the kernel's."""
+    from nbspawn._decide import decide_ranks
+    from nbspawn._machine import Machine
 
     monkeypatch.setattr(_cuda, "compiled_with_cuda", lambda torch=None: True)
     monkeypatch.setattr(_cuda, "physical_gpus", lambda: 4)
     monkeypatch.setattr(_cuda, "fork_facts", lambda gpus: _cuda.ForkFacts(gpus=gpus))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    settings = Settings(nprocs="auto", env={"CUDA_VISIBLE_DEVICES": "0"}, log_dir=str(tmp_path))
-    spec = _spec.build_spec(CellSource("pass"), settings, rich=False)
-    assert spec.nprocs == 1 and spec.start_method == "fork"
-    settings = Settings(nprocs="auto", log_dir=str(tmp_path), backend="auto")
-    spec = _spec.build_spec(CellSource("pass"), settings, rich=False)
-    assert spec.nprocs == 4 and spec.backend == "nccl"
+    settings = Settings(nprocs="auto", env={"CUDA_VISIBLE_DEVICES": "0"})
+    ranks = decide_ranks(settings, Machine.here(settings.env))
+    assert ranks.nprocs == 1 and ranks.start_method == "fork"
+    settings = Settings(nprocs="auto", backend="auto")
+    ranks = decide_ranks(settings, Machine.here(settings.env))
+    assert ranks.nprocs == 4 and ranks.backend == "nccl"
 
 
 def test_cuda_visible_devices_naming_mig_is_counted_without_the_cuda_runtime(monkeypatch):
@@ -138,11 +140,12 @@ def test_explicit_fork_is_refused_in_nbspawns_words():
 
 def test_the_start_method_asks_no_gpu_facts_on_a_cpu_build(monkeypatch):
     """On CPU-only torch (this CI) nothing is probed: behaviour is what it always was."""
-    from nbspawn import _spec
+    from nbspawn._decide import choose_start_method
+    from nbspawn._machine import Machine
 
     monkeypatch.setattr(_cuda, "torch_poisoned_fork", lambda: pytest.fail("forked a probe"))
     if not _cuda.compiled_with_cuda(torch):
-        assert _spec.choose_start_method("auto") == ("fork", [])
+        assert choose_start_method("auto", Machine.here()) == ("fork", [])
 
 
 def test_a_poisoned_kernel_fork_probe_is_what_the_facts_say(monkeypatch):

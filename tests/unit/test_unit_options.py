@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from nbspawn._decide import auto_nprocs
 from nbspawn._options import (
     parse_backend,
     parse_env,
@@ -21,7 +22,6 @@ from nbspawn._options import (
     parse_start_method,
     parse_xray,
 )
-from nbspawn._spec import auto_nprocs
 from nbspawn.errors import SpawnUsageError
 
 # -- --ranks --------------------------------------------------------------------------------------
