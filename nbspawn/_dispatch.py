@@ -15,6 +15,7 @@ and the executor's announcement (a cluster's node order) are said here, once, be
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from ._effects import carry_out
@@ -34,7 +35,8 @@ def start(request: RunRequest, view: RunView | None = None) -> Run:
     """Check ``request``, start its ranks, and supervise them: to the end, or (``background``) in a
     thread of the run's own.  Raises ``SpawnUsageError`` (nothing started) for a bad request."""
     view = view or RunView()
-    spec, executor = carry_out(plan_run(request, view.rich))  # the effects, once every check passed
+    request = dataclasses.replace(request, rich=view.rich)  # how its ranks draw: the view's, read once here
+    spec, executor = carry_out(plan_run(request))  # the effects, once every check passed
     for note in spec.notes:
         print(note, file=sys.stderr)
     announcement = executor.announcement()
@@ -43,7 +45,7 @@ def start(request: RunRequest, view: RunView | None = None) -> Run:
     return execute(spec, view, executor, background=request.background)
 
 
-def plan_run(request: RunRequest, rich: bool) -> Plan:
+def plan_run(request: RunRequest) -> Plan:
     """The plan of ``request``, by what runs where: its spec, its executor's kind and the effects it
     needs (``nbspawn._effects``); reserves, shares and starts nothing."""
     refuse_combinations(request)
@@ -53,21 +55,21 @@ def plan_run(request: RunRequest, rich: bool) -> Plan:
     work, target = request.work, request.target
     match work, target:
         case Cell(), Fresh():
-            return plan_fresh_cell(request, work, rich)
+            return plan_fresh_cell(request, work)
         case ProgramLine(), Fresh():
-            return plan_program(request, work, rich)
+            return plan_program(request, work)
         case Cell(), OnWorld():
             from .planning._world import plan_world_cell
 
-            return plan_world_cell(request, work, target, rich)
+            return plan_world_cell(request, work, target)
         case _, OnCluster():
             from .planning._cluster import plan_cluster  # ipyparallel is needed only on a cluster
 
-            return plan_cluster(request, work, target, rich)
+            return plan_cluster(request, work, target)
         case Cell(), OnClusterWorld():
             from .planning._cluster_world import plan_cluster_world_cell
 
-            return plan_cluster_world_cell(request, work, target, rich)
+            return plan_cluster_world_cell(request, work, target)
     raise SpawnUsageError(f"a program runs on fresh ranks, not on world {request.world!r}")  # RunRequest.of refuses it first
 
 

@@ -85,6 +85,9 @@ class RunRequest:
     hidden: Mapping[str, Any] | None = None  # IPython's own names, never sent to ranks
     background: bool = ROW["background"].typed_default
     view: ViewChoice = ROW["view"].typed_default  # the magic's --view (launch() is given a RunView instead)
+    # its ranks draw like a notebook's (their displays kept as HTML, images): the view's, set as the run
+    # starts (nbspawn._dispatch.start), so a planner reads the request alone
+    rich: bool = False
     cell_numbers: Mapping[str, int] = field(default_factory=dict)  # IPython's compiled cell files -> In[N]
 
     @classmethod

@@ -18,7 +18,7 @@ from ..errors import SpawnUsageError
 from ._plans import ClusterRunPlan
 
 
-def plan_cluster(request: RunRequest, work: Work, target: OnCluster, rich: bool) -> ClusterRunPlan:
+def plan_cluster(request: RunRequest, work: Work, target: OnCluster) -> ClusterRunPlan:
     """Everything checked, cheapest first, then the nodes asked (one round trip); starts nothing."""
     # ipyparallel is needed only on a cluster, and the kernel's names (torch's objects) only to be sent
     from ..cluster._plan import plan_nodes, refuse_if_busy, resolve_client
@@ -52,7 +52,7 @@ def plan_cluster(request: RunRequest, work: Work, target: OnCluster, rich: bool)
         run_id=run_id,
         run_dir=run_directory(None, run_id),  # the kernel's copy of what the agents report
         shown=ranks_within(settings.ranks, world, "--ranks", f"a run of {world} ranks"),
-        rich=rich,
+        rich=request.rich,
         cell_numbers=request.cell_numbers,
         debuggable=False,  # a node's ranks cannot reach this kernel's stdin
         out_names=out_names,
@@ -85,7 +85,7 @@ def plan_cluster(request: RunRequest, work: Work, target: OnCluster, rich: bool)
         names=names,
         out_names=list(out_names),
         settings=node_settings,
-        rich=rich,
+        rich=request.rich,
         cwd=os.getcwd(),
         publish_every=_wire.PUBLISH_EVERY * len(found.nodes),
         on=None,

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..cluster._clusterworld import ClusterWorld
 
 
-def plan_cluster_world_cell(request: RunRequest, work: Cell, target: OnClusterWorld, rich: bool) -> ClusterWorldCellPlan:
+def plan_cluster_world_cell(request: RunRequest, work: Cell, target: OnClusterWorld) -> ClusterWorldCellPlan:
     """A cell on cluster world ``target.name``: the world planned and checked if it is new (as a
     cluster run is), else this cell's own options checked against it.  Starts nothing."""
     # ipyparallel is needed only on a cluster, and the kernel's names (torch's objects) only to be sent
@@ -39,7 +39,7 @@ def plan_cluster_world_cell(request: RunRequest, work: Cell, target: OnClusterWo
     if world is None:
         if request.cluster is None:  # the dispatch sends a world here only once it ran on a cluster, or with --cluster
             raise SpawnUsageError(f"world {name!r} is not running: give --cluster NAME to start it on a cluster")
-        fresh = plan_cluster(request, work, OnCluster(request.cluster, request.nodes), rich)
+        fresh = plan_cluster(request, work, OnCluster(request.cluster, request.nodes))
         spec = fresh.spec
         on = on_within(target.on, spec.nprocs, name)
         new = NewClusterWorld(name, spec, fresh.nodes, request, fresh.job["settings"], background=fresh.background)
@@ -62,7 +62,7 @@ def plan_cluster_world_cell(request: RunRequest, work: Cell, target: OnClusterWo
             run_id=run_id,
             run_dir=run_directory(None, run_id),
             shown=shown,
-            rich=rich,
+            rich=request.rich,
             cell_numbers=request.cell_numbers,
             out_names=out_names,
             on=on,
@@ -83,7 +83,7 @@ def plan_cluster_world_cell(request: RunRequest, work: Cell, target: OnClusterWo
             backend=world.node_settings.backend,
             nodes=len(world.cluster.nodes),
         ),
-        rich=rich,
+        rich=request.rich,
         cwd=os.getcwd(),
         publish_every=_wire.PUBLISH_EVERY * len(world.cluster.nodes),
         on=sorted(on) if on is not None else None,

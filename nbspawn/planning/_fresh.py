@@ -13,15 +13,15 @@ from .._spec import Handoff, build_spec
 from ._plans import FreshPlan
 
 
-def plan_program(request: RunRequest, line: ProgramLine, rich: bool) -> FreshPlan:
+def plan_program(request: RunRequest, line: ProgramLine) -> FreshPlan:
     """A program on every rank: its command line (read at the door) found here (a file or module of this machine)."""
     program = locate(line)
     settings = request.settings
     ranks = decide_ranks(settings, Machine.here(settings.env), program)
-    return FreshPlan(build_spec(CellSource("", label=str(program)), settings, ranks, rich=rich, program=program))
+    return FreshPlan(build_spec(CellSource("", label=str(program)), settings, ranks, rich=request.rich, program=program))
 
 
-def plan_fresh_cell(request: RunRequest, work: Cell, rich: bool) -> FreshPlan:
+def plan_fresh_cell(request: RunRequest, work: Cell) -> FreshPlan:
     """Fresh ranks for one cell: under fork they get the kernel's namespace as it is (copy-on-write),
     under spawn and forkserver the names the cell uses, pickled by value."""
     # the kernel's names are torch's objects: handing them over needs torch, imported when a cell is planned
@@ -39,5 +39,5 @@ def plan_fresh_cell(request: RunRequest, work: Cell, rich: bool) -> FreshPlan:
         payload = pack_namespace(cell.tree, request.namespace, request.hidden, shared)
         check_shared_devices(payload.shared or [], machine.visible_devices)
         handed = Handoff(None, payload, out_names, prefix)
-    spec = build_spec(cell, settings, ranks, rich=rich, handed=handed, cell_numbers=request.cell_numbers)
+    spec = build_spec(cell, settings, ranks, rich=request.rich, handed=handed, cell_numbers=request.cell_numbers)
     return FreshPlan(spec, share=tuple(shared.values()))

@@ -26,7 +26,7 @@ from ._kept_cell import as_before, check_settings, started_again
 from ._plans import NewWorld, WorldCellPlan
 
 
-def plan_world_cell(request: RunRequest, work: Cell, target: OnWorld, rich: bool) -> WorldCellPlan:
+def plan_world_cell(request: RunRequest, work: Cell, target: OnWorld) -> WorldCellPlan:
     """A cell on the world ``target.name``: everything checked (options, names, what the cell uses);
     a world that is new is started when the plan is carried out (``nbspawn._effects``).
 
@@ -47,7 +47,7 @@ def plan_world_cell(request: RunRequest, work: Cell, target: OnWorld, rich: bool
         if again is not None:
             settings = as_before(request, again).settings
         ranks = decide_ranks(settings, Machine.here(settings.env))
-        spec = build_spec(cell, settings, ranks, rich=rich, cell_numbers=request.cell_numbers)
+        spec = build_spec(cell, settings, ranks, rich=request.rich, cell_numbers=request.cell_numbers)
         notes = spec.notes
         if again is not None:
             notes = (*notes, started_again(name, again, f"with its settings ({_kept.settled_here(spec).text()})"))

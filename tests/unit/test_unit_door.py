@@ -63,7 +63,7 @@ def door_and_plan(tmp_path: Path) -> None:
         given=Given(nprocs=True, env=True, backend=True),
     )
     request = read_request(cell=CellSource("y = 1"), program=None, settings=settings, namespace={}, out="y")
-    spec, _executor = carry_out(plan_run(request, rich=False))
+    spec, _executor = carry_out(plan_run(request))
     _listen.release(spec.master_port)
     assert (spec.nprocs, spec.backend, spec.env, spec.asked.timeout, spec.shown_ranks) == (2, "gloo", {"A": "1"}, 30.0, {0})
 

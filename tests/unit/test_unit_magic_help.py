@@ -6,6 +6,7 @@ came through. No kernel, no processes."""
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 
 import pytest
 from IPython.core.error import UsageError
@@ -137,16 +138,13 @@ def test_a_bad_option_is_refused_before_anything_starts(given, message, tmp_path
     raw = {"nprocs": "auto", "start_method": None, "backend": None, "env": None, "timeout": None}
     raw |= {"grace_period": 5.0, "ranks": None, "log_dir": str(log_dir), **given}
     with pytest.raises(SpawnUsageError, match=message):
-        plan_run(
-            read_request(cell=CellSource("pass"), program=None, settings=read_settings(**raw, given=Given()), namespace={}),
-            rich=False,
-        )
+        plan_run(read_request(cell=CellSource("pass"), program=None, settings=read_settings(**raw, given=Given()), namespace={}))
     assert not log_dir.exists()  # nothing was made on disk
 
 
 def test_a_good_request_is_a_frozen_spec(tmp_path):
     spec, executor = carry_out(
-        plan_run(cell(settings=Settings(nprocs=2, start_method="spawn", log_dir=str(tmp_path)))(), rich=True)
+        plan_run(replace(cell(settings=Settings(nprocs=2, start_method="spawn", log_dir=str(tmp_path)))(), rich=True))
     )
     _listen.release(spec.master_port)
     assert (spec.nprocs, spec.start_method, spec.rich) == (2, "spawn", True)

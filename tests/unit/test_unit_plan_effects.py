@@ -44,7 +44,7 @@ def share_request(tmp_path, method: str = "fork") -> tuple[RunRequest, torch.Ten
 def test_a_plan_holds_no_port_and_shares_nothing_until_it_is_carried_out(tmp_path, method):
     request, weights = share_request(tmp_path, method)
     held = set(_listen._held)
-    plan = plan_fresh_cell(request, request.work, rich=False)
+    plan = plan_fresh_cell(request, request.work)
     assert isinstance(plan, FreshPlan)
     assert set(_listen._held) == held and plan.spec.master_port == 0  # no socket reserved
     assert not shared(weights) and plan.share == (weights,)  # named, not moved
@@ -64,7 +64,7 @@ def test_a_program_plan_holds_no_port(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     line = read_program_line(["train.py"])
     held = set(_listen._held)
-    plan = plan_program(RunRequest.of(line, settings=Settings(nprocs=2, log_dir=str(tmp_path))), line, rich=False)
+    plan = plan_program(RunRequest.of(line, settings=Settings(nprocs=2, log_dir=str(tmp_path))), line)
     assert set(_listen._held) == held and plan.spec.master_port == 0
 
 
@@ -72,7 +72,7 @@ def test_a_share_that_fails_lets_the_reserved_port_go(tmp_path):
     """The port is reserved first, the tensors shared last: when sharing fails (no descriptor left
     for the memfd), the port is let go and the error is the sharing's own."""
     request, weights = share_request(tmp_path)
-    plan = plan_fresh_cell(request, request.work, rich=False)
+    plan = plan_fresh_cell(request, request.work)
     carry_out(FreshPlan(plan.spec))  # every module carrying out needs, imported before descriptors run short
     _listen.release(max(_listen._held))
     held = set(_listen._held)

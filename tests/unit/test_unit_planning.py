@@ -35,7 +35,7 @@ def test_a_fresh_cell_is_planned_from_typed_settings(tmp_path):
     names = {"x": 1}
     settings = Settings(nprocs=2, start_method="fork", backend="gloo", env={"A": "1"}, timeout=3.0, log_dir=str(tmp_path))
     request = RunRequest.of(CellSource("y = x"), settings=settings, namespace=names, out=("y",))
-    spec, executor = carry_out(plan_fresh_cell(request, request.work, rich=False))
+    spec, executor = carry_out(plan_fresh_cell(request, request.work))
     _listen.release(spec.master_port)
     assert isinstance(executor, FreshRanks) and executor.spec is spec
     assert (spec.nprocs, spec.start_method, spec.backend, spec.env, spec.asked.timeout) == (2, "fork", "gloo", {"A": "1"}, 3.0)
@@ -47,7 +47,7 @@ def test_a_fresh_cell_is_planned_from_typed_settings(tmp_path):
 def test_a_fresh_cell_under_spawn_is_sent_the_names_it_uses_by_value(tmp_path):
     settings = Settings(nprocs=1, start_method="spawn", log_dir=str(tmp_path))
     request = RunRequest.of(CellSource("print(x)"), settings=settings, namespace={"x": 1, "unused": 2})
-    spec, _ = carry_out(plan_fresh_cell(request, request.work, rich=False))
+    spec, _ = carry_out(plan_fresh_cell(request, request.work))
     _listen.release(spec.master_port)
     assert spec.namespace is None and spec.namespace_payload is not None
 
@@ -55,7 +55,7 @@ def test_a_fresh_cell_under_spawn_is_sent_the_names_it_uses_by_value(tmp_path):
 def test_ranks_shown_are_checked_against_the_runs_size_by_its_planner(tmp_path):
     settings = Settings(nprocs=2, ranks=frozenset({5}), log_dir=str(tmp_path / "logs"))
     with pytest.raises(SpawnUsageError, match=r"--ranks: rank 5 does not exist in a run of 2 ranks \(0-1\)"):
-        plan_fresh_cell(RunRequest(Cell(CellSource("pass")), settings=settings), Cell(CellSource("pass")), rich=False)
+        plan_fresh_cell(RunRequest(Cell(CellSource("pass")), settings=settings), Cell(CellSource("pass")))
     assert not (tmp_path / "logs").exists()
 
 
@@ -64,7 +64,7 @@ def test_a_program_is_planned_as_a_new_process_per_rank(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     settings = Settings(nprocs=2, log_dir=str(tmp_path))
     line = read_program_line(["train.py", "--lr", "0.1"])
-    spec, executor = carry_out(plan_program(RunRequest.of(line, settings=settings), line, rich=False))
+    spec, executor = carry_out(plan_program(RunRequest.of(line, settings=settings), line))
     _listen.release(spec.master_port)
     assert isinstance(executor, ProgramRanks)
     assert (spec.nprocs, spec.start_method, spec.backend, spec.asked.pdb) == (2, "spawn", "none", False)
