@@ -86,6 +86,78 @@ function colonColour(sub: string[]): number | string | undefined {
   return undefined;
 }
 
+type MutableStyle = { -readonly [K in keyof ITextStyle]: ITextStyle[K] };
+type Flag = 'bold' | 'dim' | 'italic' | 'underline' | 'inverse' | 'strike';
+
+/** The codes that turn one attribute on, and those that turn attributes off. */
+const SGR_ON: Readonly<Record<number, Flag>> = {
+  1: 'bold',
+  2: 'dim',
+  3: 'italic',
+  4: 'underline',
+  7: 'inverse',
+  9: 'strike'
+};
+const SGR_OFF: Readonly<Record<number, readonly (keyof ITextStyle)[]>> = {
+  21: ['bold', 'dim'],
+  22: ['bold', 'dim'],
+  23: ['italic'],
+  24: ['underline'],
+  27: ['inverse'],
+  29: ['strike'],
+  39: ['fg'],
+  49: ['bg']
+};
+
+/** One SGR code that stands alone (not 38/48's extended colours): a reset, an attribute, a colour. */
+function applyCode(s: MutableStyle, c: number): void {
+  if (c === 0) {
+    for (const k of Object.keys(s) as (keyof ITextStyle)[]) {
+      delete s[k];
+    }
+  } else if (c in SGR_ON) {
+    s[SGR_ON[c]] = true;
+  } else if (c in SGR_OFF) {
+    for (const k of SGR_OFF[c]) {
+      delete s[k];
+    }
+  } else if (c >= 30 && c <= 37) {
+    s.fg = c - 30;
+  } else if (c >= 40 && c <= 47) {
+    s.bg = c - 40;
+  } else if (c >= 90 && c <= 97) {
+    s.fg = c - 90 + 8;
+  } else if (c >= 100 && c <= 107) {
+    s.bg = c - 100 + 8;
+  }
+}
+
+/**
+ * A colon group (`38:2::r:g:b`, `4:3`): its own sub-parameters, never the next groups'.  Returns the
+ * group's code where it is one that stands alone (`1:`), for `applyCode`; undefined once applied.
+ */
+function applyColonGroup(s: MutableStyle, group: string): number | undefined {
+  const sub = group.split(':');
+  const c = sgrNumber(sub[0]);
+  if (c === 38 || c === 48) {
+    const colour = colonColour(sub.slice(1));
+    if (colour !== undefined) {
+      s[c === 38 ? 'fg' : 'bg'] = colour;
+    }
+    return undefined;
+  }
+  if (c === 4) {
+    // 4:0 no underline, 4:1..4:5 one of its shapes
+    if (sub.length > 1 && sgrNumber(sub[1]) === 0) {
+      delete s.underline;
+    } else {
+      s.underline = true;
+    }
+    return undefined;
+  }
+  return c;
+}
+
 /**
  * Apply the parameters of one SGR sequence (`ESC [ params m`) to a style.  A colon group
  * (`38:2::r:g:b`, `4:3`) carries its own sub-parameters and never takes the next groups; the
@@ -93,92 +165,33 @@ function colonColour(sub: string[]): number | string | undefined {
  */
 export function applySGR(style: ITextStyle, params: string): ITextStyle {
   const groups = params === '' ? ['0'] : params.split(';');
-  const s: { -readonly [K in keyof ITextStyle]: ITextStyle[K] } = { ...style };
+  const s: MutableStyle = { ...style };
   for (let i = 0; i < groups.length; i++) {
     const group = groups[i];
-    let c: number;
-    if (group.includes(':')) {
-      const sub = group.split(':');
-      c = sgrNumber(sub[0]);
-      if (c === 38 || c === 48) {
-        const colour = colonColour(sub.slice(1));
-        if (colour !== undefined) {
-          s[c === 38 ? 'fg' : 'bg'] = colour;
-        }
-        continue;
-      }
-      if (c === 4) {
-        // 4:0 no underline, 4:1..4:5 one of its shapes
-        if (sub.length > 1 && sgrNumber(sub[1]) === 0) {
-          delete s.underline;
-        } else {
-          s.underline = true;
-        }
-        continue;
-      }
-    } else {
-      c = sgrNumber(group);
-    }
-    if (!Number.isFinite(c)) {
+    const c = group.includes(':') ? applyColonGroup(s, group) : sgrNumber(group);
+    if (c === undefined || !Number.isFinite(c)) {
       continue;
     }
-    if (c === 0) {
-      for (const k of Object.keys(s) as (keyof ITextStyle)[]) {
-        delete s[k];
+    if (c !== 38 && c !== 48) {
+      applyCode(s, c);
+      continue;
+    }
+    const key = c === 38 ? 'fg' : 'bg';
+    const kind = sgrNumber(groups[i + 1]);
+    if (kind === 5 && i + 2 < groups.length) {
+      const n = sgrNumber(groups[i + 2]);
+      if (n <= 255) {
+        s[key] = n;
       }
-    } else if (c === 1) {
-      s.bold = true;
-    } else if (c === 2) {
-      s.dim = true;
-    } else if (c === 3) {
-      s.italic = true;
-    } else if (c === 4) {
-      s.underline = true;
-    } else if (c === 7) {
-      s.inverse = true;
-    } else if (c === 9) {
-      s.strike = true;
-    } else if (c === 21 || c === 22) {
-      delete s.bold;
-      delete s.dim;
-    } else if (c === 23) {
-      delete s.italic;
-    } else if (c === 24) {
-      delete s.underline;
-    } else if (c === 27) {
-      delete s.inverse;
-    } else if (c === 29) {
-      delete s.strike;
-    } else if (c >= 30 && c <= 37) {
-      s.fg = c - 30;
-    } else if (c === 39) {
-      delete s.fg;
-    } else if (c >= 40 && c <= 47) {
-      s.bg = c - 40;
-    } else if (c === 49) {
-      delete s.bg;
-    } else if (c >= 90 && c <= 97) {
-      s.fg = c - 90 + 8;
-    } else if (c >= 100 && c <= 107) {
-      s.bg = c - 100 + 8;
-    } else if (c === 38 || c === 48) {
-      const key = c === 38 ? 'fg' : 'bg';
-      const kind = sgrNumber(groups[i + 1]);
-      if (kind === 5 && i + 2 < groups.length) {
-        const n = sgrNumber(groups[i + 2]);
-        if (n <= 255) {
-          s[key] = n;
-        }
-        i += 2;
-      } else if (kind === 2 && i + 4 < groups.length) {
-        const rgb = sgrRGB(groups.slice(i + 2, i + 5));
-        if (rgb !== undefined) {
-          s[key] = rgb;
-        }
-        i += 4;
-      } else {
-        break; // malformed: ignore the rest, as terminals do
+      i += 2;
+    } else if (kind === 2 && i + 4 < groups.length) {
+      const rgb = sgrRGB(groups.slice(i + 2, i + 5));
+      if (rgb !== undefined) {
+        s[key] = rgb;
       }
+      i += 4;
+    } else {
+      break; // malformed: ignore the rest, as terminals do
     }
   }
   return Object.keys(s).length === 0 ? PLAIN : Object.freeze(s);

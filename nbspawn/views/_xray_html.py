@@ -40,7 +40,7 @@ import itertools
 import math
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..events._xray import Collective, Mismatch, NeverEntered, XRay, ran_text, sentence
 from ._xray_values_html import values_html
@@ -281,6 +281,23 @@ def _duration(seconds: float) -> str:
 # -- the picture ----------------------------------------------------------------------------------------
 
 
+@dataclass
+class _Layers:
+    """The drawing's layers, filled collective by collective (``_Picture.svg``): path data a layer each,
+    hover targets and op codes as elements, and where the last code drawn ends (codes never overlap)."""
+
+    waits: list[str] = field(default_factory=list)
+    connectors: list[str] = field(default_factory=list)
+    marks: list[str] = field(default_factory=list)
+    lasts: list[str] = field(default_factory=list)
+    odd: list[str] = field(default_factory=list)
+    bands: list[str] = field(default_factory=list)
+    ghosts: list[str] = field(default_factory=list)
+    hovers: list[str] = field(default_factory=list)
+    codes: list[str] = field(default_factory=list)
+    code_right: float = -1e9
+
+
 class _Picture:
     """The SVG: its layers gathered as paths (one a kind, not one an element: a 10,000-collective run
     stays small), then each collective's hover area with its words."""
@@ -343,93 +360,92 @@ class _Picture:
     # drawing
 
     def svg(self) -> str:
-        waits: list[str] = []  # path data, a layer each
-        connectors: list[str] = []
-        marks: list[str] = []
-        lasts: list[str] = []
-        odd: list[str] = []
-        bands: list[str] = []
-        ghosts: list[str] = []
-        hovers: list[str] = []  # elements
-        codes: list[str] = []
-        code_right = -1e9
+        layers = _Layers()
         for seg_index, seg in enumerate(self.drawn):
-            segment = self.segments[seg_index]
             for collective in seg:
-                key = (collective.pg, collective.seq)
-                mismatch, never = self.mismatches.get(key), self.never.get(key)
-                xs = {a.rank: segment.x(a.created_ns) for a in collective.arrivals if a.rank in self.lanes}
-                if not xs:
-                    continue
-                odd_ranks = {r for ranks, _call in (mismatch.calls[1:] if mismatch else ()) for r in ranks}
-                last = None if never else collective.last
-                end_x = self.ghost_x if never else (xs[last] if last is not None else None)
-                for rank, x in xs.items():
-                    y = self.lane_y(rank)
-                    if end_x is not None and rank != last and end_x - x > 1:
-                        waits.append(f"M{x + MARK_W:.0f} {y:.0f}h{end_x - x - MARK_W:.0f}")
-                    if rank in odd_ranks:
-                        odd.append(_tick(x, y, LAST_H))
-                    elif rank == last:
-                        lasts.append(_tick(x, y, LAST_H))
-                    else:
-                        marks.append(_tick(x, y, MARK_H))
-                if len(xs) > 1:
-                    points = sorted(xs.items(), key=lambda item: self.lanes[item[0]])
-                    connectors.append(_polyline([(x + MARK_W / 2, self.lane_y(rank)) for rank, x in points]))
-                left, right = min(xs.values()), max(xs.values()) + MARK_W
-                if mismatch or never:
-                    band_right = self.ghost_x + MARK_W if never else right
-                    bands.append(f"M{left - 3:.0f} {self.lanes_top}H{band_right + 3:.0f}V{self.lanes_bottom}H{left - 3:.0f}z")
-                    self._callout(left, right, mismatch, never)
-                ranks = [self.lanes[r] for r in xs]
-                top, bottom = self.lanes_top + LANE_H * min(ranks), self.lanes_top + LANE_H * (max(ranks) + 1)
-                hovers.append(
-                    f'<rect data-xray-seq="{collective.seq}" x="{left - 2:.0f}" y="{top}" width="{right - left + 4:.0f}" '
-                    f'height="{bottom - top}">'
-                    f"<title>{_e(_describe(collective, mismatch, never))}</title></rect>"
-                )
-                code = _op_code(collective.op) + ("≠" if mismatch else "")
-                if (mismatch or never) and codes and left < code_right + 2:
-                    codes.pop()  # the code of what went wrong before its neighbour's
-                    code_right = -1e9
-                if left >= code_right + 2:
-                    red = f' style="fill:{ERROR};font-weight:bold"' if mismatch or never else ""
-                    codes.append(f'<text x="{left:.0f}" y="{self.top - 3}"{red}>{_e(code)}</text>')
-                    code_right = left + CHAR_W * len(code)
-        for never in self.xray.never_entered:
-            key = (never.pg, never.seq)
-            if not any((c.pg, c.seq) == key for seg in self.drawn for c in seg):
-                self._callout(self.ghost_x, self.ghost_x + MARK_W, None, never)
-            for rank in never.absent:
-                if rank in self.lanes:
-                    ghosts.append(
-                        f"M{self.ghost_x - 2:.0f} {self.lane_y(rank) - LAST_H / 2:.0f}h{MARK_W + 4}v{LAST_H}h-{MARK_W + 4}z"
-                    )
+                self._draw(self.segments[seg_index], collective, layers)
+        self._draw_never_entered(layers)
         out = [
             f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {self.width} {self.height}" width="{self.width}" '
             f'height="{self.height}" data-xray-lanes="{len(self.lanes)}" role="img" aria-label="collectives by rank over time" font-size="11" '
             'style="display:block;max-width:100%;height:auto;font-family:inherit;margin:4px 0">',
             self._lanes(),
-            _path("band", bands, f"fill:{ERROR};fill-opacity:0.12"),
-            _path("wait", waits, f"stroke:{LAST};stroke-opacity:0.35;stroke-width:6;fill:none"),
-            _path("connector", connectors, f"stroke:{LINE};stroke-width:1;fill:none"),
-            _path("arrival", marks, f"stroke:{ARRIVAL};stroke-width:{MARK_W}"),
-            _path("last", lasts, f"stroke:{LAST};stroke-width:{MARK_W}"),
-            _path("mismatch", odd, f"stroke:{ERROR};stroke-width:{MARK_W}"),
-            _path("never", ghosts, f"fill:{ERROR};fill-opacity:0.12;stroke:{ERROR};stroke-width:1.5;stroke-dasharray:3 2"),
+            _path("band", layers.bands, f"fill:{ERROR};fill-opacity:0.12"),
+            _path("wait", layers.waits, f"stroke:{LAST};stroke-opacity:0.35;stroke-width:6;fill:none"),
+            _path("connector", layers.connectors, f"stroke:{LINE};stroke-width:1;fill:none"),
+            _path("arrival", layers.marks, f"stroke:{ARRIVAL};stroke-width:{MARK_W}"),
+            _path("last", layers.lasts, f"stroke:{LAST};stroke-width:{MARK_W}"),
+            _path("mismatch", layers.odd, f"stroke:{ERROR};stroke-width:{MARK_W}"),
+            _path("never", layers.ghosts, f"fill:{ERROR};fill-opacity:0.12;stroke:{ERROR};stroke-width:1.5;stroke-dasharray:3 2"),
             self._ghost_label(),
             self._pairs(),
             self._axis(),
             self._gaps(),
             self._callouts(),
         ]
-        if codes:
-            out.append(f'<g style="fill:{TEXT2}" font-size="10">{"".join(codes)}</g>')
-        if hovers:
-            out.append(f'<g style="fill:transparent">{"".join(hovers)}</g>')
+        if layers.codes:
+            out.append(f'<g style="fill:{TEXT2}" font-size="10">{"".join(layers.codes)}</g>')
+        if layers.hovers:
+            out.append(f'<g style="fill:transparent">{"".join(layers.hovers)}</g>')
         out.append("</svg>")
         return "".join(out)
+
+    def _draw(self, segment: _Segment, collective: Collective, layers: _Layers) -> None:
+        """One collective: each rank's arrival, the waits for the last, what joins them, its hover, its code."""
+        key = (collective.pg, collective.seq)
+        mismatch, never = self.mismatches.get(key), self.never.get(key)
+        xs = {a.rank: segment.x(a.created_ns) for a in collective.arrivals if a.rank in self.lanes}
+        if not xs:
+            return
+        odd_ranks = {r for ranks, _call in (mismatch.calls[1:] if mismatch else ()) for r in ranks}
+        last = None if never else collective.last
+        end_x = self.ghost_x if never else (xs[last] if last is not None else None)
+        for rank, x in xs.items():
+            y = self.lane_y(rank)
+            if end_x is not None and rank != last and end_x - x > 1:
+                layers.waits.append(f"M{x + MARK_W:.0f} {y:.0f}h{end_x - x - MARK_W:.0f}")
+            if rank in odd_ranks:
+                layers.odd.append(_tick(x, y, LAST_H))
+            elif rank == last:
+                layers.lasts.append(_tick(x, y, LAST_H))
+            else:
+                layers.marks.append(_tick(x, y, MARK_H))
+        if len(xs) > 1:
+            points = sorted(xs.items(), key=lambda item: self.lanes[item[0]])
+            layers.connectors.append(_polyline([(x + MARK_W / 2, self.lane_y(rank)) for rank, x in points]))
+        left, right = min(xs.values()), max(xs.values()) + MARK_W
+        if mismatch or never:
+            band_right = self.ghost_x + MARK_W if never else right
+            layers.bands.append(f"M{left - 3:.0f} {self.lanes_top}H{band_right + 3:.0f}V{self.lanes_bottom}H{left - 3:.0f}z")
+            self._callout(left, right, mismatch, never)
+        ranks = [self.lanes[r] for r in xs]
+        top, bottom = self.lanes_top + LANE_H * min(ranks), self.lanes_top + LANE_H * (max(ranks) + 1)
+        layers.hovers.append(
+            f'<rect data-xray-seq="{collective.seq}" x="{left - 2:.0f}" y="{top}" width="{right - left + 4:.0f}" '
+            f'height="{bottom - top}">'
+            f"<title>{_e(_describe(collective, mismatch, never))}</title></rect>"
+        )
+        code = _op_code(collective.op) + ("≠" if mismatch else "")
+        if (mismatch or never) and layers.codes and left < layers.code_right + 2:
+            layers.codes.pop()  # the code of what went wrong before its neighbour's
+            layers.code_right = -1e9
+        if left >= layers.code_right + 2:
+            red = f' style="fill:{ERROR};font-weight:bold"' if mismatch or never else ""
+            layers.codes.append(f'<text x="{left:.0f}" y="{self.top - 3}"{red}>{_e(code)}</text>')
+            layers.code_right = left + CHAR_W * len(code)
+
+    def _draw_never_entered(self, layers: _Layers) -> None:
+        """Collectives some ranks never entered: a ghost mark on each absent rank's lane, and a callout
+        where the collective itself is not drawn (no rank's arrival falls in a drawn segment)."""
+        for never in self.xray.never_entered:
+            key = (never.pg, never.seq)
+            if not any((c.pg, c.seq) == key for seg in self.drawn for c in seg):
+                self._callout(self.ghost_x, self.ghost_x + MARK_W, None, never)
+            for rank in never.absent:
+                if rank in self.lanes:
+                    layers.ghosts.append(
+                        f"M{self.ghost_x - 2:.0f} {self.lane_y(rank) - LAST_H / 2:.0f}h{MARK_W + 4}v{LAST_H}h-{MARK_W + 4}z"
+                    )
 
     def _lanes(self) -> str:
         backgrounds = []
