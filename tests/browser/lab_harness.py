@@ -574,7 +574,7 @@ def _dismiss_dialog(pg: PwPage) -> bool:
     print(f"lab_harness: a JupyterLab dialog was open: {dialog.first.inner_text()!r}")
     accept = dialog.first.locator(".jp-Dialog-button.jp-mod-accept")
     (accept.first if accept.count() else dialog.first.locator(".jp-Dialog-button").last).click()
-    dialog.first.wait_for(state="detached", timeout=10_000)
+    dialog.first.wait_for(state="detached", timeout=ACTION_TIMEOUT_MS)
     return True
 
 
@@ -631,7 +631,7 @@ def select_pane(view: Locator, tab: int | str) -> Locator:
     else:
         view.locator(f".nbs-Chip[data-rank='{tab}']").click()
     pane = view.locator(f".nbs-Pane[data-rank='{tab}'] .nbs-Output")
-    pane.wait_for(timeout=10_000)
+    pane.wait_for(timeout=ACTION_TIMEOUT_MS)  # a hang guard: drawn in the next frame (CI: 10 s was not enough once, cores busy)
     return pane
 
 
@@ -773,7 +773,7 @@ def use_theme(pg: PwPage, theme: str) -> None:
     pg.keyboard.press("Escape")
     pg.keyboard.press("Control+Shift+C")
     palette = pg.locator("#command-palette input")
-    palette.wait_for(timeout=10_000)
+    palette.wait_for(timeout=ACTION_TIMEOUT_MS)
     palette.fill(f"Use Theme: {theme}")
     pg.locator("#command-palette .lm-CommandPalette-item", has_text=f"Use Theme: {theme}").first.click()
     light = "false" if "Dark" in theme else "true"

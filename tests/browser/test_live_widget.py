@@ -230,7 +230,7 @@ def test_lab_live_run_stop_and_reload(lab, browser, artifacts):
 
         # ---- save, reload: the labextension draws the frozen runs, no widget needed ------------------
         save_until(pg, lab.root / "live.ipynb", lambda nb: all(RUN_MIME in str(nb["cells"][i]["outputs"]) for i in (1, 2)))
-        pg.reload()
+        pg.reload(wait_until="domcontentloaded")  # what it needs of the page is waited for next (90 s)
         panel = notebook_root(pg, lab)
         runs = panel.locator(".nbs-RunRenderer .nbs-Run")
         runs.first.wait_for(timeout=90_000)

@@ -638,7 +638,7 @@ def _rich_checks(pg, pane, rank: int, where: str) -> dict:
     frame = pane.locator("iframe.nbs-Rich-frame")
     assert frame.count() >= 1, f"{where}: no HTML iframe in rank {rank}'s pane: {pane.inner_html()[:1500]}"
     table = frame.first.content_frame.locator("table.losses")
-    sync_api.expect(table).to_contain_text(f"0.{rank}25", timeout=10_000)
+    sync_api.expect(table).to_contain_text(f"0.{rank}25", timeout=60_000)
     # the bar: a progress element, or a text line naming its description; the last thing in the pane
     desc = f"epoch-r{rank}"
     return pg.evaluate(

@@ -212,7 +212,7 @@ def test_a_pane_follows_its_output_until_the_user_scrolls_up_and_again_from_the_
         # and it follows again: 30 more lines, the newest in view
         last = pane.evaluate(LAST_LINE)
         pane.page.wait_for_function(f"o => ({LAST_LINE})(o) >= {last + 30}", arg=pane.element_handle(), timeout=60_000)
-        following = read_until(pg, lambda: pane.evaluate(AT_BOTTOM), bool, timeout=10_000)
+        following = read_until(pg, lambda: pane.evaluate(AT_BOTTOM), bool, timeout=60_000)
         assert following, "the pane did not follow again from the bottom"
         shot(view, artifacts, "pane-follows-again.png", unhover=True)
         view.locator(".nbs-Stop").click()

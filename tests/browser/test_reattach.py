@@ -176,7 +176,9 @@ def _start_and_reload(pg, cells, index: int, artifacts: Path, prefix: str, path:
     shot(live, artifacts, f"{prefix}-before-reload.png", unhover=True)
     # saved with its live display (a save is asynchronous: Ctrl+S until the file holds it, not a fixed wait)
     _save(pg, path, lambda nb: any(LIVE_MIME in o.get("data", {}) for o in nb["cells"][index]["outputs"]))
-    pg.reload()
+    # the document, not every resource's load: what the test needs of the page it waits for next (90 s
+    # each); a reload mid-run under a busy machine once took longer than 120 s to fire 'load' (CI, 2026-12-03)
+    pg.reload(wait_until="domcontentloaded")
 
 
 @pytest.fixture

@@ -151,7 +151,7 @@ def test_the_collectives_tab_draws_the_straggler_live_and_saved_in_the_pages_the
                 shot(saved, artifacts, "xray-dark-saved.png", unhover=True)
                 # back to a rank: its pane again, the X-ray hidden
                 saved.locator(".nbs-Chip[data-rank='3']").click()
-                saved.locator(".nbs-Pane[data-rank='3']").wait_for(timeout=10_000)
+                saved.locator(".nbs-Pane[data-rank='3']").wait_for(timeout=60_000)
                 assert saved.locator(".nbs-XRay").is_hidden()
     finally:
         write_settings(settings)
