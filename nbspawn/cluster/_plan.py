@@ -173,12 +173,25 @@ def remember_port(client: Any, agent: int, port: int | None) -> None:
         known[1][agent]["port"] = port
 
 
-def group_nodes(facts: dict[int, dict]) -> list[Node]:
-    """Engines grouped by node: the kernel's node first, then by lowest engine id; agent = lowest id."""
+@dataclass(frozen=True)
+class Kernel:
+    """The kernel's own side of a cluster run's facts: its node (the first, where it has engines), the
+    versions every node must match, and its working directory (each node's agent starts there)."""
+
+    node: str
+    versions: dict[str, str]
+    cwd: str
+
+    @classmethod
+    def here(cls) -> Kernel:
+        return cls(_net.node_name(), _agent.versions(), os.getcwd())
+
+
+def group_nodes(facts: dict[int, dict], here: str) -> list[Node]:
+    """Engines grouped by node: the kernel's node (``here``) first, then by lowest engine id; agent = lowest id."""
     by_name: dict[str, list[int]] = {}
     for engine in sorted(facts):
         by_name.setdefault(facts[engine]["node"], []).append(engine)
-    here = _net.node_name()
     order = sorted(by_name, key=lambda name: (name != here, min(by_name[name])))
     nodes = []
     for index, name in enumerate(order):
@@ -202,9 +215,8 @@ def gpus_of(agent: int, engine_facts: list[dict]) -> tuple[int, str | None]:
     return gpus, None if visible == agent_sees else visible
 
 
-def check_nodes(nodes: list[Node]) -> None:
-    """Same Python, torch and nbspawn everywhere (and as this kernel's); the program exists."""
-    mine = _agent.versions()
+def check_nodes(nodes: list[Node], mine: dict[str, str]) -> None:
+    """Same Python, torch and nbspawn everywhere (and as this kernel's, ``mine``); the program exists."""
     for node in nodes:
         for what, version in mine.items():
             theirs = node.facts.get(what)
@@ -248,19 +260,24 @@ def master_address(nodes: list[Node]) -> str:
     )
 
 
+def engine_facts(client: Any, ids: list[int], program: ProgramLine | None, start_method: StartMethod) -> dict[int, dict]:
+    """What each engine says of its node (``_agent.probe``): asked now for a program (it is found on each
+    node), else as an earlier cell heard it while nothing changed."""
+    return probe(client, ids, program, start_method) if program is not None else known_facts(client, ids, start_method)
+
+
 def plan_nodes(
-    client: Any, ids: list[int], *, nodes: int | None, nprocs: int | str, backend: str,
-    start_method: StartMethod, program: ProgramLine | None,
+    client: Any, facts: dict[int, dict], kernel: Kernel, *, nodes: int | None, nprocs: int | str, backend: str,
 ) -> tuple[ClusterPlan, str]:  # fmt: skip
-    """Ask the engines, choose the nodes and check them; returns the plan and the backend to use."""
-    facts = probe(client, ids, program, start_method) if program is not None else known_facts(client, ids, start_method)
-    found = group_nodes(facts)
+    """From the engines' facts: choose the nodes and check them; the plan and the backend to use.
+    Asks nothing (a unit test gives it facts)."""
+    found = group_nodes(facts, kernel.node)
     if nodes is not None:
         if nodes > len(found):
             have = "; ".join(f"{n.label}: engines {','.join(map(str, n.engines))}" for n in found)
             raise SpawnUsageError(f"--nodes {nodes}: the cluster has {len(found)} node(s) ({have})")
         found = found[:nodes]
-    check_nodes(found)
+    check_nodes(found, kernel.versions)
     per_node = ranks_per_node(found, nprocs)
     chosen_backend, note = backend_on_nodes(found, backend, per_node)
     methods = {node.facts["start_method"] for node in found}

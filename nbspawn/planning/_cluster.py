@@ -1,12 +1,15 @@
 """A cluster run, planned: the request (read at the door) and the nodes' facts (one round trip, asked
 in ``cluster._plan``) become the kernel's frozen spec and the job every node's agent gets (with the
-node's settled settings: it reads nothing again), a ``planning._plans.ClusterRunPlan``."""
+node's settled settings: it reads nothing again), a ``planning._plans.ClusterRunPlan``.
+
+:func:`plan_cluster` asks (the controller, the engines); :func:`plan_cluster_on` decides from what they
+said and asks nothing, so it is unit-tested on fake engines' facts (``test_unit_cluster_plan.py``)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import replace
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from .._options import Backend, StartMethod, ranks_within
 from .._program import ProgramLine
@@ -17,14 +20,32 @@ from ..cluster import _wire
 from ..errors import SpawnUsageError
 from ._plans import ClusterRunPlan
 
+if TYPE_CHECKING:
+    from ..cluster._plan import Kernel
+
 
 def plan_cluster(request: RunRequest, work: Work, target: OnCluster) -> ClusterRunPlan:
     """Everything checked, cheapest first, then the nodes asked (one round trip); starts nothing."""
-    # ipyparallel is needed only on a cluster, and the kernel's names (torch's objects) only to be sent
-    from ..cluster._plan import plan_nodes, refuse_if_busy, resolve_client
-    from ..handoff._names import pickle_names
+    # ipyparallel and torch are needed only on a cluster
+    from ..cluster._plan import Kernel, engine_facts, refuse_if_busy, resolve_client
 
     refuse_share(work)
+    program = work if isinstance(work, ProgramLine) else None
+    client, ids = resolve_client(target.cluster, request.namespace)
+    refuse_if_busy(client)
+    facts = engine_facts(client, ids, program, request.settings.start_method)
+    return plan_cluster_on(request, work, target, client, facts, Kernel.here())
+
+
+def plan_cluster_on(
+    request: RunRequest, work: Work, target: OnCluster, client: object, facts: dict[int, dict], kernel: Kernel
+) -> ClusterRunPlan:
+    """The run on the nodes the engines' ``facts`` describe (``cluster._agent.probe``'s answers, by engine),
+    from this ``kernel``: the spec, the nodes and the job each node's agent gets.  Asks nothing."""
+    # the kernel's names (torch's objects) are needed only to be sent
+    from ..cluster._plan import plan_nodes
+    from ..handoff._names import pickle_names
+
     settings = request.settings
     out_names = work.out if isinstance(work, Cell) else ()
     env = dict(settings.env)
@@ -33,16 +54,8 @@ def plan_cluster(request: RunRequest, work: Work, target: OnCluster) -> ClusterR
     names = b""
     if program is None:
         names = pickle_names(cell.tree, request.namespace, request.hidden)
-    client, ids = resolve_client(target.cluster, request.namespace)
-    refuse_if_busy(client)
     found, chosen_backend = plan_nodes(
-        client,
-        ids,
-        nodes=target.nodes,
-        nprocs=settings.nprocs,
-        backend=settings.backend,
-        start_method=settings.start_method,
-        program=program,
+        client, facts, kernel, nodes=target.nodes, nprocs=settings.nprocs, backend=settings.backend
     )
     world = found.world_size
     run_id = new_run_id()
@@ -86,7 +99,7 @@ def plan_cluster(request: RunRequest, work: Work, target: OnCluster) -> ClusterR
         out_names=list(out_names),
         settings=node_settings,
         rich=request.rich,
-        cwd=os.getcwd(),
+        cwd=kernel.cwd,
         publish_every=_wire.PUBLISH_EVERY * len(found.nodes),
         on=None,
     )
