@@ -73,10 +73,8 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
     capture_output(rank_dir, spec.rich)
     _devicememory.watch(rank_dir)  # what it holds on a GPU, once it uses one
     _install_signal_handlers(rank_dir, str(_xray.XRAY_FR_ENTRIES) if spec.xrayed else FR_ENTRIES)
-    _prompt.install(
-        spec.rank_offset + rank, prompts_path(spec.run_dir), RankDir(rank_dir).answers
-    )  # input(), pdb: the kernel answers
-    _prompt.name_files(cell_labels(spec.cell, spec.cell_numbers))
+    _prompt.install(spec.rank_offset + rank, None, None)  # input(), pdb: the kernel answers
+    begin_cell(rank_dir, spec.run_dir, cell_labels(spec.cell, spec.cell_numbers))
     code = 0
     namespace: dict = {}
     # stopped by SIGTERM (a peer failed, --timeout): what it received is dropped first, as when it leaves
@@ -101,6 +99,17 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
             # (spawn's) whose CUDA and NCCL teardown could wait on work that never completes
             os._exit(code or EXIT_RAISED)
         sys.exit(code)
+
+
+def begin_cell(rank_dir: str, run_dir: str, labels: Mapping[str, str]) -> None:
+    """A cell begins on this rank, a fresh one's or a kept world's (``ranks._worldloop``): the one place
+    where what is the cell's own reaches the rank's process, so a kept world's later cell gets its own
+    as a fresh rank does (issue #58: a world's 2nd cell once kept its 1st cell's): the error file torch
+    and the rank write its failure to (``TORCHELASTIC_ERROR_FILE``), where its prompts go and are
+    answered (``input()``, pdb), and what pdb calls its cells' files (``labels``: ``Cell In[5]``)."""
+    os.environ["TORCHELASTIC_ERROR_FILE"] = RankDir(rank_dir).error
+    _prompt.use(prompts_path(run_dir), RankDir(rank_dir).answers)
+    _prompt.name_files(dict(labels))
 
 
 def cell_labels(cell: CellSource, cell_numbers: Mapping[str, int]) -> dict[str, str]:

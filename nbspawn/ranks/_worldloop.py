@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._options import Settings
-from .._rankdir import DESCRIBED, RankDir, prompts_path, write_json
+from .._rankdir import DESCRIBED, RankDir, write_json
 from .._source import CellSource
 from . import _cell as _rank
 from . import _children, _devicememory, _fds, _prompt, _stopped, _torchenv, _xray
@@ -277,9 +277,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
             os.mkdir(rank_dir, 0o700)  # the kernel made the cell's run directory; each rank makes its own
         redirect_output(rank_dir)
         stacks = _stacks_to(rank_dir, stacks)
-        os.environ["TORCHELASTIC_ERROR_FILE"] = RankDir(rank_dir).error
-        _prompt.use(prompts_path(job.run_dir), RankDir(rank_dir).answers)
-        _prompt.name_files(_rank.cell_labels(job.cell, {}))
+        _rank.begin_cell(rank_dir, job.run_dir, _rank.cell_labels(job.cell, {}))
         try:
             outcome = _serve(job, rank, spec, namespace, own, group, conn)
         except KeyboardInterrupt:  # an interrupt that came as the cell was ending
