@@ -229,15 +229,16 @@ def torchrun_env(user_env: Mapping[str, str], environ: Mapping[str, str]) -> dic
 DUMP_FILE = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")  # torch reads the first one set
 
 
-def dump_file_env(prefix: str, user_env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
-    """Where NCCL's watchdog dumps its flight recorder when a collective times out (``prefix`` + the
-    global rank; on by default, ``TORCH_NCCL_DUMP_ON_TIMEOUT``): the rank's own directory, unless the
-    user named a place.  torch's default, ``/tmp/nccl_trace_rank_<rank>`` (``~/.cache/torch/`` in newer
-    torch), is one file per rank number for every run and kernel of the machine."""
+def dump_file_keys(user_env: Mapping[str, str], environ: Mapping[str, str], *, renamed: bool) -> tuple[str, ...]:
+    """Which variables say where NCCL's watchdog dumps its flight recorder when a collective times out
+    (each rank's own directory, + the global rank; on by default, ``TORCH_NCCL_DUMP_ON_TIMEOUT``): none
+    where the user named a place.  torch's default, ``/tmp/nccl_trace_rank_<rank>`` (``~/.cache/torch/``
+    in newer torch), is one file per rank number for every run and kernel of the machine.  ``renamed``:
+    the ranks' torch has the generic FlightRecorder (:func:`recorder_renamed`)."""
     if any(key in user_env or key in environ for key in DUMP_FILE):
-        return {}
+        return ()
     # only the name this torch reads: the old one on a torch from after the rename warns in every rank
-    return dict.fromkeys(DUMP_FILE[:1] if recorder_renamed() else DUMP_FILE, prefix)
+    return DUMP_FILE[:1] if renamed else DUMP_FILE
 
 
 def recorder_renamed() -> bool:

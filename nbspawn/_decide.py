@@ -45,6 +45,9 @@ def decide_ranks(settings: Settings, machine: Machine, program: Program | None =
         kernel_env=dict(machine.environ) if method == "forkserver" else None,
         accelerator_envs=tpu.rank_envs if tpu else (),
         unset_env=_tpu.LAUNCHER_KEYS if tpu else (),
+        launch_env=_cuda.torchrun_env(machine.user_env, machine.environ),
+        loopback_env=_cuda.socket_interface_env(machine.loopback, machine.user_env, machine.environ),
+        dump_file_keys=_cuda.dump_file_keys(machine.user_env, machine.environ, renamed=machine.recorder_renamed),
         notes=tuple(notes),
     )
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TypedDict
 
-from . import _capacity, _cuda
+from . import _capacity, _cuda, _listen
 
 
 class Told(TypedDict, total=False):
@@ -30,6 +30,8 @@ class Told(TypedDict, total=False):
     fork_blocker: str | None  # why fork would be unsafe now (None: it is safe)
     openmp_started: bool
     room: _capacity.Room  # what bounds how many ranks it holds (open files, tasks, memory)
+    loopback: str | None  # the loopback interface's name (lo)
+    recorder_renamed: bool  # the torch here has the generic FlightRecorder (TORCH_FR_* names)
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,17 @@ class Machine:
         if "openmp_started" in self.told:
             return self.told["openmp_started"]
         return openmp_pool_started()
+
+    @cached_property
+    def loopback(self) -> str | None:
+        """This machine's loopback interface (``lo``): where gloo's and NCCL's sockets go on one machine."""
+        return self.told["loopback"] if "loopback" in self.told else _listen.loopback_interface()
+
+    @cached_property
+    def recorder_renamed(self) -> bool:
+        """Whether the torch imported here names its flight recorder's variables ``TORCH_FR_*``
+        (``nbspawn._cuda.recorder_renamed``): its ranks run the same torch."""
+        return self.told["recorder_renamed"] if "recorder_renamed" in self.told else _cuda.recorder_renamed()
 
     def room(self, nprocs: int) -> _capacity.Room:
         """What bounds ``nprocs`` ranks here (``nbspawn._capacity.this_machine``: what takes more than a

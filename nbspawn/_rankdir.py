@@ -12,7 +12,7 @@ torch elastic's layout (``stdout.log``, ``stderr.log``, ``error.json``), plus wh
   collectives, written at the cell's end (``ranks._xray_values``);
 * ``described.json``: what a name holds on this rank, for ``%spawn show WORLD NAME`` (``ranks._describe``);
 * ``nccl_trace_<global rank>``: NCCL's flight-recorder dump when its watchdog times a collective out (torch
-  writes it to ``TORCH_FR_DUMP_TEMP_FILE`` + the rank; ``nbspawn._cuda.dump_file_env``);
+  writes it to ``TORCH_FR_DUMP_TEMP_FILE`` + the rank; ``nbspawn._cuda.dump_file_keys``);
 * ``interrupt``: a kept world's rank only, made by the kernel just before it interrupts the rank's cell
   (SIGINT): the rank honours an interrupt only while the cell whose directory holds it runs, so one
   meant for a cell never lands in the next;

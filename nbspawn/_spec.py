@@ -19,7 +19,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from . import _cuda, _listen
+from . import _listen
 from ._options import ranks_within
 from ._program import Program
 from ._rankdir import RankDir
@@ -99,6 +99,14 @@ class RunSpec(CellPart):
     # the launcher's variables no rank may inherit from the kernel (a leftover would win over the topology)
     accelerator_envs: tuple[dict[str, str], ...] = ()
     unset_env: tuple[str, ...] = ()
+    # what a launcher adds to every rank's environment, decided with the ranks from the kernel's environment
+    # and the user's --env (nbspawn._decide), so a rank computes its environment from the spec alone:
+    # torchrun's (TORCH_NCCL_ASYNC_ERROR_HANDLING), the loopback interface for gloo's and NCCL's sockets
+    # (used where the store is on loopback: every rank on this machine), and the names of NCCL's
+    # flight-recorder dump file this torch reads, set to each rank's directory (none where the user named one)
+    launch_env: dict[str, str] = field(default_factory=dict)
+    loopback_env: dict[str, str] = field(default_factory=dict)
+    dump_file_keys: tuple[str, ...] = ()
 
     def with_cell(self, part: CellPart) -> RunSpec:
         """This (a kept world's) spec, running the cell ``part`` brings: the world's ranks, backend,
@@ -170,11 +178,11 @@ class RunSpec(CellPart):
             "MASTER_PORT": str(self.master_port),
             "TORCHELASTIC_USE_AGENT_STORE": "True",
         }
-        env.update(_cuda.torchrun_env(self.env, os.environ))  # what torchrun's agent sets for NCCL
+        env.update(self.launch_env)  # what torchrun's agent sets for NCCL
         # a store on loopback: every rank is on this machine, so gloo's and NCCL's sockets are on loopback
         # too (NVLink, P2P, SHM are no sockets)
         if self.master_addr == _listen.LOOPBACK:
-            env.update(_cuda.socket_interface_env(_listen.loopback_interface(), self.env, os.environ))
+            env.update(self.loopback_env)
         env.update(self.env)
         if self.omp_threads is not None:  # after --env: a fork-safety override wins over the user's
             env["OMP_NUM_THREADS"] = str(self.omp_threads)
@@ -187,7 +195,7 @@ class RunSpec(CellPart):
             "ROLE_RANK": str(self.rank_offset + rank),
             "TORCHELASTIC_ERROR_FILE": RankDir(self.rank_dir(rank)).error,
         }
-        env.update(_cuda.dump_file_env(RankDir(self.rank_dir(rank)).nccl_trace_prefix, self.env, os.environ))
+        env.update(dict.fromkeys(self.dump_file_keys, RankDir(self.rank_dir(rank)).nccl_trace_prefix))
         if self.accelerator_envs:
             env.update(self.accelerator_envs[rank])
         return {k: v for k, v in env.items() if k not in self.env}
@@ -268,6 +276,9 @@ class Ranks:
     kernel_env: dict[str, str] | None = None
     accelerator_envs: tuple[dict[str, str], ...] = ()
     unset_env: tuple[str, ...] = ()
+    launch_env: dict[str, str] = field(default_factory=dict)
+    loopback_env: dict[str, str] = field(default_factory=dict)
+    dump_file_keys: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # what deciding found worth saying (fork passed over, a backend's choice)
 
 
@@ -351,6 +362,9 @@ def build_spec(
         hosts_store=placement is None or placement.node_rank == 0,
         accelerator_envs=ranks.accelerator_envs,
         unset_env=ranks.unset_env,
+        launch_env=ranks.launch_env,
+        loopback_env=ranks.loopback_env,
+        dump_file_keys=ranks.dump_file_keys,
     )
 
 

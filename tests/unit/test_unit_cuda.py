@@ -273,17 +273,15 @@ def test_torchrun_sets_async_error_handling_unless_the_user_did():
     assert _cuda.torchrun_env({}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}) == {}
 
 
-def test_rank_env_carries_async_error_handling_and_the_users_value_wins():
-    from nbspawn._spec import RunSpec
+def test_rank_env_carries_async_error_handling_and_the_users_value_wins(tmp_path):
+    from fake_machine import machine, spec_on
 
-    spec = RunSpec(run_id="r", nprocs=1, start_method="fork", backend="nccl", cell=CellSource("pass"), run_dir="/tmp/x")
-    if "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in os.environ:
-        assert spec.rank_env(0)["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
-    spec = RunSpec(
-        run_id="r", nprocs=1, start_method="fork", backend="nccl", cell=CellSource("pass"), run_dir="/tmp/x",
-        env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"},
-    )  # fmt: skip
-    assert spec.rank_env(0)["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
+    settings = Settings(nprocs=1, backend="gloo", log_dir=str(tmp_path))
+    assert spec_on(settings, machine()).rank_env(0)["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    theirs = Settings(nprocs=1, backend="gloo", log_dir=str(tmp_path), env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"})
+    assert spec_on(theirs, machine(user_env=dict(theirs.env))).rank_env(0)["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
+    kernels = machine({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"})  # the kernel's own: the rank inherits it
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in spec_on(settings, kernels).rank_env(0)
 
 
 # -- clusters -------------------------------------------------------------------------------------
@@ -549,32 +547,28 @@ def test_one_probe_fork_between_two_kernel_cells(monkeypatch):
 def test_nccls_timeout_dump_goes_to_the_ranks_own_directory_and_the_error_names_it(tmp_path, monkeypatch):
     """NCCL's watchdog dumps its flight recorder when a collective times out, by default to one file per
     rank number shared by every run and kernel of the machine, and nothing said where (issue 41, M5)."""
+    from fake_machine import machine, spec_on
+
     from nbspawn._rankdir import RankDir
     from nbspawn._runstate import Run
-    from nbspawn._spec import RunSpec
 
-    for key in _cuda.DUMP_FILE:
-        monkeypatch.delenv(key, raising=False)
-    spec = RunSpec(run_id="r", nprocs=2, start_method="fork", backend="nccl", cell=CellSource("pass"), run_dir=str(tmp_path))
-    prefix = str(tmp_path / "1" / "nccl_trace_")
+    settings = Settings(nprocs=2, backend="gloo", log_dir=str(tmp_path))
+    spec = spec_on(settings, machine(recorder_renamed=True))
+    prefix = os.path.join(spec.run_dir, "1", "nccl_trace_")
     # only the name the ranks' torch reads: on a torch from after the FlightRecorder rename the old one set
     # too would make it warn of its deprecation on every rank (the fourth GPU review's N-m3); before it,
     # torch reads only the old one, and both are set
-    renamed = _cuda.recorder_renamed()
-    monkeypatch.setattr(_cuda, "recorder_renamed", lambda: True)
     assert spec.rank_env(1)["TORCH_FR_DUMP_TEMP_FILE"] == prefix
     assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in spec.rank_env(1)
-    monkeypatch.setattr(_cuda, "recorder_renamed", lambda: False)
-    assert {k: spec.rank_env(1)[k] for k in _cuda.DUMP_FILE} == dict.fromkeys(_cuda.DUMP_FILE, prefix)
-    monkeypatch.setattr(_cuda, "recorder_renamed", lambda: renamed)
+    older = spec_on(settings, machine(recorder_renamed=False))
+    older_prefix = os.path.join(older.run_dir, "1", "nccl_trace_")
+    assert {k: older.rank_env(1)[k] for k in _cuda.DUMP_FILE} == dict.fromkeys(_cuda.DUMP_FILE, older_prefix)
     theirs = {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/scratch/trace_"}  # the older name alone: torch reads it, it wins
-    spec_theirs = RunSpec(
-        run_id="r", nprocs=1, start_method="fork", backend="nccl", cell=CellSource("pass"), run_dir=str(tmp_path), env=theirs
-    )
+    spec_theirs = spec_on(Settings(nprocs=1, backend="gloo", log_dir=str(tmp_path), env=theirs), machine(user_env=theirs))
     assert "TORCH_FR_DUMP_TEMP_FILE" not in spec_theirs.rank_env(0)
     assert spec_theirs.rank_env(0)["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/scratch/trace_"
-    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", "/kernel/trace_")
-    assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in spec.rank_env(0)
+    kernels = spec_on(settings, machine({"TORCH_FR_DUMP_TEMP_FILE": "/kernel/trace_"}))  # the kernel's: inherited
+    assert not set(_cuda.DUMP_FILE) & set(kernels.rank_env(0))
 
     run = Run(spec)
     run.prepare_logs()

@@ -11,8 +11,8 @@ import pytest
 from kernel_harness import listening
 
 from nbspawn import _listen
-from nbspawn._source import CellSource
-from nbspawn._spec import RunSpec
+from nbspawn._request import Settings
+from nbspawn._spec import Placement
 from nbspawn.ranks import _fds
 
 
@@ -62,44 +62,20 @@ def test_reserved_ports_are_bounded():
     assert ports[-1] in _listen._held and ports[0] not in _listen._held  # the oldest let go
 
 
-def test_ranks_on_one_machine_use_loopback_unless_the_user_chose(monkeypatch):
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
-    lo = _listen.loopback_interface()
-    assert lo  # Linux: lo
-    spec = RunSpec(
-        run_id="r",
-        nprocs=2,
-        start_method="fork",
-        backend="gloo",
-        cell=CellSource("pass"),
-        run_dir="/tmp/x",
-        master_port=1234,
-        hosts_store=True,
-    )
-    env = spec.rank_env(0)
-    assert env["GLOO_SOCKET_IFNAME"] == lo and env["NCCL_SOCKET_IFNAME"] == f"={lo}"
+def test_ranks_on_one_machine_use_loopback_unless_the_user_chose(tmp_path):
+    from fake_machine import machine, spec_on
+
+    assert _listen.loopback_interface()  # Linux: lo (what Machine.here() tells the planner)
+    settings = Settings(nprocs=2, backend="gloo", log_dir=str(tmp_path))
+    env = spec_on(settings, machine(loopback="lo")).rank_env(0)
+    assert env["GLOO_SOCKET_IFNAME"] == "lo" and env["NCCL_SOCKET_IFNAME"] == "=lo"
     assert env["MASTER_ADDR"] == "127.0.0.1" and env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
-    mine = RunSpec(
-        run_id="r",
-        nprocs=2,
-        start_method="fork",
-        backend="gloo",
-        cell=CellSource("pass"),
-        run_dir="/tmp/x",
-        env={"GLOO_SOCKET_IFNAME": "eth9"},
-        hosts_store=True,
-    )
-    assert mine.rank_env(0)["GLOO_SOCKET_IFNAME"] == "eth9"
-    node = RunSpec(
-        run_id="r",
-        nprocs=2,
-        start_method="fork",
-        backend="gloo",
-        cell=CellSource("pass"),
-        run_dir="/tmp/x",
-        master_addr="10.0.0.1",
-    )  # a cluster node's
+    mine = Settings(nprocs=2, backend="gloo", log_dir=str(tmp_path), env={"GLOO_SOCKET_IFNAME": "eth9"})
+    assert spec_on(mine, machine(user_env=dict(mine.env))).rank_env(0)["GLOO_SOCKET_IFNAME"] == "eth9"
+    kernels = spec_on(settings, machine({"NCCL_SOCKET_IFNAME": "ib0"})).rank_env(0)
+    assert "NCCL_SOCKET_IFNAME" not in kernels and kernels["GLOO_SOCKET_IFNAME"] == "lo"  # the kernel's own is inherited
+    place = Placement(master_addr="10.0.0.1", master_port=29500, rank_offset=2, world_size=4, node_rank=1, nnodes=2)
+    node = spec_on(settings, machine(), placement=place)  # a cluster node's
     assert "GLOO_SOCKET_IFNAME" not in node.rank_env(0)  # its agent sets the node's interface (cluster._agent)
 
 
