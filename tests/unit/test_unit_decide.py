@@ -7,6 +7,7 @@ from __future__ import annotations
 from functools import cached_property
 
 import pytest
+from fake_machine import machine
 
 from nbspawn._capacity import Room
 from nbspawn._decide import decide_ranks
@@ -14,12 +15,6 @@ from nbspawn._machine import Machine, Told
 from nbspawn._program import Program
 from nbspawn._request import Settings
 from nbspawn.errors import SpawnUsageError
-
-FORK_OK = Told(start_methods=("fork", "spawn", "forkserver"), fork_blocker=None, openmp_started=False)
-
-
-def machine(environ: dict[str, str] | None = None, user_env: dict[str, str] | None = None, **told: object) -> Machine:
-    return Machine(user_env or {}, environ or {}, Told(**{**FORK_OK, **told}))  # type: ignore[typeddict-item]
 
 
 class Unasked(Machine):
