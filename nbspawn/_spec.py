@@ -62,33 +62,14 @@ class CellPart:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RunSpec(CellPart):
-    """A run: the cell's part (:class:`CellPart`: its id, source and options) and what its ranks are."""
+class Ranks:
+    """What the ranks on this machine are, as decided (``nbspawn._decide.decide_ranks``) from the settings
+    and this machine's facts: a :class:`RunSpec` is a cell's part, these, and where they sit."""
 
     nprocs: int  # ranks on this machine (a cluster run's kernel: every node's)
     start_method: str
     backend: str  # resolved: none | gloo | nccl
-    env: dict[str, str] = field(default_factory=dict)  # user's --env
-    parent_pid: int = 0  # the kernel; a rank whose parent is gone exits at once
     omp_threads: int | None = None  # None: the user set OMP_NUM_THREADS
-    # fork: the kernel's namespace itself (the child gets a copy-on-write copy); spawn/forkserver:
-    # the names the cell uses, pickled by value.
-    namespace: dict[str, object] | None = None
-    namespace_payload: Payload | None = None  # pickled into each rank as it starts
-    program: Program | None = None  # the ranks run it instead of a cell
-    # Where these ranks sit in the world.  The ranks never host the TCPStore: they join it as clients
-    # (TORCHELASTIC_USE_AGENT_STORE), at master_addr:master_port, where their launcher hosts it bound
-    # to that address only (nbspawn._listen).  One node of a cluster run (nbspawn.cluster): this
-    # node's ranks are RANK rank_offset.., of world_size in all; node 0's agent hosts the store.
-    master_port: int = 0  # 0: this machine's port, not reserved yet (nbspawn._effects reserves it)
-    master_addr: str = _listen.LOOPBACK
-    rank_offset: int = 0
-    world_size: int = 0  # 0: nprocs (one node)
-    node_rank: int = 0
-    nnodes: int = 1
-    # the executor here hosts the store, once every rank is started (a forked rank would inherit the
-    # connections it accepted): a run on this machine alone, or node 0 of a cluster
-    hosts_store: bool = False
     # forkserver: the kernel's environment when the run was planned.  The fork server keeps the one the
     # kernel had when it started, so a later os.environ["NCCL_P2P_DISABLE"] = "1" (or CUDA_VISIBLE_DEVICES,
     # PYTORCH_CUDA_ALLOC_CONF) would never reach a rank, while -n auto and the device mapping read the
@@ -107,6 +88,34 @@ class RunSpec(CellPart):
     launch_env: dict[str, str] = field(default_factory=dict)
     loopback_env: dict[str, str] = field(default_factory=dict)
     dump_file_keys: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # what deciding found worth saying (fork passed over, a backend's choice)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec(CellPart, Ranks):
+    """A run: the cell's part (:class:`CellPart`: its id, source and options), what its ranks are
+    (:class:`Ranks`), the names handed to them and where they sit."""
+
+    env: dict[str, str] = field(default_factory=dict)  # user's --env
+    parent_pid: int = 0  # the kernel; a rank whose parent is gone exits at once
+    # fork: the kernel's namespace itself (the child gets a copy-on-write copy); spawn/forkserver:
+    # the names the cell uses, pickled by value.
+    namespace: dict[str, object] | None = None
+    namespace_payload: Payload | None = None  # pickled into each rank as it starts
+    program: Program | None = None  # the ranks run it instead of a cell
+    # Where these ranks sit in the world.  The ranks never host the TCPStore: they join it as clients
+    # (TORCHELASTIC_USE_AGENT_STORE), at master_addr:master_port, where their launcher hosts it bound
+    # to that address only (nbspawn._listen).  One node of a cluster run (nbspawn.cluster): this
+    # node's ranks are RANK rank_offset.., of world_size in all; node 0's agent hosts the store.
+    master_port: int = 0  # 0: this machine's port, not reserved yet (nbspawn._effects reserves it)
+    master_addr: str = _listen.LOOPBACK
+    rank_offset: int = 0
+    world_size: int = 0  # 0: nprocs (one node)
+    node_rank: int = 0
+    nnodes: int = 1
+    # the executor here hosts the store, once every rank is started (a forked rank would inherit the
+    # connections it accepted): a run on this machine alone, or node 0 of a cluster
+    hosts_store: bool = False
 
     def with_cell(self, part: CellPart) -> RunSpec:
         """This (a kept world's) spec, running the cell ``part`` brings: the world's ranks, backend,
@@ -264,24 +273,6 @@ def cell_part(
     )
 
 
-@dataclass(frozen=True, kw_only=True)
-class Ranks:
-    """What the ranks on this machine are, as decided (``nbspawn._decide.decide_ranks``): a spec's part
-    that neither the cell nor where the ranks sit changes (RunSpec's fields of the same names say more)."""
-
-    nprocs: int
-    start_method: str
-    backend: str
-    omp_threads: int | None = None
-    kernel_env: dict[str, str] | None = None
-    accelerator_envs: tuple[dict[str, str], ...] = ()
-    unset_env: tuple[str, ...] = ()
-    launch_env: dict[str, str] = field(default_factory=dict)
-    loopback_env: dict[str, str] = field(default_factory=dict)
-    dump_file_keys: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()  # what deciding found worth saying (fork passed over, a backend's choice)
-
-
 @dataclass(frozen=True)
 class Handoff:
     """What a rank gets of the kernel's names, and where its ``--out`` values go (``nbspawn.handoff``)."""
@@ -341,13 +332,9 @@ def build_spec(
         notes=ranks.notes,
     )
     return RunSpec(
-        **vars(part),
-        nprocs=ranks.nprocs,
-        start_method=ranks.start_method,
-        backend=ranks.backend,
+        **{**vars(ranks), **vars(part)},  # the cell's notes are the ranks' (cell_part above)
         env=dict(settings.env),
         parent_pid=os.getpid(),
-        omp_threads=ranks.omp_threads,
         namespace=handed.namespace,
         namespace_payload=handed.namespace_payload,
         program=program,
@@ -358,13 +345,7 @@ def build_spec(
         world_size=placement.world_size if placement else 0,
         node_rank=placement.node_rank if placement else 0,
         nnodes=placement.nnodes if placement else 1,
-        kernel_env=ranks.kernel_env,
         hosts_store=placement is None or placement.node_rank == 0,
-        accelerator_envs=ranks.accelerator_envs,
-        unset_env=ranks.unset_env,
-        launch_env=ranks.launch_env,
-        loopback_env=ranks.loopback_env,
-        dump_file_keys=ranks.dump_file_keys,
     )
 
 
