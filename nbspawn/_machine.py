@@ -43,9 +43,9 @@ class Machine:
     told: Told = field(default_factory=Told)
 
     @classmethod
-    def here(cls, user_env: Mapping[str, str] | None = None, **told: object) -> Machine:
-        """This machine now, for ranks given ``user_env``; ``told``: facts to take as given (:class:`Told`)."""
-        return cls(dict(user_env or {}), dict(os.environ), Told(**told))  # type: ignore[typeddict-item]
+    def here(cls, user_env: Mapping[str, str] | None = None) -> Machine:
+        """This machine now, for ranks given ``user_env``: every fact probed when first asked."""
+        return cls(dict(user_env or {}), dict(os.environ))
 
     @cached_property
     def cpus(self) -> int:
@@ -59,7 +59,7 @@ class Machine:
         in the kernel; ``torch.cuda.device_count()`` falls back on it where NVML cannot answer)."""
         if "gpus" in self.told:
             return self.told["gpus"]
-        return _cuda.gpu_count(_cuda.ranks_visible(self.user_env, self.environ))
+        return _cuda.gpu_count(self.visible_devices)
 
     @cached_property
     def start_methods(self) -> tuple[str, ...]:
