@@ -84,10 +84,14 @@ def page(browser):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A failed browser test's report ends with the log of each jupyter server running then: what the
-    kernel printed to its stderr (a warning of nbspawn's, a traceback) is there and nowhere else."""
+    """A failed browser test's report ends with what its ``page`` fixture's page showed (a test's own
+    ``with Page`` prints that itself) and the log of each jupyter server running then: what the kernel
+    printed to its stderr (a warning of nbspawn's, a traceback) is there and nowhere else."""
     outcome = yield
     report = outcome.get_result()
+    page = getattr(item, "funcargs", {}).get("page")
+    if report.when == "call" and report.failed and page is not None:
+        report.sections.append(("what the page showed as the test failed", page.what_was_open()))
     harness = sys.modules.get("lab_harness")
     if report.failed and harness is not None:
         for server in harness.RUNNING:

@@ -26,6 +26,7 @@ from lab_harness import (  # the servers, browser pages and helpers (the fixture
     KernelStatuses,
     Page,
     chip_statuses,
+    close_current_tab,
     dark_theme,
     frozen_run,
     live_view,
@@ -371,8 +372,7 @@ def test_lab_notebook_closed_and_opened_again_mid_run(lab, browser, artifacts):
         live_view(cells.nth(1), widget=True)
         _save(pg, path, lambda nb: any(LIVE_MIME in o.get("data", {}) for o in nb["cells"][1]["outputs"]))
 
-        pg.locator(".jp-mod-current .lm-TabBar-tabCloseIcon, .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabCloseIcon").first.click()
-        panel.wait_for(state="detached", timeout=30_000)
+        close_current_tab(pg, panel)
         pg.locator(
             ".jp-DirListing-item[title*='reattach.ipynb'] .jp-DirListing-itemText", has_text=re.compile(r"^reattach\.ipynb$")
         ).dblclick()
