@@ -45,6 +45,8 @@ def test_this_machines_processes_are_read_and_a_live_process_holds_what_it_wrote
         assert os.getpid() in processes and processes[child.pid].ppid == os.getpid()
         _, held = res.tree_totals(processes, {0: child.pid})[0]
         assert 200_000_000 <= held <= 260_000_000, held  # its own bytes, not the interpreter's shared libraries
+        # only the processes asked for (the sample as ranks start); one that is not there is left out
+        assert set(res.read_processes(only=[child.pid, os.getpid(), 2**22 + 1])) == {child.pid, os.getpid()}
         # raised above this process's own oom_score_adj, as a rank is above the kernel's
         assert res.raise_oom_score(child.pid)
         with open(f"/proc/{child.pid}/oom_score_adj") as fh, open("/proc/self/oom_score_adj") as mine:
