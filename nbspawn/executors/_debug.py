@@ -100,7 +100,9 @@ def post_mortem(world: _world.World, rank: int | None, view: RunView) -> Run:
     _world.lose_if_a_rank_died(world)  # a rank that died since is said now, the world cleaned up
     run_id = new_run_id()
     spec = world.spec.with_job(run_id, os.path.join(world.base_dir, run_id), cell=kept.cell, shown_ranks=frozenset({rank}))
-    job = WorldJob(kept.cell, spec.run_dir, run_id, asked=replace(spec.asked, xray="off"), debug=rank)
+    job = WorldJob(
+        kept.cell, spec.run_dir, run_id, asked=replace(spec.asked, xray="off"), debug=rank, cell_numbers=dict(spec.cell_numbers)
+    )
     print(f"post-mortem of world {name!r} rank {rank}: {kept.summary} ({kept.cell.label})")
     return execute(spec, view, _world.WorldCell(world, job))
 

@@ -22,7 +22,7 @@ import faulthandler
 import os
 import signal
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +59,7 @@ class WorldJob:
     on: frozenset[int] | None = None  # --on: the (global) ranks that run the cell; the others sit it out
     debug: int | None = None  # %spawn debug: this rank debugs the failure it kept (the others answer at once)
     describe: str | None = None  # %spawn show WORLD NAME: each rank writes down what NAME holds (ranks._describe)
+    cell_numbers: Mapping[str, int] = field(default_factory=dict)  # IPython's cell files -> In[N]: what pdb calls them
 
     def rank_dir(self, rank: int) -> str:
         return os.path.join(self.run_dir, str(self.rank_offset + rank))
@@ -277,7 +278,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
             os.mkdir(rank_dir, 0o700)  # the kernel made the cell's run directory; each rank makes its own
         redirect_output(rank_dir)
         stacks = _stacks_to(rank_dir, stacks)
-        _rank.begin_cell(rank_dir, job.run_dir, _rank.cell_labels(job.cell, {}))
+        _rank.begin_cell(rank_dir, job.run_dir, _rank.cell_labels(job.cell, job.cell_numbers))
         try:
             outcome = _serve(job, rank, spec, namespace, own, group, conn)
         except KeyboardInterrupt:  # an interrupt that came as the cell was ending

@@ -81,6 +81,24 @@ def test_pdb_names_cells_as_ipython_does(kernel, method):
     assert "nbspawn-cell" not in text and "dynamic-code" not in text and "ipykernel" not in text
 
 
+def test_pdb_names_cells_as_ipython_does_on_a_kept_world(kernel):
+    """The same on a kept world's later cell: the cell and a function defined after the world started
+    read as IPython names them (a world's cell once handed its ranks no cell numbers: ``<ipython-input>``
+    or a kernel's temporary file's name)."""
+    ok(kernel, "%%spawn --world pdbnames -n 1\npass")
+    try:
+        defined = ok(kernel, "def helper2(a):\n    b = a + 1\n    return b").execution_count
+        talk = converse(kernel, "%%spawn --world pdbnames\nbreakpoint()\nhelper2(2)\n", [*TO_NEXT_LINE, "s", "n", "w", "c"])
+        assert talk.result.status == "ok", talk.text
+        text = "\n".join(rank_lines(talk.result.stdout, 0))
+        cell = talk.result.execution_count
+        assert f"> Cell In[{cell}], line 3\n-> helper2(2)" in text, text
+        assert f"> Cell In[{defined}], line 2, in helper2" in text, text
+        assert "nbspawn-cell" not in text and "dynamic-code" not in text and "ipykernel" not in text
+    finally:
+        ok(kernel, "%spawn stop pdbnames")
+
+
 def test_pdb_set_trace_in_a_function_steps_into_it(kernel):
     code = """%%spawn -n 1
 import pdb
