@@ -108,6 +108,27 @@ def tree_totals(processes: Mapping[int, ProcStat], roots: Mapping[int, int], pro
 
 
 @dataclass(frozen=True)
+class CpuMark:
+    """A rank's CPU seconds at one sample, and when: what its next sample's percentage counts from.
+    ``alone``: the rank's own process only (the sample as ranks start: ``read_processes(only=...)``)."""
+
+    cpu: float
+    when: float
+    alone: bool = False
+
+
+def cpu_percent(before: CpuMark | None, tree_cpu: float, own_cpu: float, now: float) -> float | None:
+    """A rank's CPU now, in percent of one core, from its mark ``before`` to ``now``: its process and
+    descendants' seconds (``tree_cpu``), or its own process's (``own_cpu``) where the mark counted only
+    that; a descendant's whole lifetime counted against one second would read thousands of percent
+    (a kept world's rank with persistent DataLoader workers). None: nothing to count from."""
+    if before is None or now <= before.when:
+        return None
+    spent = (own_cpu if before.alone else tree_cpu) - before.cpu
+    return round(max(0.0, 100 * spent / (now - before.when)), 1)
+
+
+@dataclass(frozen=True)
 class MemoryLimit:
     """What the ranks may use together: ``total`` bytes, ``used`` now by everything under it, and
     whose figure it is ("machine" or "container")."""

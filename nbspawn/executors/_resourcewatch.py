@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..events._gpumemory import DeviceHeld, out_of_memory_words, parse_held, read_held, totals
 from ..events._resources import (
+    CpuMark,
     MemoryLimit,
+    cpu_percent,
     gigabytes,
     lower_cpu_priority,
     memory_limit,
@@ -56,7 +58,7 @@ class ResourceWatch:
         self.enabled = enabled  # a cluster's ranks are other machines' processes: their agents sample them (relayed)
         self.told: dict[int, str] = {}  # a node's rank killed for memory, or out of GPU memory: its agent's words
         self.sampled_at = 0.0
-        self.cpu_before: dict[int, tuple[float, float]] = {}  # rank -> (CPU seconds, when)
+        self.cpu_before: dict[int, CpuMark] = {}  # rank -> its CPU seconds at the last sample
         self.oom_before = 0
         self.gpu_read: dict[int, float] = {}  # rank -> the modification time of the GPU record read last
         # a fresh run's ranks began with it: torch's peaks are the run's; a kept world's go back to its first cell
@@ -77,9 +79,10 @@ class ResourceWatch:
 
         ``ranks_alone``: the ranks' own processes, not what they started. The sample as ranks start reads
         only them: a full one reads every process on the machine to find the ranks' descendants (~120
-        files here, ~7 ms of a kept world's ~18 ms cell in the kernel, cProfile 2026-12-02), and ranks just
-        started (a kept world's between cells: whatever they kept) are counted again with their
-        descendants a second later, by the loop's next sample."""
+        files here, ~7 ms of a kept world's ~18 ms cell in the kernel, cProfile 2026-12-02). What the
+        ranks started (a kept world's rank keeps its DataLoader workers between cells) is counted a second
+        later, by the loop's next sample, whose CPU percentage counts from the rank's own process then
+        (:func:`~nbspawn.events._resources.cpu_percent`)."""
         now = time.monotonic()
         if not self.enabled or (not force and now - self.sampled_at < SAMPLE_EVERY):
             return
@@ -87,13 +90,13 @@ class ResourceWatch:
         running = {s.rank: s.pid for s in self.run.ranks if s.pid and s.status in ("starting", "running")}
         if not running:
             return
-        totals = tree_totals(read_processes(only=running.values() if ranks_alone else None), running)
-        for rank, (cpu, rss) in totals.items():
+        processes = read_processes(only=running.values() if ranks_alone else None)
+        for rank, (cpu, rss) in tree_totals(processes, running).items():
             state = self.run.ranks[rank]
-            before = self.cpu_before.get(rank)
-            if before is not None and now > before[1]:
-                state.cpu_percent = round(max(0.0, 100 * (cpu - before[0]) / (now - before[1])), 1)
-            self.cpu_before[rank] = (cpu, now)
+            percent = cpu_percent(self.cpu_before.get(rank), cpu, processes[running[rank]].cpu_seconds, now)
+            if percent is not None:
+                state.cpu_percent = percent
+            self.cpu_before[rank] = CpuMark(cpu, now, alone=ranks_alone)
             state.rss = rss
             state.peak_rss = max(state.peak_rss or 0, rss)
         for rank in running:

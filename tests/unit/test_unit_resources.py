@@ -145,3 +145,16 @@ def test_out_of_memory_kills_are_counted_in_the_kernels_own_group_first(tmp_path
     (v2 / "cgroup.controllers").write_text("memory\n")
     (v2 / "k/memory.events.local").write_text("low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n")
     assert res.oom_kills(str(proc), str(v2)) == 1
+
+
+def test_a_ranks_cpu_counts_from_its_mark_and_a_mark_of_its_process_alone_against_its_process_alone():
+    """The sample as ranks start reads each rank's own process (``read_processes(only=...)``); the next,
+    a second later, its descendants too. A kept world's rank whose DataLoader workers ran 100 s of CPU in
+    earlier cells would read 10000 % if that sample's whole tree were counted from the first's mark."""
+    assert res.cpu_percent(None, tree_cpu=5.0, own_cpu=5.0, now=11.0) is None  # nothing to count from
+    assert res.cpu_percent(res.CpuMark(2.0, 11.0), tree_cpu=5.0, own_cpu=5.0, now=11.0) is None  # no time passed
+    # a mark of the whole tree: the tree's seconds since, over the wall seconds since
+    assert res.cpu_percent(res.CpuMark(102.0, 10.0), tree_cpu=103.5, own_cpu=2.5, now=11.0) == 150.0
+    # a mark of the rank's process alone: its own seconds since, not its workers' lifetimes
+    assert res.cpu_percent(res.CpuMark(2.0, 10.0, alone=True), tree_cpu=103.5, own_cpu=2.5, now=11.0) == 50.0
+    assert res.cpu_percent(res.CpuMark(9.0, 10.0), tree_cpu=8.0, own_cpu=8.0, now=11.0) == 0.0  # a worker gone: never below 0
