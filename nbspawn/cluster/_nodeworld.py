@@ -83,7 +83,7 @@ def run_world_cell(job: _wire.Job, node: _wire.Spot, name: str, first: bool) -> 
                 )
                 cell = WorldJob(
                     job["cell"], spec.run_dir, run_id, Payload(names), out_names, spec.shm_prefix,
-                    asked=spec.asked, rank_offset=node["offset"], on=spec.on_ranks, cell_numbers=dict(spec.cell_numbers),
+                    asked=spec.asked, rank_offset=node["offset"], on=spec.on_ranks,
                 )  # fmt: skip
                 with _agent.working_directory(job["cwd"]):
                     run = execute(spec, view, _NodeWorldCell(world, cell))

@@ -101,7 +101,7 @@ def post_mortem(world: _world.World, rank: int | None, view: RunView) -> Run:
     run_id = new_run_id()
     spec = world.spec.with_job(run_id, os.path.join(world.base_dir, run_id), cell=kept.cell, shown_ranks=frozenset({rank}))
     job = WorldJob(
-        kept.cell, spec.run_dir, run_id, asked=replace(spec.asked, xray="off"), debug=rank, cell_numbers=dict(spec.cell_numbers)
+        kept.cell, spec.run_dir, run_id, asked=replace(spec.asked, xray="off"), debug=rank, cell_numbers=kept.cell_numbers
     )
     print(f"post-mortem of world {name!r} rank {rank}: {kept.summary} ({kept.cell.label})")
     return execute(spec, view, _world.WorldCell(world, job))

@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -74,6 +75,8 @@ class KeptFailure:
     cell_no: int  # which of the world's cells it was
     summary: str  # "ValueError: bad shape"
     time: float  # when it was recorded: the earliest of a cell's failures is its root cause
+    # IPython's cell files -> In[N] as that cell ran: what its post-mortem's pdb calls them
+    cell_numbers: Mapping[str, int] = field(default_factory=dict)
 
 
 NOT_KEPT = frozenset({"KeyboardInterrupt", "SystemExit", "GeneratorExit", "DebuggerQuit", "NoPromptError"})
@@ -103,7 +106,7 @@ class World(KeptWorld):
             record = state.read_error() if state.status in ("failed", "failed_after") else None
             if record is not None and record.exc_type and record.exc_type not in NOT_KEPT:
                 summary = f"{record.exc_type}: {record.message}" if record.message else record.exc_type
-                self.kept[state.rank] = KeptFailure(state.rank, cell, self.cells, summary, record.time)
+                self.kept[state.rank] = KeptFailure(state.rank, cell, self.cells, summary, record.time, run.spec.cell_numbers)
 
     @property
     def pids(self) -> list[int]:

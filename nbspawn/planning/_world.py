@@ -90,7 +90,7 @@ def plan_world_cell(request: RunRequest, work: Cell, target: OnWorld) -> WorldCe
         shared=tuple(shared),
         asked=part.asked,
         on=on,
-        cell_numbers=dict(request.cell_numbers),
+        cell_numbers=part.cell_numbers,
     )
     return WorldCellPlan(place, part, job, names_bound(cell.tree), share=tuple(shared.values()))
 

@@ -54,6 +54,24 @@ def test_post_mortem_of_a_worlds_last_failure_at_the_failed_cells_own_lines(fres
     ok(fresh_kernel, "%spawn stop w")
 
 
+def test_post_mortem_names_a_function_from_a_cell_run_after_the_world_started(kernel):
+    """pdb calls the failed cell's functions by the cells IPython numbered as it ran, not only those
+    there were when the world started (a kernel's temporary file's name, /tmp/ipykernel_*/*.py)."""
+    ok(kernel, "%%spawn --world pmnames -n 1\npass")
+    try:
+        defined = ok(kernel, "def shaky(v):\n    raise ValueError(v)").execution_count
+        failed = run(kernel, "%%spawn --world pmnames\nshaky(7)\n")
+        assert failed.status == "error"
+        talk = converse(kernel, "%spawn debug pmnames", ["w", "q"])
+        assert talk.result.status == "ok", talk.text
+        text = "\n".join(rank_lines(talk.result.stdout, 0))
+        assert f"> Cell In[{defined}], line 2, in shaky" in text, text
+        assert f"  Cell In[{failed.execution_count}], line 2\n-> shaky(7)" in text, text
+        assert "ipykernel" not in text
+    finally:
+        ok(kernel, "%spawn stop pmnames")
+
+
 def test_post_mortem_opens_at_the_cells_line_not_in_a_library(fresh_kernel):
     """A cell that raised inside torch: ``%spawn debug`` opens where the cell called it, as IPython's
     ``%debug`` does, with the cell's names at hand; ``d`` still goes down into torch's frames."""
