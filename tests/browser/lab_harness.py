@@ -530,8 +530,9 @@ def close_current_tab(pg: PwPage, panel: Locator) -> None:
     """Close JupyterLab's current document tab with its close icon, as a user does, and wait until
     ``panel`` (its panel) is gone. A JupyterLab dialog that opens instead (its document unsaved) fails
     the test with its text. A click the page lost is clicked again, said on the test's output: on CI
-    (2026-12-03, a loaded machine) a tab stayed open 30 s after its close icon was clicked, with no
-    dialog. The limits are hang guards (a quiet machine closes a tab in well under a second)."""
+    (2026-12-03, a loaded machine) a tab stayed open 30 s after its close icon was clicked, and once here
+    under heavier load too, with no dialog. The limits are hang guards (a quiet machine closes a tab in
+    well under a second)."""
     close = pg.locator(".lm-TabBar-tab.jp-mod-current.lm-mod-current .lm-TabBar-tabCloseIcon")
     for attempt in (1, 2):
         close.first.click()
@@ -727,8 +728,10 @@ def save_until(pg: PwPage, path: Path, predicate: Callable[[dict], bool]) -> dic
     heard that it is saved (no tab marked unsaved); that notebook.
 
     The file is on disk before the server's answer reaches the page, which only then marks the document
-    saved: a test that closed the tab in between met JupyterLab's "Save your work?" dialog, which waits for a
-    click (CI, 2026-12-03: the tab never closed). The limit is a hang guard (a quiet machine: 1-2 s)."""
+    saved: a test that closes the tab or reloads the page in between meets the page's unsaved state
+    (JupyterLab's "Save your work?" dialog, the browser's leave-page prompt), which waits for a click. The
+    likeliest cause of CI's tab that never closed (2026-12-03), not proven. The limit is a hang guard (a
+    quiet machine: 1-2 s)."""
     deadline = time.monotonic() + 60
     while True:
         pg.keyboard.press("Control+s")
