@@ -52,12 +52,17 @@ def test_a_straggler_is_named_in_the_saved_view_in_words_and_drawn(kernel):
 def test_the_live_widget_draws_the_x_ray_while_the_cell_runs(kernel, tmp_path):
     """The ranks write their record every 2 s and the kernel reads it as often: a cell that goes on
     shows its collectives before it ends.  It goes on until the test has seen the drawing (a flag file;
-    two minutes at most, a hang guard), not for a fixed 5 s the drawing had to come within."""
+    two minutes at most, a hang guard), not for a fixed 5 s the drawing had to come within. The ranks stop
+    together, on what any of them saw (a MAX all_reduce): each looking for the flag on its own, one could
+    see it and end the cell while the other, a moment earlier, had not and waited in the next all_reduce
+    for a peer that was gone (the Colab job, 2026-12-03: the cell failed)."""
     drawn_flag = tmp_path / "drawn"
     body = (
         "import os, time, torch, torch.distributed as dist\nt = torch.ones(2)\nfor _ in range(1200):\n"
         "    dist.all_reduce(t)\n"
-        f"    if os.path.exists({str(drawn_flag)!r}):\n        break\n"
+        f"    seen = torch.tensor([float(os.path.exists({str(drawn_flag)!r}))])\n"
+        "    dist.all_reduce(seen, op=dist.ReduceOp.MAX)\n"
+        "    if seen.item():\n        break\n"
         "    time.sleep(0.1)\n"
     )
     status, run = _widget_run_flagging(kernel, body, "-n 2 --backend gloo", drawn_flag)
