@@ -27,12 +27,21 @@ from nbspawn.views._widget import widget_available
 def holds(seen: Path) -> str:
     """Rank 0 peaks first, rank 1 last, never at once (a barrier between): each rank's peak is its own, the
     GPU's the most held together.  Both hold their last figures until the test has seen them together live
-    (``seen``), not for a fixed 2 s in which a loaded kernel had to sample them."""
+    (``seen``), not for a fixed 2 s in which a loaded kernel had to sample them. Rank 0 passes the barrier
+    only once its record says it dropped (its thread writes on its own timer, once a second): rank 1's 2.3 GB
+    written while rank 0's record still said 1.3 was 3.6 GB held together in one sample (the Colab job,
+    2026-12-03)."""
     return STAND_IN + (
-        "import torch.distributed as dist\n"
+        "import contextlib, json, torch.distributed as dist\n"
         f"_held(*([{GB} + 300_000_000] * 2 if rank == 0 else [2 * {GB}] * 2))\n"
         "time.sleep(2)\n"
         f"if rank == 0:\n    _held({GB}, {GB})\n"
+        f"    mine = os.path.join(os.path.dirname(os.environ['TORCHELASTIC_ERROR_FILE']), {DEVICE_MEMORY!r})\n"
+        "    for _ in range(2400):\n"
+        "        with contextlib.suppress(OSError, ValueError):  # not yet written, or being written\n"
+        f"            if [d['reserved'] for d in json.load(open(mine))['devices']] == [{GB}]:\n"
+        "                break\n"
+        "        time.sleep(0.05)\n"
         "dist.barrier()\n"
         f"if rank == 1:\n    _held(2 * {GB} + 300_000_000, 2 * {GB} + 300_000_000)\n"
         f"{until_flag(seen)}\n"
