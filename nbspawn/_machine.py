@@ -47,6 +47,11 @@ class Machine:
         """This machine now, for ranks given ``user_env``: every fact probed when first asked."""
         return cls(dict(user_env or {}), dict(os.environ))
 
+    def with_user_env(self, user_env: Mapping[str, str]) -> Machine:
+        """The same machine for ranks given another ``--env`` (a kept world's own, a lost world's as it
+        starts again): the same kernel environment and told facts, the rest probed when asked."""
+        return Machine(dict(user_env), self.environ, self.told)
+
     @cached_property
     def cpus(self) -> int:
         """The CPUs this process may use (:func:`usable_cpus`)."""

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from .._clash import Settled
+from .._machine import Machine
 from .._request import RunRequest, Settings
 from .._runstate import Run
 from .._spec import RunSpec
@@ -73,10 +74,10 @@ class ClusterWorld(KeptWorld):
             nodes=len(cluster.nodes),
         )
 
-    def auto_nprocs(self) -> int:
+    def auto_nprocs(self, here: Machine) -> int:  # its nodes' facts, as they reported them when it started
         return ranks_per_node(self.cluster.nodes, "auto")
 
-    def auto_backend(self, nprocs: int) -> str:
+    def auto_backend(self, nprocs: int, here: Machine) -> str:
         return backend_on_nodes(self.cluster.nodes, "auto", nprocs)[0]
 
     def place_clashes(self, request: RunRequest) -> list[str]:

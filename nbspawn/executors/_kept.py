@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar
 
 from .._clash import Settled
+from .._machine import Machine
 from .._request import RunRequest, Settings
 from .._spec import RunSpec
 from ..errors import SpawnUsageError
@@ -65,12 +66,13 @@ class KeptWorld(ABC):
         """How it runs, fixed for its life (``nbspawn._clash``): what a cell may not change."""
 
     @abstractmethod
-    def auto_nprocs(self) -> int:
-        """What ``-n auto`` comes to on its machines."""
+    def auto_nprocs(self, here: Machine) -> int:
+        """What ``-n auto`` comes to on its machines (``here``: this machine's facts, as the planner has
+        them; a world on a cluster's nodes answers from the facts its nodes reported)."""
 
     @abstractmethod
-    def auto_backend(self, nprocs: int) -> str:
-        """What ``--backend auto`` comes to for ``nprocs`` ranks on its machines."""
+    def auto_backend(self, nprocs: int, here: Machine) -> str:
+        """What ``--backend auto`` comes to for ``nprocs`` ranks on its machines (``here``: as above)."""
 
     def refuse_if_lost(self) -> None:
         """Before a cell is planned on it: a world whose ranks died since its last cell is lost now, and

@@ -123,11 +123,11 @@ class World(KeptWorld):
     def refuse_if_lost(self) -> None:
         lose_if_a_rank_died(self)
 
-    def auto_nprocs(self) -> int:  # on a TPU world: its own count, one rank per chip (nbspawn._tpu), not the GPUs'
-        return self.spec.nprocs if self.spec.accelerator_envs else resolve_nprocs("auto", Machine.here(self.spec.env))
+    def auto_nprocs(self, here: Machine) -> int:  # on a TPU world: its own count, one rank per chip (nbspawn._tpu), not the GPUs'
+        return self.spec.nprocs if self.spec.accelerator_envs else resolve_nprocs("auto", here.with_user_env(self.spec.env))
 
-    def auto_backend(self, nprocs: int) -> str:
-        return backend_here("auto", nprocs, Machine.here(self.spec.env))
+    def auto_backend(self, nprocs: int, here: Machine) -> str:
+        return backend_here("auto", nprocs, here.with_user_env(self.spec.env))
 
     def lost_record(self, why: str | None) -> Lost:
         """Its settings as they were resolved, but its start method as the user asked for it (auto

@@ -8,6 +8,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, cast
 
+from .._machine import Machine
 from .._options import on_within, ranks_within
 from .._request import Cell, OnCluster, OnClusterWorld, RunRequest
 from .._spec import cell_part, new_run_id, run_directory
@@ -16,39 +17,57 @@ from ..errors import SpawnUsageError
 from ..executors import _kept
 from ._cluster import plan_cluster, refuse_share, settled_for_nodes
 from ._kept_cell import as_before, check_settings, started_again
-from ._plans import ClusterWorldCellPlan, NewClusterWorld
+from ._plans import ClusterRunPlan, ClusterWorldCellPlan, NewClusterWorld
 
 if TYPE_CHECKING:
     from ..cluster._clusterworld import ClusterWorld
 
 
 def plan_cluster_world_cell(request: RunRequest, work: Cell, target: OnClusterWorld) -> ClusterWorldCellPlan:
-    """A cell on cluster world ``target.name``: the world planned and checked if it is new (as a
-    cluster run is), else this cell's own options checked against it.  Starts nothing."""
-    # ipyparallel is needed only on a cluster, and the kernel's names (torch's objects) only to be sent
-    from ..cluster._plan import refuse_if_busy
-    from ..handoff._names import pickle_names
+    """A cell on cluster world ``target.name``, planned on what is known now: the world that runs (its
+    engines free), else a new world planned as a cluster run is (its nodes asked; as it ran, if it was
+    lost).  Asks, then leaves deciding to :func:`new_cluster_world` and :func:`cluster_world_cell`."""
+    from ..cluster._plan import refuse_if_busy  # ipyparallel is needed only on a cluster
 
-    name, cell = target.name, work.source
+    name = target.name
     world = cast("ClusterWorld | None", _kept.running_on_a_cluster(name))
+    if world is not None:
+        refuse_if_busy(world.cluster.client)
+        return cluster_world_cell(request, work, target, world, Machine.here(), cwd=os.getcwd())
+    lost = _kept.lost(name, on_cluster=True)
     notes: tuple[str, ...] = ()
-    lost = _kept.lost(name, on_cluster=True) if world is None else None
     if lost is not None:
         request = as_before(request, lost)
         notes = (started_again(name, lost, f"on --cluster {request.cluster} with its settings"),)
-    if world is None:
-        if request.cluster is None:  # the dispatch sends a world here only once it ran on a cluster, or with --cluster
-            raise SpawnUsageError(f"world {name!r} is not running: give --cluster NAME to start it on a cluster")
-        fresh = plan_cluster(request, work, OnCluster(request.cluster, request.nodes))
-        spec = fresh.spec
-        on = on_within(target.on, spec.nprocs, name)
-        new = NewClusterWorld(name, spec, fresh.nodes, request, fresh.job["settings"], background=fresh.background)
-        spec = dataclasses.replace(spec, notes=(*spec.notes, *notes), on_ranks=on)
-        job = _wire.Job(**{**fresh.job, "on": sorted(on) if on is not None else None})
-        return ClusterWorldCellPlan(spec, job, new)
-    check_settings(world, request)
-    refuse_if_busy(world.cluster.client)
-    settings = request.settings
+    if request.cluster is None:  # the dispatch sends a world here only once it ran on a cluster, or with --cluster
+        raise SpawnUsageError(f"world {name!r} is not running: give --cluster NAME to start it on a cluster")
+    fresh = plan_cluster(request, work, OnCluster(request.cluster, request.nodes))
+    return new_cluster_world(name, fresh, request, target.on, notes)
+
+
+def new_cluster_world(
+    name: str, fresh: ClusterRunPlan, request: RunRequest, on: frozenset[int] | None, notes: tuple[str, ...]
+) -> ClusterWorldCellPlan:
+    """The first cell of a cluster world: the cluster run ``fresh`` (planned from its nodes' facts) kept
+    as world ``name``, running its first cell on the ranks ``--on`` names."""
+    spec = fresh.spec
+    ranks = on_within(on, spec.nprocs, name)
+    new = NewClusterWorld(name, spec, fresh.nodes, request, fresh.job["settings"], background=fresh.background)
+    spec = dataclasses.replace(spec, notes=(*spec.notes, *notes), on_ranks=ranks)
+    job = _wire.Job(**{**fresh.job, "on": sorted(ranks) if ranks is not None else None})
+    return ClusterWorldCellPlan(spec, job, new)
+
+
+def cluster_world_cell(
+    request: RunRequest, work: Cell, target: OnClusterWorld, world: ClusterWorld, here: Machine, *, cwd: str
+) -> ClusterWorldCellPlan:
+    """A later cell on cluster world ``world``: its options checked against the world's (the one rule),
+    the world's spec with the cell's part, and the job its nodes are sent (``cwd``: the kernel's
+    directory, where the nodes run it).  Asks nothing: unit-tested on a world made as data."""
+    from ..handoff._names import pickle_names  # the kernel's names (torch's objects) are needed only to be sent
+
+    name, cell, settings = target.name, work.source, request.settings
+    check_settings(world, request, here)
     refuse_share(work)
     out_names = work.out
     shown = ranks_within(settings.ranks, world.spec.nprocs, "--ranks", f"a run of {world.spec.nprocs} ranks")
@@ -84,7 +103,7 @@ def plan_cluster_world_cell(request: RunRequest, work: Cell, target: OnClusterWo
             nodes=len(world.cluster.nodes),
         ),
         rich=request.rich,
-        cwd=os.getcwd(),
+        cwd=cwd,
         publish_every=_wire.PUBLISH_EVERY * len(world.cluster.nodes),
         on=sorted(on) if on is not None else None,
     )

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from .._clash import Asked, Autos, asked_of, refuse_clashes, world_clashes
+from .._machine import Machine
 from .._request import RunRequest
 from ..errors import SpawnUsageError
 from ..executors._kept import KeptWorld, Lost
@@ -19,11 +20,12 @@ from ..executors._kept import KeptWorld, Lost
 T = TypeVar("T")
 
 
-def check_settings(world: KeptWorld, request: RunRequest) -> None:
+def check_settings(world: KeptWorld, request: RunRequest, here: Machine) -> None:
     """The options this cell gave must be the world's own: a cell cannot change a world that runs
-    (its place, nodes, ranks, start method, backend or environment; ``nbspawn._clash``: the one rule)."""
+    (its place, nodes, ranks, start method, backend or environment; ``nbspawn._clash``: the one rule).
+    ``here``: this machine's facts, where the cell's ``auto`` is counted on a world here."""
     asked, settled = asked_of(request.settings, request.nodes), world.settled()
-    autos = autos_for(asked, world.auto_nprocs, lambda: world.auto_backend(settled.nprocs))
+    autos = autos_for(asked, lambda: world.auto_nprocs(here), lambda: world.auto_backend(settled.nprocs, here))
     clashes = [*world.place_clashes(request), *world_clashes(settled, asked, autos)]
     refuse_clashes(world.name, world.settings(), clashes)
 

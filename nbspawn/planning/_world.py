@@ -20,15 +20,30 @@ from .._request import Cell, OnWorld, RunRequest
 from .._spec import build_spec, cell_part, new_run_id
 from ..errors import SpawnUsageError, rank_spans
 from ..executors import _kept
-from ..executors._kept import KeptWorld
+from ..executors._kept import KeptWorld, Lost
 from ..ranks._worldloop import WorldJob
 from ._kept_cell import as_before, check_settings, started_again
 from ._plans import NewWorld, WorldCellPlan
 
 
 def plan_world_cell(request: RunRequest, work: Cell, target: OnWorld) -> WorldCellPlan:
-    """A cell on the world ``target.name``: everything checked (options, names, what the cell uses);
-    a world that is new is started when the plan is carried out (``nbspawn._effects``).
+    """A cell on the world ``target.name``, planned on what is known now: the world that runs (a rank
+    that died since its last cell loses it, said now), else how it ran if it was lost, and this
+    machine's facts (:func:`plan_world_cell_on` decides; this function only asks)."""
+    world = _kept.running_here(target.name)
+    if world is not None:
+        world.refuse_if_lost()
+    lost = _kept.lost(target.name, on_cluster=False) if world is None else None
+    return plan_world_cell_on(request, work, target, world, lost, Machine.here())
+
+
+def plan_world_cell_on(
+    request: RunRequest, work: Cell, target: OnWorld, world: KeptWorld | None, lost: Lost | None, here: Machine
+) -> WorldCellPlan:
+    """A cell on ``world`` (None: a new world, started again as ``lost`` ran if it was lost), on this
+    machine's facts ``here`` (the kernel's environment; no ``--env``): everything checked (options, names,
+    what the cell uses); a world that is new is started when the plan is carried out
+    (``nbspawn._effects``).  Asks nothing, so it is unit-tested on fake facts and data worlds.
 
     A cell on a world that exists builds no spec of its own: it takes the world's (ranks, start method,
     backend, ports, environment) and checks only what is the cell's (timeout, shown ranks, names).
@@ -39,26 +54,22 @@ def plan_world_cell(request: RunRequest, work: Cell, target: OnWorld) -> WorldCe
 
     name, cell, settings = target.name, work.source, request.settings
     share_names, out_names = work.share, work.out
-    world = _kept.running_here(name)
-    if world is not None:
-        world.refuse_if_lost()  # a rank that died between cells loses it, said now
     if world is None:
-        again = _kept.lost(name, on_cluster=False)
-        if again is not None:
-            settings = as_before(request, again).settings
-        ranks = decide_ranks(settings, Machine.here(settings.env))
+        if lost is not None:
+            settings = as_before(request, lost).settings
+        ranks = decide_ranks(settings, here.with_user_env(settings.env))
         spec = build_spec(cell, settings, ranks, rich=request.rich, cell_numbers=request.cell_numbers)
         notes = spec.notes
-        if again is not None:
-            notes = (*notes, started_again(name, again, f"with its settings ({_kept.settled_here(spec).text()})"))
+        if lost is not None:
+            notes = (*notes, started_again(name, lost, f"with its settings ({_kept.settled_here(spec).text()})"))
         place: KeptWorld | NewWorld = NewWorld(name, spec, settings.start_method)
         shown = spec.shown_ranks
     else:
-        check_settings(world, request)
+        check_settings(world, request, here)
         place, spec, notes = world, world.spec, ()
         shown = ranks_within(settings.ranks, spec.nprocs, "--ranks", f"a run of {spec.nprocs} ranks")
     on = cell_ranks(target.on, shown, spec.nprocs, name)
-    ranks_visible = _cuda.ranks_visible(spec.env, os.environ)
+    ranks_visible = _cuda.ranks_visible(spec.env, here.environ)
     # a kept world's ranks were started before this kernel could poison fork (fork is refused or
     # avoided then), so CUDA IPC reaches them whatever their start method
     shared = pick_shared(

@@ -7,28 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fake_machine import KERNEL, TWO_NODES, engine
 
 from nbspawn._request import OnCluster, RunRequest, Settings
 from nbspawn._source import CellSource
-from nbspawn.cluster._plan import Kernel
 from nbspawn.errors import SpawnUsageError
 from nbspawn.planning._cluster import plan_cluster_on
-
-VERSIONS = {"python": "3.11.7", "torch": "2.13.0", "nbspawn": "0.1.0"}
-KERNEL = Kernel(node="a", versions=VERSIONS, cwd="/home/me/project")
-
-
-def engine(node: str, *, address: str | None = None, port: int = 29500, gpus: int = 0, cpus: int = 8, **more: Any) -> dict:
-    """One engine's answer to the probe, as ``_agent.probe`` makes it."""
-    return {
-        "node": node, "hostname": f"{node}.cluster", "machine": f"boot-{node}", "pid": 100, **VERSIONS,
-        "address": address or f"10.0.0.{ord(node) - 96}", "port": port, "gpus": gpus, "physical_gpus": gpus,
-        "cuda_visible": None, "cpus": cpus, "cwd": "/home/me/project", "start_method": "fork", "problem": None,
-        "batch_job": None, **more,
-    }  # fmt: skip
-
-
-TWO_NODES = {0: engine("a", port=29511), 1: engine("a"), 2: engine("b"), 3: engine("b")}
 
 
 def plan(facts: dict[int, dict], *, nodes: int | None = None, source: str = "print(1)", **settings: Any):

@@ -425,9 +425,11 @@ def test_cuda_share_refused_when_the_ranks_see_other_gpus():
     assert not _cuda.same_devices(None, "1") and not _cuda.same_devices("0,1", "1,0")
 
 
-def test_a_world_cell_does_not_rechoose_the_start_method(monkeypatch, tmp_path):
+def test_a_world_cell_does_not_rechoose_the_start_method(tmp_path):
     """A fork world, then CUDA poisons the kernel's fork: repeating --start-method fork on the world
     is its own setting, not a new fork (10a)."""
+    from fake_machine import machine
+
     from nbspawn._request import RunRequest
     from nbspawn._spec import RunSpec
     from nbspawn.executors import _world
@@ -436,12 +438,12 @@ def test_a_world_cell_does_not_rechoose_the_start_method(monkeypatch, tmp_path):
     def cell(settings: Settings) -> RunRequest:
         return RunRequest.of(CellSource("pass"), world="w", settings=settings)
 
-    monkeypatch.setattr(_cuda, "fork_blocker", lambda facts: "CUDA is already initialized in this kernel")
+    poisoned = machine(fork_blocker="CUDA is already initialized in this kernel")
     spec = RunSpec(run_id="w", nprocs=2, start_method="fork", backend="gloo", cell=CellSource("pass"), run_dir=str(tmp_path))
     world = _world.World(name="w", spec=spec, base_dir=str(tmp_path))
-    check_settings(world, cell(Settings(nprocs=2, start_method="fork", given=Given(start_method=True, nprocs=True))))
+    check_settings(world, cell(Settings(nprocs=2, start_method="fork", given=Given(start_method=True, nprocs=True))), poisoned)
     with pytest.raises(SpawnUsageError, match="--start-method spawn"):
-        check_settings(world, cell(Settings(start_method="spawn", given=Given(start_method=True))))
+        check_settings(world, cell(Settings(start_method="spawn", given=Given(start_method=True))), poisoned)
 
 
 def test_a_lost_world_starts_again_with_the_start_method_the_user_asked_for(tmp_path):

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
+from fake_machine import machine
 
 from nbspawn import _cuda
 from nbspawn._options import Given
@@ -62,7 +63,7 @@ def test_one_settings_text_and_one_refusal_for_a_world_here_and_on_nodes(tmp_pat
         (on_nodes(tmp_path), "--nodes 2 -n 2 --start-method fork --backend gloo --env A=1"),
     ]:
         with pytest.raises(SpawnUsageError) as refused:
-            check_settings(world, three)
+            check_settings(world, three, machine())
         assert str(refused.value) == (
             f"world {world.name!r} runs with {runs_with}; this cell asks for -n 3. "
             f"Leave those options out, or %spawn stop {world.name} first."

@@ -6,16 +6,19 @@ made as data (their processes and engines are the end-to-end tests' business).""
 
 from __future__ import annotations
 
-from dataclasses import fields
+import os
+from dataclasses import fields, replace
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from fake_machine import KERNEL, TWO_NODES, machine
 
 from nbspawn import _listen
 from nbspawn._effects import carry_out
 from nbspawn._options import Given
 from nbspawn._program import read_program_line
-from nbspawn._request import Cell, OnClusterWorld, RunRequest, Settings
+from nbspawn._request import Cell, OnCluster, OnClusterWorld, OnWorld, RunRequest, Settings
 from nbspawn._source import CellSource
 from nbspawn._spec import RunSpec
 from nbspawn.cluster._clusterworld import ClusterWorld
@@ -23,12 +26,16 @@ from nbspawn.cluster._plan import ClusterPlan, Node
 from nbspawn.errors import SpawnUsageError
 from nbspawn.executors import _world as _world_executor
 from nbspawn.executors._fresh import FreshRanks
+from nbspawn.executors._kept import Lost
 from nbspawn.executors._program import ProgramRanks
 from nbspawn.executors._world import World
 from nbspawn.planning import _world
-from nbspawn.planning._cluster import settled_for_nodes
+from nbspawn.planning._cluster import plan_cluster_on, settled_for_nodes
+from nbspawn.planning._cluster_world import cluster_world_cell, new_cluster_world
 from nbspawn.planning._fresh import plan_fresh_cell, plan_program
 from nbspawn.planning._kept_cell import check_settings
+from nbspawn.planning._plans import NewClusterWorld, NewWorld
+from nbspawn.planning._world import plan_world_cell_on
 
 
 def test_a_fresh_cell_is_planned_from_typed_settings(tmp_path):
@@ -113,17 +120,126 @@ def test_a_world_that_runs_is_checked_by_the_one_rule(tmp_path, which):
     same = Settings(nprocs=2, start_method="fork", backend="gloo", env={"A": "1"}, given=ALL)
     other = Settings(nprocs=3, backend="nccl", given=Given(nprocs=True, backend=True))
     world = local_world(tmp_path) if which == "local" else cluster_world(tmp_path)
-    check_settings(world, RunRequest.of(CellSource("pass"), settings=same))
+    check_settings(world, RunRequest.of(CellSource("pass"), settings=same), machine())
     with pytest.raises(SpawnUsageError, match=r"this cell asks for -n 3, --backend nccl\. Leave those"):
-        check_settings(world, RunRequest.of(CellSource("pass"), settings=other))
+        check_settings(world, RunRequest.of(CellSource("pass"), settings=other), machine())
 
 
 def test_a_cluster_worlds_auto_is_what_its_nodes_come_to(tmp_path):
     cworld = cluster_world(tmp_path)  # two nodes of 2 CPUs, no GPU: -n auto is 2 a node, --backend auto gloo
     auto = Settings(nprocs="auto", backend="auto", given=Given(nprocs=True, backend=True))
-    check_settings(cworld, RunRequest.of(CellSource("pass"), settings=auto))
+    big = machine(cpus=64, gpus=8)  # this machine: its facts do not count, the nodes' do
+    check_settings(cworld, RunRequest.of(CellSource("pass"), settings=auto), big)
     with pytest.raises(SpawnUsageError, match=r"this cell asks for --nodes 1\. Leave"):
-        check_settings(cworld, RunRequest(Cell(CellSource("pass")), OnClusterWorld("w", nodes=1)))
+        check_settings(cworld, RunRequest(Cell(CellSource("pass")), OnClusterWorld("w", nodes=1)), machine())
+
+
+# -- the world planners on fake facts: a world made as data, a machine told its facts, no process ------
+
+
+def world_cell(source: str = "pass", *, on: frozenset[int] | None = None, **settings: Any) -> RunRequest:
+    """A cell on world ``w`` as the door reads it (the options given are marked given)."""
+    given = Given(**{k: True for k in ("nprocs", "start_method", "backend", "env") if k in settings})
+    return RunRequest.of(CellSource(source), world="w", on=on, settings=Settings(**settings, given=given), namespace={"x": 1})
+
+
+def test_a_new_world_is_planned_on_the_machines_facts(tmp_path):
+    request = world_cell("y = x", nprocs="auto", backend="auto", log_dir=str(tmp_path))
+    plan = plan_world_cell_on(request, request.work, request.target, None, None, machine(cpus=8))
+    assert isinstance(plan.world, NewWorld) and plan.world.asked_start_method == "auto"
+    spec = plan.world.spec
+    assert (spec.nprocs, spec.start_method, spec.backend, spec.omp_threads) == (4, "fork", "gloo", 2)  # auto: 4 of 8 cores
+    assert plan.part.run_dir.startswith(str(tmp_path)) and plan.part.run_id != spec.run_id  # beside the world's own
+    assert plan.job.names is not None and plan.bound == {"y"}
+    gpus = machine(cpus=32, gpus=2)  # one rank per GPU, on NCCL
+    spec = plan_world_cell_on(request, request.work, request.target, None, None, gpus).world.spec  # type: ignore[union-attr]
+    assert (spec.nprocs, spec.backend, spec.omp_threads) == (2, "nccl", 16)
+
+
+def test_a_lost_world_starts_again_as_it_ran_deciding_auto_on_the_facts_now(tmp_path):
+    lost = Lost("rank 1 died", Settings(nprocs=2, start_method="auto", backend="gloo", env={"A": "1"}, log_dir=str(tmp_path)))
+    request = world_cell(timeout=5.0)
+    blocked = machine(cpus=4, fork_blocker="CUDA is initialized in this kernel")  # since it was lost
+    plan = plan_world_cell_on(request, request.work, request.target, None, lost, blocked)
+    spec = plan.world.spec  # type: ignore[union-attr]
+    assert (spec.nprocs, spec.start_method, spec.backend, spec.env) == (2, "forkserver", "gloo", {"A": "1"})
+    assert plan.part.asked.timeout == 5.0  # the cell's own option stands
+    assert plan.part.notes[-1].startswith(
+        "nbspawn: world 'w' was lost (rank 1 died); this cell starts a new one with its settings "
+        "(-n 2 --start-method forkserver --backend gloo --env A=1)"
+    )
+
+
+def test_a_cell_on_a_running_world_takes_the_worlds_spec_and_brings_its_own_options(tmp_path):
+    world = local_world(tmp_path)
+    request = world_cell("y = x", on=frozenset({1}), ranks=frozenset({1}), timeout=3.0, nprocs=2, env={"A": "1"})
+    plan = plan_world_cell_on(request, request.work, request.target, world, None, machine())
+    assert plan.world is world and plan.part.notes == ()
+    assert (plan.part.on_ranks, plan.part.shown_ranks, plan.part.asked.timeout) == ({1}, {1}, 3.0)
+    assert os.path.dirname(plan.part.run_dir) == os.path.dirname(world.spec.run_dir)  # the world's cells side by side
+    assert (plan.job.on, plan.job.asked, plan.job.run_dir) == ({1}, plan.part.asked, plan.part.run_dir)
+    with pytest.raises(SpawnUsageError, match=r"this cell asks for -n 3\. Leave"):
+        plan_world_cell_on(world_cell(nprocs=3), Cell(CellSource("pass")), OnWorld("w"), world, None, machine())
+    with pytest.raises(SpawnUsageError, match="--on: rank 2 does not exist in world 'w' of 2 ranks"):
+        plan_world_cell_on(
+            world_cell(on=frozenset({2})), Cell(CellSource("pass")), OnWorld("w", frozenset({2})), world, None, machine()
+        )
+
+
+@pytest.mark.parametrize(("cpus", "refused"), [(8, False), (2, True)])
+def test_auto_on_a_running_world_is_counted_on_the_facts_of_its_machine(tmp_path, cpus, refused):
+    """A world of 4 ranks: a later cell's -n auto is 4 on 8 cores, 2 on 2 (refused, naming what it came to)."""
+    world = World(name="w", spec=replace(local_world(tmp_path).spec, nprocs=4), base_dir=str(tmp_path))
+    request = world_cell(nprocs="auto")
+    if not refused:
+        plan_world_cell_on(request, request.work, request.target, world, None, machine(cpus=cpus))
+        return
+    with pytest.raises(SpawnUsageError, match=r"this cell asks for -n auto \(2\)\. Leave"):
+        plan_world_cell_on(request, request.work, request.target, world, None, machine(cpus=cpus))
+
+
+def test_every_setting_given_on_a_worlds_later_cell_reaches_its_ranks(tmp_path):
+    """The twin of the cluster guard below, for a world here: every option the cell gives (but the four
+    that define the world, its own) reaches the job its ranks are sent, as it was given."""
+    world = local_world(tmp_path)
+    cell = Settings(
+        nprocs=2, start_method="fork", backend="gloo", accelerator="none", env={"A": "1"}, timeout=9.0, grace_period=0.5,
+        log_dir="/tmp/logs", ranks=frozenset({1}), max_saved_kb=7, max_image_kb=100, pdb=True, rank_niceness=4,
+        xray="values", given=ALL,
+    )  # fmt: skip
+    unset = [f.name for f in fields(Settings) if getattr(cell, f.name) == getattr(Settings(), f.name)]
+    assert not unset, f"give {unset} a value of their own here, so the test sees them reach the ranks"
+    request = RunRequest.of(CellSource("pass"), world="w", settings=cell)
+    plan = plan_world_cell_on(request, request.work, request.target, world, None, machine())
+    reached = {f.name: getattr(plan.job.asked, f.name) for f in fields(Settings)}
+    assert reached == {f.name: getattr(cell, f.name) for f in fields(Settings)}
+
+
+def test_a_later_cell_on_a_cluster_world_is_planned_from_the_world_as_data(tmp_path):
+    """As the dispatch sends it: a later cell names the world only (``--cluster`` is the world's)."""
+    cworld = replace(cluster_world(tmp_path), node_settings=Settings(nprocs=2, start_method="fork", backend="gloo"))
+    settings = Settings(timeout=4.0, xray="values")
+    cell = RunRequest.of(CellSource("y = x"), world="w", on=frozenset({0, 3}), settings=settings, namespace={"x": 1})
+    request = cell.placed(None, None)
+    plan = cluster_world_cell(request, request.work, request.target, cworld, machine(), cwd="/home/me/project")
+    assert plan.world is cworld and (plan.spec.nprocs, plan.spec.asked.timeout, plan.spec.on_ranks) == (4, 4.0, {0, 3})
+    job = plan.job
+    assert (job["cwd"], job["on"], job["settings"].nprocs, job["settings"].xray) == ("/home/me/project", [0, 3], 2, "values")
+    assert job["settings"].timeout is None and job["names"]  # the kernel keeps the time; x is sent by value
+    share = RunRequest.of(CellSource("pass"), world="w", share=("x",), namespace={"x": 1}).placed(None, None)
+    with pytest.raises(SpawnUsageError, match="--share does not work on a cluster"):
+        cluster_world_cell(share, share.work, share.target, cworld, machine(), cwd="/")
+
+
+def test_a_new_cluster_world_is_the_cluster_run_planned_on_its_nodes_facts():
+    request = RunRequest.of(CellSource("print(1)"), world="w", cluster="rc", settings=Settings(nprocs=2, backend="gloo"))
+    fresh = plan_cluster_on(request, request.work, OnCluster("rc"), object(), TWO_NODES, KERNEL)
+    plan = new_cluster_world("w", fresh, request, frozenset({3}), ("nbspawn: world 'w' was lost",))
+    assert isinstance(plan.world, NewClusterWorld) and plan.world.spec.nprocs == 4 and plan.world.asked is request
+    assert (plan.spec.on_ranks, plan.job["on"], plan.spec.notes[-1]) == ({3}, [3], "nbspawn: world 'w' was lost")
+    assert plan.world.node_settings.nprocs == 2  # each node's ranks
+    with pytest.raises(SpawnUsageError, match="--on: rank 4 does not exist in world 'w' of 4 ranks"):
+        new_cluster_world("w", fresh, request, frozenset({4}), ())
 
 
 def test_every_setting_given_in_the_kernel_reaches_a_clusters_nodes():
