@@ -285,7 +285,8 @@ class Handoff:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where one machine's ranks sit in a world of several nodes (a cluster run's node)."""
+    """Where ranks sit in a world of several nodes: one node's (its agent hosts the store on node 0), or
+    the kernel's view of a whole cluster run (it starts no rank and hosts nothing)."""
 
     master_addr: str
     master_port: int
@@ -293,6 +294,7 @@ class Placement:
     world_size: int
     node_rank: int
     nnodes: int
+    hosts_store: bool
 
 
 def build_spec(
@@ -331,21 +333,37 @@ def build_spec(
         shm_prefix=handed.shm_prefix,
         notes=ranks.notes,
     )
+    return spec_of(part, ranks, settings.env, handed=handed, program=program, placement=placement)
+
+
+def spec_of(
+    part: CellPart,
+    ranks: Ranks,
+    env: Mapping[str, str],
+    *,
+    handed: Handoff | None = None,
+    program: Program | None = None,
+    placement: Placement | None = None,
+) -> RunSpec:
+    """The one constructor of a :class:`RunSpec`: a cell's part, its ranks (``env``: the user's ``--env``),
+    the names handed to them and where they sit (``placement``; None: this machine alone, whose port is
+    reserved when the plan is carried out, ``nbspawn._effects``).  :func:`build_spec` makes the part for
+    ranks of this machine; a cluster run's kernel (``planning._cluster``) makes its own."""
+    handed = handed or Handoff()
     return RunSpec(
         **{**vars(ranks), **vars(part)},  # the cell's notes are the ranks' (cell_part above)
-        env=dict(settings.env),
+        env=dict(env),
         parent_pid=os.getpid(),
         namespace=handed.namespace,
         namespace_payload=handed.namespace_payload,
         program=program,
-        # one machine: a port of 127.0.0.1, reserved when the plan is carried out (nbspawn._effects)
         master_port=placement.master_port if placement else 0,
         master_addr=placement.master_addr if placement else _listen.LOOPBACK,
         rank_offset=placement.rank_offset if placement else 0,
         world_size=placement.world_size if placement else 0,
         node_rank=placement.node_rank if placement else 0,
         nnodes=placement.nnodes if placement else 1,
-        hosts_store=placement is None or placement.node_rank == 0,
+        hosts_store=placement.hosts_store if placement else True,
     )
 
 

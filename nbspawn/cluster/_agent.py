@@ -353,6 +353,7 @@ def node_placement(job: _wire.Job, node: _wire.Spot) -> tuple[Settings, Placemen
         world_size=node["world_size"],
         node_rank=node["index"],
         nnodes=node["nnodes"],
+        hosts_store=node["index"] == 0,  # its agent hosts the run's store
     )
     return dataclasses.replace(settings, env={**node_env, **user_env}), placement
 

@@ -7,7 +7,6 @@ said and asks nothing, so it is unit-tested on fake engines' facts (``test_unit_
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
@@ -15,7 +14,7 @@ from .._options import Backend, StartMethod, ranks_within
 from .._program import ProgramLine
 from .._request import Cell, OnCluster, RunRequest, Settings, Work
 from .._source import CellSource
-from .._spec import RunSpec, cell_part, new_run_id, run_directory
+from .._spec import Placement, Ranks, cell_part, new_run_id, run_directory, spec_of
 from ..cluster import _wire
 from ..errors import SpawnUsageError
 from ._plans import ClusterRunPlan
@@ -48,7 +47,6 @@ def plan_cluster_on(
 
     settings = request.settings
     out_names = work.out if isinstance(work, Cell) else ()
-    env = dict(settings.env)
     program = work if isinstance(work, ProgramLine) else None  # read at the door; each node finds it where it runs
     cell = work.source if isinstance(work, Cell) else CellSource("", label=str(work))
     names = b""
@@ -71,19 +69,11 @@ def plan_cluster_on(
         out_names=out_names,
         notes=found.notes,
     )
-    spec = RunSpec(
-        **vars(part),
-        nprocs=world,
-        start_method=found.start_method,
-        backend=chosen_backend,
-        env=env,
-        parent_pid=os.getpid(),
-        omp_threads=None,
-        master_port=found.master_port,
-        master_addr=found.master_addr,
-        world_size=world,
-        nnodes=len(found.nodes),
-    )
+    # the kernel's view of the whole run: every node's ranks, started by the nodes' agents (each decides
+    # its own threads and environment), the store hosted by node 0's
+    ranks = Ranks(nprocs=world, start_method=found.start_method, backend=chosen_backend)
+    placement = Placement(found.master_addr, found.master_port, 0, world, 0, len(found.nodes), hosts_store=False)
+    spec = spec_of(part, ranks, settings.env, placement=placement)
     node_settings = settled_for_nodes(
         settings,
         ranks_per_node=found.ranks_per_node,

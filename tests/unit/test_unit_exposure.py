@@ -74,7 +74,9 @@ def test_ranks_on_one_machine_use_loopback_unless_the_user_chose(tmp_path):
     assert spec_on(mine, machine(user_env=dict(mine.env))).rank_env(0)["GLOO_SOCKET_IFNAME"] == "eth9"
     kernels = spec_on(settings, machine({"NCCL_SOCKET_IFNAME": "ib0"})).rank_env(0)
     assert "NCCL_SOCKET_IFNAME" not in kernels and kernels["GLOO_SOCKET_IFNAME"] == "lo"  # the kernel's own is inherited
-    place = Placement(master_addr="10.0.0.1", master_port=29500, rank_offset=2, world_size=4, node_rank=1, nnodes=2)
+    place = Placement(
+        master_addr="10.0.0.1", master_port=29500, rank_offset=2, world_size=4, node_rank=1, nnodes=2, hosts_store=False
+    )
     node = spec_on(settings, machine(), placement=place)  # a cluster node's
     assert "GLOO_SOCKET_IFNAME" not in node.rank_env(0)  # its agent sets the node's interface (cluster._agent)
 

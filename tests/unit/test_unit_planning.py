@@ -325,3 +325,23 @@ def test_each_executor_says_once_how_the_supervisor_treats_its_ranks():
         and ClusterWorldCell.supervision.remote
         and not _nodeworld._NodeWorldCell.supervision.remote
     )
+
+
+def test_a_spec_is_constructed_in_one_place():
+    """Every planner (fresh cells, programs, worlds, a cluster run's kernel, a node's agent) makes its
+    spec through ``_spec.spec_of``: a ``RunSpec(...)`` written anywhere else is a second, hand-built
+    constructor that a new field of the spec would miss."""
+    import ast
+    import pathlib
+
+    import nbspawn
+
+    root = pathlib.Path(nbspawn.__file__).parent
+    where = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef):
+                for call in ast.walk(node):
+                    if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "RunSpec":
+                        where.append(f"{path.relative_to(root)}:{node.name}")
+    assert where == ["_spec.py:spec_of"]
