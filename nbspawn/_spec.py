@@ -134,18 +134,13 @@ class RunSpec(CellPart, Ranks):
 
     @property
     def xrayed(self) -> bool:
-        """Whether the ranks record their collectives (``ranks._xray``): ``--xray`` (on by default), in
-        the group nbspawn makes (``--backend``) or the ones the cell makes itself; a Python program's
-        from the first group it makes (an executable's process is its own: nothing runs in it)."""
-        return self.asked.xray != "off" and (self.program is None or self.program.python)
+        """Whether the ranks record their collectives (:func:`cell_xray`)."""
+        return cell_xray(self.asked, self.program)[0]
 
     @property
     def xray_values(self) -> bool:
-        """Whether the ranks also write down the values of this cell's small tensors before and after
-        each collective (``ranks._xray_values``): ``--xray values``, where the cell is X-rayed (a
-        program's X-ray has none: values need torch.distributed's functions wrapped before the code takes
-        them, and a program's rank imports no torch before the program does)."""
-        return self.asked.xray == "values" and self.xrayed and self.program is None
+        """Whether the ranks also write down the values of its small tensors (:func:`cell_xray`)."""
+        return cell_xray(self.asked, self.program)[1]
 
     def runs(self, rank: int) -> bool:
         """Whether the rank (its index on this node, as in ``rank_dir``) runs the cell (``--on``)."""
@@ -202,7 +197,7 @@ class RunSpec(CellPart, Ranks):
             "RANK": str(self.rank_offset + rank),
             "LOCAL_RANK": str(rank),
             "ROLE_RANK": str(self.rank_offset + rank),
-            "TORCHELASTIC_ERROR_FILE": RankDir(self.rank_dir(rank)).error,
+            **cell_env(self.asked, self.rank_dir(rank)),  # a program's rank has no cell to begin: it starts with them
         }
         env.update(dict.fromkeys(self.dump_file_keys, RankDir(self.rank_dir(rank)).nccl_trace_prefix))
         if self.accelerator_envs:
@@ -220,6 +215,28 @@ class RunSpec(CellPart, Ranks):
         environ.update(self.own_env(rank) if own_only else self.rank_env(rank))
         for key in self.dropped_env(rank):
             environ.pop(key, None)
+
+
+def cell_env(asked: Settings, rank_dir: str) -> dict[str, str]:
+    """What a cell puts in its rank's environment for itself alone, set as the cell begins on a fresh
+    rank and on a kept world's rank alike (``ranks._cell.begin_cell``), so a world's later cell has its
+    own and not its first cell's: where torch and the rank write its failure (``TORCHELASTIC_ERROR_FILE``,
+    in the rank's directory of this cell).  A cell option its ranks should see as a variable is a line
+    here, from ``asked`` (the cell's options as the door read them), and reaches every kind of rank."""
+    del asked  # no cell option is a variable of the ranks' yet
+    return {"TORCHELASTIC_ERROR_FILE": RankDir(rank_dir).error}
+
+
+def cell_xray(asked: Settings, program: Program | None = None) -> tuple[bool, bool]:
+    """Whether a cell's ranks record its collectives (``ranks._xray``), and whether they also write down
+    the values of its small tensors before and after each (``ranks._xray_values``): the one rule for a
+    fresh cell, a program and a kept world's cell.  ``--xray`` (on by default) records the group nbspawn
+    makes (``--backend``) or the ones the cell makes itself, and a Python program's from the first group
+    it makes (an executable's process is its own: nothing of nbspawn's runs in it).  ``values`` is for
+    cells only: it needs torch.distributed's functions wrapped before the code takes them, and a
+    program's rank imports no torch before the program does."""
+    on = asked.xray != "off" and (program is None or program.python)
+    return on, on and asked.xray == "values" and program is None
 
 
 _issued: tuple[str, set[str]] = ("", set())  # this second's stamp, and the ids given out in it

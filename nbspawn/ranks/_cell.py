@@ -23,9 +23,11 @@ from typing import Any, TextIO
 
 from .. import _cuda, _errorfile
 from .._errorfile import ErrorRecord
+from .._program import Program
 from .._rankdir import RankDir, prompts_path
+from .._request import Settings
 from .._source import CELL_FILENAME, CellSource, rewrite_cell_frames
-from .._spec import RunSpec
+from .._spec import RunSpec, cell_env, cell_xray
 from . import _children, _devicememory, _fds, _prompt, _stopped, _torchenv, _xray, _xray_values
 from ._capture import capture_output, finished, flush_figures
 from ._stackdump import open_stack_file
@@ -74,7 +76,7 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
     _devicememory.watch(rank_dir)  # what it holds on a GPU, once it uses one
     _install_signal_handlers(rank_dir, str(_xray.XRAY_FR_ENTRIES) if spec.xrayed else FR_ENTRIES)
     _prompt.install(spec.rank_offset + rank, None, None)  # input(), pdb: the kernel answers
-    begin_cell(rank_dir, spec.run_dir, cell_labels(spec.cell, spec.cell_numbers))
+    begin_cell(rank_dir, spec.run_dir, cell_labels(spec.cell, spec.cell_numbers), spec.asked)
     code = 0
     namespace: dict = {}
     # stopped by SIGTERM (a peer failed, --timeout): what it received is dropped first, as when it leaves
@@ -101,15 +103,26 @@ def run_rank(rank: int, spec: RunSpec, inherited: Inherited | None = None) -> No
         sys.exit(code)
 
 
-def begin_cell(rank_dir: str, run_dir: str, labels: Mapping[str, str]) -> None:
+def begin_cell(rank_dir: str, run_dir: str, labels: Mapping[str, str], asked: Settings) -> None:
     """A cell begins on this rank, a fresh one's or a kept world's (``ranks._worldloop``): the one place
     where what is the cell's own reaches the rank's process, so a kept world's later cell gets its own
-    as a fresh rank does (issue #58: a world's 2nd cell once kept its 1st cell's): the error file torch
-    and the rank write its failure to (``TORCHELASTIC_ERROR_FILE``), where its prompts go and are
-    answered (``input()``, pdb), and what pdb calls its cells' files (``labels``: ``Cell In[5]``)."""
-    os.environ["TORCHELASTIC_ERROR_FILE"] = RankDir(rank_dir).error
+    as a fresh rank does (issue #58: a world's 2nd cell once kept its 1st cell's): its variables
+    (``_spec.cell_env``, from its options ``asked``: the error file torch and the rank write its failure
+    to, ``TORCHELASTIC_ERROR_FILE``), where its prompts go and are answered (``input()``, pdb), and what
+    pdb calls its cells' files (``labels``: ``Cell In[5]``).  Its X-ray begins once its group is made
+    (:func:`begin_xray`)."""
+    os.environ.update(cell_env(asked, rank_dir))
     _prompt.use(prompts_path(run_dir), RankDir(rank_dir).answers)
     _prompt.name_files(dict(labels))
+
+
+def begin_xray(asked: Settings, rank: int, rank_dir: str, program: Program | None = None) -> None:
+    """The cell's X-ray (``_spec.cell_xray``: the one rule), from its first collective in nbspawn's group
+    or one it makes itself: begun once the group is made, so neither making it nor a kept world's
+    earlier cells are the cell's (``rank``: global)."""
+    on, values = cell_xray(asked, program)
+    if on:
+        _xray.begin(rank, rank_dir, values=values)
 
 
 def cell_labels(cell: CellSource, cell_numbers: Mapping[str, int]) -> dict[str, str]:
@@ -179,8 +192,7 @@ def _run_cell(spec: RunSpec, rank: int, inherited: Inherited | None, namespace: 
     _children.install(namespace)  # the cell's definitions reach the rank's children by value
     code, last = inherited.compiled if inherited is not None else spec.cell.compile()
     dist = init_process_group(spec.backend, rank)
-    if spec.xrayed:  # also a cell that makes its own group (init_process_group() in it): the drainer finds it
-        _xray.begin(spec.rank_offset + rank, spec.rank_dir(rank), values=spec.xray_values)
+    begin_xray(spec.asked, spec.rank_offset + rank, spec.rank_dir(rank), spec.program)
     execute_cell(code, last, namespace, lambda exc: write_error(spec.rank_dir(rank), spec.cell, exc))
     _flush()
     # what the cell queued on the GPU is done (writes to --share tensors included); a CUDA error that

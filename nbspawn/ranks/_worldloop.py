@@ -65,11 +65,6 @@ class WorldJob:
         return os.path.join(self.run_dir, str(self.rank_offset + rank))
 
     @property
-    def xray(self) -> bool:
-        """The cell's collectives are recorded (``--xray``; ``ranks._xray``): a world runs cells only."""
-        return self.asked.xray != "off"
-
-    @property
     def is_cell(self) -> bool:
         """A cell of the user's (not a look at the world: ``%spawn debug``'s post-mortem, ``%spawn show``)."""
         return self.debug is None and self.describe is None
@@ -278,7 +273,7 @@ def run_world_rank(rank: int, spec: Any, conns: list[Any], kernel_fds: tuple[_fd
             os.mkdir(rank_dir, 0o700)  # the kernel made the cell's run directory; each rank makes its own
         redirect_output(rank_dir)
         stacks = _stacks_to(rank_dir, stacks)
-        _rank.begin_cell(rank_dir, job.run_dir, _rank.cell_labels(job.cell, job.cell_numbers))
+        _rank.begin_cell(rank_dir, job.run_dir, _rank.cell_labels(job.cell, job.cell_numbers), job.asked)
         try:
             outcome = _serve(job, rank, spec, namespace, own, group, conn)
         except KeyboardInterrupt:  # an interrupt that came as the cell was ending
@@ -327,8 +322,7 @@ def _serve(
         if not group:
             _join(group, spec.backend, rank)
         _devicememory.watch(rank_dir)  # this cell's directory has what it holds on its GPUs
-        if job.xray:  # from the cell's first collective, in nbspawn's group or its own: earlier cells' are not its
-            _xray.begin(spec.rank_offset + rank, rank_dir, values=job.asked.xray == "values")
+        _rank.begin_xray(job.asked, spec.rank_offset + rank, rank_dir)
         _run(job, rank, namespace, own)
         # in step: every collective this rank queued has completed (an interrupt meanwhile is the cell's);
         # a CUDA error raised here is the cell's own, not an --out value's that could not be sent

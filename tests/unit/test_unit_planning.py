@@ -345,3 +345,38 @@ def test_a_spec_is_constructed_in_one_place():
                     if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "RunSpec":
                         where.append(f"{path.relative_to(root)}:{node.name}")
     assert where == ["_spec.py:spec_of"]
+
+
+@pytest.mark.parametrize(
+    ("xray", "program", "expected"),
+    [
+        ("on", None, (True, False)),
+        ("values", None, (True, True)),
+        ("off", None, (False, False)),
+        ("values", "train.py", (True, False)),  # a Python program: from its first group, no values
+        ("on", "/bin/true", (False, False)),  # an executable: nothing of nbspawn's runs in it
+    ],
+)
+def test_one_x_ray_rule_for_a_fresh_cell_a_program_and_a_worlds_cell(tmp_path, monkeypatch, xray, program, expected):
+    from nbspawn._program import locate
+    from nbspawn._spec import cell_xray
+
+    if program == "train.py":
+        (tmp_path / "train.py").write_text("pass\n")
+        monkeypatch.chdir(tmp_path)
+    found = locate(read_program_line([program])) if program else None
+    assert cell_xray(Settings(xray=xray), found) == expected
+    spec = RunSpec(run_id="r", nprocs=1, start_method="spawn", backend="none", cell=CellSource("pass"), run_dir="/x")
+    spec = replace(spec, asked=Settings(xray=xray), program=found)
+    assert (spec.xrayed, spec.xray_values) == expected  # the spec's answer is the rule's
+
+
+def test_a_cells_own_variables_are_the_same_for_every_kind_of_rank():
+    """A fresh rank starts with them, a program's rank too; a kept world's rank sets them as each cell
+    begins (``ranks._cell.begin_cell``): the same function, so a later cell's are its own."""
+    from nbspawn._spec import cell_env
+
+    spec = RunSpec(run_id="r", nprocs=2, start_method="fork", backend="none", cell=CellSource("pass"), run_dir="/runs/r")
+    assert cell_env(spec.asked, spec.rank_dir(1)) == {"TORCHELASTIC_ERROR_FILE": "/runs/r/1/error.json"}
+    own = spec.own_env(1)
+    assert {k: own[k] for k in cell_env(spec.asked, spec.rank_dir(1))} == cell_env(spec.asked, spec.rank_dir(1))
