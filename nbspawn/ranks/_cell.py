@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from types import CodeType, ModuleType
 from typing import Any, TextIO
@@ -111,9 +111,32 @@ def begin_cell(rank_dir: str, run_dir: str, labels: Mapping[str, str], asked: Se
     to, ``TORCHELASTIC_ERROR_FILE``), where its prompts go and are answered (``input()``, pdb), and what
     pdb calls its cells' files (``labels``: ``Cell In[5]``).  Its X-ray begins once its group is made
     (:func:`begin_xray`)."""
-    os.environ.update(cell_env(asked, rank_dir))
+    _cell_variables.set(cell_env(asked, rank_dir), os.environ)
     _prompt.use(prompts_path(run_dir), RankDir(rank_dir).answers)
     _prompt.name_files(dict(labels))
+
+
+class CellVariables:
+    """The variables a rank's cells set (``_spec.cell_env``), each cell's own: one a later cell of a kept
+    world does not set is as the rank had it before any cell set it (the kernel's, the world's ``--env``,
+    or none), not the earlier cell's value."""
+
+    def __init__(self) -> None:
+        self.outside: dict[str, str | None] = {}  # each variable a cell set, as the rank had it before
+
+    def set(self, env: Mapping[str, str], environ: MutableMapping[str, str]) -> None:
+        for key in [key for key in self.outside if key not in env]:
+            before = self.outside.pop(key)
+            if before is None:
+                environ.pop(key, None)
+            else:
+                environ[key] = before
+        for key, value in env.items():
+            self.outside.setdefault(key, environ.get(key))
+            environ[key] = value
+
+
+_cell_variables = CellVariables()
 
 
 def begin_xray(asked: Settings, rank: int, rank_dir: str, program: Program | None = None) -> None:

@@ -380,3 +380,18 @@ def test_a_cells_own_variables_are_the_same_for_every_kind_of_rank():
     assert cell_env(spec.asked, spec.rank_dir(1)) == {"TORCHELASTIC_ERROR_FILE": "/runs/r/1/error.json"}
     own = spec.own_env(1)
     assert {k: own[k] for k in cell_env(spec.asked, spec.rank_dir(1))} == cell_env(spec.asked, spec.rank_dir(1))
+
+
+def test_a_variable_a_later_cell_does_not_set_is_as_it_was_before_any_cell_set_it():
+    """A kept world's rank: cell 1 sets X (over the kernel's), cell 2 sets it again, cell 3 does not:
+    it reads the kernel's value again, never cell 2's; Y, which only cell 2 set, is gone after it."""
+    from nbspawn.ranks._cell import CellVariables
+
+    environ = {"X": "kernel", "PATH": "/bin"}
+    cells = CellVariables()
+    cells.set({"X": "1"}, environ)
+    assert environ == {"X": "1", "PATH": "/bin"}
+    cells.set({"X": "2", "Y": "y"}, environ)
+    assert environ == {"X": "2", "Y": "y", "PATH": "/bin"}
+    cells.set({}, environ)
+    assert environ == {"X": "kernel", "PATH": "/bin"}
