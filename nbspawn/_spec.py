@@ -197,8 +197,9 @@ class RunSpec(CellPart, Ranks):
             "RANK": str(self.rank_offset + rank),
             "LOCAL_RANK": str(rank),
             "ROLE_RANK": str(self.rank_offset + rank),
-            **cell_env(self.asked, self.rank_dir(rank)),  # a program's rank has no cell to begin: it starts with them
         }
+        if self.program is not None:  # a program's rank begins no cell (ranks._cell.begin_cell): it starts with its variables
+            env.update(cell_env(self.asked, self.rank_dir(rank)))
         env.update(dict.fromkeys(self.dump_file_keys, RankDir(self.rank_dir(rank)).nccl_trace_prefix))
         if self.accelerator_envs:
             env.update(self.accelerator_envs[rank])

@@ -372,14 +372,18 @@ def test_one_x_ray_rule_for_a_fresh_cell_a_program_and_a_worlds_cell(tmp_path, m
 
 
 def test_a_cells_own_variables_are_the_same_for_every_kind_of_rank():
-    """A fresh rank starts with them, a program's rank too; a kept world's rank sets them as each cell
-    begins (``ranks._cell.begin_cell``): the same function, so a later cell's are its own."""
+    """A fresh rank and a kept world's set them as each cell begins (``ranks._cell.begin_cell``), a
+    program's rank starts with them: the same function, so a later cell's are its own."""
+    from nbspawn._program import locate
     from nbspawn._spec import cell_env
 
     spec = RunSpec(run_id="r", nprocs=2, start_method="fork", backend="none", cell=CellSource("pass"), run_dir="/runs/r")
     assert cell_env(spec.asked, spec.rank_dir(1)) == {"TORCHELASTIC_ERROR_FILE": "/runs/r/1/error.json"}
-    own = spec.own_env(1)
-    assert {k: own[k] for k in cell_env(spec.asked, spec.rank_dir(1))} == cell_env(spec.asked, spec.rank_dir(1))
+    # a cell's rank (fresh, or a world's, whose start is its first cell's) has them from begin_cell only, so a
+    # world's later cell that does not set one never reads its first cell's
+    assert "TORCHELASTIC_ERROR_FILE" not in spec.own_env(1)
+    program = replace(spec, program=locate(read_program_line(["/bin/true"])))
+    assert program.own_env(1)["TORCHELASTIC_ERROR_FILE"] == "/runs/r/1/error.json"  # a program's rank begins no cell
 
 
 def test_a_variable_a_later_cell_does_not_set_is_as_it_was_before_any_cell_set_it():
