@@ -12,10 +12,23 @@ the facts it has, this machine's GPUs and cores or the nodes' probed facts, befo
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+from ._options import ROW, WORLD_DEFINING
 from ._request import Settings
 from .errors import SpawnUsageError
+
+# the world-defining options decided with the ranks (resolved: a count, a start method, a backend; the
+# environment): the rule below knows each one's auto.  Any other row that defines a world is fixed as
+# its first cell gave it, and compared as it is written (``others``): its row is all it needs here.
+DECIDED = ("nprocs", "start_method", "backend", "env")
+OTHERS = tuple(name for name in WORLD_DEFINING if name not in DECIDED)
+
+
+def fixed_of(settings: Settings) -> dict[str, Any]:
+    """The other world-defining options (:data:`OTHERS`) as a world's first cell gave them: how it runs."""
+    return {name: getattr(settings, name) for name in OTHERS}
 
 
 @dataclass(frozen=True)
@@ -27,12 +40,16 @@ class Settled:
     backend: str  # resolved: none | gloo | nccl
     env: Mapping[str, str]  # the user's --env
     nodes: int | None = None  # a cluster world's nodes; None on this machine
+    others: Mapping[str, Any] = field(default_factory=dict)  # the other world-defining options (fixed_of)
 
     def text(self) -> str:
         """How the world runs, as the options that start it: one text for worlds here and on clusters."""
         nodes = f"--nodes {self.nodes} " if self.nodes is not None else ""
         env = "".join(f" --env {k}={v}" for k, v in self.env.items())
-        return f"{nodes}-n {self.nprocs} --start-method {self.start_method} --backend {self.backend}{env}"
+        others = "".join(
+            f" {ROW[name].spelled} {value}" for name, value in self.others.items() if value != ROW[name].typed_default
+        )
+        return f"{nodes}-n {self.nprocs} --start-method {self.start_method} --backend {self.backend}{env}{others}"
 
 
 @dataclass(frozen=True)
@@ -44,6 +61,7 @@ class Asked:
     backend: str | None = None  # none | gloo | nccl | auto
     env: Mapping[str, str] | None = None
     nodes: int | None = None
+    others: Mapping[str, Any] = field(default_factory=dict)  # the other world-defining options it gave
 
 
 def asked_of(settings: Settings, nodes: int | None = None) -> Asked:
@@ -56,6 +74,7 @@ def asked_of(settings: Settings, nodes: int | None = None) -> Asked:
         backend=settings.backend if given.backend else None,
         env=settings.env if given.env else None,
         nodes=nodes,
+        others={name: getattr(settings, name) for name in OTHERS if getattr(given, name)},
     )
 
 
@@ -86,6 +105,7 @@ def world_clashes(world: Settled, cell: Asked, autos: Autos = Autos()) -> list[s
             clashes.append(f"--backend auto ({backend})" if cell.backend == "auto" and backend else f"--backend {cell.backend}")
     if cell.env is not None and dict(cell.env) != dict(world.env):
         clashes.append("--env " + (" ".join(f"{k}={v}" for k, v in cell.env.items()) or "(none)"))
+    clashes += [f"{ROW[name].spelled} {value}" for name, value in cell.others.items() if value != world.others.get(name)]
     return clashes
 
 

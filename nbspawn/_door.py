@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import fields, replace
 from typing import Any
 
-from ._options import ROW, ROWS, Given, Option, Settings, with_debug_collectives
+from ._options import ROW, ROWS, WORLD_DEFINING, Given, Option, Settings, with_debug_collectives
 from ._program import ProgramLine, read_program_line
 from ._request import RunRequest
 from ._source import CellSource, kernel_cell_sources
@@ -30,7 +30,6 @@ SETTINGS = tuple(f.name for f in fields(Settings) if f.name != "given")
 _DOOR_ONLY = ("fresh", "debug_collectives")  # read into others here: --world set aside, --env added to
 REQUESTED = tuple(param for param in ROW if param not in SETTINGS and param not in _DOOR_ONLY)
 # the options that tell a kept world how it runs: one the user wrote is checked against the world
-_WORLD_DEFINING = tuple(f.name for f in fields(Given))
 
 
 def written(value: Any) -> bool:
@@ -60,7 +59,7 @@ def read_door(
         raw["world"] = None  # the configured world is for cells on this machine, and --fresh sets it aside
     raw["env"] = with_debug_collectives(raw["env"], bool(raw["debug_collectives"]))
     settings = read_settings(
-        given=Given(**{name: written(given.get(name)) for name in _WORLD_DEFINING} | {"env": raw["env"] is not None}),
+        given=Given(**{name: written(given.get(name)) for name in WORLD_DEFINING} | {"env": raw["env"] is not None}),
         **{name: raw[name] for name in SETTINGS},
     )
     return read_request(

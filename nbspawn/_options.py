@@ -66,6 +66,9 @@ class Option:
     doors: frozenset[str] = FLAG_OR_CALL
     trait: str = ""  # with the config door: the SpawnMagics traitlet's kind (nbspawn._magic)
     trait_help: str = ""  # with the config door: %config SpawnMagics' line for it
+    # it says how a kept world runs, fixed by its first cell: a later cell that gives it must give the
+    # world's own value (nbspawn._clash), and a lost world starts again with it (planning._kept_cell)
+    defines_world: bool = False
     type: str = ""  # what its reader returns: the field's annotation
 
     @property
@@ -94,12 +97,13 @@ def row(
     doors: frozenset[str] = FLAG_OR_CALL,
     trait: str = "",
     trait_help: str = "",
+    defines_world: bool = False,
 ) -> Any:
     """A row of the table, as the field of :class:`Settings` (or :class:`RequestOptions`) it fills: the
     field's default is the row's, read (a dict's made anew each time); ``{default}`` in ``help`` is the
     default as a user writes it."""
     help = help.replace("{default}", f"{default:g}" if isinstance(default, float) else str(default))
-    option = Option("", flags, metavar, help, group, not_for_programs, default, read, doors, trait, trait_help)
+    option = Option("", flags, metavar, help, group, not_for_programs, default, read, doors, trait, trait_help, defines_world)
     typed = read(default)
     if isinstance(typed, (dict, list, set)):
         return field(default_factory=partial(copy.deepcopy, typed), metadata={_ROW: option})
@@ -341,16 +345,43 @@ def parse_view(choice: str) -> ViewChoice:
     return cast(ViewChoice, _choice(choice, VIEWS, "--view", "auto, widget or text"))
 
 
-@dataclass(frozen=True)
 class Given:
-    """Which of the options that say how a world runs the user wrote for this run (not a default): a
-    kept world is checked against these, and only these, and a lost world started again keeps its own
-    for the others."""
+    """Which of the options that say how a world runs (its rows' ``defines_world``) the user wrote for
+    this run, not a default: a kept world is checked against these, and only these, and a lost world
+    started again keeps its own for the others.  ``Given(nprocs=True)``; ``given.nprocs`` is whether
+    ``-n`` was written (any world-defining row's param is such an attribute)."""
 
-    nprocs: bool = False
-    start_method: bool = False
-    backend: bool = False
-    env: bool = False
+    __slots__ = ("names",)
+    names: frozenset[str]  # the world-defining rows' params the user wrote
+
+    def __init__(self, **written: bool) -> None:
+        object.__setattr__(self, "names", frozenset(name for name, was in written.items() if was))
+
+    def __getattr__(self, name: str) -> bool:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name not in WORLD_DEFINING:
+            raise AttributeError(f"{name!r} is not an option that defines a world ({', '.join(WORLD_DEFINING)})")
+        return name in self.names
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Given is frozen")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Given) and other.names == self.names
+
+    def __hash__(self) -> int:
+        return hash(self.names)
+
+    def __repr__(self) -> str:
+        return f"Given({', '.join(f'{name}=True' for name in sorted(self.names))})"
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled into ranks with the spec, and copied
+        return (_given, (tuple(sorted(self.names)),))
+
+
+def _given(names: tuple[str, ...]) -> Given:
+    return Given(**dict.fromkeys(names, True))
 
 
 @dataclass(frozen=True)
@@ -370,8 +401,11 @@ class Settings:
         doors=EVERY_DOOR,
         trait="count",
         trait_help="Ranks per cell: a number, or 'auto' (one per GPU, else up to 4 CPU ranks).",
+        defines_world=True,
     )
-    env: Mapping[str, str] = row(("--env",), "KEY=VALUE", "extra environment variables for every rank", "common", read=parse_env)
+    env: Mapping[str, str] = row(
+        ("--env",), "KEY=VALUE", "extra environment variables for every rank", "common", read=parse_env, defines_world=True
+    )
     accelerator: Accelerator = row(
         ("--accelerator",),
         "auto|tpu|none",
@@ -460,6 +494,7 @@ class Settings:
         doors=EVERY_DOOR,
         trait="choice",
         trait_help="fork, spawn, forkserver, or auto (fork unless CUDA is initialized in the kernel).",
+        defines_world=True,
     )
     backend: Backend = row(
         ("--backend",),
@@ -472,6 +507,7 @@ class Settings:
         doors=EVERY_DOOR,
         trait="choice",
         trait_help="Process group set up around the cell: none, gloo, nccl, or auto (nccl with GPUs).",
+        defines_world=True,
     )
     pdb: bool = row(
         ("--pdb",),
@@ -504,7 +540,7 @@ class Settings:
         trait="whole",
         trait_help="Most KB of images a run shows and saves; past it an image is named, not shown (its rank's display.jsonl has it).",
     )
-    given: Given = Given()  # not a row: which world-defining options the user wrote
+    given: Given = field(default_factory=Given)  # not a row: which world-defining options the user wrote
 
 
 @dataclass(frozen=True)
@@ -612,6 +648,8 @@ ROWS: tuple[Option, ...] = (*_rows(Settings), *_rows(RequestOptions))
 OPTIONS: tuple[Option, ...] = tuple(option for option in ROWS if option.flags)  # the magic's, %%spawn? lists them
 CONFIGURED: tuple[Option, ...] = tuple(option for option in ROWS if not option.flags)  # %config only: the notebook's budgets
 ROW = {option.param: option for option in ROWS}
+# the options that say how a kept world runs, fixed by its first cell (Option.defines_world)
+WORLD_DEFINING: tuple[str, ...] = tuple(option.param for option in ROWS if option.defines_world)
 
 
 def at_door(door: str) -> tuple[Option, ...]:

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from .._clash import Settled
+from .._clash import Settled, fixed_of
 from .._machine import Machine
 from .._request import RunRequest, Settings
 from .._runstate import Run
@@ -72,6 +72,7 @@ class ClusterWorld(KeptWorld):
             backend=self.spec.backend,
             env=self.spec.env,
             nodes=len(cluster.nodes),
+            others=fixed_of(self.spec.asked),
         )
 
     def auto_nprocs(self, here: Machine) -> int:  # its nodes' facts, as they reported them when it started

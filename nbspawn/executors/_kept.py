@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar
 
-from .._clash import Settled
+from .._clash import Settled, fixed_of
 from .._machine import Machine
 from .._request import RunRequest, Settings
 from .._spec import RunSpec
@@ -192,7 +192,9 @@ def running_on_a_cluster(name: str) -> KeptWorld | None:
 
 def settled_here(spec: RunSpec) -> Settled:
     """How a world here started with ``spec`` runs (its settings text, what a cell may not change)."""
-    return Settled(nprocs=spec.nprocs, start_method=spec.start_method, backend=spec.backend, env=spec.env)
+    return Settled(
+        nprocs=spec.nprocs, start_method=spec.start_method, backend=spec.backend, env=spec.env, others=fixed_of(spec.asked)
+    )
 
 
 def lost(name: str, on_cluster: bool | None = None) -> Lost | None:

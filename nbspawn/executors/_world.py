@@ -39,7 +39,6 @@ from .._listen import host_store
 from .._machine import Machine
 from .._options import ROW, Backend, StartMethod
 from .._rankdir import RankDir
-from .._request import Settings
 from .._runstate import Run
 from .._source import CellSource
 from .._spec import RunSpec
@@ -135,7 +134,11 @@ class World(KeptWorld):
         once CUDA was touched in the kernel (after an NCCL failure, say), though the user never chose one."""
         spec = self.spec
         backend = cast(Backend, spec.backend)
-        return Lost(why, Settings(nprocs=spec.nprocs, start_method=self.asked_start_method, backend=backend, env=dict(spec.env)))
+        # the options that define it as it ran (its first cell's: fixed_of), those decided with its ranks resolved
+        return Lost(
+            why,
+            replace(spec.asked, nprocs=spec.nprocs, start_method=self.asked_start_method, backend=backend, env=dict(spec.env)),
+        )
 
     def pids_now(self) -> list[int]:
         return self.pids

@@ -13,6 +13,7 @@ from typing import TypeVar
 
 from .._clash import Asked, Autos, asked_of, refuse_clashes, world_clashes
 from .._machine import Machine
+from .._options import WORLD_DEFINING
 from .._request import RunRequest
 from ..errors import SpawnUsageError
 from ..executors._kept import KeptWorld, Lost
@@ -50,11 +51,7 @@ def as_before(request: RunRequest, lost: Lost) -> RunRequest:
     """A lost world's next cell: where and how it ran, except what this cell gives itself."""
     given, settings, before = request.settings.given, request.settings, lost.settings
     settings = dataclasses.replace(
-        settings,
-        nprocs=settings.nprocs if given.nprocs else before.nprocs,
-        start_method=settings.start_method if given.start_method else before.start_method,
-        backend=settings.backend if given.backend else before.backend,
-        env=settings.env if given.env else dict(before.env),
+        settings, **{name: getattr(before, name) for name in WORLD_DEFINING if not getattr(given, name)}
     )
     cluster = request.cluster or lost.cluster
     placed = request if cluster is None else request.placed(cluster, request.nodes if request.nodes is not None else lost.nodes)

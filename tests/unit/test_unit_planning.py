@@ -399,3 +399,27 @@ def test_a_variable_a_later_cell_does_not_set_is_as_it_was_before_any_cell_set_i
     assert environ == {"X": "2", "Y": "y", "PATH": "/bin"}
     cells.set({}, environ)
     assert environ == {"X": "kernel", "PATH": "/bin"}
+
+
+def test_a_row_that_defines_a_world_is_checked_kept_and_restored_by_its_row_alone(tmp_path, monkeypatch):
+    """A world-defining option needs no place in the clash rule, the settings text, a lost world's
+    record or its restart: ``--timeout`` stands in for a new such row here (it is a cell's own option)."""
+    from nbspawn import _clash, _options
+    from nbspawn.planning import _kept_cell
+
+    defining = (*_options.WORLD_DEFINING, "timeout")
+    for module in (_options, _kept_cell):
+        monkeypatch.setattr(module, "WORLD_DEFINING", defining)
+    monkeypatch.setattr(_clash, "OTHERS", ("timeout",))
+    world = local_world(tmp_path)
+    world = World(name="w", spec=replace(world.spec, asked=Settings(timeout=5.0)), base_dir=str(tmp_path))
+    assert world.settings() == "-n 2 --start-method fork --backend gloo --env A=1 --timeout 5.0"
+    same = RunRequest.of(CellSource("pass"), world="w", settings=Settings(timeout=5.0, given=Given(timeout=True)))
+    check_settings(world, same, machine())
+    other = RunRequest.of(CellSource("pass"), world="w", settings=Settings(timeout=7.0, given=Given(timeout=True)))
+    with pytest.raises(SpawnUsageError, match=r"this cell asks for --timeout 7\.0\. Leave those"):
+        check_settings(world, other, machine())
+    lost = world.lost_record("rank 0 died")
+    assert lost.settings.timeout == 5.0
+    assert _kept_cell.as_before(RunRequest.of(CellSource("pass"), world="w"), lost).settings.timeout == 5.0
+    assert _kept_cell.as_before(other, lost).settings.timeout == 7.0  # the cell's own, given
