@@ -23,9 +23,10 @@ def decide_ranks(settings: Settings, machine: Machine, program: Program | None =
     before any GPU is counted).  A program's ranks start with spawn and set up their own group."""
     method, notes = choose_start_method("spawn" if program is not None else settings.start_method, machine)
     tpu: _tpu.TpuPlan | None = None
-    if _tpu.wants_tpu(settings.accelerator, machine.environ):
-        _tpu.refuse_if_runtime_up(_tpu.culprit())
-        tpu = _tpu.plan_tpu(machine.environ, machine.user_env, None if settings.nprocs == "auto" else int(settings.nprocs))
+    if _tpu.tpu_wanted(settings.accelerator, lambda: machine.xla_installed, lambda: machine.tpu_chips):
+        up = machine.xla_runtime_up
+        _tpu.refuse_runtime_up(up is not None, up or "")
+        tpu = machine.tpu_ranks(None if settings.nprocs == "auto" else int(settings.nprocs))
         notes.extend(tpu.notes)
         n = len(tpu.rank_envs)
     else:

@@ -1,6 +1,6 @@
 """This machine's facts, as the ranks it starts would meet them: its CPUs (affinity and cgroup quota), the
-GPUs the ranks would see, the start methods it offers and whether fork is safe now, the kernel's
-environment.  The planners decide from these (``nbspawn._decide``) and probe nothing themselves.
+GPUs the ranks would see, the start methods it offers and whether fork is safe now, its TPU chips and
+their topology (and whether the kernel's XLA runtime holds them), the kernel's environment.  The planners decide from these (``nbspawn._decide``) and probe nothing themselves.
 
 A :class:`Machine` is made once per plan (``Machine.here``) and is frozen; each fact is probed the first
 time a decision asks for it and only then (counting GPUs may ask NVML; fork's facts matter only where
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TypedDict
 
-from . import _capacity, _cuda, _listen
+from . import _capacity, _cuda, _listen, _tpu
 
 
 class Told(TypedDict, total=False):
@@ -32,6 +32,10 @@ class Told(TypedDict, total=False):
     room: _capacity.Room  # what bounds how many ranks it holds (open files, tasks, memory)
     loopback: str | None  # the loopback interface's name (lo)
     recorder_renamed: bool  # the torch here has the generic FlightRecorder (TORCH_FR_* names)
+    xla_installed: bool  # torch_xla can be imported here
+    tpu_chips: int  # the TPU chips --accelerator auto would use (nbspawn._tpu.auto_chips)
+    xla_runtime_up: str | None  # the kernel's XLA runtime is up (holding the TPU): where it came up ("" unknown); None: not up
+    tpu_plan: _tpu.TpuPlan  # the TPU ranks' topology, whatever -n (a test's host)
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,32 @@ class Machine:
         """Whether the torch imported here names its flight recorder's variables ``TORCH_FR_*``
         (``nbspawn._cuda.recorder_renamed``): its ranks run the same torch."""
         return self.told["recorder_renamed"] if "recorder_renamed" in self.told else _cuda.recorder_renamed()
+
+    @cached_property
+    def xla_installed(self) -> bool:
+        """Whether torch_xla could be imported here (asked without importing it)."""
+        return self.told["xla_installed"] if "xla_installed" in self.told else _tpu.installed()
+
+    @cached_property
+    def tpu_chips(self) -> int:
+        """The chips ``--accelerator auto`` would use (``nbspawn._tpu.auto_chips``: 0 off a TPU host,
+        where torch_xla is not even imported to look)."""
+        return self.told["tpu_chips"] if "tpu_chips" in self.told else _tpu.auto_chips(self.environ)
+
+    @cached_property
+    def xla_runtime_up(self) -> str | None:
+        """Whether the kernel's XLA runtime is up (then it holds the TPU): the cell where it came up
+        ("" when unknown), or None."""
+        if "xla_runtime_up" in self.told:
+            return self.told["xla_runtime_up"]
+        return _tpu.culprit() if _tpu.runtime_initialized() else None
+
+    def tpu_ranks(self, nprocs: int | None) -> _tpu.TpuPlan:
+        """``nprocs`` TPU ranks' environments (None: one per chip), as torch_xla's launcher gives them
+        from this host's topology (``nbspawn._tpu.plan_tpu``)."""
+        if "tpu_plan" in self.told:
+            return self.told["tpu_plan"]
+        return _tpu.plan_tpu(self.environ, self.user_env, nprocs)
 
     def room(self, nprocs: int) -> _capacity.Room:
         """What bounds ``nprocs`` ranks here (``nbspawn._capacity.this_machine``: what takes more than a

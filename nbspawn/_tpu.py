@@ -25,7 +25,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
@@ -135,27 +135,44 @@ def hinted(environ: Mapping[str, str], modules: Mapping[str, object] = sys.modul
     return "torch_xla" in modules or environ.get("PJRT_DEVICE", "").upper() == "TPU" or tpu_named(environ)
 
 
-def wants_tpu(accelerator: str, environ: Mapping[str, str]) -> bool:
-    """``--accelerator``: tpu asks for it (refused clearly where torch_xla cannot say how); auto takes
-    a TPU host (torch_xla imported or a TPU named in the environment, chips attached, ``PJRT_DEVICE``
-    unset or TPU); none never."""
+def tpu_wanted(accelerator: str, installed: Callable[[], bool], chips: Callable[[], int]) -> bool:
+    """``--accelerator``: tpu asks for it (refused clearly where torch_xla is not installed); auto takes
+    a TPU host (``chips``: :func:`auto_chips`); none never.  A pure rule: each fact is asked only where
+    it decides (a machine's, ``nbspawn._machine.Machine``, or a test's)."""
     if accelerator == "none":
         return False
     if accelerator == "tpu":
         if not installed():
             raise SpawnUsageError("--accelerator tpu needs torch_xla (pip install torch_xla[tpu]); it is not installed")
         return True
+    return chips() > 0
+
+
+def wants_tpu(accelerator: str, environ: Mapping[str, str]) -> bool:
+    """:func:`tpu_wanted`, with this host's facts probed."""
+    return tpu_wanted(accelerator, installed, lambda: auto_chips(environ))
+
+
+def auto_chips(environ: Mapping[str, str]) -> int:
+    """The chips ``--accelerator auto`` would use here: torch_xla's count on a host that looks like a TPU
+    host (torch_xla imported or a TPU named in the environment, ``PJRT_DEVICE`` unset or TPU), else 0,
+    without importing torch_xla anywhere else (:func:`hinted`)."""
     if not hinted(environ) or not installed() or environ.get("PJRT_DEVICE", "TPU").upper() != "TPU":
-        return False
+        return 0
     try:
-        return local_chips(environ) > 0
+        return local_chips(environ)
     except Exception:  # a torch_xla that cannot be imported here (built for another torch): no TPU ranks
-        return False
+        return 0
 
 
 def refuse_if_runtime_up(culprit: str = "") -> None:
     """The kernel holds the TPU once its XLA runtime is up: no rank could open a chip."""
-    if runtime_initialized():
+    refuse_runtime_up(runtime_initialized(), culprit)
+
+
+def refuse_runtime_up(up: bool, culprit: str = "") -> None:
+    """:func:`refuse_if_runtime_up`'s rule, given whether the runtime is up and the cell that brought it up."""
+    if up:
         at = f" (first at {culprit})" if culprit else ""
         raise SpawnUsageError(
             f"the XLA runtime is already up in this kernel{at}, so it holds the TPU and no rank could use it: "

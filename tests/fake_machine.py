@@ -14,10 +14,11 @@ from nbspawn._source import CellSource
 from nbspawn._spec import RunSpec, build_spec
 from nbspawn.cluster._plan import Kernel
 
-# a CPU machine where fork is safe, with a loopback interface, on a torch whose recorder is TORCH_FR_*
+# a CPU machine where fork is safe, with a loopback interface, on a torch whose recorder is TORCH_FR_*,
+# and no TPU (torch_xla not installed)
 PLAIN = Told(
     start_methods=("fork", "spawn", "forkserver"), fork_blocker=None, openmp_started=False, gpus=0, cpus=8,
-    loopback="lo", recorder_renamed=True,
+    loopback="lo", recorder_renamed=True, tpu_chips=0, xla_installed=False,
 )  # fmt: skip
 
 

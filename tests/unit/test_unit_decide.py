@@ -7,6 +7,7 @@ from __future__ import annotations
 from functools import cached_property
 
 import pytest
+from fake_machine import PLAIN as PLAIN_TOLD
 from fake_machine import machine
 
 from nbspawn._capacity import Room
@@ -14,6 +15,7 @@ from nbspawn._decide import decide_ranks
 from nbspawn._machine import Machine, Told
 from nbspawn._program import Program
 from nbspawn._request import Settings
+from nbspawn._tpu import LAUNCHER_KEYS, TpuPlan
 from nbspawn.errors import SpawnUsageError
 
 
@@ -108,3 +110,33 @@ def test_a_machine_here_probes_each_fact_once():
     assert here.gpus == 0 and here.cpus >= 1 and "fork" in here.start_methods
     assert here.visible_devices == ""  # the cell's --env over the kernel's
     assert {"gpus", "cpus", "start_methods"} <= set(vars(here))  # cached: asked once per plan
+
+
+TPU_ENVS = tuple({"TPU_VISIBLE_CHIPS": str(chip), "PJRT_LOCAL_PROCESS_RANK": str(chip)} for chip in range(4))
+TPU_HOST = {"xla_installed": True, "tpu_chips": 4, "xla_runtime_up": None, "tpu_plan": TpuPlan(4, TPU_ENVS, ("a note",))}
+
+
+def test_auto_on_a_tpu_host_is_a_rank_per_chip_with_the_launchers_environment():
+    ranks = decide_ranks(Settings(nprocs="auto"), machine(**TPU_HOST))
+    assert (ranks.nprocs, ranks.accelerator_envs, ranks.unset_env) == (4, TPU_ENVS, LAUNCHER_KEYS)
+    assert ranks.notes == ("a note",)
+
+
+def test_a_kernel_whose_xla_runtime_is_up_is_refused_naming_the_cell():
+    up = machine(**{**TPU_HOST, "xla_runtime_up": "Cell In[2], line 1: t = torch.ones(2, device=xm.xla_device())"})
+    with pytest.raises(SpawnUsageError, match=r"already up in this kernel \(first at Cell In\[2\], line 1"):
+        decide_ranks(Settings(nprocs="auto"), up)
+
+
+def test_accelerator_tpu_without_torch_xla_is_refused_and_none_asks_nothing():
+    with pytest.raises(SpawnUsageError, match="--accelerator tpu needs torch_xla"):
+        decide_ranks(Settings(nprocs=2, accelerator="tpu"), machine(xla_installed=False))
+
+    class NoTpuFacts(Machine):
+        @cached_property
+        def tpu_chips(self) -> int:
+            raise AssertionError("counted the TPU chips")
+
+    told = Told(**{**PLAIN_TOLD, "cpus": 2})  # type: ignore[typeddict-item]
+    told.pop("tpu_chips")
+    assert decide_ranks(Settings(nprocs=2, accelerator="none"), NoTpuFacts({}, {}, told)).accelerator_envs == ()
