@@ -164,50 +164,25 @@ def parse_env(items: list[str] | tuple[str, ...] | Mapping[str, str] | None) -> 
     return env
 
 
-def parse_ranks(value: str | list[int] | tuple[int, ...] | None, nprocs: int | None = None) -> frozenset[int] | None:
-    """``0,2`` or ``0-3,7``: the ranks whose output is shown (all are logged).  Without ``nprocs``
-    (the door: how many ranks there are is decided later) only the list is read;
-    :func:`ranks_within` then checks it against the run."""
+def parse_ranks(value: str | list[int] | tuple[int, ...] | None) -> frozenset[int] | None:
+    """``0,2`` or ``0-3,7``: the ranks whose output is shown (all are logged).  Only the list is read:
+    how many ranks there are is decided later, where ``nbspawn._runsize.ranks_within`` checks it."""
     if value is None or value == "":
         return None
-    ranks = _rank_list(value, "--ranks")
-    return ranks if nprocs is None else ranks_within(ranks, nprocs, "--ranks", f"a run of {nprocs} ranks")
+    return _rank_list(value, "--ranks")
 
 
-def parse_on(
-    value: str | int | list[int] | tuple[int, ...] | None, nprocs: int | None = None, world: str = ""
-) -> frozenset[int] | None:
-    """``--on 0`` or ``0,2-3``: the ranks of the kept world ``world`` (``nprocs`` ranks) that run the
-    cell; None for every rank (not given, or naming them all).  Without ``nprocs`` (the door: the
-    world's size is its own) only the list is read; :func:`on_within` then checks it against the world."""
+def parse_on(value: str | int | list[int] | tuple[int, ...] | None) -> frozenset[int] | None:
+    """``--on 0`` or ``0,2-3``: the ranks of a kept world that run the cell; None when not given.  Only
+    the list is read: the world's size is its own, and ``nbspawn._runsize.on_within`` checks it there
+    (naming every rank is then None too)."""
     if value is None:
         return None
     if isinstance(value, int):  # launch(on=0)
         value = (value,)
     if (isinstance(value, str) and not value.strip()) or (not isinstance(value, str) and not list(value)):
         raise SpawnUsageError(f"--on needs the ranks that run the cell, like 0 or 0,2-3, not {value!r}")
-    on = _rank_list(value, "--on")
-    return on if nprocs is None else on_within(on, nprocs, world)
-
-
-def on_within(on: frozenset[int] | None, nprocs: int, world: str) -> frozenset[int] | None:
-    """``--on``, read at the door, checked against world ``world`` of ``nprocs`` ranks; None where it
-    names every rank."""
-    if on is None:
-        return None
-    checked = ranks_within(on, nprocs, "--on", f"world {world!r} of {nprocs} ranks") or frozenset()
-    return None if len(checked) == nprocs else checked
-
-
-def ranks_within(ranks: frozenset[int] | None, nprocs: int, option: str, where: str) -> frozenset[int] | None:
-    """Ranks read at the door, each a rank of ``where`` (``nprocs`` ranks): no parsing, the one check
-    that needs to know how many ranks there are."""
-    if ranks is None:
-        return None
-    bad = sorted(r for r in ranks if not 0 <= r < nprocs)
-    if bad:
-        raise SpawnUsageError(f"{option}: rank {bad[0]} does not exist in {where} (0-{nprocs - 1})")
-    return ranks
+    return _rank_list(value, "--on")
 
 
 def _rank_list(value: str | list[int] | tuple[int, ...], option: str) -> frozenset[int]:

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from . import _listen
-from ._options import ranks_within
 from ._program import Program
 from ._rankdir import RankDir
 from ._request import Settings
+from ._runsize import ranks_within
 from ._source import CellSource
 from .errors import rank_spans
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
-from .._options import Backend, StartMethod, ranks_within
+from .._options import Backend, StartMethod
 from .._program import ProgramLine
 from .._request import Cell, OnCluster, RunRequest, Settings, Work
+from .._runsize import ranks_within
 from .._source import CellSource
 from .._spec import Placement, Ranks, cell_part, new_run_id, run_directory, spec_of
 from ..cluster import _wire

@@ -9,8 +9,8 @@ import os
 from typing import TYPE_CHECKING, cast
 
 from .._machine import Machine
-from .._options import on_within, ranks_within
 from .._request import Cell, OnCluster, OnClusterWorld, RunRequest
+from .._runsize import on_within, ranks_within
 from .._spec import cell_part, new_run_id, run_directory
 from ..cluster import _wire
 from ..errors import SpawnUsageError

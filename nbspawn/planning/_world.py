@@ -15,8 +15,8 @@ import os
 from .. import _cuda
 from .._decide import decide_ranks
 from .._machine import Machine
-from .._options import on_within, ranks_within
 from .._request import Cell, OnWorld, RunRequest
+from .._runsize import on_within, ranks_within
 from .._spec import build_spec, cell_part, new_run_id
 from ..errors import SpawnUsageError, rank_spans
 from ..executors import _kept

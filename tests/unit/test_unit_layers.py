@@ -35,6 +35,7 @@ FLOORS = [
         "nbspawn._clash",
         "nbspawn._capacity",
         "nbspawn._machine",
+        "nbspawn._runsize",
     ],
     ["nbspawn.handoff"],
     ["nbspawn._spec"],

@@ -22,6 +22,7 @@ from nbspawn._options import (
     parse_start_method,
     parse_xray,
 )
+from nbspawn._runsize import on_within, ranks_within
 from nbspawn.errors import SpawnUsageError
 
 # -- --ranks --------------------------------------------------------------------------------------
@@ -41,20 +42,20 @@ from nbspawn.errors import SpawnUsageError
     ],
 )
 def test_ranks_accepted(value, nprocs, expected):
-    shown = parse_ranks(value, nprocs)
+    shown = ranks_within(parse_ranks(value), nprocs, "--ranks", f"a run of {nprocs} ranks")
     assert shown == frozenset(expected)
     assert isinstance(shown, frozenset)
 
 
 @pytest.mark.parametrize("value", [None, ""])
 def test_ranks_unset_means_every_rank(value):
-    assert parse_ranks(value, 4) is None
+    assert parse_ranks(value) is None
 
 
 @pytest.mark.parametrize("value", ["a", "1,", "0-", "-1", "1-x", "0,,1", "1.5"])
 def test_ranks_malformed(value):
     with pytest.raises(SpawnUsageError) as err:
-        parse_ranks(value, 4)
+        parse_ranks(value)
     assert str(err.value) == f"--ranks expects a list like 0,2 or 0-3, not {value!r}"
 
 
@@ -64,13 +65,13 @@ def test_ranks_malformed(value):
 )
 def test_ranks_outside_the_run_name_the_lowest_bad_rank(value, nprocs, first_bad):
     with pytest.raises(SpawnUsageError) as err:
-        parse_ranks(value, nprocs)
+        ranks_within(parse_ranks(value), nprocs, "--ranks", f"a run of {nprocs} ranks")
     assert str(err.value) == f"--ranks: rank {first_bad} does not exist in a run of {nprocs} ranks (0-{nprocs - 1})"
 
 
 def test_ranks_reversed_span_is_refused():
     with pytest.raises(SpawnUsageError, match="counts down; write 1-3"):
-        parse_ranks("3-1", 4)
+        parse_ranks("3-1")
 
 
 # -- --on -----------------------------------------------------------------------------------------
@@ -81,31 +82,31 @@ def test_ranks_reversed_span_is_refused():
     [("0", {0}), ("0,2-3", {0, 2, 3}), (" 1 ", {1}), ([2, 0], {0, 2}), ((3,), {3}), (1, {1})],  # launch(on=1)
 )
 def test_on_accepted(value, expected):
-    assert parse_on(value, 5, "w") == frozenset(expected)
+    assert on_within(parse_on(value), 5, "w") == frozenset(expected)
 
 
 @pytest.mark.parametrize("value", [None, "0-3", [3, 2, 1, 0], "0,1,2,3,3"])
 def test_on_every_rank_or_none_means_every_rank(value):
-    assert parse_on(value, 4, "w") is None
+    assert on_within(parse_on(value), 4, "w") is None
 
 
 @pytest.mark.parametrize("value", ["", "  ", [], ()])
 def test_on_empty_is_refused(value):
     with pytest.raises(SpawnUsageError) as err:
-        parse_on(value, 4, "w")
+        on_within(parse_on(value), 4, "w")
     assert str(err.value) == f"--on needs the ranks that run the cell, like 0 or 0,2-3, not {value!r}"
 
 
 @pytest.mark.parametrize("value", ["a", "0,,1", "-1", "1-", "x-2", "1.5", ["a"]])
 def test_on_garbled_is_refused_in_the_words_of_ranks(value):
     with pytest.raises(SpawnUsageError, match=r"^--on expects a list"):
-        parse_on(value, 4, "w")
+        on_within(parse_on(value), 4, "w")
 
 
 @pytest.mark.parametrize(("value", "first_bad"), [("4", 4), ("0,7,5", 5), ([9], 9), ([-2], -2)])
 def test_on_names_the_world_and_its_ranks_when_out_of_range(value, first_bad):
     with pytest.raises(SpawnUsageError) as err:
-        parse_on(value, 4, "model")
+        on_within(parse_on(value), 4, "model")
     assert str(err.value) == f"--on: rank {first_bad} does not exist in world 'model' of 4 ranks (0-3)"
 
 
