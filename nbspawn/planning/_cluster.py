@@ -15,7 +15,7 @@ from .._program import ProgramLine
 from .._request import Cell, OnCluster, RunRequest, Settings, Work
 from .._runsize import ranks_within
 from .._source import CellSource
-from .._spec import Placement, Ranks, cell_part, new_run_id, run_directory, spec_of
+from .._spec import CellPart, Placement, Ranks, cell_part, new_run_id, run_directory, spec_of
 from ..cluster import _wire
 from ..errors import SpawnUsageError
 from ._plans import ClusterRunPlan
@@ -82,19 +82,28 @@ def plan_cluster_on(
         backend=cast(Backend, chosen_backend),
         nodes=len(found.nodes),
     )
-    job = _wire.Job(
-        run_id=run_id,
-        cell=cell,
+    job = nodes_job(part, names, node_settings, len(found.nodes), cwd=kernel.cwd, program=program)
+    return ClusterRunPlan(spec, found, job, background=request.background)
+
+
+def nodes_job(
+    part: CellPart, names: bytes, settings: Settings, nodes: int, *, cwd: str, program: ProgramLine | None = None
+) -> _wire.Job:
+    """The job each of ``nodes`` agents is sent for a cell's ``part`` (a run's, or a cluster world's
+    cell): its source or ``program``, the kernel's ``names`` it uses, pickled, and the ``settings`` the
+    node's ranks start with (:func:`settled_for_nodes`); ``cwd``: where the kernel runs."""
+    return _wire.Job(
+        run_id=part.run_id,
+        cell=part.cell,
         program=program,
         names=names,
-        out_names=list(out_names),
-        settings=node_settings,
-        rich=request.rich,
-        cwd=kernel.cwd,
-        publish_every=_wire.PUBLISH_EVERY * len(found.nodes),
-        on=None,
+        out_names=list(part.out_names),
+        settings=settings,
+        rich=part.rich,
+        cwd=cwd,
+        publish_every=_wire.PUBLISH_EVERY * nodes,
+        on=sorted(part.on_ranks) if part.on_ranks is not None else None,
     )
-    return ClusterRunPlan(spec, found, job, background=request.background)
 
 
 def refuse_share(work: Work) -> None:

@@ -15,7 +15,7 @@ from .._spec import cell_part, new_run_id, run_directory
 from ..cluster import _wire
 from ..errors import SpawnUsageError
 from ..executors import _kept
-from ._cluster import plan_cluster, refuse_share, settled_for_nodes
+from ._cluster import nodes_job, plan_cluster, refuse_share, settled_for_nodes
 from ._kept_cell import as_before, check_settings, started_again
 from ._plans import ClusterRunPlan, ClusterWorldCellPlan, NewClusterWorld
 
@@ -74,37 +74,26 @@ def cluster_world_cell(
     on = on_within(target.on, world.spec.nprocs, name)
     names = pickle_names(cell.tree, request.namespace, request.hidden, world=name, owned=world.owned)
     run_id = new_run_id()
-    spec = world.spec.with_cell(  # --pdb, --timeout, ...: the cell's own (the world's spec is its first cell's)
-        cell_part(
-            settings,
-            cell,
-            run_id=run_id,
-            run_dir=run_directory(None, run_id),
-            shown=shown,
-            rich=request.rich,
-            cell_numbers=request.cell_numbers,
-            out_names=out_names,
-            on=on,
-        )
-    )
-    job = _wire.Job(
+    part = cell_part(
+        settings,
+        cell,
         run_id=run_id,
-        cell=cell,
-        program=None,
-        names=names,
-        out_names=list(out_names),
-        # the cell's own options (its X-ray, grace period, budgets), settled as the world's nodes run, as
-        # a cell on a world here brings its own
-        settings=settled_for_nodes(
-            settings,
-            ranks_per_node=cast(int, world.node_settings.nprocs),
-            start_method=world.node_settings.start_method,
-            backend=world.node_settings.backend,
-            nodes=len(world.cluster.nodes),
-        ),
+        run_dir=run_directory(None, run_id),
+        shown=shown,
         rich=request.rich,
-        cwd=cwd,
-        publish_every=_wire.PUBLISH_EVERY * len(world.cluster.nodes),
-        on=sorted(on) if on is not None else None,
+        cell_numbers=request.cell_numbers,
+        out_names=out_names,
+        on=on,
     )
+    spec = world.spec.with_cell(part)  # --pdb, --timeout, ...: the cell's own (the world's spec is its first cell's)
+    # the cell's own options (its X-ray, grace period, budgets), settled as the world's nodes run, as a
+    # cell on a world here brings its own
+    node_settings = settled_for_nodes(
+        settings,
+        ranks_per_node=cast(int, world.node_settings.nprocs),
+        start_method=world.node_settings.start_method,
+        backend=world.node_settings.backend,
+        nodes=len(world.cluster.nodes),
+    )
+    job = nodes_job(part, names, node_settings, len(world.cluster.nodes), cwd=cwd)
     return ClusterWorldCellPlan(spec, job, world)
