@@ -32,11 +32,12 @@ import traitlets
 
 from .._runstate import RankState, Run
 from . import _active
-from ._bundle import FrozenRun, json_size, run_record, tail_within
+from ._bundle import FrozenRun, json_size, tail_within
 from ._busy import kept_busy
 from ._flushes import streams_flushed_in_one_round_trip
 from ._messages import LiveHeader, LiveInfo, OutputMessage, ReplayMessage, WhereMessage, WidgetState, widget_request
 from ._protocol import READ_BUDGET, RunView
+from ._record import run_record
 from ._status import StatusComm
 from ._tail import OutputTail, merged_chunks, order_runs, run_tails
 from ._xray_html import xray_html

@@ -173,7 +173,7 @@ def test_attach_to_a_background_runs_breakpoint(fresh_kernel, method, view):
     )
     note = ok(fresh_kernel, "print(bg.ranks[1].note)").stdout
     assert note.startswith(f"at a breakpoint (Pdb, cell line {line}); run %spawn debug"), note  # the chip's note
-    record = ok(fresh_kernel, "from nbspawn.views._bundle import rank_record\nprint(rank_record(bg.ranks[1])['prompt'])")
+    record = ok(fresh_kernel, "from nbspawn.views._record import rank_record\nprint(rank_record(bg.ranks[1])['prompt'])")
     assert record.stdout.strip().splitlines()[-1] == "pdb"  # the widget's rank record: the chip is drawn at a prompt
     answers = [*TO_NEXT_LINE, "p x", "n", "p x", "c"]
     talk = converse(fresh_kernel, f"%spawn debug {run_id}", answers)

@@ -246,7 +246,7 @@ def test_a_stopped_background_run_is_stopped_everywhere_at_once(kernel):
     assert after.stdout.strip() == "stopped" and not after.stderr, after.stderr  # no red notice
     # its view's record says what stopped it: the banner reads "stopped by you (%spawn stop)", not "(Stop)"
     said = ok(
-        kernel, "from nbspawn.views._bundle import run_record\nprint(run_record(nbspawn.last_run())['error']['stopped_by'])"
+        kernel, "from nbspawn.views._record import run_record\nprint(run_record(nbspawn.last_run())['error']['stopped_by'])"
     )
     assert said.stdout.strip() == "%spawn stop"
 

@@ -295,7 +295,7 @@ def test_torchrun_env_when_asked_and_as_torch_without_it(kernel):
     # 2.4, has none, and the header says none as before)
     made = ok(
         kernel,
-        "from nbspawn.views._bundle import run_record\n"
+        "from nbspawn.views._record import run_record\n"
         "print(run_record(nbspawn.last_run())['backend'], hasattr(torch._C._distributed_c10d, '_dump_fr_trace'))",
     ).stdout.split()
     assert made in (["gloo", "True"], ["none", "False"]), made
