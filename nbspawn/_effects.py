@@ -44,7 +44,7 @@ def reserve_port(spec: RunSpec, undo: contextlib.ExitStack) -> RunSpec:
     ``_listen``), let go again if a later effect fails."""
     port = _listen.reserve(spec.master_addr)
     undo.callback(_listen.release, port)
-    return replace(spec, master_port=port)
+    return replace(spec, placement=replace(spec.placement, master_port=port))
 
 
 def share(values: tuple[Any, ...]) -> None:

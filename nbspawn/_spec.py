@@ -91,6 +91,28 @@ class Ranks:
     notes: tuple[str, ...] = ()  # what deciding found worth saying (fork passed over, a backend's choice)
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where ranks sit in a world of several nodes: one node's (its agent hosts the store on node 0), or
+    the kernel's view of a whole cluster run (it starts no rank and hosts nothing)."""
+
+    master_addr: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    node_rank: int
+    nnodes: int
+    # the executor here hosts the store, once every rank is started (a forked rank would inherit the
+    # connections it accepted): a run on this machine alone, or node 0 of a cluster
+    hosts_store: bool
+
+    @classmethod
+    def alone(cls) -> Placement:
+        """Ranks of this machine alone: the store on loopback, hosted here, its port reserved when the
+        plan is carried out (0 until then: ``nbspawn._effects``)."""
+        return cls(_listen.LOOPBACK, 0, 0, 0, 0, 1, hosts_store=True)
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunSpec(CellPart, Ranks):
     """A run: the cell's part (:class:`CellPart`: its id, source and options), what its ranks are
@@ -103,19 +125,42 @@ class RunSpec(CellPart, Ranks):
     namespace: dict[str, object] | None = None
     namespace_payload: Payload | None = None  # pickled into each rank as it starts
     program: Program | None = None  # the ranks run it instead of a cell
-    # Where these ranks sit in the world.  The ranks never host the TCPStore: they join it as clients
-    # (TORCHELASTIC_USE_AGENT_STORE), at master_addr:master_port, where their launcher hosts it bound
-    # to that address only (nbspawn._listen).  One node of a cluster run (nbspawn.cluster): this
-    # node's ranks are RANK rank_offset.., of world_size in all; node 0's agent hosts the store.
-    master_port: int = 0  # 0: this machine's port, not reserved yet (nbspawn._effects reserves it)
-    master_addr: str = _listen.LOOPBACK
-    rank_offset: int = 0
-    world_size: int = 0  # 0: nprocs (one node)
-    node_rank: int = 0
-    nnodes: int = 1
-    # the executor here hosts the store, once every rank is started (a forked rank would inherit the
-    # connections it accepted): a run on this machine alone, or node 0 of a cluster
-    hosts_store: bool = False
+    # Where these ranks sit in the world (read through the properties below).  The ranks never host the
+    # TCPStore: they join it as clients (TORCHELASTIC_USE_AGENT_STORE), at master_addr:master_port, where
+    # their launcher hosts it bound to that address only (nbspawn._listen).  One node of a cluster run
+    # (nbspawn.cluster): this node's ranks are RANK rank_offset.., of world_size in all; node 0's agent
+    # hosts the store.
+    placement: Placement = field(default_factory=Placement.alone)
+
+    @property
+    def master_port(self) -> int:
+        """0: this machine's port, not reserved yet (``nbspawn._effects`` reserves it)."""
+        return self.placement.master_port
+
+    @property
+    def master_addr(self) -> str:
+        return self.placement.master_addr
+
+    @property
+    def rank_offset(self) -> int:
+        return self.placement.rank_offset
+
+    @property
+    def world_size(self) -> int:
+        """0: nprocs (one node)."""
+        return self.placement.world_size
+
+    @property
+    def node_rank(self) -> int:
+        return self.placement.node_rank
+
+    @property
+    def nnodes(self) -> int:
+        return self.placement.nnodes
+
+    @property
+    def hosts_store(self) -> bool:
+        return self.placement.hosts_store
 
     def with_cell(self, part: CellPart) -> RunSpec:
         """This (a kept world's) spec, running the cell ``part`` brings: the world's ranks, backend,
@@ -301,20 +346,6 @@ class Handoff:
     shm_prefix: str | None = None
 
 
-@dataclass(frozen=True)
-class Placement:
-    """Where ranks sit in a world of several nodes: one node's (its agent hosts the store on node 0), or
-    the kernel's view of a whole cluster run (it starts no rank and hosts nothing)."""
-
-    master_addr: str
-    master_port: int
-    rank_offset: int
-    world_size: int
-    node_rank: int
-    nnodes: int
-    hosts_store: bool
-
-
 def build_spec(
     cell: CellSource,
     settings: Settings,
@@ -375,13 +406,7 @@ def spec_of(
         namespace=handed.namespace,
         namespace_payload=handed.namespace_payload,
         program=program,
-        master_port=placement.master_port if placement else 0,
-        master_addr=placement.master_addr if placement else _listen.LOOPBACK,
-        rank_offset=placement.rank_offset if placement else 0,
-        world_size=placement.world_size if placement else 0,
-        node_rank=placement.node_rank if placement else 0,
-        nnodes=placement.nnodes if placement else 1,
-        hosts_store=placement.hosts_store if placement else True,
+        placement=placement or Placement.alone(),
     )
 
 

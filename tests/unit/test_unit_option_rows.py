@@ -329,9 +329,9 @@ def test_a_program_line_that_names_nothing_is_refused_at_the_door(words, message
 def test_a_cell_on_a_world_is_the_worlds_spec_with_the_cells_part(tmp_path):
     """What is fixed when ranks start (ranks, backend, placement, environment) is the world's; what the
     cell brings is its part, built once (``_spec.cell_part``) for every planner."""
-    from dataclasses import fields
+    from dataclasses import fields, replace
 
-    from nbspawn._spec import CellPart, RunSpec, cell_part
+    from nbspawn._spec import CellPart, Placement, RunSpec, cell_part
 
     world = RunSpec(
         run_id="w",
@@ -341,7 +341,7 @@ def test_a_cell_on_a_world_is_the_worlds_spec_with_the_cells_part(tmp_path):
         cell=CellSource("pass"),
         run_dir=str(tmp_path),
         env={"A": "1"},
-        master_port=1234,
+        placement=replace(Placement.alone(), master_port=1234),
     )
     settings = Settings(timeout=3.0, grace_period=1.0, pdb=True, max_saved_kb=1, max_image_kb=2)
     part = cell_part(
@@ -375,13 +375,13 @@ def test_a_job_that_brings_no_options_keeps_the_worlds_own(tmp_path):
     drawing and shown ranks stay; no time limit, --out, notes or --pdb, unless the caller says."""
     from dataclasses import asdict, replace
 
-    from nbspawn._spec import RunSpec
+    from nbspawn._spec import Placement, RunSpec
 
     world = RunSpec(
         run_id="w", nprocs=2, start_method="fork", backend="gloo", cell=CellSource("pass"), run_dir=str(tmp_path),
         env={"A": "1"}, asked=Settings(timeout=3.0, grace_period=0.5, max_saved_kb=10, max_image_kb=20, pdb=True, xray="values"),
         shown_ranks=frozenset({1}), rich=True,
-        cell_numbers={"f": 1}, out_names=("y",), shm_prefix="p", notes=("n",), on_ranks=frozenset({1}), master_port=1234,
+        cell_numbers={"f": 1}, out_names=("y",), shm_prefix="p", notes=("n",), on_ranks=frozenset({1}), placement=replace(Placement.alone(), master_port=1234),
     )  # fmt: skip
     look = world.with_job("c", str(tmp_path / "c"))
     reset = {

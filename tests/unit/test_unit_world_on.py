@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import pickle
+from dataclasses import replace
 
 import pytest
 from IPython.core.error import UsageError
@@ -17,12 +18,13 @@ from nbspawn._options import Settings
 from nbspawn._rankdir import OUT
 from nbspawn._request import RunRequest
 from nbspawn._source import CellSource
-from nbspawn._spec import RunSpec
+from nbspawn._spec import Placement, RunSpec
 from nbspawn.handoff._names import receive_outputs
 from nbspawn.ranks._worldloop import WorldJob
 
 
-def spec(on: frozenset[int] | None, nprocs: int = 4, **more: object) -> RunSpec:
+def spec(on: frozenset[int] | None, nprocs: int = 4, rank_offset: int = 0, world_size: int = 0) -> RunSpec:
+    place = replace(Placement.alone(), rank_offset=rank_offset, world_size=world_size)
     return RunSpec(
         run_id="r",
         nprocs=nprocs,
@@ -31,8 +33,8 @@ def spec(on: frozenset[int] | None, nprocs: int = 4, **more: object) -> RunSpec:
         cell=CellSource("pass"),
         run_dir="/tmp/x",
         on_ranks=on,
-        **more,
-    )  # type: ignore[arg-type]
+        placement=place,
+    )
 
 
 def test_the_spec_says_which_ranks_run_the_cell():
