@@ -29,7 +29,6 @@ from .handoff._flow import names_needed
 SETTINGS = tuple(f.name for f in fields(Settings) if f.name != "given")
 _DOOR_ONLY = ("fresh", "debug_collectives")  # read into others here: --world set aside, --env added to
 REQUESTED = tuple(param for param in ROW if param not in SETTINGS and param not in _DOOR_ONLY)
-# the options that tell a kept world how it runs: one the user wrote is checked against the world
 
 
 def written(value: Any) -> bool:

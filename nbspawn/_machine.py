@@ -1,6 +1,7 @@
 """This machine's facts, as the ranks it starts would meet them: its CPUs (affinity and cgroup quota), the
 GPUs the ranks would see, the start methods it offers and whether fork is safe now, its TPU chips and
-their topology (and whether the kernel's XLA runtime holds them), the kernel's environment.  The planners decide from these (``nbspawn._decide``) and probe nothing themselves.
+their topology (and whether the kernel's XLA runtime holds them), the kernel's environment.  The
+planners decide from these (``nbspawn._decide``) and probe nothing themselves.
 
 A :class:`Machine` is made once per plan (``Machine.here``) and is frozen; each fact is probed the first
 time a decision asks for it and only then (counting GPUs may ask NVML; fork's facts matter only where

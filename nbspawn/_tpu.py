@@ -165,13 +165,9 @@ def auto_chips(environ: Mapping[str, str]) -> int:
         return 0
 
 
-def refuse_if_runtime_up(culprit: str = "") -> None:
-    """The kernel holds the TPU once its XLA runtime is up: no rank could open a chip."""
-    refuse_runtime_up(runtime_initialized(), culprit)
-
-
 def refuse_runtime_up(up: bool, culprit: str = "") -> None:
-    """:func:`refuse_if_runtime_up`'s rule, given whether the runtime is up and the cell that brought it up."""
+    """The kernel holds the TPU once its XLA runtime is up (``up``: :func:`runtime_initialized`, asked by
+    ``nbspawn._machine.Machine``): no rank could open a chip; ``culprit``: the cell that brought it up."""
     if up:
         at = f" (first at {culprit})" if culprit else ""
         raise SpawnUsageError(

@@ -1092,3 +1092,22 @@ def test_nccl_without_peer_to_peer_all_reduces_a_large_tensor_right(fresh_kernel
     result = ok(fresh_kernel, code, timeout=CUDA_TIMEOUT)
     for rank in range(2):
         assert rank_lines(result.stdout, rank) == ["3.0 3.0"]
+
+
+def test_a_later_cell_of_an_auto_world_counts_auto_on_the_planners_facts_without_cuda_in_the_kernel(fresh_kernel):
+    """A world started with -n auto --backend auto on the GPUs; a later cell saying auto again is the
+    world's own: the planner counts the GPUs with NVML on the facts it was given (``World.auto_nprocs``,
+    ``Machine.with_user_env``), never with the CUDA runtime in the kernel, so fork stays open."""
+    ok(
+        fresh_kernel,
+        "%%spawn --world autow -n auto --backend auto\nimport torch\nprint(torch.cuda.device_count())",
+        timeout=CUDA_TIMEOUT,
+    )
+    again = ok(
+        fresh_kernel,
+        "%%spawn --world autow -n auto --backend auto\nimport os\nprint(os.environ['WORLD_SIZE'])",
+        timeout=CUDA_TIMEOUT,
+    )
+    assert rank_lines(again.stdout, 0) == [str(GPUS)]
+    assert ok(fresh_kernel, "import torch\nprint(torch.cuda.is_initialized())").stdout.strip() == "False"
+    ok(fresh_kernel, "%spawn stop autow")

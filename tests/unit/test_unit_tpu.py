@@ -219,10 +219,10 @@ def test_a_kernel_whose_xla_runtime_is_up_is_refused():
         from nbspawn import _tpu
         from nbspawn.errors import SpawnUsageError
         import torch, torch_xla
-        _tpu.refuse_if_runtime_up()  # imported, not started: fine
+        _tpu.refuse_runtime_up(_tpu.runtime_initialized())  # imported, not started: fine
         torch.ones(2, device=torch_xla.device())
         try:
-            _tpu.refuse_if_runtime_up("Cell In[2], line 1: t = torch.ones(2, device=torch_xla.device())")
+            _tpu.refuse_runtime_up(_tpu.runtime_initialized(), "Cell In[2], line 1: t = torch.ones(2, device=torch_xla.device())")
         except SpawnUsageError as err:
             print("refused:", err)
         """
